@@ -1,0 +1,117 @@
+// One training step (forward, loss, backward, SGD) at batch 256: DataParallel on CPU devices
+// against the bare module with 1 and with 2 intra-op threads, in one run.
+//
+// The variants take turns, round after round, so that a noisy neighbour slows them all
+// alike; each variant's figure is the median over rounds of its mean step time. Ratios are
+// what docs/benchmarks.md reports.
+//
+//   build/bin/dp_step_bench [--model mlp|lenet|all] [--rounds 15] [--steps 10]
+#include <CLI/CLI.hpp>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "datapar/datapar.h"
+#include "datapar/models/lenet.h"
+#include "datapar/models/mlp.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Variant {
+  std::string name;
+  int main_threads;                 // intra-op threads of the calling thread
+  std::function<void()> step;       // one training step
+  std::vector<double> round_ms;     // mean step time of each round
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// A training step for `forward` over parameters `params`.
+template <typename Forward>
+std::function<void()> make_step(Forward forward, std::vector<at::Tensor> params, at::Tensor x, at::Tensor y) {
+  auto sgd = std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.01));
+  return [=]() mutable {
+    sgd->zero_grad();
+    at::cross_entropy_loss(forward(x), y).backward();
+    sgd->step();
+  };
+}
+
+template <typename ModuleHolder>
+void bench_model(const std::string& model_name, int rounds, int steps, int batch) {
+  torch::manual_seed(0);
+  const at::Tensor x = torch::randn({batch, 1, 28, 28});
+  const at::Tensor y = torch::randint(0, 10, {batch});
+
+  ModuleHolder bare1, bare2, single, dual;
+  datapar::DataParallel dp1(single, datapar::cpu_devices(1));
+  datapar::DataParallel dp2(dual, datapar::cpu_devices(2));
+
+  std::vector<Variant> variants;
+  variants.push_back({"module, 1 thread", 1, make_step([=](const at::Tensor& t) { return bare1(t); }, bare1->parameters(), x, y), {}});
+  variants.push_back({"module, 2 threads", 2, make_step([=](const at::Tensor& t) { return bare2(t); }, bare2->parameters(), x, y), {}});
+  variants.push_back({"DataParallel, 1 device (1 thread)", 1, make_step([&dp1](const at::Tensor& t) { return dp1(t); }, dp1.parameters(), x, y), {}});
+  variants.push_back({"DataParallel, 2 CPU devices", 2, make_step([&dp2](const at::Tensor& t) { return dp2(t); }, dp2.parameters(), x, y), {}});
+
+  for (auto& v : variants) {  // warm up: allocator, OpenMP teams, replicas
+    at::set_num_threads(v.main_threads);
+    for (int i = 0; i < 3; ++i) v.step();
+  }
+  for (int r = 0; r < rounds; ++r) {
+    for (auto& v : variants) {
+      at::set_num_threads(v.main_threads);
+      const auto start = Clock::now();
+      for (int i = 0; i < steps; ++i) v.step();
+      v.round_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count() / steps);
+    }
+  }
+
+  std::printf("\n%s, batch %d, %d rounds x %d steps (median of round means)\n", model_name.c_str(), batch, rounds, steps);
+  std::printf("| variant | ms/step | samples/s |\n|---|---|---|\n");
+  std::map<std::string, double> ms;
+  for (auto& v : variants) {
+    ms[v.name] = median(v.round_ms);
+    std::printf("| %s | %.2f | %.0f |\n", v.name.c_str(), ms[v.name], batch * 1000.0 / ms[v.name]);
+  }
+  const double one = ms["module, 1 thread"];
+  const double two = ms["module, 2 threads"];
+  std::printf("ratios: DataParallel(2 devices) vs module(1 thread) %.2fx (goal >= 1.6), vs module(2 threads) %.2fx (goal >= 1.0 for LeNet); "
+              "DataParallel(1 device) / module(1 thread) time %.3f (goal <= 1.05)\n",
+              one / ms["DataParallel, 2 CPU devices"], two / ms["DataParallel, 2 CPU devices"],
+              ms["DataParallel, 1 device (1 thread)"] / one);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"DataParallel training-step benchmark on CPU devices"};
+  std::string model = "all";
+  int rounds = 15;
+  int steps = 10;
+  int batch = 256;
+  app.add_option("--model", model, "mlp, lenet or all (default all)")->check(CLI::IsMember({"mlp", "lenet", "all"}));
+  app.add_option("--rounds", rounds, "Rounds; each runs every variant once (default 15)")->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "Training steps per variant per round (default 10)")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "Batch size (default 256)")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  std::printf("cores: %u, libtorch parallel backend: %s\n", std::thread::hardware_concurrency(),
+              at::get_parallel_info().find("OpenMP") != std::string::npos ? "OpenMP" : "other");
+  if (model == "mlp" || model == "all") bench_model<datapar::models::Mlp>("MLP 784-512-512-10", rounds, steps, batch);
+  if (model == "lenet" || model == "all") bench_model<datapar::models::LeNet>("LeNet (d2l)", rounds, steps, batch);
+  return 0;
+}

@@ -1,0 +1,12 @@
+// datapar: data-parallel training for C++ on libtorch. The umbrella header.
+#pragma once
+
+#include "datapar/config.h"
+#include "datapar/devices.h"
+#include "datapar/error.h"
+#include "datapar/parallel/chunk_sizes.h"
+#include "datapar/parallel/data_parallel.h"
+#include "datapar/parallel/parallel_apply.h"
+#include "datapar/parallel/replicate.h"
+#include "datapar/parallel/scatter_gather.h"
+#include "datapar/state_dict.h"

@@ -1,0 +1,208 @@
+// DataParallel: PyTorch's nn.DataParallel for libtorch modules, on CUDA devices or CPU cores.
+//
+// Each forward splits the inputs along `dim` over the devices (scatter), runs one replica
+// per chunk side by side (parallel_apply), and concatenates the outputs on the output
+// device (gather). Backward runs the replicas' backward side by side too and leaves the
+// summed gradients in the wrapped module's .grad, so an optimizer over module parameters
+// (or over dp.parameters(), the same tensors) trains it as if it ran on one device.
+//
+//   auto model = std::make_shared<Net>();
+//   datapar::DataParallel dp(model, datapar::parse_devices("cpu:0,cpu:1"));
+//   torch::optim::SGD sgd(dp.parameters(), 0.1);
+//   auto loss = torch::nll_loss(dp.forward(x), y);  // x: [B, ...] split B ways
+//   loss.backward();
+//   sgd.step();
+//
+// Semantics to know:
+// - With one device the module is called directly, as in PyTorch.
+// - BatchNorm: batch statistics are computed per replica, over that replica's chunk;
+//   running statistics are updated from the first replica's chunk only (the others update
+//   copies that are discarded). Use SyncBatchNorm under DDP for statistics over the batch.
+// - Names: parameters(), named_parameters() and state_dict() are the wrapped module's,
+//   without a "module." prefix, so a state dict moves between the wrapper and the bare
+//   module in both directions.
+// - Replicas are built once, at construction; the module's structure must not change later.
+//   The module must be clonable (see replicate.h) and live on device_ids[0].
+// - Not thread-safe: one forward/backward at a time per DataParallel.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "datapar/devices.h"
+#include "datapar/error.h"
+#include "datapar/parallel/chunk_sizes.h"
+#include "datapar/parallel/parallel_apply.h"
+#include "datapar/parallel/replicate.h"
+#include "datapar/parallel/scatter_gather.h"
+#include "datapar/state_dict.h"
+
+namespace datapar {
+
+struct DataParallelOptions {
+  // Devices to run on; empty: every visible CUDA device, or else one CPU device per core.
+  std::vector<Device> devices;
+  // Where outputs are gathered; default: devices[0].
+  std::optional<Device> output_device;
+  // The dimension inputs are split along and outputs concatenated along.
+  int64_t dim = 0;
+  // Relative share of each device (one weight per device); empty: torch.chunk's equal
+  // split. E.g. {0.5, 1, 1, 1} gives the first device, which also gathers, half a share.
+  std::vector<double> device_weights;
+};
+
+namespace detail {
+// Every visible CUDA device, or one CPU device per core when there is no CUDA device.
+std::vector<Device> default_data_parallel_devices();
+void check_data_parallel_options(const DataParallelOptions& options);
+}  // namespace detail
+
+template <typename ModuleImpl>
+class DataParallel {
+ public:
+  DataParallel(std::shared_ptr<ModuleImpl> module, DataParallelOptions options)
+      : module_(std::move(module)), options_(std::move(options)) {
+    DATAPAR_CHECK(module_ != nullptr, "DataParallel: the module is null.");
+    if (options_.devices.empty()) options_.devices = detail::default_data_parallel_devices();
+    if (!options_.output_device) options_.output_device = options_.devices.front();
+    detail::check_data_parallel_options(options_);
+    if (options_.devices.size() > 1) {
+      replicas_ = std::make_shared<detail::ReplicaSet>(module_, options_.devices);
+      for (size_t i = 0; i < replicas_->size(); ++i) {
+        typed_replicas_.push_back(std::dynamic_pointer_cast<ModuleImpl>(replicas_->replica(i)));
+        DATAPAR_INTERNAL_ASSERT(typed_replicas_.back() != nullptr, "replica ", i, " has the wrong type");
+      }
+    }
+  }
+
+  DataParallel(std::shared_ptr<ModuleImpl> module, std::vector<Device> device_ids = {},
+               std::optional<Device> output_device = std::nullopt, int64_t dim = 0)
+      : DataParallel(std::move(module), DataParallelOptions{std::move(device_ids), output_device, dim, {}}) {}
+
+  DataParallel(const torch::nn::ModuleHolder<ModuleImpl>& module, DataParallelOptions options)
+      : DataParallel(module.ptr(), std::move(options)) {}
+
+  DataParallel(const torch::nn::ModuleHolder<ModuleImpl>& module, std::vector<Device> device_ids = {},
+               std::optional<Device> output_device = std::nullopt, int64_t dim = 0)
+      : DataParallel(module.ptr(), std::move(device_ids), output_device, dim) {}
+
+  // Runs the module data-parallel on (args...). Tensor arguments are split along dim;
+  // other arguments (numbers, strings, nested lists/tuples/dicts of tensors) are split or
+  // copied as scatter() does. Returns what the module's forward returns, gathered.
+  // Throws datapar::Error naming the device if a replica fails.
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    using Output = std::decay_t<decltype(module_->forward(std::forward<Args>(args)...))>;
+    if (!replicas_) {
+      last_chunk_sizes_ = {batch_size(pack(args...), options_.dim)};
+      return module_->forward(on_device(std::forward<Args>(args))...);
+    }
+    const c10::IValue packed = pack(args...);
+    std::vector<int64_t> sizes = split_sizes(packed);
+    const std::vector<c10::IValue> chunks = scatter(packed, options_.devices, options_.dim, sizes);
+    last_chunk_sizes_ = std::move(sizes);
+    std::vector<c10::IValue> outputs = detail::parallel_apply(
+        *replicas_,
+        [this](size_t i, const c10::IValue& input) {
+          return call_replica<std::decay_t<Args>...>(i, input, std::index_sequence_for<Args...>{});
+        },
+        chunks);
+    return gather(outputs, *options_.output_device, options_.dim).template to<Output>();
+  }
+
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  // Rows each device got in the last forward, in device order (fewer entries than devices
+  // when the batch had fewer rows than there are devices).
+  const std::vector<int64_t>& last_chunk_sizes() const { return last_chunk_sizes_; }
+
+  const std::shared_ptr<ModuleImpl>& module() const { return module_; }
+  const std::vector<Device>& devices() const { return options_.devices; }
+  const Device& output_device() const { return *options_.output_device; }
+  const DataParallelOptions& options() const { return options_; }
+
+  // The wrapped module's tensors and names (no "module." prefix).
+  std::vector<at::Tensor> parameters(bool recurse = true) const { return module_->parameters(recurse); }
+  torch::OrderedDict<std::string, at::Tensor> named_parameters(bool recurse = true) const {
+    return module_->named_parameters(recurse);
+  }
+  std::vector<at::Tensor> buffers(bool recurse = true) const { return module_->buffers(recurse); }
+  torch::OrderedDict<std::string, at::Tensor> named_buffers(bool recurse = true) const {
+    return module_->named_buffers(recurse);
+  }
+  StateDict state_dict() const { return datapar::state_dict(*module_); }
+  void load_state_dict(const StateDict& state, bool strict = true) {
+    datapar::load_state_dict(*module_, state, strict);
+  }
+
+  void train(bool on = true) { module_->train(on); }
+  void eval() { module_->eval(); }
+  bool is_training() const { return module_->is_training(); }
+  void zero_grad(bool set_to_none = true) { module_->zero_grad(set_to_none); }
+
+  // Parameter tensors copied between devices so far (0 on CPU devices: replicas share).
+  int64_t parameter_copies() const { return replicas_ ? replicas_->parameter_copies() : 0; }
+
+ private:
+  template <typename... Args>
+  static c10::IValue pack(const Args&... args) {
+    return c10::ivalue::Tuple::create(std::vector<c10::IValue>{c10::IValue(args)...});
+  }
+
+  template <typename T>
+  decltype(auto) on_device(T&& value) const {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      const c10::Device device = options_.devices.front().torch_device();
+      return value.device() == device ? value : value.to(device);
+    } else {
+      return std::forward<T>(value);
+    }
+  }
+
+  std::vector<int64_t> split_sizes(const c10::IValue& packed) const {
+    const int64_t rows = batch_size(packed, options_.dim);
+    DATAPAR_CHECK(rows >= 0, "DataParallel: the inputs hold no tensor to split along dim ", options_.dim, ".");
+    if (options_.device_weights.empty()) {
+      return chunk_sizes(rows, static_cast<int64_t>(options_.devices.size()));
+    }
+    return weighted_chunk_sizes(rows, options_.device_weights);
+  }
+
+  template <typename... Decayed, size_t... I>
+  c10::IValue call_replica(size_t i, const c10::IValue& input, std::index_sequence<I...>) const {
+    const auto& elements = input.toTupleRef().elements();
+    return c10::IValue(typed_replicas_[i]->forward(elements[I].template to<Decayed>()...));
+  }
+
+  std::shared_ptr<ModuleImpl> module_;
+  DataParallelOptions options_;
+  std::shared_ptr<detail::ReplicaSet> replicas_;
+  std::vector<std::shared_ptr<ModuleImpl>> typed_replicas_;  // replicas_, as ModuleImpl
+  std::vector<int64_t> last_chunk_sizes_;
+};
+
+template <typename ModuleImpl>
+DataParallel(std::shared_ptr<ModuleImpl>, DataParallelOptions) -> DataParallel<ModuleImpl>;
+template <typename ModuleImpl>
+DataParallel(std::shared_ptr<ModuleImpl>, std::vector<Device>) -> DataParallel<ModuleImpl>;
+template <typename ModuleImpl>
+DataParallel(std::shared_ptr<ModuleImpl>) -> DataParallel<ModuleImpl>;
+template <typename ModuleImpl>
+DataParallel(const torch::nn::ModuleHolder<ModuleImpl>&, DataParallelOptions) -> DataParallel<ModuleImpl>;
+template <typename ModuleImpl>
+DataParallel(const torch::nn::ModuleHolder<ModuleImpl>&, std::vector<Device>) -> DataParallel<ModuleImpl>;
+template <typename ModuleImpl>
+DataParallel(const torch::nn::ModuleHolder<ModuleImpl>&) -> DataParallel<ModuleImpl>;
+
+}  // namespace datapar

@@ -1,0 +1,39 @@
+// State dicts: a module's parameters and buffers by their PyTorch names ("fc1.weight").
+//
+// The names are the bare module's, whatever wraps it: DataParallel (and later DDP) report
+// and accept the wrapped module's names, never "module."-prefixed ones, and loading strips
+// a "module." prefix that a Python DataParallel checkpoint carries. Files are written in
+// the format of torch.save (a zip with a pickled dict of tensors), so Python's torch.load
+// reads them and a dict of tensors saved by Python loads here.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/ordered_dict.h>
+
+#include <string>
+
+namespace datapar {
+
+using StateDict = torch::OrderedDict<std::string, at::Tensor>;
+
+// Parameters and buffers of `module` and its submodules, in PyTorch's order (each module's
+// parameters, then its buffers, then its children's, depth first). The tensors are the
+// module's own (no copy): detach or clone them to keep a snapshot.
+StateDict state_dict(const torch::nn::Module& module);
+
+// Copies `state` into `module`'s parameters and buffers (no autograd). Keys may carry a
+// "module." prefix (Python DataParallel/DDP checkpoints); it is removed when every key has it.
+// strict: every key must match and none may be missing. Throws InvalidArgumentError listing
+// missing and unexpected keys, or naming the first tensor whose shape differs.
+void load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true);
+
+// Writes `state` to `path` atomically (temporary file, fsync, rename): readers see the old
+// file or the new one, never a torn write. Throws CheckpointError on I/O failure.
+void save_state_dict(const StateDict& state, const std::string& path);
+
+// Reads a file written by save_state_dict or by Python's torch.save(state_dict).
+// Tensors land on the CPU. Throws CheckpointError for a missing, truncated or foreign file.
+StateDict load_state_dict_file(const std::string& path);
+
+}  // namespace datapar

@@ -1,0 +1,199 @@
+// DeviceWorkers. See device_workers.h.
+//
+// Note [Intra-op threads per CPU device]
+// ATen's OpenMP backend keeps the thread count per thread (OpenMP's nthreads-var), but
+// at::set_num_threads also stores a process-wide default that threads pick up when they
+// first touch ATen. Each CPU worker therefore sets its own count once at start, and the
+// constructor puts the process-wide default back after all workers have started, so the
+// caller's own intra-op setting is unchanged.
+#include "device_workers.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "datapar/error.h"
+
+namespace datapar::detail {
+namespace {
+
+thread_local const DeviceWorkers* current_workers = nullptr;
+
+}  // namespace
+
+struct DeviceWorkers::Worker {
+  std::thread thread;
+  int intra_op_threads = 1;
+};
+
+struct DeviceWorkers::Shared {
+  std::mutex run_mutex;  // one run() at a time
+
+  std::mutex mutex;
+  std::condition_variable wake;  // workers wait here for a new generation
+  std::condition_variable done;  // run() waits here for pending == 0
+  uint64_t generation = 0;
+  size_t active = 0;   // workers [0, active) take part in this generation
+  size_t skip = DeviceWorkers::kNone;  // ... except this one, run by the caller
+  size_t pending = 0;  // of those, how many have not finished
+  size_t started = 0;  // workers that finished their setup
+  bool stopping = false;
+  const std::function<void(size_t)>* task = nullptr;
+  const at::ThreadLocalState* state = nullptr;
+  std::vector<std::exception_ptr> errors;
+};
+
+std::shared_ptr<DeviceWorkers> DeviceWorkers::for_devices(const std::vector<Device>& devices) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<DeviceWorkers>> pools;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::weak_ptr<DeviceWorkers>& slot = pools[to_string(devices)];
+  if (auto pool = slot.lock()) return pool;
+  auto pool = std::make_shared<DeviceWorkers>(devices);
+  slot = pool;
+  return pool;
+}
+
+DeviceWorkers::DeviceWorkers(std::vector<Device> devices)
+    : devices_(std::move(devices)), shared_(std::make_unique<Shared>()) {
+  DATAPAR_CHECK(!devices_.empty(), "DeviceWorkers: no devices given.");
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cpu_devices = static_cast<int>(
+      std::count_if(devices_.begin(), devices_.end(), [](const Device& d) { return d.is_cpu(); }));
+  const int process_default = at::get_num_threads();
+  shared_->errors.resize(devices_.size());
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    auto worker = std::make_unique<Worker>();
+    // Cores shared evenly; the first devices take the remainder.
+    worker->intra_op_threads =
+        devices_[i].is_cpu() ? std::max(1, cores / cpu_devices + (static_cast<int>(i) < cores % cpu_devices))
+                             : process_default;
+    workers_.push_back(std::move(worker));
+  }
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    workers_[i]->thread = std::thread([this, i] { loop(i); });
+  }
+  std::unique_lock<std::mutex> lock(shared_->mutex);
+  shared_->done.wait(lock, [&] { return shared_->started == devices_.size(); });
+  lock.unlock();
+  at::set_num_threads(process_default);  // Note [Intra-op threads per CPU device]
+}
+
+DeviceWorkers::~DeviceWorkers() {
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    shared_->stopping = true;
+  }
+  shared_->wake.notify_all();
+  for (auto& worker : workers_) worker->thread.join();
+}
+
+int DeviceWorkers::intra_op_threads(size_t i) const { return workers_.at(i)->intra_op_threads; }
+
+void DeviceWorkers::loop(size_t index) {
+  current_workers = this;
+  const Device device = devices_[index];
+  at::init_num_threads();
+  at::set_num_threads(workers_[index]->intra_op_threads);  // Note [Intra-op threads per CPU device]
+  Shared& s = *shared_;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    ++s.started;
+  }
+  s.done.notify_all();
+
+  uint64_t seen = 0;
+  for (;;) {
+    std::unique_lock<std::mutex> lock(s.mutex);
+    s.wake.wait(lock, [&] { return s.stopping || (s.generation != seen && index < s.active && index != s.skip); });
+    if (s.stopping) return;
+    seen = s.generation;
+    const auto* task = s.task;
+    const auto* state = s.state;
+    lock.unlock();
+
+    std::exception_ptr error;
+    try {
+      at::ThreadLocalStateGuard tls(*state);
+      if (device.is_cuda()) {
+        c10::DeviceGuard guard(device.torch_device());
+        (*task)(index);
+      } else {
+        (*task)(index);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+
+    lock.lock();
+    s.errors[index] = error;
+    if (--s.pending == 0) {
+      lock.unlock();
+      s.done.notify_all();
+    }
+  }
+}
+
+void DeviceWorkers::run(size_t n, const std::function<void(size_t)>& task, const std::string& what,
+                        size_t on_caller) {
+  DATAPAR_INTERNAL_ASSERT(n <= devices_.size(), "run(", n, ") on ", devices_.size(), " devices");
+  if (n == 0) return;
+  std::vector<std::exception_ptr> errors(n);
+  if (current_workers == this) {
+    // Nested use from one of our own threads: the others may be busy with the outer call.
+    for (size_t i = 0; i < n; ++i) {
+      try {
+        task(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  } else {
+    std::lock_guard<std::mutex> one_at_a_time(shared_->run_mutex);
+    const at::ThreadLocalState state;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      shared_->task = &task;
+      shared_->state = &state;
+      shared_->active = n;
+      shared_->skip = on_caller;
+      shared_->pending = on_caller < n ? n - 1 : n;
+      ++shared_->generation;
+    }
+    shared_->wake.notify_all();
+    if (on_caller < n) {
+      try {
+        task(on_caller);
+      } catch (...) {
+        errors[on_caller] = std::current_exception();
+      }
+    }
+    std::unique_lock<std::mutex> lock(shared_->mutex);
+    shared_->done.wait(lock, [&] { return shared_->pending == 0; });
+    for (size_t i = 0; i < n; ++i) {
+      if (i != on_caller) errors[i] = std::exchange(shared_->errors[i], nullptr);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const c10::Error& e) {
+      throw Error(str_cat(what, " on ", devices_[i].str(), " failed: ", e.what_without_backtrace()));
+    } catch (const std::exception& e) {
+      throw Error(str_cat(what, " on ", devices_[i].str(), " failed: ", e.what()));
+    } catch (...) {
+      throw Error(str_cat(what, " on ", devices_[i].str(), " failed with an unknown exception."));
+    }
+  }
+}
+
+}  // namespace datapar::detail

@@ -1,0 +1,250 @@
+// parallel_apply and the autograd node that makes its backward parallel.
+//
+// Note [Parallel section]
+// libtorch's autograd engine runs every CPU node on the thread that called backward(), so
+// a DataParallel whose replicas were joined into the graph the usual way (Python's
+// Broadcast/ReduceAdd) would run the replicas' backward one after another. Instead:
+//   a. Forward: each replica runs on its device's thread against its own leaves: its own
+//      parameters (see ReplicaSet) and fresh leaves standing in for its input tensors.
+//   b. The replica outputs are handed to the caller as new tensors whose grad_fn is one
+//      ParallelSectionBackward node, with edges to the master's parameters and to the
+//      original (scattered) inputs.
+//   c. Backward reaches that node once, with the gradients of every replica output. It runs
+//      torch::autograd::grad for each replica on that replica's thread, concurrently: each
+//      thread drives its own graph task, as any thread calling grad() does.
+//   d. The replica gradients are summed per parameter (also spread over the threads) and
+//      returned; the engine accumulates them into the master's .grad as for any node.
+// Replica graphs are kept (retain_graph) until the engine releases the node, so
+// backward(retain_graph=true) through a parallel section works as usual.
+// CUDA: when the gradients arrive on cuda:K, the engine runs this node on its thread for
+// cuda:K, which the replica on cuda:K needs for its own backward; that replica's backward
+// therefore runs right here (a re-entrant backward), the others on their threads.
+#include "datapar/parallel/parallel_apply.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <algorithm>
+
+#include "parallel/device_workers.h"
+#include "parallel/ivalue_tensors.h"
+
+namespace datapar::detail {
+namespace {
+
+using torch::autograd::variable_list;
+
+// What one replica's forward leaves for backward.
+struct ReplicaGraph {
+  std::vector<at::Tensor> outputs;       // replica outputs that require grad, graphs attached
+  std::vector<uint32_t> slots;           // the node input each output feeds
+  std::vector<at::Tensor> params;        // the replica's parameters that require grad
+  std::vector<at::Tensor> input_leaves;  // stand-ins for the input tensors that require grad
+  std::vector<size_t> input_results;     // the node output each leaf's gradient goes to
+};
+
+class ParallelSectionBackward : public torch::autograd::Node {
+ public:
+  ParallelSectionBackward(std::shared_ptr<DeviceWorkers> workers, std::vector<c10::Device> param_devices)
+      : workers_(std::move(workers)), param_devices_(std::move(param_devices)) {}
+
+  std::string name() const override { return "datapar::ParallelSectionBackward"; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    graphs_.clear();
+    released_ = true;
+  }
+
+  variable_list apply(variable_list&& grads) override;
+
+  std::vector<ReplicaGraph> graphs_;
+
+ private:
+  size_t replica_on_this_thread(const variable_list& grads) const;
+
+  std::shared_ptr<DeviceWorkers> workers_;
+  std::vector<c10::Device> param_devices_;  // master device of each parameter output
+  bool released_ = false;
+};
+
+size_t ParallelSectionBackward::replica_on_this_thread(const variable_list& grads) const {
+  for (const at::Tensor& g : grads) {
+    if (!g.defined()) continue;
+    if (!g.is_cuda()) return DeviceWorkers::kNone;
+    for (size_t i = 0; i < graphs_.size(); ++i) {
+      if (workers_->devices()[i].torch_device() == g.device()) return i;
+    }
+    return DeviceWorkers::kNone;
+  }
+  return DeviceWorkers::kNone;
+}
+
+variable_list ParallelSectionBackward::apply(variable_list&& grads) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(!released_,
+              "DataParallel: trying to backward through a parallel section a second time, but its "
+              "graph was freed by the first backward. Pass retain_graph=true to the first backward.");
+  const size_t n = graphs_.size();
+  const size_t num_params = param_devices_.size();
+
+  // c. Each replica's backward on its own thread.  grads_of[i]: params then input leaves.
+  std::vector<variable_list> grads_of(n);
+  workers_->run(
+      n,
+      [&](size_t i) {
+        const ReplicaGraph& g = graphs_[i];
+        variable_list outputs;
+        variable_list output_grads;
+        for (size_t k = 0; k < g.outputs.size(); ++k) {
+          if (grads[g.slots[k]].defined()) {
+            outputs.push_back(g.outputs[k]);
+            output_grads.push_back(grads[g.slots[k]]);
+          }
+        }
+        if (outputs.empty()) return;
+        variable_list targets = g.params;
+        targets.insert(targets.end(), g.input_leaves.begin(), g.input_leaves.end());
+        if (targets.empty()) return;
+        grads_of[i] = torch::autograd::grad(outputs, targets, output_grads, /*retain_graph=*/true,
+                                            /*create_graph=*/false, /*allow_unused=*/true);
+      },
+      "DataParallel backward: replica", replica_on_this_thread(grads));
+
+  variable_list result(num_outputs());
+  for (size_t i = 0; i < n; ++i) {
+    if (grads_of[i].empty()) continue;
+    for (size_t k = 0; k < graphs_[i].input_results.size(); ++k) {
+      result[graphs_[i].input_results[k]] = grads_of[i][num_params + k];
+    }
+  }
+
+  // d. Sum replica gradients per parameter, in replica order (deterministic), each thread
+  // taking a contiguous range of about equal size.
+  auto sum_range = [&](size_t begin, size_t end) {
+    for (size_t j = begin; j < end; ++j) {
+      at::Tensor sum;
+      bool owned = false;  // never add into a tensor autograd handed us: it may be a view
+      for (size_t i = 0; i < n; ++i) {
+        if (grads_of[i].empty() || !grads_of[i][j].defined()) continue;
+        at::Tensor g = grads_of[i][j];
+        if (g.device() != param_devices_[j]) g = g.to(param_devices_[j]);
+        if (!sum.defined()) {
+          sum = g;
+        } else if (!owned) {
+          sum = sum + g;
+          owned = true;
+        } else {
+          sum.add_(g);
+        }
+      }
+      result[j] = sum;
+    }
+  };
+  const bool all_cpu = std::all_of(param_devices_.begin(), param_devices_.end(),
+                                   [](const c10::Device& d) { return d.is_cpu(); });
+  if (n == 1 || num_params == 0) return result;
+  if (!all_cpu) {
+    sum_range(0, num_params);
+    return result;
+  }
+  std::vector<int64_t> ends;  // parameter range end of each thread
+  int64_t total = 0;
+  for (size_t j = 0; j < num_params; ++j) total += graphs_[0].params[j].numel();
+  int64_t running = 0;
+  for (size_t j = 0; j < num_params; ++j) {
+    running += graphs_[0].params[j].numel();
+    while (ends.size() + 1 < n && running * static_cast<int64_t>(n) >= total * static_cast<int64_t>(ends.size() + 1)) {
+      ends.push_back(static_cast<int64_t>(j + 1));
+    }
+  }
+  ends.resize(n, static_cast<int64_t>(num_params));
+  workers_->run(
+      n, [&](size_t w) { sum_range(w == 0 ? 0 : static_cast<size_t>(ends[w - 1]), static_cast<size_t>(ends[w])); },
+      "DataParallel backward: gradient sum");
+  return result;
+}
+
+}  // namespace
+
+void check_parallel_apply_devices(const ReplicaSet& replicas, size_t num_inputs, const std::vector<Device>& devices) {
+  DATAPAR_CHECK(num_inputs >= 1 && num_inputs <= replicas.size(), "parallel_apply: ", num_inputs,
+                " inputs for ", replicas.size(), " replicas; give between 1 and ", replicas.size(), " inputs.");
+  DATAPAR_CHECK(devices.size() >= num_inputs, "parallel_apply: ", num_inputs, " inputs but only ",
+                devices.size(), " devices; give one device per input.");
+  for (size_t i = 0; i < num_inputs; ++i) {
+    DATAPAR_CHECK(devices[i] == replicas.devices()[i], "parallel_apply: input ", i, " is meant for ", devices[i],
+                  " but replica ", i, " lives on ", replicas.devices()[i],
+                  ". Pass the devices the replicas were made for (", to_string(replicas.devices()), ").");
+  }
+}
+
+std::vector<c10::IValue> parallel_apply(ReplicaSet& replicas, const ReplicaForward& forward,
+                                        const std::vector<c10::IValue>& inputs) {
+  const size_t n = inputs.size();
+  DATAPAR_CHECK(n >= 1 && n <= replicas.size(), "parallel_apply: ", n, " inputs for ", replicas.size(),
+                " replicas; give between 1 and ", replicas.size(), " inputs.");
+  replicas.refresh();
+
+  const std::vector<at::Tensor>& master_params = replicas.master_parameters();
+  std::vector<size_t> trained;  // indices of the master parameters that require grad
+  for (size_t j = 0; j < master_params.size(); ++j) {
+    if (master_params[j].requires_grad()) trained.push_back(j);
+  }
+  const bool grad_mode = at::GradMode::is_enabled();
+
+  // a. Leaves for the inputs that require grad, so each replica's graph ends at its own.
+  std::vector<ReplicaGraph> graphs(n);
+  std::vector<at::Tensor> originals;  // the input tensors those leaves stand in for
+  std::vector<c10::IValue> replica_inputs(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!grad_mode) {
+      replica_inputs[i] = inputs[i];
+      continue;
+    }
+    replica_inputs[i] = map_tensors(inputs[i], [&](const at::Tensor& t) {
+      if (!t.defined() || !t.requires_grad()) return t;
+      at::Tensor leaf = t.detach().requires_grad_(true);
+      graphs[i].input_leaves.push_back(leaf);
+      graphs[i].input_results.push_back(trained.size() + originals.size());
+      originals.push_back(t);
+      return leaf;
+    });
+  }
+
+  std::vector<c10::IValue> outputs(n);
+  replicas.workers().run(n, [&](size_t i) { outputs[i] = forward(i, replica_inputs[i]); },
+                         "parallel_apply: replica");
+  if (!grad_mode || (trained.empty() && originals.empty())) return outputs;
+
+  // b. One node for the whole section.
+  std::vector<c10::Device> param_devices;
+  std::vector<at::Tensor> edge_tensors;
+  for (size_t j : trained) {
+    param_devices.push_back(master_params[j].device());
+    edge_tensors.push_back(master_params[j]);
+  }
+  edge_tensors.insert(edge_tensors.end(), originals.begin(), originals.end());
+  std::shared_ptr<ParallelSectionBackward> node(
+      new ParallelSectionBackward(replicas.workers_ptr(), std::move(param_devices)), torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(edge_tensors));
+
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j : trained) graphs[i].params.push_back(replicas.replica_parameters(i)[j]);
+    outputs[i] = map_tensors(outputs[i], [&](const at::Tensor& out) {
+      if (!out.defined() || !out.requires_grad()) return out;
+      at::Tensor handed = out.variable_data();  // same storage and version counter, no history
+      torch::autograd::set_history(handed, node);
+      graphs[i].outputs.push_back(out);
+      graphs[i].slots.push_back(handed.output_nr());
+      return handed;
+    });
+  }
+  node->graphs_ = std::move(graphs);
+  return outputs;
+}
+
+}  // namespace datapar::detail

@@ -1,0 +1,131 @@
+// Runs the example programs and checks what they print: the reference cases of PyTorch's
+// data-parallel tutorial and of the functional data_parallel.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct ProgramRun {
+  int status = -1;
+  std::string output;
+};
+
+ProgramRun run(const std::string& command) {
+  ProgramRun result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  result.status = ::pclose(pipe);
+  return result;
+}
+
+std::string bin(const std::string& name) { return std::string(DATAPAR_BIN_DIR) + "/" + name; }
+
+// Per batch ("Outside" line), the sorted row counts the replicas reported ("In Model").
+std::vector<std::vector<int>> rows_per_batch(const std::string& output, std::vector<int>* batch_rows) {
+  std::vector<std::vector<int>> batches(1);
+  std::istringstream lines(output);
+  std::string line;
+  const std::regex in_model(R"(In Model: input size \[(\d+), 5\] output size \[(\d+), 2\])");
+  const std::regex outside(R"(Outside: input size \[(\d+), 5\] output_size \[(\d+), 2\])");
+  std::smatch m;
+  while (std::getline(lines, line)) {
+    if (std::regex_search(line, m, in_model)) {
+      EXPECT_EQ(m[1], m[2]) << line;
+      batches.back().push_back(std::stoi(m[1]));
+    } else if (std::regex_search(line, m, outside)) {
+      EXPECT_EQ(m[1], m[2]) << line;
+      batch_rows->push_back(std::stoi(m[1]));
+      std::sort(batches.back().begin(), batches.back().end(), std::greater<int>());
+      batches.emplace_back();
+    }
+  }
+  batches.pop_back();
+  return batches;
+}
+
+using Rows = std::vector<std::vector<int>>;
+
+TEST(TutorialExample, FourDevices) {
+  const ProgramRun r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1,cpu:2,cpu:3");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("Let's use 4 devices: cpu:0,cpu:1,cpu:2,cpu:3"), std::string::npos) << r.output;
+  std::vector<int> batches;
+  EXPECT_EQ(rows_per_batch(r.output, &batches), (Rows{{8, 8, 8, 6}, {8, 8, 8, 6}, {8, 8, 8, 6}, {3, 3, 3, 1}}))
+      << r.output;
+  EXPECT_EQ(batches, (std::vector<int>{30, 30, 30, 10}));
+}
+
+TEST(TutorialExample, TwoAndThreeDevices) {
+  ProgramRun r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<int> batches;
+  EXPECT_EQ(rows_per_batch(r.output, &batches), (Rows{{15, 15}, {15, 15}, {15, 15}, {5, 5}})) << r.output;
+  r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1,cpu:2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(rows_per_batch(r.output, &batches), (Rows{{10, 10, 10}, {10, 10, 10}, {10, 10, 10}, {4, 4, 2}}))
+      << r.output;
+}
+
+TEST(TutorialExample, BatchOf25OnFourDevices) {
+  const ProgramRun r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1,cpu:2,cpu:3 --batch-size 25");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<int> batches;
+  EXPECT_EQ(rows_per_batch(r.output, &batches), (Rows(4, {7, 7, 7, 4}))) << r.output;
+}
+
+TEST(TutorialExample, DefaultsToFourCpuDevicesWithoutCuda) {
+  const ProgramRun r = run("CUDA_VISIBLE_DEVICES= " + bin("data_parallel_tutorial"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("Let's use 4 devices: cpu:0,cpu:1,cpu:2,cpu:3"), std::string::npos) << r.output;
+}
+
+TEST(TutorialExample, UnknownDeviceIsAClearError) {
+  const ProgramRun r = run(bin("data_parallel_tutorial") + " --devices cuda:7");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("device \"cuda:7\" does not exist"), std::string::npos) << r.output;
+}
+
+TEST(FunctionalExample, SixteenAndFifteenRows) {
+  const ProgramRun r = run(bin("functional_data_parallel") + " --devices cpu:0,cpu:1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* expected :
+       {"scatter: [8, 10] on cpu:0, [8, 10] on cpu:1", "parallel_apply: [8, 20] on cpu:0, [8, 20] on cpu:1",
+        "gather: [16, 20] on cpu:0", "scatter: [8, 10] on cpu:0, [7, 10] on cpu:1",
+        "parallel_apply: [8, 20] on cpu:0, [7, 20] on cpu:1", "gather: [15, 20] on cpu:0"}) {
+    EXPECT_NE(r.output.find(expected), std::string::npos) << "missing: " << expected << "\n" << r.output;
+  }
+  // Both backward passes match the plain module.
+  const std::regex diff(R"(max difference to the plain module ([0-9.e+-]+))");
+  int checked = 0;
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), diff), end; it != end; ++it, ++checked) {
+    EXPECT_LT(std::stod((*it)[1]), 1e-4) << r.output;
+  }
+  EXPECT_EQ(checked, 2) << r.output;
+}
+
+TEST(Cli, HelpVersionAndDevices) {
+  ProgramRun r = run(bin("datapar") + " --version");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.output.find("datapar 0."), std::string::npos) << r.output;
+  r = run(bin("datapar") + " --help");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.output.find("devices"), std::string::npos) << r.output;
+  r = run(bin("datapar") + " devices --devices cpu:0,cpu:1");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.output, "cpu:0\ncpu:1\n");
+  r = run(bin("datapar") + " devices --devices cpu:0,cpu:0");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("listed twice"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -1,0 +1,224 @@
+#include "datapar/parallel/data_parallel.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
+
+#include <thread>
+
+#include "datapar/error.h"
+#include "testing/expect_throw.h"
+#include "testing/models.h"
+
+namespace datapar {
+namespace {
+
+using testing::BnNet;
+using testing::ConvNet;
+using testing::relative_error;
+
+ConvNet copy_of(const ConvNet& source) {
+  ConvNet copy;
+  load_state_dict(*copy, state_dict(*source));
+  return copy;
+}
+
+// Gradients of DataParallel on k devices against one device on the whole batch.
+void expect_same_gradients(const std::vector<Device>& devices, std::vector<double> weights = {}) {
+  torch::manual_seed(7);
+  ConvNet model;
+  ConvNet reference = copy_of(model);
+  DataParallel dp(model, DataParallelOptions{devices, std::nullopt, 0, std::move(weights)});
+
+  const auto x = at::randn({30, 1, 12, 12});
+  const auto target = at::randint(0, 10, {30});
+  const auto x_dp = x.clone().requires_grad_();
+  at::cross_entropy_loss(dp(x_dp), target).backward();
+  const auto x_ref = x.clone().requires_grad_();
+  at::cross_entropy_loss(reference(x_ref), target).backward();
+
+  const auto got = model->named_parameters();
+  const auto want = reference->named_parameters();
+  for (size_t j = 0; j < got.size(); ++j) {
+    ASSERT_TRUE(got[j].value().grad().defined()) << got[j].key();
+    EXPECT_LT(relative_error(got[j].value().grad(), want[j].value().grad()), 1e-5)
+        << got[j].key() << " on " << to_string(devices);
+  }
+  EXPECT_LT(relative_error(x_dp.grad(), x_ref.grad()), 1e-5);
+}
+
+TEST(DataParallel, GradientsEqualOneDeviceOnTheFullBatch) {
+  expect_same_gradients(cpu_devices(2));
+  expect_same_gradients(cpu_devices(3));
+  expect_same_gradients(cpu_devices(4));
+}
+
+TEST(DataParallel, UnevenSplitsGiveTheSameGradients) {
+  expect_same_gradients(cpu_devices(2), {1, 3});
+  expect_same_gradients(cpu_devices(4), {0.5, 1, 1, 1});
+}
+
+TEST(DataParallel, FiveSgdStepsMatchOneDevice) {
+  torch::manual_seed(3);
+  ConvNet model;
+  ConvNet reference = copy_of(model);
+  DataParallel dp(model, cpu_devices(3));
+  torch::optim::SGD sgd(dp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD sgd_ref(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 5; ++step) {
+    const auto x = at::randn({25, 1, 12, 12});
+    const auto y = at::randint(0, 10, {25});
+    sgd.zero_grad();
+    at::cross_entropy_loss(dp(x), y).backward();
+    sgd.step();
+    sgd_ref.zero_grad();
+    at::cross_entropy_loss(reference(x), y).backward();
+    sgd_ref.step();
+  }
+  const auto got = model->parameters();
+  const auto want = reference->parameters();
+  for (size_t j = 0; j < got.size(); ++j) EXPECT_LT(relative_error(got[j], want[j]), 1e-5);
+}
+
+TEST(DataParallel, TutorialChunkSizes) {
+  auto model = torch::nn::Linear(5, 2);
+  struct Case {
+    int devices;
+    int64_t batch;
+    std::vector<int64_t> rows;
+  };
+  for (const Case& c : std::vector<Case>{{4, 30, {8, 8, 8, 6}}, {4, 10, {3, 3, 3, 1}}, {2, 30, {15, 15}},
+                                         {2, 10, {5, 5}}, {3, 30, {10, 10, 10}}, {4, 25, {7, 7, 7, 4}},
+                                         {4, 2, {1, 1}}}) {
+    DataParallel dp(model, cpu_devices(c.devices));
+    const auto out = dp(at::randn({c.batch, 5}));
+    EXPECT_EQ(out.sizes(), at::IntArrayRef({c.batch, 2}));
+    EXPECT_EQ(dp.last_chunk_sizes(), c.rows) << c.batch << " rows on " << c.devices << " devices";
+  }
+}
+
+TEST(DataParallel, BackwardRunsOnTheDeviceThreadsSideBySide) {
+  auto log = std::make_shared<testing::ThreadLog>();
+  testing::ThreadProbe model(log);
+  DataParallel dp(model, cpu_devices(3));
+  dp(at::randn({9, 5})).sum().backward();
+  EXPECT_EQ(log->backward_threads.size(), 3u);
+  EXPECT_EQ(log->backward_threads.count(std::this_thread::get_id()), 0u);
+  EXPECT_TRUE(model->fc->weight.grad().defined());
+}
+
+TEST(DataParallel, BatchNormUsesPerReplicaStatisticsAndTheFirstReplicasRunningStats) {
+  torch::manual_seed(1);
+  BnNet model;
+  BnNet reference;
+  load_state_dict(*reference, state_dict(*model));
+  DataParallel dp(model, cpu_devices(2));
+  const auto x = at::randn({12, 6}) * 3 + 1;
+  const auto out = dp(x);
+  // Each half is normalised by its own batch statistics...
+  const auto first = reference(x.narrow(0, 0, 6));
+  EXPECT_LT(relative_error(out.narrow(0, 0, 6), first), 1e-5);
+  // ...and the running statistics are those of the first half only.
+  EXPECT_LT(relative_error(model->bn->running_mean, reference->bn->running_mean), 1e-6);
+  EXPECT_LT(relative_error(model->bn->running_var, reference->bn->running_var), 1e-6);
+  EXPECT_EQ(model->bn->num_batches_tracked.item<int64_t>(), 1);
+}
+
+TEST(DataParallel, SeveralArgumentsAndTupleOutputs) {
+  testing::TwoHeads model;
+  DataParallel dp(model, cpu_devices(2));
+  const auto x = at::randn({7, 4});
+  const auto y = at::randn({7, 3});
+  auto [p, q] = dp(x, y, 2.0);
+  auto [p_ref, q_ref] = model->forward(x, y, 2.0);
+  EXPECT_LT(relative_error(p, p_ref), 1e-6);
+  EXPECT_LT(relative_error(q, q_ref), 1e-6);
+  (p.sum() + q.sum()).backward();
+  EXPECT_TRUE(model->a->weight.grad().defined());
+  EXPECT_TRUE(model->b->weight.grad().defined());
+  EXPECT_FALSE(model->unused->weight.grad().defined());  // no gradient, as on one device
+}
+
+TEST(DataParallel, ReplicaFailureIsRethrownNamingTheDevice) {
+  testing::TwoHeads model(/*min_rows=*/2);
+  DataParallel dp(model, cpu_devices(4));
+  EXPECT_THROW_MSG(dp(at::randn({10, 4}), at::randn({10, 3}), 1.0), Error,
+                   "replica on cpu:3 failed: chunk too small: 1 rows");
+  // The wrapper still works afterwards.
+  EXPECT_NO_THROW(dp(at::randn({12, 4}), at::randn({12, 3}), 1.0));
+}
+
+TEST(DataParallel, OneDeviceCallsTheModuleDirectly) {
+  auto log = std::make_shared<testing::ThreadLog>();
+  testing::ThreadProbe model(log);
+  DataParallel dp(model, cpu_devices(1));
+  dp(at::randn({4, 5})).sum().backward();
+  EXPECT_EQ(log->backward_threads.count(std::this_thread::get_id()), 1u);
+  EXPECT_EQ(dp.last_chunk_sizes(), std::vector<int64_t>{4});
+}
+
+TEST(DataParallel, RetainGraphAllowsASecondBackward) {
+  ConvNet model;
+  DataParallel dp(model, cpu_devices(2));
+  const auto loss = dp(at::randn({6, 1, 12, 12})).pow(2).sum();
+  loss.backward({}, /*retain_graph=*/true);
+  const auto once = model->parameters()[0].grad().clone();
+  loss.backward();
+  EXPECT_LT(relative_error(model->parameters()[0].grad(), once * 2), 1e-5);
+  EXPECT_THROW(loss.backward(), c10::Error);  // the graph is gone now
+}
+
+TEST(DataParallel, FrozenParametersGetNoGradient) {
+  ConvNet model;
+  model->net[0]->as<torch::nn::Conv2d>()->weight.requires_grad_(false);
+  DataParallel dp(model, cpu_devices(2));
+  dp(at::randn({6, 1, 12, 12})).sum().backward();
+  EXPECT_FALSE(model->net[0]->as<torch::nn::Conv2d>()->weight.grad().defined());
+  EXPECT_TRUE(model->net[0]->as<torch::nn::Conv2d>()->bias.grad().defined());
+}
+
+TEST(DataParallel, NoGradForwardBuildsNoGraph) {
+  ConvNet model;
+  DataParallel dp(model, cpu_devices(2));
+  at::NoGradGuard no_grad;
+  EXPECT_FALSE(dp(at::randn({6, 1, 12, 12})).requires_grad());
+}
+
+TEST(DataParallel, NamesHaveNoModulePrefixAndStateMovesBothWays) {
+  ConvNet model;
+  DataParallel dp(model, cpu_devices(2));
+  const auto bare_names = model->named_parameters().keys();
+  EXPECT_EQ(dp.named_parameters().keys(), bare_names);
+  EXPECT_EQ(dp.state_dict().keys(), state_dict(*model).keys());
+  EXPECT_EQ(dp.state_dict().keys().front(), "net.0.weight");
+
+  // Wrapper -> bare module.
+  ConvNet bare;
+  load_state_dict(*bare, dp.state_dict());
+  EXPECT_TRUE(at::equal(bare->parameters()[0], model->parameters()[0]));
+  // Bare module -> wrapper.
+  ConvNet source;
+  dp.load_state_dict(state_dict(*source));
+  EXPECT_TRUE(at::equal(model->parameters()[0], source->parameters()[0]));
+  // And through a file, both ways.
+  const std::string path = ::testing::TempDir() + "/dp_state.pt";
+  save_state_dict(dp.state_dict(), path);
+  ConvNet loaded;
+  load_state_dict(*loaded, load_state_dict_file(path));
+  EXPECT_TRUE(at::equal(loaded->parameters()[0], source->parameters()[0]));
+  save_state_dict(state_dict(*bare), path);
+  dp.load_state_dict(load_state_dict_file(path));
+  EXPECT_TRUE(at::equal(model->parameters()[0], bare->parameters()[0]));
+}
+
+TEST(DataParallel, RejectsBadConfigurations) {
+  ConvNet model;
+  EXPECT_THROW_MSG(DataParallel(model, {Device::cpu(0), Device::cpu(0)}), InvalidArgumentError, "listed twice");
+  EXPECT_THROW_MSG(DataParallel(model, DataParallelOptions{cpu_devices(2), std::nullopt, 0, {1, 1, 1}}),
+                   InvalidArgumentError, "3 device weights for 2 devices");
+  EXPECT_THROW_MSG(DataParallel(model, DataParallelOptions{cpu_devices(2), std::nullopt, 0, {0, 0}}),
+                   InvalidArgumentError, "every device weight is 0");
+}
+
+}  // namespace
+}  // namespace datapar

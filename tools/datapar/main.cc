@@ -1,0 +1,47 @@
+// The datapar command-line tool. Subcommands: devices (more arrive with launch/train/bench).
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "datapar/config.h"
+#include "datapar/devices.h"
+#include "datapar/error.h"
+
+namespace {
+
+int list_devices(const std::string& spec) {
+  const datapar::DeviceInventory inventory = datapar::DeviceInventory::detect();
+  if (!spec.empty()) {
+    for (const datapar::Device& d : datapar::parse_devices(spec, inventory)) std::cout << d << "\n";
+    return 0;
+  }
+  std::cout << "CPU: cpu:0 .. cpu:" << inventory.cpu_count - 1 << " (worker threads; " << inventory.cpu_cores
+            << " cores)\n";
+  std::cout << "CUDA: " << inventory.cuda_count << " visible device(s)";
+  if (inventory.cuda_visible_devices_set) std::cout << " (CUDA_VISIBLE_DEVICES=" << inventory.cuda_visible_devices << ")";
+  std::cout << "\n";
+  for (int i = 0; i < inventory.cuda_count; ++i) std::cout << "  cuda:" << i << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"datapar: data-parallel training for C++ on libtorch"};
+  app.set_version_flag("--version", std::string("datapar ") + DATAPAR_VERSION);
+  app.require_subcommand(0, 1);
+
+  std::string spec;
+  auto* devices = app.add_subcommand("devices", "List the devices datapar can use, or check a device list");
+  devices->add_option("--devices", spec, "A device list to check, e.g. cpu:0,cpu:1 or cuda:0,cuda:3 or cuda");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*devices) return list_devices(spec);
+    std::cout << app.help();
+    return 0;
+  } catch (const datapar::Error& e) {
+    std::cerr << "datapar: " << e.what() << "\n";
+    return 2;
+  }
+}
