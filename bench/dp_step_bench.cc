@@ -5,7 +5,13 @@
 // alike; each variant's figure is the median over rounds of its mean step time. Ratios are
 // what docs/benchmarks.md reports.
 //
-//   build/bin/dp_step_bench [--model mlp|lenet|all] [--rounds 15] [--steps 10]
+// Every variant runs in the same process under the same allocator settings: by default
+// datapar::tune_cpu_allocator() (see cpu_allocator.h), --default-allocator to leave glibc as is.
+// The DataParallel variants leave the calling thread at 1 intra-op thread: it only splits,
+// gathers and steps the optimizer, and an idle OpenMP team of the caller spin-waits on the
+// cores the devices' threads need.
+//
+//   build/bin/dp_step_bench [--model mlp|lenet|all] [--rounds 15] [--steps 10] [--default-allocator]
 #include <CLI/CLI.hpp>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
@@ -23,6 +29,7 @@
 #include "datapar/datapar.h"
 #include "datapar/models/lenet.h"
 #include "datapar/models/mlp.h"
+#include "parallel/device_workers.h"
 
 namespace {
 
@@ -63,10 +70,23 @@ void bench_model(const std::string& model_name, int rounds, int steps, int batch
   datapar::DataParallel dp2(dual, datapar::cpu_devices(2));
 
   std::vector<Variant> variants;
-  variants.push_back({"module, 1 thread", 1, make_step([=](const at::Tensor& t) { return bare1(t); }, bare1->parameters(), x, y), {}});
-  variants.push_back({"module, 2 threads", 2, make_step([=](const at::Tensor& t) { return bare2(t); }, bare2->parameters(), x, y), {}});
+  variants.push_back({"module, 1 thread", 1, make_step([bare1](const at::Tensor& t) mutable { return bare1(t); }, bare1->parameters(), x, y), {}});
+  variants.push_back({"module, 2 threads", 2, make_step([bare2](const at::Tensor& t) mutable { return bare2(t); }, bare2->parameters(), x, y), {}});
   variants.push_back({"DataParallel, 1 device (1 thread)", 1, make_step([&dp1](const at::Tensor& t) { return dp1(t); }, dp1.parameters(), x, y), {}});
-  variants.push_back({"DataParallel, 2 CPU devices", 2, make_step([&dp2](const at::Tensor& t) { return dp2(t); }, dp2.parameters(), x, y), {}});
+  variants.push_back({"DataParallel, 2 CPU devices", 1, make_step([&dp2](const at::Tensor& t) { return dp2(t); }, dp2.parameters(), x, y), {}});
+
+  // The ceiling: each CPU device's thread trains a private copy on half the batch, nothing
+  // shared and nothing summed: what two unsynchronised workers would reach.
+  auto workers = datapar::detail::DeviceWorkers::for_devices(datapar::cpu_devices(2));
+  std::vector<std::function<void()>> halves;
+  for (int64_t i = 0; i < 2; ++i) {
+    ModuleHolder copy;
+    const int64_t rows = batch / 2;
+    halves.push_back(make_step([copy](const at::Tensor& t) mutable { return copy(t); }, copy->parameters(),
+                               x.narrow(0, i * rows, rows), y.narrow(0, i * rows, rows)));
+  }
+  variants.push_back({"ceiling: 2 CPU devices, no gradient sum", 1,
+                      [workers, halves] { workers->run(2, [&](size_t i) { halves[i](); }, "ceiling"); }, {}});
 
   for (auto& v : variants) {  // warm up: allocator, OpenMP teams, replicas
     at::set_num_threads(v.main_threads);
@@ -94,6 +114,9 @@ void bench_model(const std::string& model_name, int rounds, int steps, int batch
               "DataParallel(1 device) / module(1 thread) time %.3f (goal <= 1.05)\n",
               one / ms["DataParallel, 2 CPU devices"], two / ms["DataParallel, 2 CPU devices"],
               ms["DataParallel, 1 device (1 thread)"] / one);
+  std::printf("ceiling (2 unsynchronised half-batch workers) vs module(1 thread) %.2fx; DataParallel reaches %.0f%% of it\n",
+              one / ms["ceiling: 2 CPU devices, no gradient sum"],
+              100.0 * ms["ceiling: 2 CPU devices, no gradient sum"] / ms["DataParallel, 2 CPU devices"]);
 }
 
 }  // namespace
@@ -104,13 +127,17 @@ int main(int argc, char** argv) {
   int rounds = 15;
   int steps = 10;
   int batch = 256;
+  bool default_allocator = false;
+  app.add_flag("--default-allocator", default_allocator, "Leave glibc malloc's settings as they are");
   app.add_option("--model", model, "mlp, lenet or all (default all)")->check(CLI::IsMember({"mlp", "lenet", "all"}));
   app.add_option("--rounds", rounds, "Rounds; each runs every variant once (default 15)")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "Training steps per variant per round (default 10)")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "Batch size (default 256)")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
-  std::printf("cores: %u, libtorch parallel backend: %s\n", std::thread::hardware_concurrency(),
-              at::get_parallel_info().find("OpenMP") != std::string::npos ? "OpenMP" : "other");
+  const bool tuned = !default_allocator && datapar::tune_cpu_allocator();
+  std::printf("cores: %u, libtorch parallel backend: %s, allocator: %s\n", std::thread::hardware_concurrency(),
+              at::get_parallel_info().find("OpenMP") != std::string::npos ? "OpenMP" : "other",
+              tuned ? "glibc, datapar::tune_cpu_allocator()" : "glibc defaults");
   if (model == "mlp" || model == "all") bench_model<datapar::models::Mlp>("MLP 784-512-512-10", rounds, steps, batch);
   if (model == "lenet" || model == "all") bench_model<datapar::models::LeNet>("LeNet (d2l)", rounds, steps, batch);
   return 0;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "datapar/config.h"
+#include "datapar/cpu_allocator.h"
 #include "datapar/devices.h"
 #include "datapar/error.h"
 #include "datapar/parallel/chunk_sizes.h"

@@ -46,6 +46,11 @@ class DeviceWorkers {
 
   const std::vector<Device>& devices() const { return devices_; }
 
+  // Whether run() called now runs its tasks concurrently, each on its own thread (false
+  // when called from one of these workers, see run()). Tasks may wait for one another,
+  // e.g. at a barrier, only when this is true.
+  bool runs_concurrently() const;
+
   // Intra-op threads used by the worker of devices[i].
   int intra_op_threads(size_t i) const;
 

@@ -28,6 +28,8 @@
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "parallel/device_workers.h"
 #include "parallel/ivalue_tensors.h"
@@ -45,6 +47,16 @@ struct ReplicaGraph {
   std::vector<at::Tensor> input_leaves;  // stand-ins for the input tensors that require grad
   std::vector<size_t> input_results;     // the node output each leaf's gradient goes to
 };
+
+// Whether nobody but the caller can see t's memory: t is referenced once, and so is its
+// storage, or t is a view (autograd returns mm results transposed, for one) of a base that
+// only that view references.
+bool sole_owner(const at::Tensor& t) {
+  if (t.use_count() != 1) return false;
+  const size_t storage_refs = t.storage().use_count();
+  if (storage_refs == 1) return true;
+  return t.is_view() && storage_refs == 2 && t._base().use_count() == 1;
+}
 
 class ParallelSectionBackward : public torch::autograd::Node {
  public:
@@ -91,49 +103,22 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
   const size_t n = graphs_.size();
   const size_t num_params = param_devices_.size();
 
-  // c. Each replica's backward on its own thread.  grads_of[i]: params then input leaves.
-  std::vector<variable_list> grads_of(n);
-  workers_->run(
-      n,
-      [&](size_t i) {
-        const ReplicaGraph& g = graphs_[i];
-        variable_list outputs;
-        variable_list output_grads;
-        for (size_t k = 0; k < g.outputs.size(); ++k) {
-          if (grads[g.slots[k]].defined()) {
-            outputs.push_back(g.outputs[k]);
-            output_grads.push_back(grads[g.slots[k]]);
-          }
-        }
-        if (outputs.empty()) return;
-        variable_list targets = g.params;
-        targets.insert(targets.end(), g.input_leaves.begin(), g.input_leaves.end());
-        if (targets.empty()) return;
-        grads_of[i] = torch::autograd::grad(outputs, targets, output_grads, /*retain_graph=*/true,
-                                            /*create_graph=*/false, /*allow_unused=*/true);
-      },
-      "DataParallel backward: replica", replica_on_this_thread(grads));
-
-  variable_list result(num_outputs());
-  for (size_t i = 0; i < n; ++i) {
-    if (grads_of[i].empty()) continue;
-    for (size_t k = 0; k < graphs_[i].input_results.size(); ++k) {
-      result[graphs_[i].input_results[k]] = grads_of[i][num_params + k];
-    }
-  }
-
-  // d. Sum replica gradients per parameter, in replica order (deterministic), each thread
-  // taking a contiguous range of about equal size.
-  auto sum_range = [&](size_t begin, size_t end) {
+  // d. (below) sums replica gradients per parameter, each thread taking a contiguous range
+  // of about equal size, in replica order (deterministic).
+  auto sum_range = [&](std::vector<variable_list>& grads_of, variable_list& result, size_t begin, size_t end) {
     for (size_t j = begin; j < end; ++j) {
       at::Tensor sum;
-      bool owned = false;  // never add into a tensor autograd handed us: it may be a view
+      bool owned = false;  // may we add into `sum` in place?
       for (size_t i = 0; i < n; ++i) {
         if (grads_of[i].empty() || !grads_of[i][j].defined()) continue;
-        at::Tensor g = grads_of[i][j];
+        at::Tensor g = std::move(grads_of[i][j]);
         if (g.device() != param_devices_[j]) g = g.to(param_devices_[j]);
         if (!sum.defined()) {
-          sum = g;
+          // Adding in place saves allocating a gradient-sized buffer per parameter and
+          // step, but only into memory nobody else can see: autograd may hand back a view
+          // of an incoming gradient (a parameter used through view()).
+          sum = std::move(g);
+          owned = sole_owner(sum);
         } else if (!owned) {
           sum = sum + g;
           owned = true;
@@ -141,30 +126,70 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
           sum.add_(g);
         }
       }
-      result[j] = sum;
+      result[j] = std::move(sum);
     }
   };
   const bool all_cpu = std::all_of(param_devices_.begin(), param_devices_.end(),
                                    [](const c10::Device& d) { return d.is_cpu(); });
-  if (n == 1 || num_params == 0) return result;
-  if (!all_cpu) {
-    sum_range(0, num_params);
-    return result;
+  // CPU threads sum their share right after a barrier instead of in a second round of
+  // tasks: one hand-off fewer per step (Note [Spin before sleeping] in device_workers.cc).
+  const bool fused = all_cpu && n > 1 && num_params > 0 && workers_->runs_concurrently();
+  std::vector<size_t> ends;  // end of each thread's parameter range
+  if (fused) {
+    int64_t total = 0;
+    for (const at::Tensor& p : graphs_[0].params) total += p.numel();
+    int64_t running = 0;
+    for (size_t j = 0; j < num_params; ++j) {
+      running += graphs_[0].params[j].numel();
+      while (ends.size() + 1 < n && running * static_cast<int64_t>(n) >= total * static_cast<int64_t>(ends.size() + 1)) {
+        ends.push_back(j + 1);
+      }
+    }
+    ends.resize(n, num_params);
   }
-  std::vector<int64_t> ends;  // parameter range end of each thread
-  int64_t total = 0;
-  for (size_t j = 0; j < num_params; ++j) total += graphs_[0].params[j].numel();
-  int64_t running = 0;
-  for (size_t j = 0; j < num_params; ++j) {
-    running += graphs_[0].params[j].numel();
-    while (ends.size() + 1 < n && running * static_cast<int64_t>(n) >= total * static_cast<int64_t>(ends.size() + 1)) {
-      ends.push_back(static_cast<int64_t>(j + 1));
+
+  // c. Each replica's backward on its own thread.  grads_of[i]: params then input leaves.
+  std::vector<variable_list> grads_of(n);
+  variable_list result(num_outputs());
+  std::atomic<size_t> arrived{0};
+  workers_->run(
+      n,
+      [&](size_t i) {
+        {
+          // Counted however the backward ends, so that no thread waits forever below.
+          struct Arrive {
+            std::atomic<size_t>& count;
+            ~Arrive() { count.fetch_add(1, std::memory_order_acq_rel); }
+          } arrive{arrived};
+          const ReplicaGraph& g = graphs_[i];
+          variable_list outputs;
+          variable_list output_grads;
+          for (size_t k = 0; k < g.outputs.size(); ++k) {
+            if (grads[g.slots[k]].defined()) {
+              outputs.push_back(g.outputs[k]);
+              output_grads.push_back(grads[g.slots[k]]);
+            }
+          }
+          variable_list targets = g.params;
+          targets.insert(targets.end(), g.input_leaves.begin(), g.input_leaves.end());
+          if (!outputs.empty() && !targets.empty()) {
+            grads_of[i] = torch::autograd::grad(outputs, targets, output_grads, /*retain_graph=*/true,
+                                                /*create_graph=*/false, /*allow_unused=*/true);
+          }
+        }
+        if (!fused) return;
+        while (arrived.load(std::memory_order_acquire) < n) std::this_thread::yield();
+        sum_range(grads_of, result, i == 0 ? 0 : ends[i - 1], ends[i]);
+      },
+      "DataParallel backward: replica", replica_on_this_thread(grads));
+
+  for (size_t i = 0; i < n; ++i) {
+    if (grads_of[i].empty()) continue;
+    for (size_t k = 0; k < graphs_[i].input_results.size(); ++k) {
+      result[graphs_[i].input_results[k]] = grads_of[i][num_params + k];
     }
   }
-  ends.resize(n, static_cast<int64_t>(num_params));
-  workers_->run(
-      n, [&](size_t w) { sum_range(w == 0 ? 0 : static_cast<size_t>(ends[w - 1]), static_cast<size_t>(ends[w])); },
-      "DataParallel backward: gradient sum");
+  if (!fused && num_params > 0) sum_range(grads_of, result, 0, num_params);
   return result;
 }
 

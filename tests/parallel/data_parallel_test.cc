@@ -211,6 +211,29 @@ TEST(DataParallel, NamesHaveNoModulePrefixAndStateMovesBothWays) {
   EXPECT_TRUE(at::equal(model->parameters()[0], bare->parameters()[0]));
 }
 
+// A parameter that reaches the output only through view(): its replica gradients are views
+// of the incoming gradient, which the sum must not write into.
+class ViewOutputImpl : public torch::nn::Cloneable<ViewOutputImpl> {
+ public:
+  ViewOutputImpl() { reset(); }
+  void reset() override { w = register_parameter("w", at::arange(3.0)); }
+  at::Tensor forward(const at::Tensor& x) { return w.view({1, 3}) + x.sum() * 0; }  // (1, 3) per replica
+  at::Tensor w;
+};
+TORCH_MODULE(ViewOutput);
+
+TEST(DataParallel, GradientSumNeverWritesIntoIncomingGradients) {
+  ViewOutput model;
+  DataParallel dp(model, cpu_devices(2));
+  const auto out = dp(at::randn({4, 2}));  // (2, 3): one row per replica
+  // The caller's own tensor is the incoming gradient; the replicas get views of its rows.
+  const auto incoming = at::tensor({1.0f, 2.0f, 3.0f, 10.0f, 20.0f, 30.0f}).view({2, 3});
+  const auto before = incoming.clone();
+  out.backward(incoming);
+  EXPECT_TRUE(at::equal(incoming, before));                              // untouched
+  EXPECT_TRUE(at::equal(model->w.grad(), at::tensor({11.0f, 22.0f, 33.0f})));  // the sum of both rows
+}
+
 TEST(DataParallel, RejectsBadConfigurations) {
   ConvNet model;
   EXPECT_THROW_MSG(DataParallel(model, {Device::cpu(0), Device::cpu(0)}), InvalidArgumentError, "listed twice");
