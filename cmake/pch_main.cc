@@ -1,0 +1,2 @@
+// Compiled only to produce the precompiled header for executables (see pch.h).
+int main() { return 0; }
