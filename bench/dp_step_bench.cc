@@ -12,6 +12,8 @@
 // cores the devices' threads need.
 //
 //   build/bin/dp_step_bench [--model mlp|lenet|all] [--rounds 15] [--steps 10] [--default-allocator]
+//   build/bin/dp_step_bench --solo --model mlp --batch 128   # the bare module alone, 1 thread:
+//       bench/process_ceiling.sh runs it as one process and as two at once
 #include <CLI/CLI.hpp>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
@@ -119,6 +121,20 @@ void bench_model(const std::string& model_name, int rounds, int steps, int batch
               100.0 * ms["ceiling: 2 CPU devices, no gradient sum"] / ms["DataParallel, 2 CPU devices"]);
 }
 
+// Trains the bare module alone on 1 intra-op thread and prints its ms/step.
+template <typename ModuleHolder>
+void solo(int steps, int batch) {
+  at::set_num_threads(1);
+  ModuleHolder model;
+  const at::Tensor x = torch::randn({batch, 1, 28, 28});
+  const at::Tensor y = torch::randint(0, 10, {batch});
+  auto step = make_step([model](const at::Tensor& t) mutable { return model(t); }, model->parameters(), x, y);
+  for (int i = 0; i < 5; ++i) step();
+  const auto start = Clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  std::printf("%.3f\n", std::chrono::duration<double, std::milli>(Clock::now() - start).count() / steps);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,6 +144,8 @@ int main(int argc, char** argv) {
   int steps = 10;
   int batch = 256;
   bool default_allocator = false;
+  bool solo_mode = false;
+  app.add_flag("--solo", solo_mode, "Only train the bare module (--model mlp or lenet) for --steps steps; print ms/step");
   app.add_flag("--default-allocator", default_allocator, "Leave glibc malloc's settings as they are");
   app.add_option("--model", model, "mlp, lenet or all (default all)")->check(CLI::IsMember({"mlp", "lenet", "all"}));
   app.add_option("--rounds", rounds, "Rounds; each runs every variant once (default 15)")->check(CLI::PositiveNumber);
@@ -135,6 +153,14 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "Batch size (default 256)")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   const bool tuned = !default_allocator && datapar::tune_cpu_allocator();
+  if (solo_mode) {
+    if (model == "lenet") {
+      solo<datapar::models::LeNet>(steps, batch);
+    } else {
+      solo<datapar::models::Mlp>(steps, batch);
+    }
+    return 0;
+  }
   std::printf("cores: %u, libtorch parallel backend: %s, allocator: %s\n", std::thread::hardware_concurrency(),
               at::get_parallel_info().find("OpenMP") != std::string::npos ? "OpenMP" : "other",
               tuned ? "glibc, datapar::tune_cpu_allocator()" : "glibc defaults");
