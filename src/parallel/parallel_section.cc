@@ -26,6 +26,8 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -58,10 +60,36 @@ bool sole_owner(const at::Tensor& t) {
   return t.is_view() && storage_refs == 2 && t._base().use_count() == 1;
 }
 
+// Note [Summing straight into .grad]
+// The engine would add each summed gradient into the master's .grad with AccumulateGrad, on
+// the one thread that runs backward: a serial pass over every parameter (2.7 MB for the
+// benchmark MLP). Where that pass would do nothing but `grad += sum` (AccumulateGrad's own
+// rule when .grad is defined, grad mode is off and nothing hooks the parameter), the device
+// threads add the replica gradients into .grad themselves, each over its share of the
+// parameters, and the engine is handed no gradient for it. Parameters with tensor hooks or
+// hooks on their accumulator keep the engine's path. The hooks moved in libtorch 2.x, so
+// there every parameter keeps the engine's path.
+bool sums_into_grad(const at::Tensor& param) {
+#if TORCH_VERSION_MAJOR < 2
+  if (!torch::autograd::impl::hooks(param).empty()) return false;
+  const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(param);
+  if (accumulator && (!accumulator->pre_hooks().empty() || !accumulator->post_hooks().empty())) return false;
+  const at::Tensor& grad = param.grad();
+  return grad.defined() && grad.layout() == at::kStrided && !grad.requires_grad() &&
+         grad.scalar_type() == param.scalar_type() && grad.device() == param.device() &&
+         grad.sizes() == param.sizes();
+#else
+  (void)param;
+  return false;
+#endif
+}
+
 class ParallelSectionBackward : public torch::autograd::Node {
  public:
-  ParallelSectionBackward(std::shared_ptr<DeviceWorkers> workers, std::vector<c10::Device> param_devices)
-      : workers_(std::move(workers)), param_devices_(std::move(param_devices)) {}
+  ParallelSectionBackward(std::shared_ptr<DeviceWorkers> workers, std::vector<at::Tensor> params)
+      : workers_(std::move(workers)), params_(std::move(params)) {
+    for (const at::Tensor& p : params_) param_devices_.push_back(p.device());
+  }
 
   std::string name() const override { return "datapar::ParallelSectionBackward"; }
 
@@ -79,7 +107,8 @@ class ParallelSectionBackward : public torch::autograd::Node {
   size_t replica_on_this_thread(const variable_list& grads) const;
 
   std::shared_ptr<DeviceWorkers> workers_;
-  std::vector<c10::Device> param_devices_;  // master device of each parameter output
+  std::vector<at::Tensor> params_;          // the master's parameters that get gradients
+  std::vector<c10::Device> param_devices_;  // their devices
   bool released_ = false;
 };
 
@@ -103,10 +132,19 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
   const size_t n = graphs_.size();
   const size_t num_params = param_devices_.size();
 
+  std::vector<char> into_grad;  // per parameter: sum straight into .grad? (set below)
+
   // d. (below) sums replica gradients per parameter, each thread taking a contiguous range
   // of about equal size, in replica order (deterministic).
   auto sum_range = [&](std::vector<variable_list>& grads_of, variable_list& result, size_t begin, size_t end) {
     for (size_t j = begin; j < end; ++j) {
+      if (!into_grad.empty() && into_grad[j]) {  // Note [Summing straight into .grad]
+        at::Tensor grad = params_[j].grad();
+        for (size_t i = 0; i < n; ++i) {
+          if (!grads_of[i].empty() && grads_of[i][j].defined()) grad.add_(grads_of[i][j]);
+        }
+        continue;  // result[j] stays undefined: nothing left for AccumulateGrad to do
+      }
       at::Tensor sum;
       bool owned = false;  // may we add into `sum` in place?
       for (size_t i = 0; i < n; ++i) {
@@ -134,6 +172,10 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
   // CPU threads sum their share right after a barrier instead of in a second round of
   // tasks: one hand-off fewer per step (Note [Spin before sleeping] in device_workers.cc).
   const bool fused = all_cpu && n > 1 && num_params > 0 && workers_->runs_concurrently();
+  if (fused && !at::GradMode::is_enabled()) {
+    into_grad.resize(num_params);
+    for (size_t j = 0; j < num_params; ++j) into_grad[j] = sums_into_grad(params_[j]);
+  }
   std::vector<size_t> ends;  // end of each thread's parameter range
   if (fused) {
     int64_t total = 0;
@@ -246,15 +288,12 @@ std::vector<c10::IValue> parallel_apply(ReplicaSet& replicas, const ReplicaForwa
   if (!grad_mode || (trained.empty() && originals.empty())) return outputs;
 
   // b. One node for the whole section.
-  std::vector<c10::Device> param_devices;
-  std::vector<at::Tensor> edge_tensors;
-  for (size_t j : trained) {
-    param_devices.push_back(master_params[j].device());
-    edge_tensors.push_back(master_params[j]);
-  }
+  std::vector<at::Tensor> trained_params;
+  for (size_t j : trained) trained_params.push_back(master_params[j]);
+  std::vector<at::Tensor> edge_tensors = trained_params;
   edge_tensors.insert(edge_tensors.end(), originals.begin(), originals.end());
   std::shared_ptr<ParallelSectionBackward> node(
-      new ParallelSectionBackward(replicas.workers_ptr(), std::move(param_devices)), torch::autograd::deleteNode);
+      new ParallelSectionBackward(replicas.workers_ptr(), std::move(trained_params)), torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(edge_tensors));
 
   for (size_t i = 0; i < n; ++i) {

@@ -234,6 +234,29 @@ TEST(DataParallel, GradientSumNeverWritesIntoIncomingGradients) {
   EXPECT_TRUE(at::equal(model->w.grad(), at::tensor({11.0f, 22.0f, 33.0f})));  // the sum of both rows
 }
 
+TEST(DataParallel, ParameterHooksStillSeeTheSummedGradient) {
+  torch::manual_seed(5);
+  ConvNet model;
+  ConvNet reference = copy_of(model);
+  DataParallel dp(model, cpu_devices(2));
+  const auto x = at::randn({10, 1, 12, 12});
+  // Second backward into zeroed, defined .grad: the path where gradients may be summed
+  // straight into .grad, which must still leave hooked parameters to AccumulateGrad.
+  for (auto* m : {&model, &reference}) {
+    (*m)->forward(x).sum().backward();
+    for (auto& p : (*m)->parameters()) p.mutable_grad().zero_();
+  }
+  at::Tensor seen;
+  model->parameters()[0].register_hook([&seen](const at::Tensor& g) { seen = g.clone(); });
+  dp(x).sum().backward();
+  reference(x).sum().backward();
+  ASSERT_TRUE(seen.defined());
+  EXPECT_LT(relative_error(seen, reference->parameters()[0].grad()), 1e-5);
+  const auto got = model->parameters();
+  const auto want = reference->parameters();
+  for (size_t j = 0; j < got.size(); ++j) EXPECT_LT(relative_error(got[j].grad(), want[j].grad()), 1e-5) << j;
+}
+
 TEST(DataParallel, RejectsBadConfigurations) {
   ConvNet model;
   EXPECT_THROW_MSG(DataParallel(model, {Device::cpu(0), Device::cpu(0)}), InvalidArgumentError, "listed twice");
