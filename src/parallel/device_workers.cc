@@ -105,7 +105,10 @@ std::shared_ptr<DeviceWorkers> DeviceWorkers::for_devices(const std::vector<Devi
 DeviceWorkers::DeviceWorkers(std::vector<Device> devices)
     : devices_(std::move(devices)), shared_(std::make_unique<Shared>()) {
   DATAPAR_CHECK(!devices_.empty(), "DeviceWorkers: no devices given.");
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::vector<int> cpus = allowed_cpus();
+  // The cores this process may use (taskset, cgroups), else the machine's.
+  const int cores = cpus.empty() ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
+                                 : static_cast<int>(cpus.size());
   const int cpu_devices = static_cast<int>(
       std::count_if(devices_.begin(), devices_.end(), [](const Device& d) { return d.is_cpu(); }));
   const int process_default = at::get_num_threads();
@@ -116,7 +119,6 @@ DeviceWorkers::DeviceWorkers(std::vector<Device> devices)
   // forwards ran one after the other in about a third of the steps. So when there are at
   // least as many allowed CPUs as CPU devices, each CPU device's thread (and the intra-op
   // threads it starts, which inherit it) is pinned to a disjoint share of the allowed CPUs.
-  const std::vector<int> cpus = allowed_cpus();
   // DATAPAR_PIN_CPU_DEVICES=0 turns it off (e.g. when an outer scheduler pins threads).
   const char* pin_setting = std::getenv("DATAPAR_PIN_CPU_DEVICES");
   const bool pin = cpu_devices > 0 && static_cast<int>(cpus.size()) >= cpu_devices &&

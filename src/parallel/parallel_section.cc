@@ -84,12 +84,28 @@ bool sums_into_grad(const at::Tensor& param) {
 #endif
 }
 
+// Splits tensors into `parts` contiguous ranges of about equal total size; returns the end
+// index of each range (the last is tensors.size()).
+std::vector<size_t> split_by_size(const std::vector<at::Tensor>& tensors, size_t parts) {
+  int64_t total = 0;
+  for (const at::Tensor& t : tensors) total += t.numel();
+  std::vector<size_t> ends;
+  int64_t running = 0;
+  for (size_t j = 0; j < tensors.size(); ++j) {
+    running += tensors[j].numel();
+    while (ends.size() + 1 < parts &&
+           running * static_cast<int64_t>(parts) >= total * static_cast<int64_t>(ends.size() + 1)) {
+      ends.push_back(j + 1);
+    }
+  }
+  ends.resize(parts, tensors.size());
+  return ends;
+}
+
 class ParallelSectionBackward : public torch::autograd::Node {
  public:
   ParallelSectionBackward(std::shared_ptr<DeviceWorkers> workers, std::vector<at::Tensor> params)
-      : workers_(std::move(workers)), params_(std::move(params)) {
-    for (const at::Tensor& p : params_) param_devices_.push_back(p.device());
-  }
+      : workers_(std::move(workers)), params_(std::move(params)) {}
 
   std::string name() const override { return "datapar::ParallelSectionBackward"; }
 
@@ -107,8 +123,7 @@ class ParallelSectionBackward : public torch::autograd::Node {
   size_t replica_on_this_thread(const variable_list& grads) const;
 
   std::shared_ptr<DeviceWorkers> workers_;
-  std::vector<at::Tensor> params_;          // the master's parameters that get gradients
-  std::vector<c10::Device> param_devices_;  // their devices
+  std::vector<at::Tensor> params_;  // the master's parameters that get gradients
   bool released_ = false;
 };
 
@@ -130,7 +145,7 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
               "DataParallel: trying to backward through a parallel section a second time, but its "
               "graph was freed by the first backward. Pass retain_graph=true to the first backward.");
   const size_t n = graphs_.size();
-  const size_t num_params = param_devices_.size();
+  const size_t num_params = params_.size();
 
   std::vector<char> into_grad;  // per parameter: sum straight into .grad? (set below)
 
@@ -150,7 +165,7 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
       for (size_t i = 0; i < n; ++i) {
         if (grads_of[i].empty() || !grads_of[i][j].defined()) continue;
         at::Tensor g = std::move(grads_of[i][j]);
-        if (g.device() != param_devices_[j]) g = g.to(param_devices_[j]);
+        if (g.device() != params_[j].device()) g = g.to(params_[j].device());
         if (!sum.defined()) {
           // Adding in place saves allocating a gradient-sized buffer per parameter and
           // step, but only into memory nobody else can see: autograd may hand back a view
@@ -167,8 +182,7 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
       result[j] = std::move(sum);
     }
   };
-  const bool all_cpu = std::all_of(param_devices_.begin(), param_devices_.end(),
-                                   [](const c10::Device& d) { return d.is_cpu(); });
+  const bool all_cpu = std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) { return p.is_cpu(); });
   // CPU threads sum their share right after a barrier instead of in a second round of
   // tasks: one hand-off fewer per step (Note [Spin before sleeping] in device_workers.cc).
   const bool fused = all_cpu && n > 1 && num_params > 0 && workers_->runs_concurrently();
@@ -176,19 +190,7 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
     into_grad.resize(num_params);
     for (size_t j = 0; j < num_params; ++j) into_grad[j] = sums_into_grad(params_[j]);
   }
-  std::vector<size_t> ends;  // end of each thread's parameter range
-  if (fused) {
-    int64_t total = 0;
-    for (const at::Tensor& p : graphs_[0].params) total += p.numel();
-    int64_t running = 0;
-    for (size_t j = 0; j < num_params; ++j) {
-      running += graphs_[0].params[j].numel();
-      while (ends.size() + 1 < n && running * static_cast<int64_t>(n) >= total * static_cast<int64_t>(ends.size() + 1)) {
-        ends.push_back(j + 1);
-      }
-    }
-    ends.resize(n, num_params);
-  }
+  const std::vector<size_t> ends = fused ? split_by_size(params_, n) : std::vector<size_t>{};
 
   // c. Each replica's backward on its own thread.  grads_of[i]: params then input leaves.
   std::vector<variable_list> grads_of(n);
@@ -238,11 +240,9 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
 }  // namespace
 
 void check_parallel_apply_devices(const ReplicaSet& replicas, size_t num_inputs, const std::vector<Device>& devices) {
-  DATAPAR_CHECK(num_inputs >= 1 && num_inputs <= replicas.size(), "parallel_apply: ", num_inputs,
-                " inputs for ", replicas.size(), " replicas; give between 1 and ", replicas.size(), " inputs.");
   DATAPAR_CHECK(devices.size() >= num_inputs, "parallel_apply: ", num_inputs, " inputs but only ",
                 devices.size(), " devices; give one device per input.");
-  for (size_t i = 0; i < num_inputs; ++i) {
+  for (size_t i = 0; i < num_inputs && i < replicas.size(); ++i) {
     DATAPAR_CHECK(devices[i] == replicas.devices()[i], "parallel_apply: input ", i, " is meant for ", devices[i],
                   " but replica ", i, " lives on ", replicas.devices()[i],
                   ". Pass the devices the replicas were made for (", to_string(replicas.devices()), ").");
