@@ -1,0 +1,79 @@
+// TcpStore: a Store served over TCP, for rendezvous between processes on one or many hosts.
+//
+// One process hosts the server (rank 0, with is_server, or a standalone one); every
+// process, the host included, talks to it as a client. Clients retry connecting with
+// backoff until the timeout, so start order does not matter. A shared token (from the
+// launcher, or DATAPAR_STORE_TOKEN) is checked on connect: a client without it is refused
+// with InvalidArgumentError. The wire format is in docs/store_protocol.md.
+//
+//   datapar::TcpStore store({.host = "10.0.0.1", .port = 29500, .is_server = rank == 0});
+//   store.set("ready/" + std::to_string(rank), "1");
+//   store.wait({"ready/0", "ready/1"});
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "datapar/rendezvous/store.h"
+
+namespace datapar {
+namespace detail {
+class TcpStoreServer;
+}
+
+struct TcpStoreOptions {
+  // The server's address. With is_server, the address the server listens on.
+  std::string host = "127.0.0.1";
+  // The server's port. With is_server, 0 takes any free port (read it back with port()).
+  uint16_t port = 0;
+  // Host the server in this process (it stops when this TcpStore is destroyed).
+  bool is_server = false;
+  // Shared secret every client must present. Empty: the DATAPAR_STORE_TOKEN environment
+  // variable, or no token when that is unset too.
+  std::string token;
+  // Limit for connecting and for every wait.
+  std::chrono::milliseconds timeout = kDefaultStoreTimeout;
+};
+
+class TcpStore : public Store {
+ public:
+  // Starts the server (with is_server) and connects to it. Throws InvalidArgumentError if
+  // the server cannot listen (port in use) or refuses the token, TimeoutError if no server
+  // answers within the timeout.
+  explicit TcpStore(TcpStoreOptions options);
+  ~TcpStore() override;
+
+  // Every call is thread-safe (one request at a time per TcpStore) and throws CommError if
+  // the connection to the server breaks.
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool check(const std::vector<std::string>& keys) override;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+  using Store::set;
+  using Store::wait;
+
+  // The server's port (the one the server took, when it was asked for port 0).
+  uint16_t port() const { return port_; }
+  const std::string& host() const { return host_; }
+
+ private:
+  struct Reply;
+  Reply call(const Bytes& request, std::chrono::milliseconds reply_timeout);
+  std::string where() const;
+
+  std::string host_;
+  uint16_t port_ = 0;
+  std::unique_ptr<detail::TcpStoreServer> server_;
+  std::mutex mutex_;
+  int fd_ = -1;
+};
+
+}  // namespace datapar

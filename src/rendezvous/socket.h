@@ -1,0 +1,28 @@
+// Small POSIX socket helpers shared by the TcpStore server and client.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace datapar::detail {
+
+// A listening TCP socket on host:port (port 0: any free port), non-blocking.
+// Throws InvalidArgumentError saying why it could not listen (port in use, bad address).
+int listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port);
+
+// Connects to host:port, retrying with backoff until `timeout` passes. Returns a blocking
+// socket with TCP_NODELAY. Throws TimeoutError naming the address and the last error.
+int connect_tcp(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+                const char* who);
+
+void set_nonblocking(int fd, bool on);
+
+// Sends all of data; false on a broken connection (never raises SIGPIPE).
+bool send_all(int fd, const uint8_t* data, size_t size);
+
+// Reads exactly size bytes, waiting at most until deadline. Returns 1 on success, 0 when
+// the peer closed the connection, -1 on error, -2 on timeout.
+int recv_exact(int fd, uint8_t* data, size_t size, std::chrono::steady_clock::time_point deadline);
+
+}  // namespace datapar::detail
