@@ -1,0 +1,78 @@
+// FileStore: a Store in one file on a filesystem every process can reach (local, or shared
+// like NFS), for jobs started with init_method file:///path.
+//
+// The file is an append-only log of records, read and written under flock(): any number of
+// processes may use it at once. Waiting polls the file (every 5 ms, backing off to 100 ms),
+// because an NFS client only sees other hosts' writes when it looks again.
+// Cleanup: every FileStore counts itself in when it opens the file and out when destroyed;
+// the last of world_size processes to finish removes the file.
+// Stale files: a file left by an earlier run (one that crashed, say) is reset by the first
+// process of the new run, under the lock, when it carries another run id, or when its run
+// already had world_size processes join. Give each run its own run id (datapar launch does,
+// through DATAPAR_RUN_ID) for the full guarantee: without one, a stale file from a run that
+// crashed before everyone joined is not recognised, and the new run times out instead.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "datapar/rendezvous/store.h"
+
+namespace datapar {
+
+struct FileStoreOptions {
+  // How many processes share the file (counted in to remove it when all are done).
+  // 0 or less: unknown; the file is removed when no FileStore has it open.
+  int world_size = 0;
+  // This run's id. Empty: DATAPAR_RUN_ID, else DATAPAR_STORE_TOKEN, else none.
+  std::string run_id;
+  // Limit for every wait.
+  std::chrono::milliseconds timeout = kDefaultStoreTimeout;
+};
+
+class FileStore : public Store {
+ public:
+  // Opens (or creates) the store file at path. Throws InvalidArgumentError if the file
+  // cannot be created there (say, its directory does not exist).
+  FileStore(std::string path, FileStoreOptions options = {});
+  // Counts this process out; the last one removes the file. Never throws.
+  ~FileStore() override;
+
+  FileStore(const FileStore&) = delete;
+  FileStore& operator=(const FileStore&) = delete;
+
+  // Thread-safe. Throw CommError if the file cannot be read or written.
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool check(const std::vector<std::string>& keys) override;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+  using Store::set;
+  using Store::wait;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  class Lock;
+  void refresh();  // REQUIRES: the file lock held
+  void append(uint8_t type, const std::string& key, const Bytes& value);  // REQUIRES: exclusive lock
+  int64_t add_locked(const std::string& key, int64_t delta);
+  bool has_all(const std::vector<std::string>& keys) const;
+
+  std::string path_;
+  FileStoreOptions options_;
+  int fd_ = -1;
+  std::mutex mutex_;       // one operation at a time within this process
+  std::map<std::string, Bytes> table_;  // the file's content up to offset_
+  std::string file_run_id_;
+  int64_t offset_ = 0;
+};
+
+}  // namespace datapar

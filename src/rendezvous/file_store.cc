@@ -1,0 +1,292 @@
+// FileStore. See file_store.h.
+//
+// File format: a sequence of records, each `u8 type, u32 key length, key, u32 value length,
+// value` (little-endian lengths). Type 0 is the header, written first, whose value is the
+// run id; type 1 sets a key; type 2 deletes one. The file is only appended to, under an
+// exclusive flock(), so a reader under a shared lock sees whole records; a torn record left
+// by a writer that died mid-write is cut off by the next writer. The bookkeeping keys
+// (kJoined, kFinished) live in the same table under a reserved prefix.
+#include "datapar/rendezvous/file_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "datapar/error.h"
+
+namespace datapar {
+namespace {
+
+using detail::str_cat;
+
+constexpr uint8_t kHeader = 0;
+constexpr uint8_t kSetRecord = 1;
+constexpr uint8_t kDeleteRecord = 2;
+const std::string kReserved = "__datapar/";
+const std::string kJoined = kReserved + "joined";
+const std::string kFinished = kReserved + "finished";
+
+std::string resolve_run_id(const std::string& given) {
+  if (!given.empty()) return given;
+  for (const char* name : {"DATAPAR_RUN_ID", "DATAPAR_STORE_TOKEN"}) {
+    if (const char* value = std::getenv(name)) return value;
+  }
+  return "";
+}
+
+void put_u32(Bytes& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+uint32_t get_u32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+
+std::string join(const std::vector<std::string>& keys) {
+  std::ostringstream out;
+  for (size_t i = 0; i < keys.size(); ++i) out << (i ? ", " : "") << '"' << keys[i] << '"';
+  return out.str();
+}
+
+int64_t as_integer(const Bytes& value, const std::string& key) {
+  const std::string text(value.begin(), value.end());
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  DATAPAR_CHECK(!text.empty() && errno == 0 && *end == '\0', "FileStore: add: key \"", key,
+                "\" does not hold an integer.");
+  return v;
+}
+
+}  // namespace
+
+// flock() held for the lifetime of the object. flock locks belong to the open file, so two
+// threads of one process would share it: FileStore's mutex_ keeps them apart.
+class FileStore::Lock {
+ public:
+  Lock(int fd, bool exclusive) : fd_(fd) {
+    while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
+      if (errno != EINTR) throw CommError(str_cat("FileStore: cannot lock the store file (", std::strerror(errno), ")."));
+    }
+  }
+  ~Lock() { ::flock(fd_, LOCK_UN); }
+  Lock(const Lock&) = delete;
+  Lock& operator=(const Lock&) = delete;
+
+ private:
+  int fd_;
+};
+
+FileStore::FileStore(std::string path, FileStoreOptions options)
+    : Store(options.timeout), path_(std::move(path)), options_(std::move(options)) {
+  options_.run_id = resolve_run_id(options_.run_id);
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  DATAPAR_CHECK(fd_ >= 0, "FileStore: cannot open ", path_, " (", std::strerror(errno),
+                "). Check that the directory exists and every process can write to it.");
+  std::lock_guard<std::mutex> guard(mutex_);
+  Lock lock(fd_, /*exclusive=*/true);
+  refresh();
+  const auto joined = table_.find(kJoined);
+  const bool complete_earlier_run = options_.world_size > 0 && joined != table_.end() &&
+                                    as_integer(joined->second, kJoined) >= options_.world_size;
+  if (offset_ > 0 && (file_run_id_ != options_.run_id || complete_earlier_run)) {
+    // A stale file from an earlier run: start afresh rather than read its keys.
+    if (::ftruncate(fd_, 0) != 0) throw CommError(str_cat("FileStore: cannot reset stale ", path_, ": ", std::strerror(errno)));
+    table_.clear();
+    offset_ = 0;
+  }
+  if (offset_ == 0) {
+    append(kHeader, "run_id", Bytes(options_.run_id.begin(), options_.run_id.end()));
+    file_run_id_ = options_.run_id;
+  }
+  add_locked(kJoined, 1);
+}
+
+FileStore::~FileStore() {
+  try {
+    std::lock_guard<std::mutex> guard(mutex_);
+    Lock lock(fd_, /*exclusive=*/true);
+    refresh();
+    const int64_t finished = add_locked(kFinished, 1);
+    const auto joined = table_.find(kJoined);
+    const int64_t everyone = options_.world_size > 0 ? options_.world_size
+                                                     : (joined == table_.end() ? 0 : as_integer(joined->second, kJoined));
+    if (finished >= everyone) ::unlink(path_.c_str());
+  } catch (...) {
+    // Cleanup is best effort; a leftover file is recognised as stale by the next run.
+  }
+  ::close(fd_);
+}
+
+void FileStore::refresh() {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) throw CommError(str_cat("FileStore: cannot stat ", path_, ": ", std::strerror(errno)));
+  if (st.st_size < offset_) {  // reset by another process: read from the start
+    table_.clear();
+    file_run_id_.clear();
+    offset_ = 0;
+  }
+  if (st.st_size == offset_) return;
+  Bytes data(static_cast<size_t>(st.st_size - offset_));
+  size_t got = 0;
+  while (got < data.size()) {
+    const ssize_t n = ::pread(fd_, data.data() + got, data.size() - got, offset_ + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  size_t pos = 0;
+  while (pos + 5 <= got) {  // type + key length
+    const uint8_t type = data[pos];
+    const uint32_t key_len = get_u32(&data[pos + 1]);
+    if (pos + 5 + key_len + 4 > got) break;
+    const uint32_t value_len = get_u32(&data[pos + 5 + key_len]);
+    const size_t end = pos + 9 + key_len + value_len;
+    if (end > got) break;
+    std::string key(data.begin() + pos + 5, data.begin() + pos + 5 + key_len);
+    Bytes value(data.begin() + pos + 9 + key_len, data.begin() + end);
+    if (type == kHeader) {
+      file_run_id_.assign(value.begin(), value.end());
+    } else if (type == kSetRecord) {
+      table_[std::move(key)] = std::move(value);
+    } else if (type == kDeleteRecord) {
+      table_.erase(key);
+    } else {
+      throw CommError(str_cat("FileStore: ", path_, " is corrupt (record type ", int{type}, " at byte ",
+                              offset_ + static_cast<int64_t>(pos), "). Delete it and restart the job."));
+    }
+    pos = end;
+  }
+  offset_ += static_cast<int64_t>(pos);
+}
+
+void FileStore::append(uint8_t type, const std::string& key, const Bytes& value) {
+  // A torn record at the end (its writer died mid-write) would hide everything after it.
+  if (::ftruncate(fd_, offset_) != 0) throw CommError(str_cat("FileStore: cannot write ", path_, ": ", std::strerror(errno)));
+  Bytes record{type};
+  put_u32(record, static_cast<uint32_t>(key.size()));
+  record.insert(record.end(), key.begin(), key.end());
+  put_u32(record, static_cast<uint32_t>(value.size()));
+  record.insert(record.end(), value.begin(), value.end());
+  size_t put = 0;
+  while (put < record.size()) {
+    const ssize_t n = ::pwrite(fd_, record.data() + put, record.size() - put, offset_ + static_cast<off_t>(put));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw CommError(str_cat("FileStore: cannot write ", path_, ": ", std::strerror(errno), ". Is the disk full?"));
+    put += static_cast<size_t>(n);
+  }
+  offset_ += static_cast<int64_t>(record.size());
+  if (type == kSetRecord) table_[key] = value;
+  if (type == kDeleteRecord) table_.erase(key);
+}
+
+int64_t FileStore::add_locked(const std::string& key, int64_t delta) {
+  auto it = table_.find(key);
+  const int64_t value = (it == table_.end() ? 0 : as_integer(it->second, key)) + delta;
+  const std::string text = std::to_string(value);
+  append(kSetRecord, key, Bytes(text.begin(), text.end()));
+  return value;
+}
+
+bool FileStore::has_all(const std::vector<std::string>& keys) const {
+  return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return table_.count(k) > 0; });
+}
+
+void FileStore::set(const std::string& key, const Bytes& value) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  Lock lock(fd_, true);
+  refresh();
+  append(kSetRecord, key, value);
+}
+
+Bytes FileStore::get(const std::string& key) {
+  wait({key}, timeout());
+  std::lock_guard<std::mutex> guard(mutex_);
+  Lock lock(fd_, false);
+  refresh();
+  auto it = table_.find(key);
+  if (it == table_.end()) throw TimeoutError(str_cat("FileStore: key \"", key, "\" in ", path_, " was deleted while being read."));
+  return it->second;
+}
+
+int64_t FileStore::add(const std::string& key, int64_t delta) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  Lock lock(fd_, true);
+  refresh();
+  return add_locked(key, delta);
+}
+
+Bytes FileStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  Lock lock(fd_, true);
+  refresh();
+  auto it = table_.find(key);
+  if (it == table_.end()) {
+    if (!expected.empty()) return expected;
+    append(kSetRecord, key, desired);
+    return desired;
+  }
+  if (it->second == expected) append(kSetRecord, key, desired);
+  return table_.at(key);
+}
+
+void FileStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds wait_timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + wait_timeout;
+  auto pause = std::chrono::milliseconds(5);
+  for (;;) {
+    std::vector<std::string> missing;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      Lock lock(fd_, false);
+      refresh();
+      for (const std::string& k : keys) {
+        if (!table_.count(k)) missing.push_back(k);
+      }
+    }
+    if (missing.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      throw TimeoutError(str_cat("FileStore: waited ", std::chrono::duration<double>(wait_timeout).count(), " s in ",
+                                 path_, " for ", join(keys), "; still missing: ", join(missing),
+                                 ". Did every process start, with the same file:// path?"));
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+}
+
+bool FileStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  Lock lock(fd_, false);
+  refresh();
+  return has_all(keys);
+}
+
+bool FileStore::delete_key(const std::string& key) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  Lock lock(fd_, true);
+  refresh();
+  if (!table_.count(key)) return false;
+  append(kDeleteRecord, key, {});
+  return true;
+}
+
+int64_t FileStore::num_keys() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  Lock lock(fd_, false);
+  refresh();
+  return std::count_if(table_.begin(), table_.end(),
+                       [](const auto& item) { return item.first.rfind(kReserved, 0) != 0; });
+}
+
+}  // namespace datapar

@@ -1,0 +1,145 @@
+#include "datapar/rendezvous/file_store.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "datapar/error.h"
+#include "testing/expect_throw.h"
+
+namespace datapar {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string temp_dir() {
+  std::string pattern = ::testing::TempDir() + "/file_store_XXXXXX";
+  return ::mkdtemp(pattern.data());
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+FileStoreOptions world(int size, std::chrono::milliseconds timeout = 10s) { return {size, "run-a", timeout}; }
+
+// Runs fn in `count` child processes (fn gets the child's index); returns how many exited 0.
+template <typename Fn>
+int run_processes(int count, Fn fn) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < count; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 1;
+      try {
+        code = fn(i);
+      } catch (...) {
+        code = 2;
+      }
+      std::_Exit(code);
+    }
+    pids.push_back(pid);
+  }
+  int ok = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok;
+}
+
+TEST(FileStore, EveryOperation) {
+  const std::string path = temp_dir() + "/store";
+  {
+    FileStore store(path, world(1));
+    store.set("a", "1");
+    EXPECT_EQ(store.get_string("a"), "1");
+    EXPECT_EQ(store.add("n", 5), 5);
+    EXPECT_EQ(store.add("n", -1), 4);
+    EXPECT_EQ(store.compare_set("c", {}, Bytes{1}), Bytes{1});
+    EXPECT_EQ(store.compare_set("c", Bytes{9}, Bytes{2}), Bytes{1});
+    EXPECT_EQ(store.compare_set("c", Bytes{1}, Bytes{2}), Bytes{2});
+    EXPECT_TRUE(store.check({"a", "n", "c"}));
+    EXPECT_EQ(store.num_keys(), 3);  // bookkeeping keys are not counted
+    EXPECT_TRUE(store.delete_key("a"));
+    EXPECT_FALSE(store.check({"a"}));
+    EXPECT_THROW_MSG(store.wait({"a", "n"}, 10ms), TimeoutError, "still missing: \"a\"");
+    EXPECT_THROW_MSG(store.add("c", 1), InvalidArgumentError, "does not hold an integer");
+  }
+  EXPECT_FALSE(exists(path));  // the only process finished: cleaned up
+}
+
+TEST(FileStore, ConcurrentProcessesNeverLoseAnUpdateAndTheLastOneCleansUp) {
+  const std::string path = temp_dir() + "/store";
+  const int ok = run_processes(4, [&](int rank) {
+    FileStore store(path, world(4));
+    for (int k = 0; k < 50; ++k) store.add("sum", 1);
+    store.set("done/" + std::to_string(rank), "1");
+    store.wait({"done/0", "done/1", "done/2", "done/3"});
+    return store.get_string("sum") == "200" ? 0 : 3;
+  });
+  EXPECT_EQ(ok, 4);
+  EXPECT_FALSE(exists(path));
+}
+
+TEST(FileStore, WaitSeesAnotherProcesssWrite) {
+  const std::string path = temp_dir() + "/store";
+  const int ok = run_processes(2, [&](int rank) {
+    FileStore store(path, world(2));
+    if (rank == 1) {
+      std::this_thread::sleep_for(100ms);
+      store.set("late", "v");
+      store.wait({"seen"});
+      return 0;
+    }
+    const bool good = store.get_string("late") == "v";
+    store.set("seen", "1");
+    return good ? 0 : 3;
+  });
+  EXPECT_EQ(ok, 2);
+}
+
+TEST(FileStore, AStaleFileFromAnEarlierRunDoesNotLeakIntoANewOne) {
+  const std::string path = temp_dir() + "/store";
+  // An earlier run of 2 whose processes died without cleaning up.
+  ASSERT_EQ(run_processes(1, [&](int) {
+    auto* first = new FileStore(path, world(2));
+    auto* second = new FileStore(path, world(2));
+    first->set("old", "stale");
+    (void)second;
+    std::_Exit(0);  // no destructors: the file stays
+    return 0;
+  }), 1);
+  ASSERT_TRUE(exists(path));
+  {
+    // Same run id, but that run already had everyone join: reset.
+    FileStore a(path, world(2));
+    FileStore b(path, world(2));
+    EXPECT_FALSE(a.check({"old"}));
+    a.set("new", "1");
+    EXPECT_EQ(b.get_string("new"), "1");
+  }
+  EXPECT_FALSE(exists(path));
+  // Another run id: reset as well, even with an unknown world size.
+  {
+    FileStore earlier(path, {0, "run-a", 10s});
+    earlier.set("old", "stale");
+    FileStore later(path, {0, "run-b", 10s});
+    EXPECT_FALSE(later.check({"old"}));
+  }
+}
+
+TEST(FileStore, MissingDirectoryIsAClearError) {
+  EXPECT_THROW_MSG(FileStore("/nonexistent-dir/store", world(1)), InvalidArgumentError, "directory exists");
+}
+
+}  // namespace
+}  // namespace datapar
