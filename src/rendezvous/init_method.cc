@@ -1,0 +1,209 @@
+// init_method parsing, launcher environments and the join. See init_method.h.
+//
+// The join (Note [Join]):
+//   a. rank r claims "rendezvous/rank/r" with compare_set(empty -> its id: host, pid, a
+//      random number). Getting another id back means a second process has this rank.
+//   b. compare_set("rendezvous/world_size", empty -> W): the first W wins; anyone with
+//      another W is told which one the job agreed on.
+//   c. add("rendezvous/joined", 1); whoever brings it to W sets "rendezvous/complete".
+//   d. Everyone waits for "rendezvous/complete"; on timeout the error names the ranks
+//      whose claim (a) never appeared.
+//   e. Everyone counts itself through with add("rendezvous/through", 1), and the last sets
+//      "rendezvous/all_through". Rank 0 hosts the TCP server, so it returns only after
+//      that: otherwise it could drop the store while others are still reading step d.
+#include "datapar/rendezvous/init_method.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <random>
+#include <sstream>
+
+#include "datapar/error.h"
+#include "datapar/rendezvous/file_store.h"
+#include "datapar/rendezvous/tcp_store.h"
+
+namespace datapar {
+namespace {
+
+using detail::str_cat;
+
+const char kFormats[] = "Use env://, tcp://HOST:PORT or file:///ABSOLUTE/PATH.";
+
+uint16_t parse_port(const std::string& text, const std::string& url) {
+  DATAPAR_CHECK(!text.empty() && text.size() <= 5 && text.find_first_not_of("0123456789") == std::string::npos,
+                "init_method \"", url, "\": \"", text, "\" is not a port number. ", kFormats);
+  const int port = std::stoi(text);
+  DATAPAR_CHECK(port >= 1 && port <= 65535, "init_method \"", url, "\": port ", port,
+                " is outside 1..65535. ", kFormats);
+  return static_cast<uint16_t>(port);
+}
+
+std::optional<int> read_int(const Environment& env, const std::string& name) {
+  const auto value = env(name);
+  if (!value) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(value->c_str(), &end, 10);
+  DATAPAR_CHECK(!value->empty() && errno == 0 && *end == '\0' && v >= -1 && v < (1L << 30), name, "=\"", *value,
+                "\" is not a valid integer.");
+  return static_cast<int>(v);
+}
+
+std::string process_id() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::random_device random;
+  return str_cat(host, ":", ::getpid(), ":", random());
+}
+
+}  // namespace
+
+InitMethod parse_init_method(const std::string& url) {
+  InitMethod method;
+  if (url == "env://") return method;
+  if (url.rfind("tcp://", 0) == 0) {
+    method.kind = InitMethod::Kind::kTcp;
+    const std::string rest = url.substr(6);
+    size_t colon;
+    if (!rest.empty() && rest[0] == '[') {  // [IPv6]:port
+      const size_t close = rest.find(']');
+      DATAPAR_CHECK(close != std::string::npos && close + 1 < rest.size() && rest[close + 1] == ':', "init_method \"",
+                    url, "\": write an IPv6 address as [ADDRESS]:PORT. ", kFormats);
+      method.host = rest.substr(1, close - 1);
+      colon = close + 1;
+    } else {
+      colon = rest.rfind(':');
+      DATAPAR_CHECK(colon != std::string::npos && colon > 0, "init_method \"", url,
+                    "\": a tcp:// init method needs HOST:PORT. ", kFormats);
+      method.host = rest.substr(0, colon);
+    }
+    method.port = parse_port(rest.substr(colon + 1), url);
+    return method;
+  }
+  if (url.rfind("file://", 0) == 0) {
+    method.kind = InitMethod::Kind::kFile;
+    method.path = url.substr(7);
+    DATAPAR_CHECK(!method.path.empty() && method.path[0] == '/', "init_method \"", url,
+                  "\": a file:// init method needs an absolute path, as in file:///shared/job/store. ", kFormats);
+    return method;
+  }
+  throw InvalidArgumentError(str_cat("init_method \"", url, "\" is not a URL datapar knows. ", kFormats));
+}
+
+Environment process_environment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+std::optional<ProcessIdentity> identity_from_environment(const Environment& env) {
+  struct Launcher {
+    const char* source;
+    const char* rank;
+    const char* size;
+    const char* local_rank;
+    const char* local_size;
+  };
+  for (const Launcher& l : {Launcher{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+                            Launcher{"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+                            Launcher{"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}}) {
+    const auto rank = read_int(env, l.rank);
+    const auto size = read_int(env, l.size);
+    if (!rank || !size) continue;
+    ProcessIdentity identity;
+    identity.rank = *rank;
+    identity.world_size = *size;
+    identity.local_rank = read_int(env, l.local_rank).value_or(-1);
+    // SLURM_NTASKS_PER_NODE may read "4(x2)": take what parses, else unknown.
+    try {
+      identity.local_world_size = read_int(env, l.local_size).value_or(-1);
+    } catch (const InvalidArgumentError&) {
+      identity.local_world_size = -1;
+    }
+    identity.source = l.source;
+    return identity;
+  }
+  return std::nullopt;
+}
+
+Rendezvous rendezvous(const std::string& init_method, int rank, int world_size, std::chrono::milliseconds timeout,
+                      const Environment& env) {
+  InitMethod method = parse_init_method(init_method);
+  if (rank < 0 || world_size < 0) {
+    const auto identity = identity_from_environment(env);
+    DATAPAR_CHECK(identity.has_value(), "rendezvous: rank and world size are unknown. Pass them, or start the ",
+                  "processes with datapar launch, torchrun, mpirun or srun, which set them.");
+    if (rank < 0) rank = identity->rank;
+    if (world_size < 0) world_size = identity->world_size;
+  }
+  DATAPAR_CHECK(world_size >= 1, "rendezvous: world size ", world_size, " must be at least 1.");
+  DATAPAR_CHECK(rank >= 0 && rank < world_size, "rendezvous: rank ", rank, " is outside [0, ", world_size,
+                "). Ranks run from 0 to world size - 1.");
+
+  Rendezvous result;
+  result.rank = rank;
+  result.world_size = world_size;
+  if (method.kind == InitMethod::Kind::kEnv) {
+    const auto addr = env("MASTER_ADDR");
+    const auto port = env("MASTER_PORT");
+    DATAPAR_CHECK(addr && port, "rendezvous: env:// needs MASTER_ADDR and MASTER_PORT (rank 0's address and a ",
+                  "free port); ", addr ? "MASTER_PORT" : "MASTER_ADDR", " is not set.");
+    method.host = *addr;
+    method.port = parse_port(*port, "env:// MASTER_PORT");
+  }
+  if (method.kind == InitMethod::Kind::kFile) {
+    const size_t slash = method.path.find_last_of('/');
+    const std::string dir = slash == 0 ? "/" : method.path.substr(0, slash);
+    struct stat st;
+    DATAPAR_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "rendezvous: the directory ", dir, " of ",
+                  init_method, " does not exist. Create it on a filesystem every process can reach.");
+    result.store = std::make_shared<FileStore>(method.path, FileStoreOptions{world_size, "", timeout});
+  } else {
+    TcpStoreOptions options;
+    options.host = method.host;
+    options.port = method.port;
+    options.is_server = rank == 0;
+    options.timeout = timeout;
+    result.store = std::make_shared<TcpStore>(options);
+  }
+  Store& store = *result.store;
+
+  // Note [Join], a-d.
+  const std::string me = process_id();
+  const std::string rank_key = "rendezvous/rank/" + std::to_string(rank);
+  const Bytes mine(me.begin(), me.end());
+  const Bytes holder = store.compare_set(rank_key, {}, mine);
+  DATAPAR_CHECK(holder == mine, "rendezvous: rank ", rank, " is claimed by two processes (",
+                std::string(holder.begin(), holder.end()), " and ", me, "). Give every process its own rank.");
+  const std::string size_text = std::to_string(world_size);
+  const Bytes agreed = store.compare_set("rendezvous/world_size", {}, Bytes(size_text.begin(), size_text.end()));
+  DATAPAR_CHECK(std::string(agreed.begin(), agreed.end()) == size_text, "rendezvous: rank ", rank,
+                " has world size ", world_size, " but the job agreed on ", std::string(agreed.begin(), agreed.end()),
+                ". Start every process with the same world size.");
+  if (store.add("rendezvous/joined", 1) == world_size) store.set("rendezvous/complete", "1");
+  try {
+    store.wait({"rendezvous/complete"}, timeout);
+  } catch (const TimeoutError&) {
+    std::ostringstream missing;
+    int count = 0;
+    for (int r = 0; r < world_size; ++r) {
+      if (!store.check({"rendezvous/rank/" + std::to_string(r)})) {
+        if (count++ < 16) missing << (count > 1 ? ", " : "") << r;
+      }
+    }
+    if (count > 16) missing << " and " << count - 16 << " more";
+    throw TimeoutError(str_cat("rendezvous: rank ", rank, " waited ", std::chrono::duration<double>(timeout).count(),
+                               " s at ", init_method, " but ", count, " of ", world_size, " ranks never arrived (",
+                               missing.str(), "). Did they start, with the same init method? Raise the timeout if they are slow."));
+  }
+  if (store.add("rendezvous/through", 1) == world_size) store.set("rendezvous/all_through", "1");
+  if (rank == 0) store.wait({"rendezvous/all_through"}, timeout);
+  return result;
+}
+
+}  // namespace datapar
