@@ -47,8 +47,9 @@ class TcpStore : public Store {
   explicit TcpStore(TcpStoreOptions options);
   ~TcpStore() override;
 
-  // Every call is thread-safe (one request at a time per TcpStore) and throws CommError if
-  // the connection to the server breaks.
+  // Every call is thread-safe and throws CommError if the connection to the server breaks.
+  // One connection serves one request at a time: a wait() holds it until it returns, so
+  // threads that wait independently should each have their own TcpStore.
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
