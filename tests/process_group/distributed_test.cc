@@ -1,0 +1,94 @@
+#include "datapar/distributed.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+
+#include "datapar/error.h"
+#include "datapar/rendezvous/tcp_store.h"
+#include "testing/expect_throw.h"
+
+namespace datapar {
+namespace {
+
+using namespace std::chrono_literals;
+
+uint16_t free_port() {
+  TcpStore probe({"127.0.0.1", 0, true, "", 5s});
+  return probe.port();
+}
+
+// Runs fn(rank) in `size` forked processes; returns each one's exit code (-1: killed).
+std::vector<int> run_job(int size, const std::function<int(int)>& fn) {
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < size; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code;
+      try {
+        code = fn(rank);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 99;
+      }
+      std::_Exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
+  return codes;
+}
+
+TEST(Distributed, InitAllReduceSubgroupAndDestroy) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const auto codes = run_job(3, [&](int rank) {
+    init_process_group("gloo", url, rank, 3, 30s);
+    if (!is_initialized() || get_rank() != rank || get_world_size() != 3) return 1;
+    at::Tensor t = at::full({4}, rank);
+    default_group()->all_reduce(t)->wait();
+    if (t[0].item<float>() != 3.0f) return 2;
+    auto evens = new_group({0, 2});
+    if ((rank == 1) != (evens == nullptr)) return 3;
+    if (evens) {
+      if (evens->size() != 2 || evens->rank() != rank / 2) return 4;
+      at::Tensor e = at::full({2}, rank);
+      evens->all_reduce(e)->wait();
+      if (e[0].item<float>() != 2.0f) return 5;
+    }
+    destroy_process_group();
+    return is_initialized() ? 6 : 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
+TEST(Distributed, ClearErrorsBeforeAnyWorkStarts) {
+  EXPECT_FALSE(is_initialized());
+  EXPECT_THROW_MSG(get_rank(), InvalidArgumentError, "Call datapar::init_process_group() first");
+  EXPECT_THROW_MSG(init_process_group("foo", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
+                   "unknown backend \"foo\". Available in this build: gloo");
+  EXPECT_THROW_MSG(init_process_group("nccl", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
+                   "nccl backend is not available in this build");
+  EXPECT_THROW_MSG(init_process_group("mpi", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
+                   "mpi backend is not available");
+  EXPECT_THROW_MSG(init_process_group("gloo", "tcp://127.0.0.1", 0, 1, 1s), InvalidArgumentError, "HOST:PORT");
+  EXPECT_FALSE(is_initialized());
+  // A world of one needs no peers.
+  init_process_group("gloo", "tcp://127.0.0.1:" + std::to_string(free_port()), 0, 1, 10s);
+  EXPECT_THROW_MSG(init_process_group("gloo", "env://", 0, 1, 1s), InvalidArgumentError, "exists already");
+  EXPECT_THROW_MSG(new_group({0, 0}), InvalidArgumentError, "listed twice");
+  EXPECT_THROW_MSG(new_group({1}), InvalidArgumentError, "outside the job's [0, 1)");
+  destroy_process_group();
+  EXPECT_FALSE(is_initialized());
+}
+
+}  // namespace
+}  // namespace datapar
