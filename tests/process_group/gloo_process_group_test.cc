@@ -88,6 +88,61 @@ TEST(GlooProcessGroup, NonContiguousTensorsAndBroadcast) {
   });
 }
 
+TEST(GlooProcessGroup, GatherScatterReduceAndAllToAll) {
+  for (int n : {2, 3}) {
+    spawn(n, [n](int rank, ProcessGroup& group) {
+      const auto like = [](double v) { return at::full({2, 3}, v, at::kDouble); };
+      // all_gather: outputs[i] holds rank i's input.
+      std::vector<at::Tensor> gathered;
+      for (int i = 0; i < n; ++i) gathered.push_back(like(-1));
+      group.all_gather(gathered, like(rank))->wait();
+      for (int i = 0; i < n; ++i) EXPECT_TRUE(at::equal(gathered[i], like(i))) << "all_gather " << i;
+      // gather to the last rank.
+      const int root = n - 1;
+      std::vector<at::Tensor> at_root;
+      if (rank == root) {
+        for (int i = 0; i < n; ++i) at_root.push_back(like(-1));
+      }
+      group.gather(at_root, like(rank * 2), root)->wait();
+      for (int i = 0; i < static_cast<int>(at_root.size()); ++i) EXPECT_TRUE(at::equal(at_root[i], like(i * 2)));
+      // scatter from rank 0: rank i gets 10 * i.
+      std::vector<at::Tensor> pieces;
+      if (rank == 0) {
+        for (int i = 0; i < n; ++i) pieces.push_back(like(10 * i));
+      }
+      at::Tensor mine = like(-1);
+      group.scatter(mine, pieces, 0)->wait();
+      EXPECT_TRUE(at::equal(mine, like(10 * rank)));
+      // reduce to rank 1: the sum of rank ids.
+      at::Tensor r = like(rank);
+      group.reduce(r, 1)->wait();
+      if (rank == 1) EXPECT_TRUE(at::equal(r, like(n * (n - 1) / 2)));
+      // reduce_scatter: inputs[j] = rank + j, so process j gets sum over ranks = n*j + n(n-1)/2.
+      std::vector<at::Tensor> inputs;
+      for (int j = 0; j < n; ++j) inputs.push_back(like(rank + j));
+      at::Tensor out = like(-1);
+      group.reduce_scatter(out, inputs)->wait();
+      EXPECT_TRUE(at::equal(out, like(n * rank + n * (n - 1) / 2)));
+      // all_to_all: chunk j of rank i's input is 10*i + j; chunk i of the output comes from rank i.
+      at::Tensor send = at::empty({2 * n}, at::kLong);
+      for (int j = 0; j < n; ++j) send.narrow(0, 2 * j, 2).fill_(10 * rank + j);
+      at::Tensor receive = at::empty({2 * n}, at::kLong);
+      group.all_to_all(receive, send)->wait();
+      for (int i = 0; i < n; ++i) EXPECT_EQ(receive[2 * i].item<int64_t>(), 10 * i + rank);
+    });
+  }
+}
+
+TEST(GlooProcessGroup, CollectivesCheckTheirArguments) {
+  spawn(2, [](int, ProcessGroup& group) {
+    const at::Tensor t = at::ones({3});
+    EXPECT_THROW_MSG(group.all_gather({t}, t), InvalidArgumentError, "1 outputs for 2 processes");
+    EXPECT_THROW_MSG(group.all_gather({t, at::ones({4})}, t), InvalidArgumentError, "outputs[1] must be a CPU tensor of shape [3]");
+    EXPECT_THROW_MSG(group.all_to_all(at::ones({3}), at::ones({3})), InvalidArgumentError, "split into 2 equal chunks");
+    EXPECT_THROW_MSG(group.reduce(t, 5), InvalidArgumentError, "root 5 is outside [0, 2)");
+  });
+}
+
 TEST(GlooProcessGroup, SeveralOperationsInFlight) {
   spawn(3, [](int rank, ProcessGroup& group) {
     std::vector<at::Tensor> tensors;

@@ -41,6 +41,30 @@ class ProcessGroup {
   // Copies `tensor` of process `root` into `tensor` of every other process.
   virtual std::shared_ptr<Work> broadcast(at::Tensor tensor, int root = 0) = 0;
 
+  // Reduces `tensor` over all processes into `tensor` of process `root` (the others'
+  // tensors are left as they were or used as scratch space: do not rely on them).
+  virtual std::shared_ptr<Work> reduce(at::Tensor tensor, int root = 0, ReduceOp op = ReduceOp::kSum) = 0;
+
+  // outputs[i] receives `input` of process i. REQUIRES: size() outputs, each of input's
+  // shape and dtype.
+  virtual std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input) = 0;
+
+  // On `root`, outputs[i] receives `input` of process i; elsewhere `outputs` may be empty.
+  virtual std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root = 0) = 0;
+
+  // On `root`, inputs[i] goes to `output` of process i; elsewhere `inputs` may be empty.
+  virtual std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root = 0) = 0;
+
+  // `output` of process i receives the reduction over all processes of their inputs[i].
+  // REQUIRES: size() inputs, each of output's shape and dtype.
+  virtual std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs,
+                                               ReduceOp op = ReduceOp::kSum) = 0;
+
+  // `input` is split into size() equal chunks along dim 0; chunk j goes to process j, and
+  // chunk i of `output` comes from process i. REQUIRES: output and input of one shape and
+  // dtype, dim 0 divisible by size().
+  virtual std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) = 0;
+
   // Completes once every process has called it.
   virtual std::shared_ptr<Work> barrier() = 0;
 

@@ -4,9 +4,14 @@
 // Our Store is adapted to Gloo's rendezvous Store (under a "gloo/" prefix) to connect the
 // full mesh. Operations are queued to one thread per group and run in issue order: Gloo
 // matches collectives by order, and one group's collectives must never interleave.
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/scatter.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
@@ -111,31 +116,146 @@ class ProcessGroupGloo : public ProcessGroup {
     DATAPAR_CHECK(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()),
                   "all_reduce: avg needs a floating-point tensor, not ", tensor.scalar_type(), ".");
     return enqueue(str_cat("all_reduce(", to_string(op), ")"), [this, tensor, op]() mutable {
-      // Gloo has no bfloat16: reduce those in float32.
-      const bool widen = tensor.scalar_type() == at::kBFloat16;
-      at::Tensor buffer = widen ? tensor.to(at::kFloat) : tensor.contiguous();
-      gloo::AllreduceOptions opts(context_);
-      opts.setTimeout(timeout_);
-      switch (buffer.scalar_type()) {
-        case at::kFloat: set(opts, buffer.data_ptr<float>(), buffer.numel(), reducer<float>(op)); break;
-        case at::kDouble: set(opts, buffer.data_ptr<double>(), buffer.numel(), reducer<double>(op)); break;
-        case at::kInt: set(opts, buffer.data_ptr<int32_t>(), buffer.numel(), reducer<int32_t>(op)); break;
-        case at::kLong: set(opts, buffer.data_ptr<int64_t>(), buffer.numel(), reducer<int64_t>(op)); break;
-        case at::kHalf:
-          set(opts, static_cast<gloo::float16*>(buffer.data_ptr()), buffer.numel(), reducer<gloo::float16>(op));
-          break;
-        default:
-          throw InvalidArgumentError(str_cat("all_reduce: ", buffer.scalar_type(), " tensors are not supported."));
-      }
-      gloo::allreduce(opts);
+      at::Tensor buffer = reducible(tensor);
+      with_reducer(buffer, op, [&](auto* data, size_t count, gloo::AllreduceOptions::Func fn) {
+        gloo::AllreduceOptions opts(context_);
+        opts.setTimeout(timeout_);
+        opts.setOutput(data, count);
+        opts.setReduceFunction(fn);
+        gloo::allreduce(opts);
+      });
       if (op == ReduceOp::kAvg) buffer.div_(size());
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
     });
   }
 
+  std::shared_ptr<Work> reduce(at::Tensor tensor, int root, ReduceOp op) override {
+    check_tensor(tensor, "reduce");
+    check_root(root, "reduce");
+    DATAPAR_CHECK(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()),
+                  "reduce: avg needs a floating-point tensor, not ", tensor.scalar_type(), ".");
+    return enqueue(str_cat("reduce(", to_string(op), ", root ", root, ")"), [this, tensor, root, op]() mutable {
+      at::Tensor buffer = reducible(tensor);
+      with_reducer(buffer, op, [&](auto* data, size_t count, gloo::ReduceOptions::Func fn) {
+        gloo::ReduceOptions opts(context_);
+        opts.setTimeout(timeout_);
+        opts.setRoot(root);
+        opts.setInput(data, count);
+        opts.setOutput(data, count);
+        opts.setReduceFunction(fn);
+        gloo::reduce(opts);
+      });
+      if (rank() != root) return;
+      if (op == ReduceOp::kAvg) buffer.div_(size());
+      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+    });
+  }
+
+  std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input) override {
+    check_tensor(input, "all_gather");
+    check_like(outputs, input, size(), "all_gather", "outputs");
+    return enqueue("all_gather", [this, outputs, input]() mutable {
+      const at::Tensor in = input.contiguous();
+      at::Tensor flat = at::empty({size() * in.numel()}, in.options());  // (size * numel,) rank order
+      gloo::AllgatherOptions opts(context_);
+      opts.setTimeout(timeout_);
+      opts.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
+      opts.setOutput(static_cast<uint8_t*>(flat.data_ptr()), flat.nbytes());
+      gloo::allgather(opts);
+      unflatten(flat, outputs);
+    });
+  }
+
+  std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) override {
+    check_tensor(input, "gather");
+    check_root(root, "gather");
+    if (rank() == root) check_like(outputs, input, size(), "gather", "outputs on the root");
+    return enqueue(str_cat("gather(root ", root, ")"), [this, outputs, input, root]() mutable {
+      const at::Tensor in = input.contiguous();
+      gloo::GatherOptions opts(context_);
+      opts.setTimeout(timeout_);
+      opts.setRoot(root);
+      opts.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
+      at::Tensor flat;
+      if (rank() == root) {
+        flat = at::empty({size() * in.numel()}, in.options());
+        opts.setOutput(static_cast<uint8_t*>(flat.data_ptr()), flat.nbytes());
+      }
+      gloo::gather(opts);
+      if (rank() == root) unflatten(flat, outputs);
+    });
+  }
+
+  std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) override {
+    check_tensor(output, "scatter");
+    check_root(root, "scatter");
+    if (rank() == root) check_like(inputs, output, size(), "scatter", "inputs on the root");
+    return enqueue(str_cat("scatter(root ", root, ")"), [this, output, inputs, root]() mutable {
+      at::Tensor out = output.contiguous();
+      gloo::ScatterOptions opts(context_);
+      opts.setTimeout(timeout_);
+      opts.setRoot(root);
+      std::vector<at::Tensor> contiguous;
+      if (rank() == root) {
+        std::vector<uint8_t*> pointers;
+        for (const at::Tensor& t : inputs) {
+          contiguous.push_back(t.contiguous());
+          pointers.push_back(static_cast<uint8_t*>(contiguous.back().data_ptr()));
+        }
+        opts.setInputs(pointers, out.nbytes());
+      }
+      opts.setOutput(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
+      gloo::scatter(opts);
+      if (!out.is_same(output)) output.copy_(out);
+    });
+  }
+
+  std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) override {
+    check_tensor(output, "reduce_scatter");
+    check_like(inputs, output, size(), "reduce_scatter", "inputs");
+    DATAPAR_CHECK(op != ReduceOp::kAvg || at::isFloatingType(output.scalar_type()),
+                  "reduce_scatter: avg needs a floating-point tensor, not ", output.scalar_type(), ".");
+    // All-reduce of the concatenation, then each process keeps its part: correct on every
+    // world size; a bandwidth-optimal ring reduce-scatter can replace it.
+    return enqueue(str_cat("reduce_scatter(", to_string(op), ")"), [this, output, inputs, op]() mutable {
+      std::vector<at::Tensor> flat_inputs;
+      for (const at::Tensor& t : inputs) flat_inputs.push_back(t.reshape({-1}));
+      at::Tensor buffer = reducible(at::cat(flat_inputs));  // (size * numel,)
+      with_reducer(buffer, op, [&](auto* data, size_t count, gloo::AllreduceOptions::Func fn) {
+        gloo::AllreduceOptions opts(context_);
+        opts.setTimeout(timeout_);
+        opts.setOutput(data, count);
+        opts.setReduceFunction(fn);
+        gloo::allreduce(opts);
+      });
+      if (op == ReduceOp::kAvg) buffer.div_(size());
+      output.copy_(buffer.narrow(0, rank() * output.numel(), output.numel()).view_as(output));
+    });
+  }
+
+  std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) override {
+    check_tensor(input, "all_to_all");
+    check_tensor(output, "all_to_all");
+    DATAPAR_CHECK(input.sizes() == output.sizes() && input.scalar_type() == output.scalar_type(),
+                  "all_to_all: output ", output.sizes(), " ", output.scalar_type(), " must match input ",
+                  input.sizes(), " ", input.scalar_type(), ".");
+    DATAPAR_CHECK(input.dim() >= 1 && input.size(0) % size() == 0, "all_to_all: dim 0 of the input (",
+                  input.dim() ? input.size(0) : 0, ") must split into ", size(), " equal chunks.");
+    return enqueue("all_to_all", [this, output, input]() mutable {
+      const at::Tensor in = input.contiguous();
+      at::Tensor out = output.contiguous();
+      gloo::AlltoallOptions opts(context_);
+      opts.setTimeout(timeout_);
+      opts.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
+      opts.setOutput(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
+      gloo::alltoall(opts);
+      if (!out.is_same(output)) output.copy_(out);
+    });
+  }
+
   std::shared_ptr<Work> broadcast(at::Tensor tensor, int root) override {
     check_tensor(tensor, "broadcast");
-    DATAPAR_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is outside [0, ", size(), ").");
+    check_root(root, "broadcast");
     return enqueue(str_cat("broadcast(root ", root, ")"), [this, tensor, root]() mutable {
       at::Tensor buffer = tensor.contiguous();
       gloo::BroadcastOptions opts(context_);
@@ -156,10 +276,49 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
  private:
-  template <typename T>
-  static void set(gloo::AllreduceOptions& opts, T* data, int64_t count, gloo::AllreduceOptions::Func fn) {
-    opts.setOutput(data, static_cast<size_t>(count));
-    opts.setReduceFunction(fn);
+  // A contiguous tensor Gloo can reduce: bfloat16 (which Gloo lacks) widened to float32.
+  static at::Tensor reducible(const at::Tensor& tensor) {
+    return tensor.scalar_type() == at::kBFloat16 ? tensor.to(at::kFloat) : tensor.contiguous();
+  }
+
+  // Calls run(data, count, reduce function) with buffer's elements typed for Gloo.
+  template <typename Run>
+  static void with_reducer(at::Tensor& buffer, ReduceOp op, Run&& run) {
+    const size_t n = static_cast<size_t>(buffer.numel());
+    switch (buffer.scalar_type()) {
+      case at::kFloat: return run(buffer.data_ptr<float>(), n, reducer<float>(op));
+      case at::kDouble: return run(buffer.data_ptr<double>(), n, reducer<double>(op));
+      case at::kInt: return run(buffer.data_ptr<int32_t>(), n, reducer<int32_t>(op));
+      case at::kLong: return run(buffer.data_ptr<int64_t>(), n, reducer<int64_t>(op));
+      case at::kHalf: return run(static_cast<gloo::float16*>(buffer.data_ptr()), n, reducer<gloo::float16>(op));
+      default:
+        throw InvalidArgumentError(str_cat("reductions of ", buffer.scalar_type(), " tensors are not supported."));
+    }
+  }
+
+  void check_root(int root, const char* what) const {
+    DATAPAR_CHECK(root >= 0 && root < size(), what, ": root ", root, " is outside [0, ", size(), ").");
+  }
+
+  static void check_like(const std::vector<at::Tensor>& list, const at::Tensor& like, int count, const char* what,
+                         const char* name) {
+    DATAPAR_CHECK(static_cast<int>(list.size()) == count, what, ": ", list.size(), " ", name, " for ", count,
+                  " processes; give one per process.");
+    for (size_t i = 0; i < list.size(); ++i) {
+      DATAPAR_CHECK(list[i].defined() && list[i].device().is_cpu() && list[i].sizes() == like.sizes() &&
+                        list[i].scalar_type() == like.scalar_type(),
+                    what, ": ", name, "[", i, "] must be a CPU tensor of shape ", like.sizes(), " and type ",
+                    like.scalar_type(), ".");
+    }
+  }
+
+  // Copies consecutive numel-sized pieces of `flat` into `outputs`.
+  static void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& outputs) {
+    int64_t offset = 0;
+    for (at::Tensor& out : outputs) {
+      out.copy_(flat.narrow(0, offset, out.numel()).view(out.sizes()));
+      offset += out.numel();
+    }
   }
 
   void check_tensor(const at::Tensor& tensor, const char* what) const {
