@@ -128,4 +128,15 @@ TEST(Cli, HelpVersionAndDevices) {
   EXPECT_NE(r.output.find("listed twice"), std::string::npos) << r.output;
 }
 
+TEST(Cli, BenchCollectivesPrintsATable) {
+  const ProgramRun r = run(bin("datapar") + " bench collectives --nproc 2 --sizes 4KiB,64KiB --iters 2 --warmup 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("all_reduce, backend gloo, 2 processes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 4 KiB |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 64 KiB |"), std::string::npos) << r.output;
+  const ProgramRun bad = run(bin("datapar") + " bench collectives --sizes 4XB");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("unknown unit \"XB\""), std::string::npos) << bad.output;
+}
+
 }  // namespace

@@ -1,10 +1,12 @@
-// The datapar command-line tool. Subcommands: devices (more arrive with launch/train/bench).
+// The datapar command-line tool. Subcommands: devices, bench collectives (launch and train
+// arrive with the training toolkit).
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
 #include "datapar/config.h"
 #include "datapar/devices.h"
+#include "bench_collectives.h"
 #include "datapar/error.h"
 
 namespace {
@@ -35,9 +37,26 @@ int main(int argc, char** argv) {
   auto* devices = app.add_subcommand("devices", "List the devices datapar can use, or check a device list");
   devices->add_option("--devices", spec, "A device list to check, e.g. cpu:0,cpu:1 or cuda:0,cuda:3 or cuda");
 
+  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  datapar::tools::BenchCollectivesOptions collectives;
+  std::string sizes = "4KiB,64KiB,1MiB,4MiB,16MiB,64MiB";
+  auto* bench_collectives = bench->add_subcommand(
+      "collectives", "Time collectives over N local processes (or under a launcher), like nccl-tests");
+  bench_collectives->add_option("--nproc", collectives.nproc, "Processes to start when not under a launcher (default 2)");
+  bench_collectives->add_option("--backend", collectives.backend, "Process group backend (default gloo)");
+  bench_collectives->add_option("--op", collectives.op, "all_reduce, broadcast or all_gather (default all_reduce)");
+  bench_collectives->add_option("--sizes", sizes, "Bytes per process, e.g. 4KiB,1MiB,64MiB (default 4KiB..64MiB)");
+  bench_collectives->add_option("--iters", collectives.iters, "Timed iterations per size (default 20)");
+  bench_collectives->add_option("--warmup", collectives.warmup, "Untimed iterations per size (default 5)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*devices) return list_devices(spec);
+    if (*bench_collectives) {
+      collectives.sizes = datapar::tools::parse_sizes(sizes);
+      return datapar::tools::bench_collectives(collectives);
+    }
     std::cout << app.help();
     return 0;
   } catch (const datapar::Error& e) {

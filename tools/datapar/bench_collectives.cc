@@ -1,0 +1,158 @@
+// datapar bench collectives. See bench_collectives.h.
+//
+// First 20 untimed 4 KiB all_reduces for the connections, then for each size: `warmup` untimed runs, then `iters` timed ones, each started together (a
+// barrier before it) and timed on every rank; the table shows rank 0's median. Bandwidths
+// follow nccl-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n for all_reduce,
+// algbw * (n-1)/n for all_gather (bytes = the gathered total), algbw for broadcast.
+#include "bench_collectives.h"
+
+#include <ATen/ATen.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "datapar/distributed.h"
+#include "datapar/error.h"
+#include "datapar/rendezvous/init_method.h"
+#include "datapar/rendezvous/tcp_store.h"
+
+namespace datapar::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string human(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), v == static_cast<int64_t>(v) ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return text;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// One rank's part of the benchmark.
+int run_rank(const BenchCollectivesOptions& options, const std::string& init_method, int rank, int world) {
+  init_process_group(options.backend, init_method, rank, world, std::chrono::minutes(5));
+  auto group = default_group();
+  const int n = group->size();
+  if (rank == 0) {
+    std::printf("datapar bench collectives: %s, backend %s, %d processes, %d iterations (median)\n",
+                options.op.c_str(), options.backend.c_str(), n, options.iters);
+    std::printf("| size | time (us) | algbw (GB/s) | busbw (GB/s) |\n|---|---|---|---|\n");
+  }
+  {  // Warm the connections up once before any size is timed, so the first row is not an outlier.
+    at::Tensor warm = at::ones({1024});
+    for (int i = 0; i < 20; ++i) group->all_reduce(warm)->wait();
+  }
+  for (int64_t bytes : options.sizes) {
+    const int64_t count = std::max<int64_t>(1, bytes / 4);  // float32 elements
+    at::Tensor tensor = at::ones({count});
+    std::vector<at::Tensor> gathered;
+    if (options.op == "all_gather") {
+      for (int i = 0; i < n; ++i) gathered.push_back(at::empty({count}));
+    }
+    auto once = [&] {
+      if (options.op == "all_reduce") return group->all_reduce(tensor)->wait();
+      if (options.op == "broadcast") return group->broadcast(tensor, 0)->wait();
+      return group->all_gather(gathered, tensor)->wait();
+    };
+    for (int i = 0; i < options.warmup; ++i) once();
+    std::vector<double> seconds;
+    for (int i = 0; i < options.iters; ++i) {
+      group->barrier()->wait();
+      const auto start = Clock::now();
+      once();
+      seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    const double t = median(seconds);
+    const double moved = static_cast<double>(count * 4) * (options.op == "all_gather" ? n : 1);
+    const double algbw = moved / t / 1e9;
+    const double factor = options.op == "all_reduce" ? 2.0 * (n - 1) / n
+                          : options.op == "all_gather" ? static_cast<double>(n - 1) / n
+                                                       : 1.0;
+    if (rank == 0) {
+      std::printf("| %s | %.1f | %.3f | %.3f |\n", human(count * 4).c_str(), t * 1e6, algbw, algbw * factor);
+      std::fflush(stdout);
+    }
+  }
+  destroy_process_group();
+  return 0;
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_sizes(const std::string& list) {
+  std::vector<int64_t> sizes;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = list.find(',', start);
+    const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    size_t digits = 0;
+    while (digits < item.size() && std::isdigit(static_cast<unsigned char>(item[digits]))) ++digits;
+    DATAPAR_CHECK(digits > 0, "--sizes: \"", item, "\" is not a size; write e.g. 4KiB,1MiB,64MiB.");
+    const std::string unit = item.substr(digits);
+    int64_t scale = 0;
+    for (const auto& [name, value] : std::vector<std::pair<std::string, int64_t>>{
+             {"", 1}, {"B", 1}, {"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", int64_t{1} << 30},
+             {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000}}) {
+      if (unit == name) scale = value;
+    }
+    DATAPAR_CHECK(scale > 0, "--sizes: unknown unit \"", unit, "\" in \"", item, "\"; use B, KiB, MiB or GiB.");
+    sizes.push_back(std::stoll(item.substr(0, digits)) * scale);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return sizes;
+}
+
+int bench_collectives(const BenchCollectivesOptions& options) {
+  DATAPAR_CHECK(options.op == "all_reduce" || options.op == "broadcast" || options.op == "all_gather",
+                "--op: \"", options.op, "\" is not one of all_reduce, broadcast, all_gather.");
+  DATAPAR_CHECK(options.nproc >= 1, "--nproc must be at least 1.");
+  if (const auto identity = identity_from_environment()) {  // under a launcher
+    return run_rank(options, "env://", identity->rank, identity->world_size);
+  }
+  uint16_t port;
+  {
+    TcpStore probe({"127.0.0.1", 0, true, "", std::chrono::seconds(5)});
+    port = probe.port();
+  }
+  const std::string init_method = "tcp://127.0.0.1:" + std::to_string(port);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < options.nproc; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 1;
+      try {
+        code = run_rank(options, init_method, rank, options.nproc);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "datapar bench collectives: rank %d: %s\n", rank, e.what());
+      }
+      std::fflush(nullptr);
+      std::_Exit(code);
+    }
+    children.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace datapar::tools

@@ -1,0 +1,25 @@
+// datapar bench collectives: time collectives over a real process group, like nccl-tests.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace datapar::tools {
+
+struct BenchCollectivesOptions {
+  int nproc = 2;                 // processes to start when not under a launcher
+  std::string backend = "gloo";
+  std::string op = "all_reduce";  // all_reduce | broadcast | all_gather
+  std::vector<int64_t> sizes;     // bytes per process
+  int iters = 20;
+  int warmup = 5;
+};
+
+// Parses "4KiB,1MiB,64MiB" (B, KiB, MiB, GiB; KB/MB/GB as powers of 1000).
+std::vector<int64_t> parse_sizes(const std::string& list);
+
+// Runs the benchmark: under a launcher (RANK and WORLD_SIZE set) as that rank, otherwise
+// by starting nproc local processes. Rank 0 prints the table. Returns the exit status.
+int bench_collectives(const BenchCollectivesOptions& options);
+
+}  // namespace datapar::tools
