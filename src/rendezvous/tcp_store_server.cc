@@ -234,6 +234,14 @@ TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::stri
   thread_ = std::thread([this] { loop(); });
 }
 
+void TcpStoreServer::flush_all() {
+  for (Client& c : state_->clients) {
+    if (c.fd < 0 || c.out.empty()) continue;
+    const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) c.out.erase(c.out.begin(), c.out.begin() + n);
+  }
+}
+
 TcpStoreServer::~TcpStoreServer() {
   const char byte = 0;
   (void)::write(stop_fds_[1], &byte, 1);
@@ -258,7 +266,10 @@ void TcpStoreServer::loop() {
     }
     const int ready = ::poll(fds.data(), fds.size(), timeout);
     if (ready < 0 && errno != EINTR) return;
-    if (fds[0].revents) return;  // stop requested
+    if (fds[0].revents) {  // stop requested: hand out the replies already decided first
+      flush_all();
+      return;
+    }
     if (fds[1].revents & POLLIN) {
       for (;;) {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -296,6 +307,9 @@ void TcpStoreServer::loop() {
       if (c.closing && c.out.empty()) keep = false;
       if (!keep) c.fd = -(c.fd + 1);  // mark; removed below
     }
+    // A request served late in this pass may have woken a waiter served earlier in it:
+    // send its reply now rather than after the next poll.
+    flush_all();
     for (auto it = s.clients.begin(); it != s.clients.end();) {
       if (it->fd < 0) {
         ::close(-(it->fd + 1));

@@ -30,6 +30,7 @@ class TcpStoreServer {
  private:
   struct State;
   void loop();
+  void flush_all();  // sends what it can of every connection's pending output, without blocking
 
   uint16_t port_ = 0;
   int listen_fd_ = -1;

@@ -11,16 +11,14 @@
 #include "datapar/error.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
+#include "testing/ports.h"
 
 namespace datapar {
 namespace {
 
 using namespace std::chrono_literals;
 
-uint16_t free_port() {
-  TcpStore probe({"127.0.0.1", 0, true, "", 5s});
-  return probe.port();
-}
+using testing::free_port;
 
 // Runs fn(rank) in `size` forked processes; returns each one's exit code (-1: killed).
 std::vector<int> run_job(int size, const std::function<int(int)>& fn) {

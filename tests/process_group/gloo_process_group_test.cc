@@ -14,16 +14,14 @@
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
+#include "testing/ports.h"
 
 namespace datapar {
 namespace {
 
 using namespace std::chrono_literals;
 
-uint16_t free_port() {
-  TcpStore probe({"127.0.0.1", 0, true, "", 5s});
-  return probe.port();
-}
+using testing::free_port;
 
 std::optional<std::string> no_env(const std::string&) { return std::nullopt; }
 

@@ -11,6 +11,7 @@
 #include "datapar/error.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
+#include "testing/ports.h"
 
 namespace datapar {
 namespace {
@@ -25,10 +26,7 @@ Environment fake_env(std::map<std::string, std::string> vars) {
   };
 }
 
-uint16_t free_port() {
-  TcpStore probe({"127.0.0.1", 0, true, "", 5s});
-  return probe.port();
-}
+using testing::free_port;
 
 // Runs rendezvous for each (rank, world_size) on its own thread; returns what each threw ("" if nothing).
 std::vector<std::string> join_all(const std::string& url, const std::vector<std::pair<int, int>>& members,

@@ -20,9 +20,9 @@ int main(int argc, char** argv) {
     for (int r = 0; r < world_size; ++r) {
       if (rdzv.store->get_string("probe/" + std::to_string(r)) != "hello from " + std::to_string(r)) return 3;
     }
-    // Keep rank 0's server up until everyone has read.
+    // Rank 0 hosts the server: it leaves last, once everyone has read.
     if (rdzv.store->add("probe/done", 1) == world_size) rdzv.store->set("probe/all_done", "1");
-    rdzv.store->wait({"probe/all_done"});
+    if (rank == 0) rdzv.store->wait({"probe/all_done"});
     std::cout << "store_probe: rank " << rank << " of " << world_size << " ok\n";
     return 0;
   } catch (const std::exception& e) {

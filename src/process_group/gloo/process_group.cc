@@ -117,14 +117,7 @@ class ProcessGroupGloo : public ProcessGroup {
                   "all_reduce: avg needs a floating-point tensor, not ", tensor.scalar_type(), ".");
     return enqueue(str_cat("all_reduce(", to_string(op), ")"), [this, tensor, op]() mutable {
       at::Tensor buffer = reducible(tensor);
-      with_reducer(buffer, op, [&](auto* data, size_t count, gloo::AllreduceOptions::Func fn) {
-        gloo::AllreduceOptions opts(context_);
-        opts.setTimeout(timeout_);
-        opts.setOutput(data, count);
-        opts.setReduceFunction(fn);
-        gloo::allreduce(opts);
-      });
-      if (op == ReduceOp::kAvg) buffer.div_(size());
+      all_reduce_in_place(buffer, op);
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
     });
   }
@@ -221,14 +214,7 @@ class ProcessGroupGloo : public ProcessGroup {
       std::vector<at::Tensor> flat_inputs;
       for (const at::Tensor& t : inputs) flat_inputs.push_back(t.reshape({-1}));
       at::Tensor buffer = reducible(at::cat(flat_inputs));  // (size * numel,)
-      with_reducer(buffer, op, [&](auto* data, size_t count, gloo::AllreduceOptions::Func fn) {
-        gloo::AllreduceOptions opts(context_);
-        opts.setTimeout(timeout_);
-        opts.setOutput(data, count);
-        opts.setReduceFunction(fn);
-        gloo::allreduce(opts);
-      });
-      if (op == ReduceOp::kAvg) buffer.div_(size());
+      all_reduce_in_place(buffer, op);
       output.copy_(buffer.narrow(0, rank() * output.numel(), output.numel()).view_as(output));
     });
   }
@@ -276,6 +262,18 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
  private:
+  // All-reduces a contiguous, reducible buffer in place (avg: the sum divided by size()).
+  void all_reduce_in_place(at::Tensor& buffer, ReduceOp op) {
+    with_reducer(buffer, op, [&](auto* data, size_t count, gloo::AllreduceOptions::Func fn) {
+      gloo::AllreduceOptions opts(context_);
+      opts.setTimeout(timeout_);
+      opts.setOutput(data, count);
+      opts.setReduceFunction(fn);
+      gloo::allreduce(opts);
+    });
+    if (op == ReduceOp::kAvg) buffer.div_(size());
+  }
+
   // A contiguous tensor Gloo can reduce: bfloat16 (which Gloo lacks) widened to float32.
   static at::Tensor reducible(const at::Tensor& tensor) {
     return tensor.scalar_type() == at::kBFloat16 ? tensor.to(at::kFloat) : tensor.contiguous();
