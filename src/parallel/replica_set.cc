@@ -37,6 +37,7 @@ ReplicaSet::ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<De
   DATAPAR_CHECK(!devices_.empty(), "replicate: no devices given; list at least one device.");
   master_params_ = master_->parameters(/*recurse=*/true);
   master_buffers_ = master_->buffers();
+  master_modules_ = master_->modules(/*include_self=*/true);
   const c10::Device home = devices_.front().torch_device();
   for (const auto& p : master_->named_parameters()) {
     DATAPAR_CHECK(p.value().device() == home, "replicate: parameter ", p.key(), " of ", master_->name(),
@@ -50,6 +51,7 @@ ReplicaSet::ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<De
     DATAPAR_INTERNAL_ASSERT(replica_params_.back().size() == master_params_.size(),
                             "clone of ", master_->name(), " has a different parameter count");
     synced_.emplace_back(master_params_.size());
+    replica_modules_.push_back(replica->modules(/*include_self=*/true));
     replicas_.push_back(std::move(replica));
   }
   workers_ = DeviceWorkers::for_devices(devices_);
@@ -63,10 +65,10 @@ void ReplicaSet::refresh() {
   DATAPAR_CHECK(master_->parameters().size() == master_params_.size(), "replicate: ", master_->name(),
                 " now has ", master_->parameters().size(), " parameters but had ", master_params_.size(),
                 " when it was replicated. Replicate it again after changing its structure.");
-  const auto master_modules = master_->modules(/*include_self=*/true);
+  const auto& master_modules = master_modules_;
   for (size_t r = 0; r < replicas_.size(); ++r) {
     // Train/eval per submodule, parents first: Module::train() recurses into children.
-    const auto replica_modules = replicas_[r]->modules(/*include_self=*/true);
+    const auto& replica_modules = replica_modules_[r];
     for (size_t m = 0; m < master_modules.size() && m < replica_modules.size(); ++m) {
       if (replica_modules[m]->is_training() != master_modules[m]->is_training()) {
         replica_modules[m]->train(master_modules[m]->is_training());

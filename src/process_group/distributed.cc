@@ -52,11 +52,9 @@ std::string gloo_hostname(const std::string& init_method) {
   return name;
 }
 
-std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared_ptr<Store> store, int rank, int size,
-                                         const DefaultGroup& settings) {
-  if (backend == "gloo") {
-    return new_gloo_process_group(std::move(store), rank, size, GlooOptions{settings.gloo_hostname, settings.timeout});
-  }
+// Throws unless this build has `backend`.
+void check_backend(const std::string& backend) {
+  if (backend == "gloo") return;
   if (backend == "nccl" || backend == "mpi") {
     throw InvalidArgumentError(str_cat("init_process_group: the ", backend,
                                        " backend is not available in this build of datapar (", backend == "nccl" ?
@@ -67,13 +65,19 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared
                                      "\". Available in this build: gloo."));
 }
 
+std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared_ptr<Store> store, int rank, int size,
+                                         const DefaultGroup& settings) {
+  check_backend(backend);  // only gloo gets past it
+  return new_gloo_process_group(std::move(store), rank, size, GlooOptions{settings.gloo_hostname, settings.timeout});
+}
+
 }  // namespace
 
 void init_process_group(const std::string& backend, const std::string& init_method, int rank, int world_size,
                         std::chrono::milliseconds timeout) {
   DATAPAR_CHECK(state() == nullptr, "init_process_group: a default process group exists already (rank ",
                 state() ? state()->rendezvous.rank : -1, "). Call destroy_process_group() first.");
-  if (backend != "gloo") make_group(backend, nullptr, 0, 1, DefaultGroup{});  // refuse before joining
+  check_backend(backend);  // refuse before joining the job
   auto s = std::make_unique<DefaultGroup>();
   s->backend = backend;
   s->timeout = timeout;

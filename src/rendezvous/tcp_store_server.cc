@@ -33,6 +33,7 @@ struct Client {
   int fd = -1;
   bool greeted = false;       // hello accepted
   bool closing = false;       // close once the output is flushed
+  bool broken = false;        // peer gone or protocol violated: close now
   Bytes in;                   // bytes received, not yet decoded
   Bytes out;                  // bytes to send
   // A kWait that is not satisfied yet: its keys and deadline.
@@ -236,9 +237,13 @@ TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::stri
 
 void TcpStoreServer::flush_all() {
   for (Client& c : state_->clients) {
-    if (c.fd < 0 || c.out.empty()) continue;
+    if (c.broken || c.out.empty()) continue;
     const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) c.out.erase(c.out.begin(), c.out.begin() + n);
+    if (n > 0) {
+      c.out.erase(c.out.begin(), c.out.begin() + n);
+    } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+      c.broken = true;
+    }
   }
 }
 
@@ -296,23 +301,14 @@ void TcpStoreServer::loop() {
         }
         if (!c.in.empty() && !s.drain(c)) keep = false;
       }
-      if (keep && !c.out.empty()) {
-        const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
-        if (n > 0) {
-          c.out.erase(c.out.begin(), c.out.begin() + n);
-        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
-          keep = false;
-        }
-      }
-      if (c.closing && c.out.empty()) keep = false;
-      if (!keep) c.fd = -(c.fd + 1);  // mark; removed below
+      if (!keep) c.broken = true;
     }
-    // A request served late in this pass may have woken a waiter served earlier in it:
-    // send its reply now rather than after the next poll.
+    // Replies go out after every request of this pass was served: one served late in the
+    // pass may have woken a waiter served earlier in it.
     flush_all();
     for (auto it = s.clients.begin(); it != s.clients.end();) {
-      if (it->fd < 0) {
-        ::close(-(it->fd + 1));
+      if (it->broken || (it->closing && it->out.empty())) {
+        ::close(it->fd);
         it = s.clients.erase(it);
       } else {
         ++it;

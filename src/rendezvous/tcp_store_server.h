@@ -30,7 +30,9 @@ class TcpStoreServer {
  private:
   struct State;
   void loop();
-  void flush_all();  // sends what it can of every connection's pending output, without blocking
+  // Sends what it can of every connection's pending output, without blocking; marks the
+  // connections whose send failed for closing.
+  void flush_all();
 
   uint16_t port_ = 0;
   int listen_fd_ = -1;

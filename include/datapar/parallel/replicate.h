@@ -65,6 +65,10 @@ class ReplicaSet {
   std::vector<at::Tensor> master_buffers_;
   std::vector<std::vector<at::Tensor>> replica_params_;
   std::vector<std::vector<at::Tensor>> replica_buffers_;
+  // Every module of the tree, parents first, in the same order for master and replicas
+  // (built once: the structure must not change after replication).
+  std::vector<std::shared_ptr<torch::nn::Module>> master_modules_;
+  std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> replica_modules_;
   // Per replica and parameter: the master's version and storage when last copied.
   struct Synced {
     int64_t version = -1;
