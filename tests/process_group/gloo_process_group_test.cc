@@ -155,6 +155,94 @@ TEST(GlooProcessGroup, SeveralOperationsInFlight) {
   });
 }
 
+TEST(GlooProcessGroup, CoalescedListsOfMixedTypes) {
+  for (int n : {1, 2, 3}) {
+    spawn(n, [n](int rank, ProcessGroup& group) {
+      // Mixed dtypes, a non-contiguous member and bfloat16 (widened for the reduction).
+      std::vector<at::Tensor> tensors = {at::full({5}, rank, at::kFloat), at::full({2, 3}, rank + 1, at::kLong),
+                                         at::full({3, 4}, 2 * rank, at::kDouble).t(),
+                                         at::full({4}, rank, at::kBFloat16), at::full({1}, 1.0, at::kFloat)};
+      group.all_reduce_coalesced(tensors)->wait();
+      const int sum = n * (n - 1) / 2;
+      EXPECT_TRUE(at::equal(tensors[0], at::full({5}, sum, at::kFloat)));
+      EXPECT_TRUE(at::equal(tensors[1], at::full({2, 3}, sum + n, at::kLong)));
+      EXPECT_TRUE(at::equal(tensors[2], at::full({4, 3}, 2 * sum, at::kDouble)));
+      EXPECT_TRUE(at::equal(tensors[3], at::full({4}, sum, at::kBFloat16)));
+      EXPECT_TRUE(at::equal(tensors[4], at::full({1}, n, at::kFloat)));
+      // broadcast_coalesced from the last rank.
+      std::vector<at::Tensor> params = {at::full({3}, rank, at::kFloat), at::full({2, 2}, -rank, at::kLong),
+                                        at::full({7}, rank * 0.5, at::kFloat)};
+      group.broadcast_coalesced(params, n - 1)->wait();
+      EXPECT_TRUE(at::equal(params[0], at::full({3}, n - 1, at::kFloat)));
+      EXPECT_TRUE(at::equal(params[1], at::full({2, 2}, 1 - n, at::kLong)));
+      EXPECT_TRUE(at::equal(params[2], at::full({7}, (n - 1) * 0.5, at::kFloat)));
+    });
+  }
+}
+
+TEST(GlooProcessGroup, SendAndRecvInBothDirectionsWithoutDeadlock) {
+  spawn(2, [](int rank, ProcessGroup& group) {
+    const int peer = 1 - rank;
+    // Each sends to the other before receiving: a blocking send would deadlock here.
+    at::Tensor out = at::arange(1 << 20, at::kFloat) + rank;  // 4 MiB, more than socket buffers
+    at::Tensor in = at::zeros({1 << 20});
+    auto sent = group.send(out, peer);
+    auto received = group.recv(in, peer);
+    received->wait(20s);
+    sent->wait(20s);
+    EXPECT_TRUE(at::equal(in, at::arange(1 << 20, at::kFloat) + peer));
+    // Tags keep streams apart, each stream is in order, and a non-contiguous recv works.
+    if (rank == 0) {
+      group.send(at::full({3}, 1.0), 1, /*tag=*/7)->wait();
+      group.send(at::full({3}, 2.0), 1, /*tag=*/7)->wait();
+      group.send(at::full({3}, 9.0), 1, /*tag=*/3)->wait();
+    } else {
+      at::Tensor a = at::zeros({3}), b = at::zeros({3}), c = at::zeros({3, 2}).select(1, 0);
+      auto wc = group.recv(c, 0, 3);
+      auto wa = group.recv(a, 0, 7);
+      auto wb = group.recv(b, 0, 7);
+      wa->wait(20s), wb->wait(20s), wc->wait(20s);
+      EXPECT_EQ(a[0].item<float>(), 1.0f);
+      EXPECT_EQ(b[0].item<float>(), 2.0f);
+      EXPECT_TRUE(at::equal(c, at::full({3}, 9.0)));
+    }
+    // Collectives still match up after point-to-point traffic.
+    at::Tensor t = at::ones({4});
+    group.all_reduce(t)->wait();
+    EXPECT_EQ(t[0].item<float>(), 2.0f);
+  });
+}
+
+TEST(GlooProcessGroup, PointToPointChecksItsArguments) {
+  spawn(2, [](int rank, ProcessGroup& group) {
+    const at::Tensor t = at::ones({3});
+    EXPECT_THROW_MSG(group.send(t, 2), InvalidArgumentError, "peer rank 2 is outside [0, 2)");
+    EXPECT_THROW_MSG(group.recv(t, rank), InvalidArgumentError, "is the peer itself");
+    EXPECT_THROW_MSG(group.send(t, 1 - rank, -1), InvalidArgumentError, "tag -1 must not be negative");
+  });
+}
+
+TEST(GlooProcessGroup, ARecvWithoutASenderTimesOut) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      Rendezvous rdzv = rendezvous(url, rank, 2, 30s, no_env);
+      auto group = new_gloo_process_group(rdzv.store, rank, 2, {"127.0.0.1", 1s});
+      if (rank == 1) {
+        at::Tensor t = at::zeros({3});
+        const auto start = std::chrono::steady_clock::now();
+        EXPECT_THROW_MSG(group->recv(t, 0)->wait(), Error, "recv(from 0, tag 0) on rank 1 of 2");
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+        rdzv.store->set("done", std::string("1"));
+      } else {
+        rdzv.store->get("done");  // the store lives on rank 0 until rank 1 is done
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
 TEST(GlooProcessGroup, RejectsWhatItCannotDo) {
   spawn(1, [](int, ProcessGroup& group) {
     at::Tensor ints = at::ones({2}, at::kInt);

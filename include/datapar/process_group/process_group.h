@@ -4,7 +4,7 @@
 // Every call returns at once with a Work; the operations of one group run one after
 // another, in the order they were issued, on the group's own thread, so several may be in
 // flight without deadlock. Tensors must stay alive and untouched until their Work is done.
-// Backends: Gloo (CPU tensors over TCP). NCCL and MPI arrive with the distributed runtime.
+// Backends: Gloo (CPU tensors over TCP), MPI (CPU tensors; shared memory within a node).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -67,6 +67,22 @@ class ProcessGroup {
 
   // Completes once every process has called it.
   virtual std::shared_ptr<Work> barrier() = 0;
+
+  // all_reduce of several tensors as one operation: tensors of one dtype travel as one
+  // flat message, which is much faster than one all_reduce each for many small tensors.
+  virtual std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors,
+                                                     ReduceOp op = ReduceOp::kSum) = 0;
+
+  // broadcast of several tensors as one operation (one flat message per dtype).
+  virtual std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root = 0) = 0;
+
+  // Point to point. send() delivers `tensor` to process `dst`, where the recv() with
+  // src == this rank and the same tag receives it; messages between two processes with one
+  // tag arrive in the order they were sent. Sizes and dtypes must match. Unlike
+  // collectives, send and recv are started at once, not behind queued collectives, so
+  // two processes may each send to the other before receiving without deadlock.
+  virtual std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag = 0) = 0;
+  virtual std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag = 0) = 0;
 
  private:
   int rank_;

@@ -13,6 +13,8 @@
 #include <gloo/reduce.h>
 #include <gloo/scatter.h>
 #include <gloo/math.h>
+#include <gloo/types.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -20,15 +22,13 @@
 
 #include <ATen/ATen.h>
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <mutex>
-#include <thread>
 
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/prefix_store.h"
+#include "process_group/coalesce.h"
+#include "process_group/ordered_runner.h"
 
 namespace datapar {
 namespace {
@@ -97,16 +97,6 @@ class ProcessGroupGloo : public ProcessGroup {
                               e.what(), ". Check that every process can reach ", attr.hostname,
                               " (GlooOptions::hostname) and that all of them started."));
     }
-    thread_ = std::thread([this] { loop(); });
-  }
-
-  ~ProcessGroupGloo() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
   }
 
   std::string backend() const override { return "gloo"; }
@@ -261,7 +251,74 @@ class ProcessGroupGloo : public ProcessGroup {
     });
   }
 
+  std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op) override {
+    for (const at::Tensor& t : tensors) {
+      check_tensor(t, "all_reduce_coalesced");
+      DATAPAR_CHECK(op != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()),
+                    "all_reduce_coalesced: avg needs floating-point tensors, not ", t.scalar_type(), ".");
+    }
+    return enqueue(str_cat("all_reduce_coalesced(", to_string(op), ", ", tensors.size(), " tensors)"),
+                   [this, tensors, op]() mutable {
+                     for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
+                       at::Tensor buffer = reducible(group.flat);
+                       all_reduce_in_place(buffer, op);
+                       detail::unflatten_into(group, buffer, tensors);
+                     }
+                   });
+  }
+
+  std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root) override {
+    for (const at::Tensor& t : tensors) check_tensor(t, "broadcast_coalesced");
+    check_root(root, "broadcast_coalesced");
+    return enqueue(str_cat("broadcast_coalesced(root ", root, ", ", tensors.size(), " tensors)"),
+                   [this, tensors, root]() mutable {
+                     for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
+                       gloo::BroadcastOptions opts(context_);
+                       opts.setTimeout(timeout_);
+                       opts.setRoot(root);
+                       opts.setOutput(static_cast<uint8_t*>(group.flat.data_ptr()), group.flat.nbytes());
+                       gloo::broadcast(opts);
+                       if (rank() != root) detail::unflatten_into(group, group.flat, tensors);
+                     }
+                   });
+  }
+
+  std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag) override {
+    check_tensor(tensor, "send");
+    check_peer(dst, tag, "send");
+    const at::Tensor buffer = tensor.contiguous();
+    std::shared_ptr<gloo::transport::UnboundBuffer> unbound =
+        context_->createUnboundBuffer(buffer.data_ptr(), buffer.nbytes());
+    unbound->send(dst, p2p_slot(tag));
+    return p2p_.push(describe(str_cat("send(to ", dst, ", tag ", tag, ")")), [this, buffer, unbound] {
+      if (!unbound->waitSend(timeout_)) throw CommError("send was aborted.");
+    });
+  }
+
+  std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag) override {
+    check_tensor(tensor, "recv");
+    check_peer(src, tag, "recv");
+    at::Tensor buffer = tensor.contiguous();
+    std::shared_ptr<gloo::transport::UnboundBuffer> unbound =
+        context_->createUnboundBuffer(buffer.data_ptr(), buffer.nbytes());
+    unbound->recv(src, p2p_slot(tag));
+    return p2p_.push(describe(str_cat("recv(from ", src, ", tag ", tag, ")")), [this, tensor, buffer, unbound]() mutable {
+      if (!unbound->waitRecv(timeout_)) throw CommError("recv was aborted.");
+      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+    });
+  }
+
  private:
+  // Point-to-point messages use their own slot range, apart from every collective's.
+  static uint64_t p2p_slot(int tag) { return gloo::Slot::build(kP2pSlotPrefix, static_cast<uint32_t>(tag)); }
+  static constexpr uint8_t kP2pSlotPrefix = 0x40;
+
+  void check_peer(int peer, int tag, const char* what) const {
+    DATAPAR_CHECK(peer >= 0 && peer < size(), what, ": peer rank ", peer, " is outside [0, ", size(), ").");
+    DATAPAR_CHECK(peer != rank(), what, ": rank ", rank(), " is the peer itself; copy the tensor instead.");
+    DATAPAR_CHECK(tag >= 0, what, ": tag ", tag, " must not be negative.");
+  }
+
   // All-reduces a contiguous, reducible buffer in place (avg: the sum divided by size()).
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op) {
     with_reducer(buffer, op, [&](auto* data, size_t count, gloo::AllreduceOptions::Func fn) {
@@ -326,44 +383,20 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> enqueue(std::string what, std::function<void()> op) {
-    auto work = std::make_shared<Work>(str_cat(what, " on rank ", rank(), " of ", size(), " (gloo)"));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.emplace_back(work, std::move(op));
-    }
-    wake_.notify_one();
-    return work;
+    return collectives_.push(describe(what), std::move(op));
   }
 
-  void loop() {
-    for (;;) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, nothing left
-      auto [work, op] = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      try {
-        op();
-        work->finish();
-      } catch (const datapar::Error&) {
-        work->fail(std::current_exception());
-      } catch (const std::exception& e) {
-        // Gloo reports a dead or silent peer as an IoException / timeout.
-        work->fail(std::make_exception_ptr(CommError(str_cat(work->what(), " failed: ", e.what(),
-                                                             ". A peer probably exited; rebuild the process group."))));
-      }
-    }
+  std::string describe(const std::string& what) const {
+    return str_cat(what, " on rank ", rank(), " of ", size(), " (gloo)");
   }
 
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::pair<std::shared_ptr<Work>, std::function<void()>>> queue_;
-  bool stopping_ = false;
-  std::thread thread_;
+  // Declared last: destroyed first, so queued operations finish while the context lives.
+  detail::OrderedRunner collectives_{"gloo"};
+  // Point-to-point operations are posted at once; this thread only waits for them, in order.
+  detail::OrderedRunner p2p_{"gloo"};
 };
 
 }  // namespace

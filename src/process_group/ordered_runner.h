@@ -1,0 +1,44 @@
+// OrderedRunner: one thread that runs a process group's operations one after another, in
+// the order they were queued, each completing its Work. Collective libraries match
+// operations by order, so one group's collectives must never interleave or reorder.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "datapar/process_group/work.h"
+
+namespace datapar::detail {
+
+class OrderedRunner {
+ public:
+  // `backend` names the engine in errors ("gloo", "mpi").
+  explicit OrderedRunner(std::string backend);
+  // Runs what is still queued, then stops.
+  ~OrderedRunner();
+
+  OrderedRunner(const OrderedRunner&) = delete;
+  OrderedRunner& operator=(const OrderedRunner&) = delete;
+
+  // Queues `op`; its Work finishes when op returns and fails with what op throws
+  // (datapar errors as they are, anything else as a CommError naming the operation).
+  std::shared_ptr<Work> push(std::string what, std::function<void()> op);
+
+ private:
+  void loop();
+
+  std::string backend_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::pair<std::shared_ptr<Work>, std::function<void()>>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace datapar::detail
