@@ -9,6 +9,9 @@
 #include "datapar/state_dict.h"
 #include "ddp/bucket_assignment.h"
 #include "testing/ddp_scenarios.h"
+#include "testing/expect_throw.h"
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
 #include "testing/ports.h"
 #include "testing/processes.h"
 
@@ -43,8 +46,9 @@ void expect_matches_reference(const std::string& name, int world, double rtol, d
   TempDir dir;
   const auto results = run_job(name, world, dir);
   for (int r = 0; r < world; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-  const testing::ProbeNet reference = testing::train_reference(testing::scenario(name, world));
-  const StateDict expected = state_dict(*reference);
+  const testing::DdpScenario s = testing::scenario(name, world);
+  const StateDict expected = s.sync_bn ? state_dict(*testing::train_reference<testing::SyncBnNet>(s))
+                                       : state_dict(*testing::train_reference<testing::ProbeNet>(s));
   for (int r = 0; r < world; ++r) {
     const StateDict got = load_state_dict_file(dir.path + "/rank" + std::to_string(r) + ".pt");
     ASSERT_EQ(got.size(), expected.size());
@@ -78,6 +82,23 @@ TEST(DistributedDataParallel, Bf16CompressionHookStaysClose) { expect_matches_re
 
 TEST(DistributedDataParallel, JoinLetsARankWithOneBatchFinishBesideOneWithThree) {
   expect_matches_reference("join", 2, 1e-5, 1e-6);
+}
+
+TEST(DistributedDataParallel, SyncBatchNormUsesTheStatisticsOfEveryRank) {
+  for (int world : {2, 3}) expect_matches_reference("sync_bn", world, 1e-5, 1e-6);
+}
+
+TEST(SyncBatchNorm, WithoutAGroupIsBatchNormAndConversionRefusesTorchBatchNorm) {
+  torch::manual_seed(3);
+  SyncBatchNorm sync(4);
+  torch::nn::BatchNorm2d plain(4);
+  const at::Tensor x = at::randn({6, 4, 3, 3});
+  EXPECT_TRUE(at::allclose(sync->forward(x), plain->forward(x), 1e-6, 1e-6));
+  EXPECT_TRUE(at::allclose(sync->running_var, plain->running_var, 1e-6, 1e-6));
+  EXPECT_EQ(state_dict(*sync).keys(), state_dict(*plain).keys());
+  torch::nn::Sequential with_torch_bn(torch::nn::Linear(3, 3), torch::nn::BatchNorm1d(3));
+  EXPECT_THROW_MSG(convert_sync_batchnorm(*with_torch_bn, std::shared_ptr<ProcessGroup>(nullptr)), InvalidArgumentError,
+                   "1 are torch::nn::BatchNorm modules");
 }
 
 TEST(DistributedDataParallel, MismatchedModelsFailOnEveryRankNamingTheDifference) {

@@ -73,6 +73,9 @@ int run_special(const std::string& name, int rank, int world) {
   return 0;
 }
 
+template <typename Net>
+int train(const DdpScenario& s, const std::string& name, int rank, const std::string& out);
+
 int run(const std::string& name, const std::string& init, int rank, int world, const std::string& out) {
   init_process_group("gloo", init, rank, world, 30s);
   if (name == "mismatch" || name == "kill" || name == "stall") {
@@ -81,8 +84,14 @@ int run(const std::string& name, const std::string& init, int rank, int world, c
     return code;
   }
   const DdpScenario s = scenario(name, world);
+  return s.sync_bn ? train<SyncBnNet>(s, name, rank, out) : train<ProbeNet>(s, name, rank, out);
+}
+
+template <typename Net>
+int train(const DdpScenario& s, const std::string& name, int rank, const std::string& out) {
   torch::manual_seed(rank + 1);  // different on every rank: DDP must broadcast rank 0's
-  ProbeNet model;
+  Net model;
+  if (s.sync_bn) convert_sync_batchnorm(*model);
   DistributedDataParallel ddp(model.ptr(), nullptr, s.options);
   if (name == "bf16") ddp.register_comm_hook(bf16_compress_hook());
   auto sgd = make_sgd(ddp.parameters());

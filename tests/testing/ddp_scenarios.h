@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/ddp/sync_batch_norm.h"
+#include <torch/nn/modules/conv.h>
 
 namespace datapar::testing {
 
@@ -34,6 +36,26 @@ class ProbeNetImpl : public torch::nn::Cloneable<ProbeNetImpl> {
 };
 TORCH_MODULE(ProbeNet);
 
+// A small CNN with SyncBatchNorm: (B, 20) seen as (B, 1, 4, 5) -> conv 3x3 (4 channels) ->
+// SyncBatchNorm -> ReLU -> Linear(80, 5). Same forward signature as ProbeNet.
+class SyncBnNetImpl : public torch::nn::Cloneable<SyncBnNetImpl> {
+ public:
+  SyncBnNetImpl() { reset(); }
+  void reset() override {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)));
+    bn = register_module("bn", SyncBatchNorm(4));
+    fc = register_module("fc", torch::nn::Linear(80, 5));
+  }
+  at::Tensor forward(const at::Tensor& x, bool /*use_extra*/) {
+    at::Tensor h = at::relu(bn->forward(conv->forward(x.view({-1, 1, 4, 5}))));
+    return fc->forward(h.flatten(1));
+  }
+  torch::nn::Conv2d conv{nullptr};
+  SyncBatchNorm bn{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(SyncBnNet);
+
 struct DdpScenario {
   int world = 2;
   std::vector<std::vector<int64_t>> rows;  // rows[step][rank]; 0: the rank has run out of data
@@ -41,6 +63,7 @@ struct DdpScenario {
   int unused_on_rank = -1;                 // this rank never uses `extra`
   bool every_rank_uses_extra = false;      // else nobody does (except per unused_on_rank)
   bool join = false;
+  bool sync_bn = false;  // train SyncBnNet instead of ProbeNet
   DdpOptions options;
 };
 
@@ -69,6 +92,8 @@ inline DdpScenario scenario(const std::string& name, int world) {
     s.options.first_bucket_cap_mb = s.options.bucket_cap_mb = 25;
   } else if (name == "bf16") {
     // Set by the caller: register_comm_hook(bf16_compress_hook()).
+  } else if (name == "sync_bn") {
+    s.sync_bn = true;
   } else if (name == "join") {
     // Rank r has r * 2 + 1 batches: rank 0 stops after one.
     s.rows.assign(2 * (world - 1) + 1, std::vector<int64_t>(world, 0));
@@ -108,20 +133,24 @@ inline torch::optim::SGD make_sgd(const std::vector<at::Tensor>& params) {
 }
 
 // One process training on every rank's rows at once: what DDP must reproduce.
-inline ProbeNet train_reference(const DdpScenario& s) {
+template <typename Net>
+Net train_reference(const DdpScenario& s) {
   torch::manual_seed(1);  // rank 0's initialisation, which DDP broadcasts
-  ProbeNet model;
+  Net model;
   auto sgd = make_sgd(model->parameters());
   for (size_t step = 0; step < s.rows.size(); ++step) {
     sgd.zero_grad();
     for (int micro = 0; micro < (s.micro_batches ? 2 : 1); ++micro) {
-      std::vector<at::Tensor> outs, ys;
+      std::vector<at::Tensor> xs, outs, ys;
       const auto data = step_data(s, static_cast<int>(step), micro);
       for (int r = 0; r < s.world; ++r) {
         if (s.rows[step][r] == 0) continue;
-        outs.push_back(model->forward(data[r].first, uses_extra(s, r)));
+        // Batch statistics must cover the whole batch: one forward on the concatenation.
+        if (s.sync_bn) xs.push_back(data[r].first);
+        if (!s.sync_bn) outs.push_back(model->forward(data[r].first, uses_extra(s, r)));
         ys.push_back(data[r].second);
       }
+      if (s.sync_bn) outs.push_back(model->forward(at::cat(xs), true));
       at::cross_entropy_loss(at::cat(outs), at::cat(ys)).backward();
     }
     sgd.step();
