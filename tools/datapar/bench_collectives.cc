@@ -5,6 +5,7 @@
 // follow nccl-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n for all_reduce,
 // algbw * (n-1)/n for all_gather (bytes = the gathered total), algbw for broadcast.
 #include "bench_collectives.h"
+#include "local_job.h"
 
 #include <ATen/ATen.h>
 #include <sys/wait.h>
@@ -121,38 +122,9 @@ std::vector<int64_t> parse_sizes(const std::string& list) {
 int bench_collectives(const BenchCollectivesOptions& options) {
   DATAPAR_CHECK(options.op == "all_reduce" || options.op == "broadcast" || options.op == "all_gather",
                 "--op: \"", options.op, "\" is not one of all_reduce, broadcast, all_gather.");
-  DATAPAR_CHECK(options.nproc >= 1, "--nproc must be at least 1.");
-  if (const auto identity = identity_from_environment()) {  // under a launcher
-    return run_rank(options, "env://", identity->rank, identity->world_size);
-  }
-  uint16_t port;
-  {
-    TcpStore probe({"127.0.0.1", 0, true, "", std::chrono::seconds(5)});
-    port = probe.port();
-  }
-  const std::string init_method = "tcp://127.0.0.1:" + std::to_string(port);
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < options.nproc; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 1;
-      try {
-        code = run_rank(options, init_method, rank, options.nproc);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "datapar bench collectives: rank %d: %s\n", rank, e.what());
-      }
-      std::fflush(nullptr);
-      std::_Exit(code);
-    }
-    children.push_back(pid);
-  }
-  int failed = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  return failed ? 1 : 0;
+  return run_job(options.nproc, "datapar bench collectives", [&](const std::string& init, int rank, int world) {
+    return run_rank(options, init, rank, world);
+  });
 }
 
 }  // namespace datapar::tools
