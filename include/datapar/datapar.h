@@ -23,3 +23,4 @@
 #include "datapar/rendezvous/prefix_store.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "datapar/state_dict.h"
+#include "datapar/train/checkpoint.h"
