@@ -20,6 +20,7 @@
 #include "datapar/error.h"
 #include "datapar/models/lenet.h"
 #include "datapar/models/mlp.h"
+#include "datapar/models/resnet18.h"
 #include "local_job.h"
 
 namespace datapar::tools {
@@ -115,6 +116,9 @@ int run_rank(const BenchDdpOptions& o, const std::string& init, int rank, int wo
   } else if (o.model == "lenet") {
     code = run_model<models::LeNet>(o, o.batch ? o.batch : 128, o.steps ? o.steps : 50, group,
                                     [] { return models::LeNet(); });
+  } else if (o.model == "resnet18") {
+    code = run_model<models::ResNet18>(o, o.batch ? o.batch : 32, o.steps ? o.steps : 10, group,
+                                       [] { return models::ResNet18(); });
   }
   destroy_process_group();
   return code;
@@ -123,8 +127,8 @@ int run_rank(const BenchDdpOptions& o, const std::string& init, int rank, int wo
 }  // namespace
 
 int bench_ddp(const BenchDdpOptions& options) {
-  DATAPAR_CHECK(options.model == "mlp" || options.model == "lenet", "--model: \"", options.model,
-                "\" is not one of mlp, lenet.");
+  DATAPAR_CHECK(options.model == "mlp" || options.model == "lenet" || options.model == "resnet18", "--model: \"",
+                options.model, "\" is not one of mlp, lenet, resnet18.");
   DATAPAR_CHECK(options.batch >= 0 && options.steps >= 0 && options.threads >= 1,
                 "--batch, --steps and --threads must not be negative (threads at least 1).");
   return run_job(options.nproc, "datapar bench ddp",

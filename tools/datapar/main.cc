@@ -54,11 +54,11 @@ int main(int argc, char** argv) {
   datapar::tools::BenchDdpOptions ddp;
   auto* bench_ddp = bench->add_subcommand(
       "ddp", "Samples/s of DDP training steps over N local processes (or under a launcher), with the ceiling");
-  bench_ddp->add_option("--model", ddp.model, "mlp or lenet (default mlp)");
+  bench_ddp->add_option("--model", ddp.model, "mlp, lenet or resnet18 (default mlp)");
   bench_ddp->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)");
-  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank (default: mlp 64, lenet 128)");
+  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)");
   bench_ddp->add_option("--backend", ddp.backend, "Process group backend (default gloo)");
-  bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50)");
+  bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)");
   bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)");
   bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
 
