@@ -35,6 +35,9 @@ bool is_initialized();
 
 // The default group. Throws InvalidArgumentError before init_process_group().
 std::shared_ptr<ProcessGroup> default_group();
+// The job's rendezvous store (for coordination beside the collectives, e.g. DDP's stall
+// reports). Throws InvalidArgumentError before init_process_group.
+std::shared_ptr<Store> default_store();
 int get_rank();
 int get_world_size();
 

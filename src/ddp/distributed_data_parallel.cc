@@ -4,6 +4,9 @@
 #include <c10/util/irange.h>
 
 #include "datapar/distributed.h"
+#include "datapar/rendezvous/prefix_store.h"
+
+#include <atomic>
 #include "ddp/model_check.h"
 #include "ddp/reducer.h"
 #include "parallel/ivalue_tensors.h"
@@ -56,6 +59,12 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   reducer_options.average_by_samples = options_.average_by_samples;
   reducer_options.stall_warning = options_.stall_warning;
   reducer_options.timeout = options_.timeout;
+  if (is_initialized() && group_ == default_group()) {
+    // DDP instances are built in the same order on every rank: the count names this one.
+    static std::atomic<int> instances{0};
+    reducer_options.progress_store =
+        std::make_shared<PrefixStore>("ddp/" + std::to_string(instances++), default_store());
+  }
   impl_->reducer = std::make_unique<Reducer>(trained, trained_names, group_, reducer_options);
 }
 

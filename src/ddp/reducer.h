@@ -19,11 +19,20 @@
 
 #include "datapar/ddp/comm_hook.h"
 #include "datapar/process_group/process_group.h"
+#include "datapar/rendezvous/store.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include "ddp/bucket_assignment.h"
 
 namespace datapar::detail {
 
 struct ReducerOptions {
+  // Where ranks publish how far they got, so a stalled rank can name the missing ones
+  // (null: stalls are reported without names).
+  std::shared_ptr<Store> progress_store;
   int64_t first_bucket_bytes = 1 << 20;
   int64_t bucket_bytes = 25 << 20;
   bool find_unused_parameters = false;
@@ -82,6 +91,8 @@ class Reducer {
   void issue_meta(double samples, const std::vector<bool>& used);
   void finalize();
   void wait_bucket(Bucket& bucket);
+  void publish_progress();                     // the progress thread's loop
+  std::string missing_ranks();                 // ranks whose published pass is behind ours
   at::Tensor slice(size_t index) const;      // the parameter's part of its bucket, flat
   at::Tensor grad_view(size_t index) const;  // the same memory shaped as the parameter
 
@@ -111,6 +122,14 @@ class Reducer {
   std::vector<size_t> arrival_;  // gradient arrival order, recorded in the first synchronised pass
   int64_t synced_passes_ = 0;
   bool rebuild_pending_ = false;
+
+  // Synchronised backward passes started; published to progress_store by a thread, off
+  // the training thread's path.
+  std::atomic<int64_t> passes_started_{0};
+  std::mutex progress_mutex_;
+  std::condition_variable progress_wake_;
+  bool stopping_ = false;
+  std::thread progress_thread_;
 };
 
 }  // namespace datapar::detail

@@ -92,6 +92,8 @@ bool is_initialized() { return state() != nullptr; }
 
 std::shared_ptr<ProcessGroup> default_group() { return require_state("default_group").group; }
 
+std::shared_ptr<Store> default_store() { return require_state("default_store").rendezvous.store; }
+
 int get_rank() { return require_state("get_rank").rendezvous.rank; }
 
 int get_world_size() { return require_state("get_world_size").rendezvous.world_size; }

@@ -122,8 +122,10 @@ TEST(DistributedDataParallel, AStalledBucketWarnsNamingIt) {
   TempDir dir;
   const auto results = run_job("stall", 2, dir, 60s);
   for (int r = 0; r < 2; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-  EXPECT_NE(results[0].output.find("warning: DistributedDataParallel on rank 0 of 2: the all-reduce of bucket"),
+  EXPECT_NE(results[0].output.find("warning: DistributedDataParallel on rank 0 of 2: the all-reduce of bucket 0"),
             std::string::npos)
+      << results[0].output;
+  EXPECT_NE(results[0].output.find("rank(s) 1 (at pass 1) have not reached pass 2"), std::string::npos)
       << results[0].output;
   EXPECT_EQ(results[1].output.find("warning"), std::string::npos) << results[1].output;
 }
