@@ -185,10 +185,10 @@ TEST(Launch, PrefixesEveryLineWithTheRank) {
 
 TEST(Launch, FailingWorkerStopsTheOthers) {
   const std::string dir = temp_dir();
-  const auto start = std::chrono::steady_clock::now();
   const ProcessResult r = launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "fail", dir, "1", "7"});
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s) << "the sleeping workers should stop on SIGTERM";
   EXPECT_EQ(r.exit_code, 7) << r.output;
+  // Timing-free check that SIGTERM alone stopped them (a loaded machine makes wall time useless).
+  EXPECT_EQ(r.output.find("killing them (SIGKILL)"), std::string::npos) << r.output;
   const std::vector<pid_t> pids = worker_pids(dir, 3);
   ASSERT_EQ(pids.size(), 3u);
   const std::string summary = "datapar launch: rank 1 (local rank 1, pid " + std::to_string(pids[1]) +
