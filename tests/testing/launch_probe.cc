@@ -4,6 +4,7 @@
 //   sleep DIR [ignore-term]   writes DIR/pid-RANK, then sleeps 60 s (optionally deaf to SIGTERM)
 //   fail DIR RANK CODE        every rank writes DIR/pid-RANK and sleeps 60 s, except RANK,
 //                             which waits until all pid files exist and exits with CODE
+//                             (CODE < 0: kills itself with signal -CODE)
 //   allreduce                 init_process_group("gloo") from env://, all-reduces its rank,
 //                             prints "sum S over W ranks"
 //   train DIR EPOCHS FAIL_AT  a small model trained with gradients all-reduced, a checkpoint
@@ -124,7 +125,9 @@ int main(int argc, char** argv) {
       while (!std::ifstream(dir + "/pid-" + std::to_string(r))) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     std::cout << "rank " << rank << " fails now" << std::endl;
-    return std::atoi(argv[4]);
+    const int code = std::atoi(argv[4]);
+    if (code < 0) ::raise(-code);  // a negative CODE: die by that signal
+    return code;
   }
   try {
     if (mode == "allreduce") {

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -44,7 +45,9 @@ ProcessResult launch(const std::vector<std::string>& args) {
   std::vector<std::string> command = {bin("datapar"), "launch"};
   command.insert(command.end(), args.begin(), args.end());
   bool timed_out = false;
-  ProcessResult r = run_processes({command}, temp_dir(), 60s, &timed_out)[0];
+  const std::string logs = temp_dir();
+  ProcessResult r = run_processes({command}, logs, 60s, &timed_out)[0];
+  std::filesystem::remove_all(logs);
   EXPECT_FALSE(timed_out) << "datapar launch did not finish in 60 s:\n" << r.output;
   return r;
 }
@@ -195,6 +198,17 @@ TEST(Launch, FailingWorkerStopsTheOthers) {
                               ") exited with code 7; stopped the other 2 workers\n";
   EXPECT_NE(r.output.find(summary), std::string::npos) << r.output;
   EXPECT_TRUE(all_die(pids, 1s));
+}
+
+TEST(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
+  const std::string dir = temp_dir();
+  const ProcessResult r = launch({"--nproc-per-node", "2", "--", bin("launch_probe"), "fail", dir, "0", "-9"});
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
+  const std::vector<pid_t> pids = worker_pids(dir, 2);
+  ASSERT_EQ(pids.size(), 2u);
+  const std::string summary = "datapar launch: rank 0 (local rank 0, pid " + std::to_string(pids[0]) +
+                              ") was killed by signal 9 (Killed); stopped the other 1 worker\n";
+  EXPECT_NE(r.output.find(summary), std::string::npos) << r.output;
 }
 
 TEST(Launch, SigtermStopsEveryWorker) {
