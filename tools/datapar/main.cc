@@ -1,5 +1,4 @@
-// The datapar command-line tool. Subcommands: devices, bench collectives (launch and train
-// arrive with the training toolkit).
+// The datapar command-line tool. Subcommands: devices, train, bench collectives, bench ddp.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -8,6 +7,7 @@
 #include "datapar/devices.h"
 #include "bench_collectives.h"
 #include "bench_ddp.h"
+#include "train.h"
 #include "datapar/error.h"
 
 namespace {
@@ -62,7 +62,16 @@ int main(int argc, char** argv) {
   bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)");
   bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
 
-  CLI11_PARSE(app, argc, argv);
+  datapar::tools::TrainOptions train_options;
+  auto* train = datapar::tools::add_train_command(app, train_options);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
+  }
+  if (*train) return datapar::tools::train(train_options);
   try {
     if (*devices) return list_devices(spec);
     if (*bench_ddp) return datapar::tools::bench_ddp(ddp);
