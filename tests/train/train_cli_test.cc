@@ -24,7 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct CliRun {
   int code = -1;
   std::string output;
 };
@@ -33,8 +33,8 @@ const std::string kCli = std::string(DATAPAR_BIN_DIR) + "/datapar";
 // Small and fast: an MLP on 512 synthetic samples (and 512 test samples).
 const std::string kSmall = " train --model mlp --data synthetic --limit 512 --batch-size 64 --lr 0.1 --workers 1";
 
-Run cli(const std::string& args) {
-  Run r;
+CliRun cli(const std::string& args) {
+  CliRun r;
   FILE* pipe = ::popen((kCli + " " + args + " 2>&1").c_str(), "r");
   if (!pipe) return r;
   std::array<char, 4096> buffer;
@@ -116,7 +116,7 @@ std::string report_flags(const std::string& dir) {
 
 TEST(TrainCli, SingleModeTrainsAnEpochAndReports) {
   const std::string dir = fresh_dir("single");
-  const Run r = cli(kSmall + " --epochs 1 --mode single" + report_flags(dir));
+  const CliRun r = cli(kSmall + " --epochs 1 --mode single" + report_flags(dir));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, kEpochLine)) << r.output;
   EXPECT_NE(r.output.find("devices cpu:0 (single)"), std::string::npos) << r.output;
@@ -127,7 +127,7 @@ TEST(TrainCli, SingleModeTrainsAnEpochAndReports) {
 
 TEST(TrainCli, DataParallelModeSplitsOverTwoCpuDevices) {
   const std::string dir = fresh_dir("dp");
-  const Run r = cli(kSmall + " --model lenet --epochs 1 --mode dp --devices cpu:0,cpu:1 --scale-lr" + report_flags(dir));
+  const CliRun r = cli(kSmall + " --model lenet --epochs 1 --mode dp --devices cpu:0,cpu:1 --scale-lr" + report_flags(dir));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, kEpochLine)) << r.output;
   EXPECT_NE(r.output.find("devices cpu:0,cpu:1 (dp)"), std::string::npos) << r.output;
@@ -163,14 +163,14 @@ TEST(TrainCli, DdpTestAccuracyIsExactOverRanks) {
   const std::string args =
       " train --model mlp --data synthetic --limit 999 --batch-size 64 --workers 1 --checkpoint-dir " + dir;
   ASSERT_EQ(cli(args + " --epochs 1").code, 0);
-  const Run single = cli(args + " --evaluate");
+  const CliRun single = cli(args + " --evaluate");
   ASSERT_EQ(single.code, 0) << single.output;
   const std::string expected = test_accuracy(single.output);
   EXPECT_TRUE(std::regex_match(expected, std::regex(R"(\d+/999)"))) << expected;
   const auto ddp = ddp_job(args + " --evaluate --mode ddp", 2, dir + "/logs");
   for (const auto& p : ddp) ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_EQ(test_accuracy(ddp[0].output), expected);
-  const Run dp = cli(args + " --evaluate --mode dp --devices cpu:0,cpu:1");
+  const CliRun dp = cli(args + " --evaluate --mode dp --devices cpu:0,cpu:1");
   EXPECT_EQ(test_accuracy(dp.output), expected);
 }
 
@@ -179,8 +179,9 @@ void expect_same_parameters(const std::string& a, const std::string& b) {
   const auto ca = datapar::train::load_checkpoint(a), cb = datapar::train::load_checkpoint(b);
   ASSERT_EQ(ca.model.size(), cb.model.size());
   for (const auto& item : ca.model) {
-    const at::Tensor& other = cb.model.at(item.first);
-    EXPECT_TRUE(at::allclose(item.second, other, 0, 1e-6)) << item.first;
+    const at::Tensor* other = cb.model.find(item.key());
+    ASSERT_NE(other, nullptr) << item.key();
+    EXPECT_TRUE(at::allclose(item.value(), *other, 0, 1e-6)) << item.key();
   }
   EXPECT_EQ(ca.epoch, cb.epoch);
 }
@@ -190,7 +191,7 @@ TEST(TrainCli, ResumeEqualsAnUninterruptedRunSingle) {
   const std::string args = kSmall + " --model lenet --seed 3 --checkpoint-dir ";
   ASSERT_EQ(cli(args + straight + " --epochs 4").code, 0);
   ASSERT_EQ(cli(args + resumed + " --epochs 2 --metrics " + resumed + "/m.jsonl").code, 0);
-  const Run r = cli(args + resumed + " --epochs 4 --resume --metrics " + resumed + "/m.jsonl");
+  const CliRun r = cli(args + resumed + " --epochs 4 --resume --metrics " + resumed + "/m.jsonl");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("(2 epochs done)"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("epoch 2/4"), std::string::npos) << "resumed runs skip done epochs: " << r.output;
@@ -226,7 +227,7 @@ class TrainCliErrors : public ::testing::TestWithParam<BadOption> {};
 TEST_P(TrainCliErrors, FailBeforeAnyWorkWithExitCode2) {
   ::unsetenv("RANK");
   ::unsetenv("WORLD_SIZE");
-  const Run r = cli("train --data synthetic --epochs 1 " + GetParam().args);
+  const CliRun r = cli("train --data synthetic --epochs 1 " + GetParam().args);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find(GetParam().message), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("samples ("), std::string::npos) << "work started: " << r.output;

@@ -16,6 +16,8 @@ namespace datapar::tools {
 
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   auto* cmd = app.add_subcommand("train", "Train a classifier on Fashion-MNIST: one device, DataParallel or DDP");
+  // A flag given twice takes its last value, so scripts can append overrides.
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--model", o.model, "mlp, lenet or resnet18 (d2l's; default lenet)");
   cmd->add_option("--data", o.data,
                   "Fashion-MNIST IDX directory, or synthetic (default: the shipped 6000/1000 subset)");
