@@ -10,6 +10,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev zlib1g-dev
   python3-torch
   iproute2
+  gnuplot-nox
 )
 
 missing=()

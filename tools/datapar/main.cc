@@ -1,5 +1,5 @@
-// The datapar command-line tool. Subcommands: devices, launch, bench collectives, bench ddp
-// (train arrives with the training toolkit). Bad usage exits 2.
+// The datapar command-line tool. Subcommands: devices, launch, train, bench collectives,
+// bench ddp. Bad usage exits 2.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -8,6 +8,7 @@
 #include "datapar/devices.h"
 #include "bench_collectives.h"
 #include "bench_ddp.h"
+#include "train.h"
 #include "datapar/error.h"
 #include "launch.h"
 
@@ -82,13 +83,16 @@ int main(int argc, char** argv) {
   launch->add_option("--grace-period", grace_s,
                      "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
   launch->add_option("program", launch_options.program, "The program and its arguments, after --");
+  datapar::tools::TrainOptions train_options;
+  auto* train = datapar::tools::add_train_command(app, train_options);
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
-    return code == 0 ? 0 : 2;
+    return code == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
   }
+  if (*train) return datapar::tools::train(train_options);
   try {
     if (*devices) return list_devices(spec);
     if (*launch) {
