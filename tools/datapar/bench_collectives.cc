@@ -12,9 +12,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
+#include "datapar/config.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
@@ -24,6 +27,7 @@ namespace datapar::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using detail::str_cat;
 
 std::string human(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
@@ -92,6 +96,40 @@ int run_rank(const BenchCollectivesOptions& options, const std::string& init_met
   return 0;
 }
 
+// MPI's processes must be started by its launcher: start `nproc` copies of this program
+// through mpirun, each running this benchmark as one rank. Returns only on failure.
+int run_under_mpirun(const BenchCollectivesOptions& options) {
+  DATAPAR_CHECK(DATAPAR_HAVE_MPI, "bench collectives: this build of datapar has no MPI backend (CMake found no MPI "
+                "library). Install libopenmpi-dev and openmpi-bin, then configure and build again.");
+  std::string mpirun = DATAPAR_MPIEXEC;  // found at build time
+  if (mpirun.empty() || ::access(mpirun.c_str(), X_OK) != 0) mpirun = "mpirun";
+  char self[4096] = {};
+  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  DATAPAR_CHECK(length > 0, "bench collectives: cannot find this program's path to start it through mpirun.");
+  std::string sizes;
+  for (int64_t bytes : options.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(bytes);
+  const std::vector<std::string> args = {mpirun, "-n", std::to_string(options.nproc), self, "bench", "collectives",
+                                         "--backend", "mpi", "--op", options.op, "--sizes", sizes,
+                                         "--iters", std::to_string(options.iters), "--warmup",
+                                         std::to_string(options.warmup)};
+  // Open MPI refuses to run as root (containers) and to start more processes than cores
+  // unless told; the user asked for exactly these processes. Other MPIs ignore these.
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  std::string line;
+  for (const std::string& a : args) line += (line.empty() ? "" : " ") + a;
+  std::fprintf(stderr, "datapar bench collectives: starting %d processes: %s\n", options.nproc, line.c_str());
+  std::fflush(nullptr);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  throw InvalidArgumentError(str_cat("bench collectives: cannot start ", mpirun, ": ", std::strerror(errno),
+                                     ". Install Open MPI (apt-get install openmpi-bin), or start the ranks yourself: "
+                                     "mpirun -np ", options.nproc, " datapar bench collectives --backend mpi"));
+}
+
 }  // namespace
 
 std::vector<int64_t> parse_sizes(const std::string& list) {
@@ -125,6 +163,7 @@ int bench_collectives(const BenchCollectivesOptions& options) {
   if (const auto identity = identity_from_environment()) {  // under a launcher
     return run_rank(options, "env://", identity->rank, identity->world_size);
   }
+  if (options.backend == "mpi") return run_under_mpirun(options);
   uint16_t port;
   {
     TcpStore probe({"127.0.0.1", 0, true, "", std::chrono::seconds(5)});
