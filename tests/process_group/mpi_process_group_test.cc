@@ -68,6 +68,37 @@ TEST(MpiProcessGroup, EveryReduceOp) {
   }
 }
 
+// Past 256 KiB an all_reduce goes around the ring (ring.cc): sizes not divisible by the
+// world size or the segment, every reducible dtype and op, values that differ by position.
+TEST(MpiProcessGroup, LargeAllReducesGoAroundTheRing) {
+  const int n = world().size(), rank = world().rank();
+  const int64_t count = 3 * 65536 + 7;  // float32: 3 segments of 256 KiB and a bit
+  const at::Tensor position = at::arange(count, at::kLong).remainder(7);
+  for (at::ScalarType dtype : kReducible) {
+    at::Tensor t = (position + rank).to(dtype);
+    world().all_reduce(t)->wait();
+    EXPECT_TRUE(at::equal(t, (position * n + n * (n - 1) / 2).to(dtype))) << dtype << " at n=" << n;
+  }
+  const auto base = [&](int r) { return (position.remainder(3) + r + 1).to(at::kDouble); };  // 1 .. n + 2
+  at::Tensor sum = base(0), product = base(0), low = base(0), high = base(0);
+  for (int r = 1; r < n; ++r) {
+    sum = sum + base(r), product = product * base(r);
+    low = at::minimum(low, base(r)), high = at::maximum(high, base(r));
+  }
+  for (auto [op, expected] : {std::pair{ReduceOp::kSum, sum}, std::pair{ReduceOp::kAvg, sum / n},
+                              std::pair{ReduceOp::kProduct, product}, std::pair{ReduceOp::kMin, low},
+                              std::pair{ReduceOp::kMax, high}}) {
+    at::Tensor t = base(rank);
+    world().all_reduce(t, op)->wait();
+    EXPECT_TRUE(at::allclose(t, expected)) << to_string(op) << " at n=" << n;
+  }
+  at::Tensor strided = at::zeros({count, 2}, at::kFloat);  // a non-contiguous column
+  strided.select(1, 1).fill_(rank);
+  world().all_reduce(strided.select(1, 1))->wait();
+  EXPECT_EQ(strided.select(1, 1).sum().item<double>(), static_cast<double>(count) * n * (n - 1) / 2);
+  EXPECT_EQ(strided.select(1, 0).abs().sum().item<double>(), 0.0);
+}
+
 TEST(MpiProcessGroup, NonContiguousTensors) {
   const int n = world().size(), rank = world().rank();
   at::Tensor base = full({4, 6}, rank + 1, at::kFloat);
@@ -271,6 +302,13 @@ TEST(MpiProcessGroup, ACollectiveThatTimesOutBreaksOnlyItsGroup) {
   }
   world().barrier()->wait(30s);
   if (rank != 0) quick->barrier()->wait(30s);  // pairs with rank 0's abandoned barrier
+  world().barrier()->wait(30s);
+  // The same for a large all_reduce, which goes around the ring: rank 0 alone times out.
+  auto ring = new_mpi_process_group({}, MpiOptions{300ms});
+  if (rank == 0) {
+    EXPECT_THROW_MSG(ring->all_reduce(at::ones({1 << 20}))->wait(), TimeoutError, "all_reduce(sum) on rank 0 of");
+    EXPECT_THROW_MSG(ring->barrier()->wait(), CommError, "an earlier collective of this group");
+  }
   world().barrier()->wait(30s);
 }
 

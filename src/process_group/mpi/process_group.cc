@@ -20,6 +20,7 @@
 #include "datapar/process_group/process_group.h"
 #include "process_group/checks.h"
 #include "process_group/coalesce.h"
+#include "process_group/mpi/ring.h"
 #include "process_group/mpi/runtime.h"
 #include "process_group/mpi/types.h"
 #include "process_group/ordered_runner.h"
@@ -71,8 +72,9 @@ class Communicator {
 
 class ProcessGroupMpi : public ProcessGroup {
  public:
-  ProcessGroupMpi(MPI_Comm comm, int rank, int size, std::chrono::milliseconds timeout)
-      : ProcessGroup(rank, size), comm_(comm), timeout_(timeout) {}
+  // `comm`: the group's communicator; `ring_comm`: a duplicate for the ring all-reduce.
+  ProcessGroupMpi(MPI_Comm comm, MPI_Comm ring_comm, int rank, int size, std::chrono::milliseconds timeout)
+      : ProcessGroup(rank, size), comm_(comm), ring_comm_(ring_comm), ring_(ring_comm), timeout_(timeout) {}
 
   std::string backend() const override { return "mpi"; }
 
@@ -316,9 +318,13 @@ class ProcessGroupMpi : public ProcessGroup {
            const std::function<int(MPI_Request*)>& start) {
     MPI_Request request = MPI_REQUEST_NULL;
     mpi::check(start(&request), what);
-    if (mpi::wait(request, mpi::Clock::now() + timeout_, what)) return;
-    // MPI cannot cancel a collective: it stays posted and may still touch its buffers,
-    // and from now on this process's collectives pair with the wrong ones elsewhere.
+    if (!mpi::wait(request, mpi::Clock::now() + timeout_, what)) abandon(what, buffers);
+  }
+
+  // After a collective's deadline. MPI cannot cancel a collective: it stays posted and may
+  // still touch its buffers, and from now on this process's collectives would pair with the
+  // wrong ones elsewhere.
+  [[noreturn]] void abandon(const std::string& what, std::initializer_list<at::Tensor> buffers) {
     for (const at::Tensor& buffer : buffers) {
       if (buffer.defined()) mpi::keep_alive(buffer);
     }
@@ -328,12 +334,19 @@ class ProcessGroupMpi : public ProcessGroup {
                                "unusable now; rebuild the process group."));
   }
 
+  // Large buffers go around the ring (Note [Ring all-reduce] in ring.cc), small ones
+  // through MPI_Iallreduce, which has the lower latency.
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
     const int count = mpi_count(buffer.numel(), what);
-    run(what, {buffer}, [&](MPI_Request* request) {
-      return MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), count, reduce_type(buffer), reduce_op(op), comm(),
-                            request);
-    });
+    if (size() > 1 && static_cast<int64_t>(buffer.nbytes()) >= mpi::kRingMinBytes) {
+      at::Tensor flat = buffer.view({-1});
+      if (!ring_.all_reduce(flat, op, mpi::Clock::now() + timeout_, what)) abandon(what, {buffer, ring_.scratch()});
+    } else {
+      run(what, {buffer}, [&](MPI_Request* request) {
+        return MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), count, reduce_type(buffer), reduce_op(op), comm(),
+                              request);
+      });
+    }
     if (op == ReduceOp::kAvg) buffer.div_(size());
   }
 
@@ -366,6 +379,8 @@ class ProcessGroupMpi : public ProcessGroup {
   }
 
   Communicator comm_;
+  Communicator ring_comm_;
+  mpi::Ring ring_;  // only the runner thread uses it
   std::chrono::milliseconds timeout_;
   std::string broken_;  // the collective that timed out; only the runner thread uses it
   // Declared last: stopped first, so queued operations finish while the communicator lives.
@@ -429,11 +444,18 @@ std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& rank
     mpi::check(code, what);
   }
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  MPI_Comm ring_comm = MPI_COMM_NULL;  // inherits the error handler
+  MPI_Request request = MPI_REQUEST_NULL;
+  mpi::check(MPI_Comm_idup(comm, &ring_comm, &request), what);
+  if (!mpi::wait(request, mpi::Clock::now() + options.timeout, what)) {
+    throw TimeoutError(str_cat(what, ": the other members stopped answering while the group was made (after ",
+                               seconds(options.timeout), " s)."));
+  }
   int rank = 0;
   int size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  return std::make_shared<ProcessGroupMpi>(comm, rank, size, options.timeout);
+  return std::make_shared<ProcessGroupMpi>(comm, ring_comm, rank, size, options.timeout);
 }
 
 }  // namespace datapar
