@@ -3,8 +3,9 @@
 // 0's median; all_reduce of float32 in place):
 //   - plain MPI: MPI_Allreduce / MPI_Bcast / MPI_Allgather called on the main thread, as
 //     an MPI program would (Open MPI's tuned algorithms); with --nonblocking, the
-//     MPI_I* call polled with MPI_Test, as datapar's MPI backend does but on the calling
-//     thread, which isolates the cost of polling from that of datapar's threads;
+//     MPI_I* call polled with MPI_Test, as datapar's MPI backend does for small buffers
+//     but on the calling thread, which separates the cost of polling from that of
+//     datapar's threads;
 //   - memcpy: one process copying `size` bytes once, what one pass over the data costs.
 // Run it under mpirun: mpirun -np 2 build/bin/collectives_reference --sizes 4KiB,1MiB
 #include <CLI/CLI.hpp>
@@ -18,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -79,8 +81,11 @@ int main(int argc, char** argv) {
   app.add_flag("--nonblocking", nonblocking, "MPI_I* polled with MPI_Test instead of the blocking call");
   CLI11_PARSE(app, argc, argv);
 
+  // As datapar's MPI backend initialises MPI: its threading level and, for MPI_I*, its
+  // choice of all-reduce algorithm (Note [Non-blocking all-reduce algorithm]).
+  if (nonblocking) ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);  // as datapar asks
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);

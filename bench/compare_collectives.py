@@ -33,7 +33,7 @@ def variants(args):
         ("PyTorch gloo", ["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_collectives.py"),
                           "--nproc", str(args.nproc)] + common),
         ("plain MPI", mpirun + [reference] + common),
-        ("MPI_I* + MPI_Test", mpirun + [reference, "--nonblocking"] + common),
+        ("MPI_Iallreduce + MPI_Test", mpirun + [reference, "--nonblocking"] + common),
     ]
 
 
@@ -76,7 +76,7 @@ def main():
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
     n = args.nproc
-    labels = ["datapar gloo", "datapar mpi", "PyTorch gloo", "plain MPI", "MPI_I* + MPI_Test", "memcpy"]
+    labels = ["datapar gloo", "datapar mpi", "PyTorch gloo", "plain MPI", "MPI_Iallreduce + MPI_Test", "memcpy"]
     med = {l: {s: statistics.median(v) for s, v in times[l].items()} for l in labels if l in times}
     nbytes = {s: float(s.split()[0]) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[s.split()[1]]
               for s in sizes}
