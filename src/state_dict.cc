@@ -3,20 +3,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/csrc/jit/serialization/pickle.h>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <vector>
 
 #include "datapar/error.h"
+#include "serialization/torch_file.h"
 
 namespace datapar {
 namespace {
@@ -30,8 +23,6 @@ void add_module(const torch::nn::Module& module, const std::string& prefix, Stat
   }
   for (const auto& child : module.named_children()) add_module(*child.value(), prefix + child.key() + ".", out);
 }
-
-std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
@@ -85,65 +76,27 @@ void load_state_dict(torch::nn::Module& module, const StateDict& state, bool str
 }
 
 void save_state_dict(const StateDict& state, const std::string& path) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& item : state) dict.insert(item.key(), item.value().detach().cpu());
-  const std::vector<char> bytes = torch::jit::pickle_save(dict);
-
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw CheckpointError(detail::str_cat(path, ": cannot create ", tmp, " (", errno_text(), "). Check that the directory exists and is writable."));
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = errno_text();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw CheckpointError(detail::str_cat(path, ": write failed after ", written, " of ", bytes.size(), " bytes (", why, "). Is the disk full?"));
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    throw CheckpointError(detail::str_cat(path, ": could not flush ", tmp, " to disk (", why, ")."));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    throw CheckpointError(detail::str_cat(path, ": could not move ", tmp, " into place (", why, ")."));
-  }
-  // Make the rename itself durable: fsync the directory.
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& item : state) dict.insert(item.key(), item.value());
+  detail::torch_save(dict, path);
 }
 
 StateDict load_state_dict_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(detail::str_cat(path, ": cannot open (", errno_text(), "). Check the path."));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue value;
-  try {
-    value = torch::jit::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    throw CheckpointError(detail::str_cat(path, ": not a readable state dict (", bytes.size(),
-                                          " bytes; truncated, or not written by torch.save? A Python state dict must be saved as a plain",
-                                          " dict: torch.save(dict(model.state_dict()), path)): ",
-                                          e.what_without_backtrace()));
-  }
+  const c10::IValue value = detail::torch_load(path);
   if (!value.isGenericDict()) {
-    throw CheckpointError(detail::str_cat(path, ": holds a ", value.tagKind(), ", not a dict of tensors. Save model.state_dict(), not the model."));
+    throw CheckpointError(detail::str_cat(path, ": holds a ", detail::python_type_name(value),
+                                          ", not a dict of tensors. Save model.state_dict(), not the model."));
+  }
+  const auto dict = value.toGenericDict();
+  if (dict.contains("format") && dict.contains("model")) {
+    throw CheckpointError(detail::str_cat(path, ": is a checkpoint, not a state dict. Load it with train::load_checkpoint,",
+                                          " or take its \"model\" entry."));
   }
   StateDict state;
-  for (const auto& entry : value.toGenericDict()) {
+  for (const auto& entry : dict) {
     if (!entry.key().isString() || !entry.value().isTensor()) {
-      throw CheckpointError(detail::str_cat(path, ": entry ", entry.key(), " is not a named tensor; expected a state dict."));
+      throw CheckpointError(detail::str_cat(path, ": entry ", entry.key(), " is a ", detail::python_type_name(entry.value()),
+                                            ", not a named tensor; expected a state dict."));
     }
     state.insert(entry.key().toStringRef(), entry.value().toTensor());
   }

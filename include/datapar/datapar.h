@@ -3,6 +3,12 @@
 
 #include "datapar/config.h"
 #include "datapar/cpu_allocator.h"
+#include "datapar/data/dataset.h"
+#include "datapar/data/distributed_sampler.h"
+#include "datapar/data/fashion_mnist.h"
+#include "datapar/data/idx_file.h"
+#include "datapar/data/loader.h"
+#include "datapar/data/synthetic.h"
 #include "datapar/devices.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
@@ -17,3 +23,4 @@
 #include "datapar/rendezvous/prefix_store.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "datapar/state_dict.h"
+#include "datapar/train/checkpoint.h"

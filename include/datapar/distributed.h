@@ -30,8 +30,10 @@ constexpr std::chrono::milliseconds kDefaultProcessGroupTimeout = std::chrono::m
 //   "mpi"   CPU tensors through MPI (shared memory within a machine), in builds with MPI
 //           (DATAPAR_HAVE_MPI). Start the processes with mpirun; as in PyTorch, MPI gives
 //           rank and world size and init_method is ignored. Given rank / world_size must
-//           match MPI's (InvalidArgumentError otherwise). No store: new_group() works,
-//           nothing else needs one.
+//           match MPI's (InvalidArgumentError otherwise). Rank 0 serves the job's store
+//           (default_store()) on a free port and tells the others where through MPI: at
+//           MASTER_ADDR if set, else loopback when every process runs on this machine,
+//           else this machine's hostname.
 // "nccl", "mpi" in a build without MPI, and unknown names are refused with a clear error.
 // Throws InvalidArgumentError if a default group exists already, and whatever rendezvous()
 // and the backend throw.
@@ -42,6 +44,9 @@ bool is_initialized();
 
 // The default group. Throws InvalidArgumentError before init_process_group().
 std::shared_ptr<ProcessGroup> default_group();
+// The job's rendezvous store (for coordination beside the collectives, e.g. DDP's stall
+// reports). Throws InvalidArgumentError before init_process_group.
+std::shared_ptr<Store> default_store();
 int get_rank();
 int get_world_size();
 

@@ -3,8 +3,9 @@
 // The names are the bare module's, whatever wraps it: DataParallel (and later DDP) report
 // and accept the wrapped module's names, never "module."-prefixed ones, and loading strips
 // a "module." prefix that a Python DataParallel checkpoint carries. Files are written in
-// the format of torch.save (a zip with a pickled dict of tensors), so Python's torch.load
-// reads them and a dict of tensors saved by Python loads here.
+// the format of torch.save (a zip with a pickled dict of tensors; docs/checkpoint_format.md),
+// so Python's torch.load reads them (also with weights_only=True), and what Python's
+// torch.save(model.state_dict(), path) writes loads here.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,12 +29,16 @@ StateDict state_dict(const torch::nn::Module& module);
 // missing and unexpected keys, or naming the first tensor whose shape differs.
 void load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true);
 
-// Writes `state` to `path` atomically (temporary file, fsync, rename): readers see the old
-// file or the new one, never a torn write. Throws CheckpointError on I/O failure.
+// Writes `state` to `path` atomically (temporary file in the same directory, fsync, rename,
+// fsync of the directory): readers see the old file or the new one, never a torn write.
+// Tensors may live on any device; the file holds CPU copies. Throws CheckpointError on I/O
+// failure, leaving an existing file unchanged.
 void save_state_dict(const StateDict& state, const std::string& path);
 
-// Reads a file written by save_state_dict or by Python's torch.save(state_dict).
-// Tensors land on the CPU. Throws CheckpointError for a missing, truncated or foreign file.
+// Reads a file written by save_state_dict or by Python's torch.save(model.state_dict())
+// (an OrderedDict; its _metadata is dropped) or torch.save(dict(...)); keys keep any
+// "module." prefix, which load_state_dict removes. Tensors land on the CPU. Throws
+// CheckpointError naming the file for a missing, truncated, damaged or foreign file.
 StateDict load_state_dict_file(const std::string& path);
 
 }  // namespace datapar

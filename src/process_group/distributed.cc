@@ -4,12 +4,16 @@
 #include <netdb.h>
 #include <unistd.h>
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/prefix_store.h"
+#include "datapar/rendezvous/tcp_store.h"
 #include "process_group/backends.h"
 
 namespace datapar {
@@ -19,7 +23,7 @@ using detail::str_cat;
 
 struct DefaultGroup {
   const detail::Backend* backend = nullptr;
-  std::shared_ptr<Store> store;  // the job's store; null for backends without one (mpi)
+  std::shared_ptr<Store> store;  // the job's store (mpi: served by rank 0 after the group is made)
   int rank = -1;
   int world_size = -1;
   detail::BackendSettings settings;
@@ -53,6 +57,40 @@ std::string gloo_hostname(const std::string& init_method) {
   return name;
 }
 
+// Where rank 0 serves the store of a job that met without one (mpi): MASTER_ADDR if set,
+// loopback when every process runs on this machine, else this machine's hostname.
+std::string store_host(int world_size) {
+  if (const char* given = std::getenv("MASTER_ADDR")) return given;
+  const auto identity = identity_from_environment();
+  if (identity && identity->local_world_size == world_size) return "127.0.0.1";
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// The job's store for a backend whose processes met without one (mpirun started them):
+// rank 0 serves a TcpStore on a free port and tells the others where through `group`.
+std::shared_ptr<Store> store_through(ProcessGroup& group, std::chrono::milliseconds timeout) {
+  at::Tensor address = at::zeros({256}, at::kByte);  // "host port", NUL-padded
+  std::shared_ptr<Store> store;
+  if (group.rank() == 0) {
+    const std::string host = store_host(group.size());
+    auto server = std::make_shared<TcpStore>(TcpStoreOptions{host, 0, true, "", timeout});
+    const std::string text = host + " " + std::to_string(server->port());
+    DATAPAR_CHECK(text.size() < 256, "init_process_group: the store's address ", text, " is too long.");
+    std::memcpy(address.data_ptr(), text.data(), text.size());
+    store = server;
+  }
+  group.broadcast(address, 0)->wait(timeout);
+  if (group.rank() != 0) {
+    const std::string text(static_cast<const char*>(address.data_ptr()));
+    const size_t space = text.rfind(' ');
+    store = std::make_shared<TcpStore>(TcpStoreOptions{
+        text.substr(0, space), static_cast<uint16_t>(std::stoi(text.substr(space + 1))), false, "", timeout});
+  }
+  return store;
+}
+
 // The group's own namespace in the job's store, or null without a store.
 std::shared_ptr<Store> group_store(const DefaultGroup& s, const std::string& name) {
   return s.store ? std::make_shared<PrefixStore>(name, s.store) : nullptr;
@@ -68,8 +106,8 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   s->backend = &detail::find_backend(backend);  // refuse before joining the job
   s->settings.timeout = timeout;
   if (s->backend->job_shape) {
-    // The launcher (mpirun) connected the processes already: no store, and the backend
-    // knows rank and world size. Given ones must agree with it.
+    // The launcher (mpirun) connected the processes already, and the backend knows rank
+    // and world size: given ones must agree with it. The store comes after the group.
     const detail::JobShape shape = s->backend->job_shape();
     DATAPAR_CHECK((rank < 0 || rank == shape.rank) && (world_size < 0 || world_size == shape.world_size),
                   "init_process_group: rank ", rank, " and world size ", world_size, " were given, but ", backend,
@@ -89,12 +127,15 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   std::vector<int> everyone(s->world_size);
   for (int i = 0; i < s->world_size; ++i) everyone[i] = i;
   s->group = s->backend->make(group_store(*s, "group/default"), s->rank, everyone, s->settings);
+  if (!s->store) s->store = store_through(*s->group, timeout);
   state() = std::move(s);
 }
 
 bool is_initialized() { return state() != nullptr; }
 
 std::shared_ptr<ProcessGroup> default_group() { return require_state("default_group").group; }
+
+std::shared_ptr<Store> default_store() { return require_state("default_store").store; }
 
 int get_rank() { return require_state("get_rank").rank; }
 

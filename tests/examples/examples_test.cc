@@ -155,4 +155,20 @@ TEST(Cli, BenchCollectivesOnMpiStartsItselfThroughMpirun) {
   EXPECT_NE(r.output.find("| 4 KiB |"), std::string::npos) << r.output;
 }
 
+TEST(Cli, BenchDdpReportsTheCeilingTheHiddenShareAndSamplesPerSecond) {
+  const ProgramRun r = run(bin("datapar") + " bench ddp --model lenet --nproc 2 --batch 16 --steps 3 --warmup 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("model lenet, backend gloo, 2 process(es) x 1 thread(s), batch 16 per rank"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(the ceiling)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("hidden behind backward:"), std::string::npos) << r.output;
+  // The last line is the throughput, for scripts.
+  const size_t last = r.output.rfind("samples/s: ");
+  ASSERT_NE(last, std::string::npos) << r.output;
+  EXPECT_GT(std::stod(r.output.substr(last + 11)), 0.0);
+  const ProgramRun bad = run(bin("datapar") + " bench ddp --model vgg");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("not one of mlp, lenet, resnet18"), std::string::npos) << bad.output;
+}
+
 }  // namespace

@@ -5,6 +5,7 @@
 // follow nccl-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n for all_reduce,
 // algbw * (n-1)/n for all_gather (bytes = the gathered total), algbw for broadcast.
 #include "bench_collectives.h"
+#include "local_job.h"
 
 #include <ATen/ATen.h>
 #include <sys/wait.h>
@@ -12,12 +13,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
-#include "datapar/config.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
@@ -27,7 +25,6 @@ namespace datapar::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using detail::str_cat;
 
 std::string human(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
@@ -96,40 +93,6 @@ int run_rank(const BenchCollectivesOptions& options, const std::string& init_met
   return 0;
 }
 
-// MPI's processes must be started by its launcher: start `nproc` copies of this program
-// through mpirun, each running this benchmark as one rank. Returns only on failure.
-int run_under_mpirun(const BenchCollectivesOptions& options) {
-  DATAPAR_CHECK(DATAPAR_HAVE_MPI, "bench collectives: this build of datapar has no MPI backend (CMake found no MPI "
-                "library). Install libopenmpi-dev and openmpi-bin, then configure and build again.");
-  std::string mpirun = DATAPAR_MPIEXEC;  // found at build time
-  if (mpirun.empty() || ::access(mpirun.c_str(), X_OK) != 0) mpirun = "mpirun";
-  char self[4096] = {};
-  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  DATAPAR_CHECK(length > 0, "bench collectives: cannot find this program's path to start it through mpirun.");
-  std::string sizes;
-  for (int64_t bytes : options.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(bytes);
-  const std::vector<std::string> args = {mpirun, "-n", std::to_string(options.nproc), self, "bench", "collectives",
-                                         "--backend", "mpi", "--op", options.op, "--sizes", sizes,
-                                         "--iters", std::to_string(options.iters), "--warmup",
-                                         std::to_string(options.warmup)};
-  // Open MPI refuses to run as root (containers) and to start more processes than cores
-  // unless told; the user asked for exactly these processes. Other MPIs ignore these.
-  ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-  ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
-  std::string line;
-  for (const std::string& a : args) line += (line.empty() ? "" : " ") + a;
-  std::fprintf(stderr, "datapar bench collectives: starting %d processes: %s\n", options.nproc, line.c_str());
-  std::fflush(nullptr);
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  ::execvp(argv[0], argv.data());
-  throw InvalidArgumentError(str_cat("bench collectives: cannot start ", mpirun, ": ", std::strerror(errno),
-                                     ". Install Open MPI (apt-get install openmpi-bin), or start the ranks yourself: "
-                                     "mpirun -np ", options.nproc, " datapar bench collectives --backend mpi"));
-}
-
 }  // namespace
 
 std::vector<int64_t> parse_sizes(const std::string& list) {
@@ -159,39 +122,10 @@ std::vector<int64_t> parse_sizes(const std::string& list) {
 int bench_collectives(const BenchCollectivesOptions& options) {
   DATAPAR_CHECK(options.op == "all_reduce" || options.op == "broadcast" || options.op == "all_gather",
                 "--op: \"", options.op, "\" is not one of all_reduce, broadcast, all_gather.");
-  DATAPAR_CHECK(options.nproc >= 1, "--nproc must be at least 1.");
-  if (const auto identity = identity_from_environment()) {  // under a launcher
-    return run_rank(options, "env://", identity->rank, identity->world_size);
-  }
-  if (options.backend == "mpi") return run_under_mpirun(options);
-  uint16_t port;
-  {
-    TcpStore probe({"127.0.0.1", 0, true, "", std::chrono::seconds(5)});
-    port = probe.port();
-  }
-  const std::string init_method = "tcp://127.0.0.1:" + std::to_string(port);
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < options.nproc; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 1;
-      try {
-        code = run_rank(options, init_method, rank, options.nproc);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "datapar bench collectives: rank %d: %s\n", rank, e.what());
-      }
-      std::fflush(nullptr);
-      std::_Exit(code);
-    }
-    children.push_back(pid);
-  }
-  int failed = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  return failed ? 1 : 0;
+  return run_job(
+      options.nproc, "datapar bench collectives",
+      [&](const std::string& init, int rank, int world) { return run_rank(options, init, rank, world); },
+      options.backend);
 }
 
 }  // namespace datapar::tools

@@ -7,6 +7,7 @@
 #include "datapar/config.h"
 #include "datapar/devices.h"
 #include "bench_collectives.h"
+#include "bench_ddp.h"
 #include "datapar/error.h"
 
 namespace {
@@ -51,9 +52,22 @@ int main(int argc, char** argv) {
   bench_collectives->add_option("--iters", collectives.iters, "Timed iterations per size (default 20)");
   bench_collectives->add_option("--warmup", collectives.warmup, "Untimed iterations per size (default 5)");
 
+  datapar::tools::BenchDdpOptions ddp;
+  auto* bench_ddp = bench->add_subcommand(
+      "ddp", "Samples/s of DDP training steps over N local processes (or under a launcher), with the ceiling");
+  bench_ddp->add_option("--model", ddp.model, "mlp, lenet or resnet18 (default mlp)");
+  bench_ddp->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)");
+  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)");
+  bench_ddp->add_option("--backend", ddp.backend,
+                        "Process group backend: gloo, or mpi (started through mpirun) (default gloo)");
+  bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)");
+  bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)");
+  bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*devices) return list_devices(spec);
+    if (*bench_ddp) return datapar::tools::bench_ddp(ddp);
     if (*bench_collectives) {
       collectives.sizes = datapar::tools::parse_sizes(sizes);
       return datapar::tools::bench_collectives(collectives);

@@ -324,10 +324,8 @@ class ProcessGroupGloo : public ProcessGroup {
     if (op == ReduceOp::kAvg) buffer.div_(size());
   }
 
-  // A contiguous tensor Gloo can reduce: bfloat16 (which Gloo lacks) widened to float32.
-  static at::Tensor reducible(const at::Tensor& tensor) {
-    return tensor.scalar_type() == at::kBFloat16 ? tensor.to(at::kFloat) : tensor.contiguous();
-  }
+  // A contiguous tensor Gloo can reduce.
+  static at::Tensor reducible(const at::Tensor& tensor) { return tensor.contiguous(); }
 
   // Calls run(data, count, reduce function) with buffer's elements typed for Gloo.
   template <typename Run>
@@ -339,6 +337,8 @@ class ProcessGroupGloo : public ProcessGroup {
       case at::kInt: return run(buffer.data_ptr<int32_t>(), n, reducer<int32_t>(op));
       case at::kLong: return run(buffer.data_ptr<int64_t>(), n, reducer<int64_t>(op));
       case at::kHalf: return run(static_cast<gloo::float16*>(buffer.data_ptr()), n, reducer<gloo::float16>(op));
+      // Gloo has no bfloat16: c10's type brings the arithmetic, so it travels as 2 bytes.
+      case at::kBFloat16: return run(buffer.data_ptr<c10::BFloat16>(), n, reducer<c10::BFloat16>(op));
       default:
         throw InvalidArgumentError(str_cat("reductions of ", buffer.scalar_type(), " tensors are not supported."));
     }

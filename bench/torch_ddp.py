@@ -1,0 +1,120 @@
+"""PyTorch's DistributedDataParallel on gloo, measured the way `datapar bench ddp` measures
+datapar: the same models, batches, thread count and phases (local steps without
+synchronisation, DDP steps, the gradient buckets' all-reduces alone), the slowest rank's
+time per step.
+
+    /usr/bin/python3 bench/torch_ddp.py --model mlp --nproc 2
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+DEFAULTS = {"mlp": (64, 200), "lenet": (128, 50), "resnet18": (32, 10)}  # batch per rank, steps
+
+
+def make_model(name):
+    if name == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                             nn.Linear(512, 10))
+    if name == "lenet":  # d2l's LeNet
+        return nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2, 2),
+                             nn.Conv2d(6, 16, 5), nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Flatten(),
+                             nn.Linear(400, 120), nn.Sigmoid(), nn.Linear(120, 84), nn.Sigmoid(), nn.Linear(84, 10))
+    import datapar_models  # python/datapar_models.py: the PyTorch twins of datapar's models
+    return datapar_models.ResNet18()
+
+
+def time_steps(warmup, steps, step):
+    for i in range(warmup):
+        step(i)
+    dist.barrier()
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item() / steps
+
+
+def run(rank, args):
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=args.nproc)
+    world = args.nproc
+    g = torch.Generator().manual_seed(100 + rank)
+    batches = [(torch.randn(args.batch, 1, 28, 28, generator=g), torch.randint(10, (args.batch,), generator=g))
+               for _ in range(4)]
+
+    def train_step(model, opt, i):
+        x, y = batches[i % len(batches)]
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    torch.manual_seed(0)
+    local = make_model(args.model)
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.01)
+    t_local = time_steps(args.warmup, args.steps, lambda i: train_step(local, local_opt, i))
+
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(make_model(args.model))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    t_ddp = time_steps(args.warmup, args.steps, lambda i: train_step(ddp, opt, i))
+
+    # The same bytes as DDP's buckets (25 MB cap, 1 MB first), all-reduced alone.
+    sizes, current, cap = [], 0, 1 << 20
+    for p in reversed(list(ddp.parameters())):
+        current += p.numel()
+        if current * 4 >= cap:
+            sizes.append(current)
+            current, cap = 0, 25 << 20
+    if current:
+        sizes.append(current)
+    flats = [torch.zeros(n) for n in sizes]
+
+    def comm(_):
+        works = [dist.all_reduce(f, async_op=True) for f in flats]
+        for w in works:
+            w.wait()
+
+    t_comm = time_steps(args.warmup, args.steps, comm)
+    if rank == 0:
+        hidden = max(0.0, min(1.0, 1 - (t_ddp - t_local) / t_comm)) if world > 1 else 0.0
+        print(f"torch {torch.__version__} DDP: model {args.model}, backend gloo, {world} process(es) x "
+              f"{torch.get_num_threads()} thread(s), batch {args.batch} per rank, {args.steps} steps")
+        print(f"local step (no synchronisation): {t_local * 1e3:.2f} ms, {world * args.batch / t_local:.0f} "
+              f"samples/s over all ranks (the ceiling)")
+        print(f"ddp step: {t_ddp * 1e3:.2f} ms ({t_local / t_ddp:.2f} of the ceiling)")
+        print(f"all-reduce of the gradients alone: {t_comm * 1e3:.2f} ms ({len(flats)} buckets, "
+              f"{sum(sizes) * 4 / 1e6:.2f} MB)")
+        print(f"all-reduce time hidden behind backward: {hidden * 100:.0f}%")
+        print(f"samples/s: {world * args.batch / t_ddp:.0f}")
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="mlp", choices=sorted(DEFAULTS))
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--port", type=int, default=29531)
+    args = parser.parse_args()
+    batch, steps = DEFAULTS[args.model]
+    args.batch = args.batch or batch
+    args.steps = args.steps or steps
+    mp.spawn(run, args=(args,), nprocs=args.nproc)
+
+
+if __name__ == "__main__":
+    main()

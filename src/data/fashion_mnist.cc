@@ -1,0 +1,95 @@
+// Fashion-MNIST / MNIST loading. See fashion_mnist.h.
+#include "datapar/data/fashion_mnist.h"
+
+#include <ATen/ATen.h>
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <utility>
+
+#include "datapar/data/idx_file.h"
+#include "datapar/error.h"
+
+#ifndef DATAPAR_DEFAULT_DATA_DIR
+#define DATAPAR_DEFAULT_DATA_DIR "data"
+#endif
+
+namespace datapar {
+namespace {
+
+constexpr int64_t kSide = 28;
+
+bool exists(const std::string& path, bool directory) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && (directory ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode));
+}
+
+// root/name, or root/name.gz; the plain file wins when both exist (it is the one a user
+// unpacked on purpose).
+std::string find_file(const std::string& root, const std::string& name) {
+  const std::string plain = root + "/" + name;
+  if (exists(plain, false)) return plain;
+  if (exists(plain + ".gz", false)) return plain + ".gz";
+  throw InvalidArgumentError(detail::str_cat("FashionMnist: ", root, " has no ", name, " or ", name,
+                                             ".gz. Put the four IDX files of Fashion-MNIST (or MNIST) there, "
+                                             "or leave root empty for the shipped subset."));
+}
+
+std::string checked_root(const FashionMnistOptions& options) {
+  const std::string root = options.root.empty() ? default_fashion_mnist_dir() : options.root;
+  DATAPAR_CHECK(exists(root, true), "FashionMnist: directory ", root,
+                " does not exist. Set FashionMnistOptions::root (or DATAPAR_FASHION_MNIST_DIR) to the directory "
+                "with the IDX files.");
+  return root;
+}
+
+}  // namespace
+
+std::string default_fashion_mnist_dir() {
+  if (const char* dir = std::getenv("DATAPAR_FASHION_MNIST_DIR"); dir != nullptr && *dir != '\0') return dir;
+  return DATAPAR_DEFAULT_DATA_DIR "/fashion-mnist";
+}
+
+struct FashionMnist::Loaded {
+  at::Tensor images;  // (N, 1, 28, 28) float
+  at::Tensor labels;  // (N,) int64
+  std::string images_path;
+  std::string labels_path;
+};
+
+FashionMnist::FashionMnist(const FashionMnistOptions& options) : FashionMnist([&options] {
+  const std::string root = checked_root(options);
+  const std::string split = options.train ? "train" : "t10k";
+  Loaded out;
+  out.images_path = find_file(root, split + "-images-idx3-ubyte");
+  out.labels_path = find_file(root, split + "-labels-idx1-ubyte");
+  const at::Tensor pixels = read_idx_file(out.images_path, 3);  // (N, 28, 28) uint8
+  const at::Tensor labels = read_idx_file(out.labels_path, 1);  // (N,) uint8
+  if (pixels.size(1) != kSide || pixels.size(2) != kSide) {
+    throw Error(detail::str_cat(out.images_path, ": images are ", pixels.size(1), "x", pixels.size(2),
+                                ", expected 28x28. Is it an MNIST-family file?"));
+  }
+  if (pixels.size(0) != labels.size(0)) {
+    throw Error(detail::str_cat("FashionMnist: ", out.images_path, " has ", pixels.size(0), " images but ",
+                                out.labels_path, " has ", labels.size(0),
+                                " labels. Use the images and labels of the same release and split."));
+  }
+  const int64_t max_label = labels.numel() ? labels.max().item<int64_t>() : 0;
+  if (max_label >= static_cast<int64_t>(kFashionMnistClasses.size())) {
+    throw Error(detail::str_cat(out.labels_path, ": label ", max_label, " is outside 0..9; the file is corrupt."));
+  }
+  DATAPAR_CHECK(!options.normalize || options.std > 0, "FashionMnist: std is ", options.std,
+                "; normalisation divides by it, so it must be positive.");
+  out.images = pixels.unsqueeze(1).to(at::kFloat).div_(255.0);
+  if (options.normalize) out.images.sub_(options.mean).div_(options.std);
+  out.labels = labels.to(at::kLong);
+  return out;
+}()) {}
+
+FashionMnist::FashionMnist(Loaded loaded)
+    : TensorDataset(std::move(loaded.images), std::move(loaded.labels)),
+      images_path_(std::move(loaded.images_path)),
+      labels_path_(std::move(loaded.labels_path)) {}
+
+}  // namespace datapar

@@ -1,0 +1,130 @@
+#include "datapar/ddp/distributed_data_parallel.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/irange.h>
+
+#include "datapar/distributed.h"
+#include "datapar/rendezvous/prefix_store.h"
+
+#include <atomic>
+#include "ddp/model_check.h"
+#include "ddp/reducer.h"
+#include "parallel/ivalue_tensors.h"
+
+namespace datapar::detail {
+
+class DdpCore::Impl {
+ public:
+  std::vector<at::Tensor> params;   // every parameter (detached views), then
+  std::vector<at::Tensor> buffers;  // every buffer (detached views)
+  std::unique_ptr<Reducer> reducer;
+  bool joining = false;
+  int64_t iterations = 0;  // synchronised forwards inside join()
+};
+
+DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> group, DdpOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(options), impl_(std::make_unique<Impl>()) {
+  DATAPAR_CHECK(module_ != nullptr, "DistributedDataParallel: the module is null.");
+  if (!group_) group_ = default_group();
+  DATAPAR_CHECK(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
+                "DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be positive.");
+
+  std::vector<std::pair<std::string, at::Tensor>> described;
+  std::vector<at::Tensor> trained;
+  std::vector<std::string> trained_names;
+  for (const auto& item : module_->named_parameters()) {
+    described.emplace_back(item.key(), item.value());
+    impl_->params.push_back(item.value().detach());
+    if (item.value().requires_grad()) {
+      trained.push_back(item.value());
+      trained_names.push_back(item.key());
+    }
+  }
+  for (const auto& item : module_->named_buffers()) {
+    described.emplace_back("buffer " + item.key(), item.value());
+    impl_->buffers.push_back(item.value().detach());
+  }
+  check_same_model(*group_, described, options_.timeout);
+
+  // Everyone starts from rank 0's values.
+  std::vector<at::Tensor> all = impl_->params;
+  all.insert(all.end(), impl_->buffers.begin(), impl_->buffers.end());
+  if (group_->size() > 1) group_->broadcast_coalesced(all, 0)->wait(options_.timeout);
+
+  ReducerOptions reducer_options;
+  reducer_options.first_bucket_bytes = static_cast<int64_t>(options_.first_bucket_cap_mb * 1024 * 1024);
+  reducer_options.bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+  reducer_options.find_unused_parameters = options_.find_unused_parameters;
+  reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  reducer_options.average_by_samples = options_.average_by_samples;
+  reducer_options.stall_warning = options_.stall_warning;
+  reducer_options.timeout = options_.timeout;
+  if (is_initialized() && group_ == default_group()) {
+    // DDP instances are built in the same order on every rank: the count names this one.
+    static std::atomic<int> instances{0};
+    reducer_options.progress_store =
+        std::make_shared<PrefixStore>("ddp/" + std::to_string(instances++), default_store());
+  }
+  impl_->reducer = std::make_unique<Reducer>(trained, trained_names, group_, reducer_options);
+}
+
+DdpCore::~DdpCore() = default;
+
+void DdpCore::pre_forward(int64_t samples) {
+  const bool grad = at::GradMode::is_enabled();
+  if (impl_->joining) {
+    // Tell the ranks that have joined what this iteration does, so they can shadow it.
+    at::Tensor flags = at::tensor({int64_t{1}, int64_t{grad}, int64_t{grad && sync_}}, at::kLong);
+    group_->all_reduce(flags)->wait(options_.timeout);
+    if (grad && sync_) ++impl_->iterations;
+  }
+  if (options_.broadcast_buffers && group_->size() > 1 && !impl_->buffers.empty()) {
+    group_->broadcast_coalesced(impl_->buffers, 0)->wait(options_.timeout);
+  }
+  if (grad) impl_->reducer->prepare_forward(sync_, samples_override_ >= 0 ? samples_override_ : samples);
+  samples_override_ = -1;
+}
+
+void DdpCore::post_forward(const c10::IValue& outputs) {
+  std::vector<at::Tensor> tensors;
+  if (options_.find_unused_parameters) collect_tensors(outputs, tensors);
+  impl_->reducer->prepare_backward(tensors);
+}
+
+void DdpCore::set_comm_hook(std::shared_ptr<CommHook> hook) { impl_->reducer->set_comm_hook(std::move(hook)); }
+
+std::vector<std::vector<size_t>> DdpCore::bucket_indices() const { return impl_->reducer->bucket_indices(); }
+
+void DdpCore::join(const std::function<void()>& train) {
+  DATAPAR_CHECK(!impl_->joining, "DistributedDataParallel::join: already inside join().");
+  impl_->joining = true;
+  impl_->iterations = 0;
+  try {
+    train();
+  } catch (...) {
+    impl_->joining = false;
+    throw;
+  }
+  // Out of inputs: shadow the others' iterations until every rank is here.
+  for (;;) {
+    at::Tensor flags = at::zeros({3}, at::kLong);
+    group_->all_reduce(flags)->wait(options_.timeout);
+    const int64_t* f = flags.data_ptr<int64_t>();
+    if (f[0] == 0) break;
+    if (options_.broadcast_buffers && group_->size() > 1 && !impl_->buffers.empty()) {
+      group_->broadcast_coalesced(impl_->buffers, 0)->wait(options_.timeout);
+    }
+    if (f[1] > 0) impl_->reducer->prepare_forward(/*sync=*/true, /*samples=*/0);
+    if (f[2] > 0) impl_->reducer->shadow_backward();
+  }
+  impl_->joining = false;
+  // The rank that trained longest (the highest such rank on a tie) holds the model to keep.
+  at::Tensor key = at::full({1}, impl_->iterations * group_->size() + group_->rank(), at::kLong);
+  group_->all_reduce(key, ReduceOp::kMax)->wait(options_.timeout);
+  const int source = static_cast<int>(key.item<int64_t>() % group_->size());
+  std::vector<at::Tensor> all = impl_->params;
+  all.insert(all.end(), impl_->buffers.begin(), impl_->buffers.end());
+  group_->broadcast_coalesced(all, source)->wait(options_.timeout);
+}
+
+}  // namespace datapar::detail

@@ -1,0 +1,373 @@
+#include "ddp/reducer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cstdio>
+#include <unordered_set>
+
+#include "datapar/error.h"
+
+namespace datapar::detail {
+
+using detail::str_cat;
+
+// Tells the reducer that parameter `index` has its gradient for this pass.
+class Reducer::ReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(Reducer* reducer, size_t index) : reducer_(reducer), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    reducer_->mark_ready(index_);
+    return outputs;
+  }
+
+ private:
+  Reducer* reducer_;
+  size_t index_;
+};
+
+Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<ProcessGroup> group,
+                 ReducerOptions options)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      group_(std::move(group)),
+      options_(options),
+      hook_(all_reduce_hook()) {
+  DATAPAR_CHECK(!params_.empty(), "DistributedDataParallel: the module has no parameter that requires a gradient.");
+  build_buckets(reverse_order(params_.size()));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
+    DATAPAR_INTERNAL_ASSERT(accumulators_.back() != nullptr, "no gradient accumulator for ", names_[i]);
+    hook_keys_.push_back(accumulators_.back()->add_post_hook(std::make_unique<ReadyHook>(this, i)));
+  }
+  if (options_.progress_store) progress_thread_ = std::thread([this] { publish_progress(); });
+}
+
+void Reducer::publish_progress() {
+  // Often enough that a stall warning sees fresh numbers, rarely enough to cost nothing.
+  const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.stall_warning / 4);
+  int64_t published = -1;
+  std::unique_lock<std::mutex> lock(progress_mutex_);
+  while (!stopping_) {
+    const int64_t now = passes_started_.load();
+    if (now != published) {
+      lock.unlock();
+      try {
+        options_.progress_store->set("progress/" + std::to_string(group_->rank()), std::to_string(now));
+        published = now;
+      } catch (const std::exception&) {
+        // The store is gone (rank 0 exited): nothing to report to any more.
+      }
+      lock.lock();
+    }
+    progress_wake_.wait_for(lock, period, [this] { return stopping_; });
+  }
+}
+
+std::string Reducer::missing_ranks() {
+  if (!options_.progress_store) return "";
+  const int64_t mine = passes_started_.load();
+  std::string behind;
+  for (int r = 0; r < group_->size(); ++r) {
+    if (r == group_->rank()) continue;
+    int64_t theirs = -1;
+    try {
+      const std::string key = "progress/" + std::to_string(r);
+      if (options_.progress_store->check({key})) theirs = std::stoll(options_.progress_store->get_string(key));
+    } catch (const std::exception&) {
+      return "";  // the store is unreachable: say nothing rather than guess
+    }
+    if (theirs < mine) {
+      behind += str_cat(behind.empty() ? "" : ", ", r, theirs < 0 ? " (never started)" : "",
+                        theirs >= 0 ? str_cat(" (at pass ", theirs, ")") : "");
+    }
+  }
+  return behind.empty() ? "" : str_cat("rank(s) ", behind, " have not reached pass ", mine);
+}
+
+Reducer::~Reducer() {
+  if (progress_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(progress_mutex_);
+      stopping_ = true;
+    }
+    progress_wake_.notify_all();
+    progress_thread_.join();
+  }
+  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  // Collectives still in flight write into our buffers: let them end first.
+  for (Bucket& bucket : buckets_) {
+    if (!bucket.work) continue;
+    try {
+      bucket.work->wait(options_.timeout);
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+void Reducer::set_comm_hook(std::shared_ptr<CommHook> hook) {
+  DATAPAR_CHECK(hook != nullptr, "DistributedDataParallel: the communication hook is null.");
+  DATAPAR_CHECK(!expect_hooks_, "DistributedDataParallel: set the communication hook between iterations, "
+                                "not between forward and backward.");
+  hook_ = std::move(hook);
+}
+
+std::vector<BucketIndices> Reducer::bucket_indices() const {
+  std::vector<BucketIndices> out;
+  for (const Bucket& bucket : buckets_) out.push_back(bucket.params);
+  return out;
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  buckets_.clear();
+  bucket_of_.assign(params_.size(), 0);
+  slot_of_.assign(params_.size(), 0);
+  for (BucketIndices& members : assign_buckets(params_, order, options_.first_bucket_bytes, options_.bucket_bytes)) {
+    Bucket bucket;
+    int64_t numel = 0;
+    for (size_t slot = 0; slot < members.size(); ++slot) {
+      bucket_of_[members[slot]] = buckets_.size();
+      slot_of_[members[slot]] = slot;
+      bucket.offsets.push_back(numel);
+      numel += params_[members[slot]].numel();
+    }
+    const at::Tensor& first = params_[members.front()];
+    bucket.flat = at::zeros({numel}, first.options().requires_grad(false));
+    bucket.params = std::move(members);
+    bucket.view.index = buckets_.size();
+    bucket.view.buffer = bucket.flat;
+    bucket.view.offsets = bucket.offsets;
+    for (size_t i : bucket.params) bucket.view.parameters.push_back(params_[i]);
+    buckets_.push_back(std::move(bucket));
+  }
+  buckets_.back().view.is_last = true;
+  if (options_.gradient_as_bucket_view) {
+    // Gradients become views of the buckets, saving a copy each way.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor view = grad_view(i);
+      at::Tensor& grad = params_[i].mutable_grad();
+      if (grad.defined()) view.copy_(grad);
+      grad = view;
+    }
+  }
+}
+
+at::Tensor Reducer::grad_view(size_t index) const {
+  // An alias made with set_, not a view: libtorch's Optimizer::zero_grad() calls detach_()
+  // on every gradient, which autograd refuses for views.
+  const at::Tensor s = slice(index);
+  return at::empty({0}, s.options()).set_(s.storage(), s.storage_offset(), params_[index].sizes());
+}
+
+at::Tensor Reducer::slice(size_t index) const {
+  const Bucket& bucket = buckets_[bucket_of_[index]];
+  return bucket.flat.narrow(0, bucket.offsets[slot_of_[index]], params_[index].numel());
+}
+
+void Reducer::prepare_forward(bool sync, int64_t samples) {
+  if (rebuild_pending_) {
+    // Everyone takes rank 0's arrival order, so all ranks keep identical buckets.
+    at::Tensor order = at::empty({static_cast<int64_t>(params_.size())}, at::kLong);
+    for (size_t i = 0; i < arrival_.size(); ++i) order[static_cast<int64_t>(i)] = static_cast<int64_t>(arrival_[i]);
+    group_->broadcast(order, 0)->wait(options_.timeout);
+    std::vector<size_t> rebuilt;
+    for (int64_t i = 0; i < order.numel(); ++i) rebuilt.push_back(static_cast<size_t>(order[i].item<int64_t>()));
+    build_buckets(rebuilt);
+    rebuild_pending_ = false;
+  }
+  reset_pass();
+  sync_ = sync;
+  samples_ += static_cast<double>(samples);
+}
+
+void Reducer::reset_pass() {
+  expect_hooks_ = false;
+  callback_queued_ = false;
+  ready_.assign(params_.size(), false);
+  used_.assign(params_.size(), true);
+  next_bucket_ = 0;
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = bucket.params.size();
+    bucket.work.reset();
+  }
+  meta_work_.reset();
+}
+
+void Reducer::prepare_backward(const std::vector<at::Tensor>& outputs) {
+  if (!sync_) return;  // no_sync: gradients accumulate locally, the hooks stay quiet
+  expect_hooks_ = true;
+  if (options_.find_unused_parameters) {
+    // Walk the graph from the outputs; accumulators it never reaches get no gradient.
+    std::unordered_set<torch::autograd::Node*> seen;
+    std::vector<torch::autograd::Node*> stack;
+    for (const at::Tensor& out : outputs) {
+      if (out.defined() && out.grad_fn()) stack.push_back(out.grad_fn().get());
+    }
+    while (!stack.empty()) {
+      torch::autograd::Node* node = stack.back();
+      stack.pop_back();
+      if (!seen.insert(node).second) continue;
+      for (const torch::autograd::Edge& edge : node->next_edges()) {
+        if (edge.function) stack.push_back(edge.function.get());
+      }
+    }
+    for (size_t i = 0; i < params_.size(); ++i) used_[i] = seen.count(accumulators_[i].get()) > 0;
+  }
+  if (options_.average_by_samples || options_.find_unused_parameters) issue_meta(samples_, used_);
+  if (options_.find_unused_parameters) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!used_[i]) ready(i, /*has_gradient=*/false);
+    }
+  }
+}
+
+void Reducer::issue_meta(double samples, const std::vector<bool>& used) {
+  meta_ = at::empty({static_cast<int64_t>(used.size()) + 1}, at::kDouble);
+  double* data = meta_.data_ptr<double>();
+  data[0] = samples;
+  for (size_t i = 0; i < used.size(); ++i) data[i + 1] = used[i] ? 1.0 : 0.0;
+  meta_work_ = group_->all_reduce(meta_, ReduceOp::kSum);
+}
+
+void Reducer::mark_ready(size_t index) {
+  if (!expect_hooks_) return;
+  if (!callback_queued_) {
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+    callback_queued_ = true;
+    ++passes_started_;  // this rank has reached the pass's backward
+  }
+  DATAPAR_CHECK(!ready_[index], "DistributedDataParallel: parameter ", names_[index],
+                " got a gradient twice in one backward pass. Run backward once per forward (retain_graph "
+                "and reentrant checkpointing are not supported).");
+  if (arrival_.size() < params_.size() && synced_passes_ == 0) arrival_.push_back(index);
+  ready(index, /*has_gradient=*/true);
+}
+
+void Reducer::ready(size_t index, bool has_gradient) {
+  ready_[index] = true;
+  at::Tensor out = slice(index);
+  const double scale = options_.average_by_samples ? samples_ : 1.0 / group_->size();
+  const at::Tensor& grad = params_[index].grad();
+  if (!has_gradient || !grad.defined()) {
+    out.zero_();
+  } else if (grad.data_ptr() == out.data_ptr()) {
+    out.mul_(scale);  // the gradient is the bucket view already
+  } else {
+    at::mul_out(out, grad.reshape({-1}), scale);
+    if (options_.gradient_as_bucket_view) params_[index].mutable_grad() = grad_view(index);
+  }
+  Bucket& bucket = buckets_[bucket_of_[index]];
+  if (--bucket.pending == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  // Strictly in index order, so every rank issues the same collectives in the same order.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_++];
+    bucket.work = hook_->run(*group_, bucket.view);
+  }
+}
+
+void Reducer::wait_bucket(Bucket& bucket) {
+  const std::string what = str_cat("bucket ", bucket.view.index, " (", bucket.params.size(), " parameters from ",
+                                   names_[bucket.params.front()], ")");
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    bucket.work->wait(options_.stall_warning);
+    return;
+  } catch (const TimeoutError&) {
+    if (bucket.work->is_completed()) throw;  // the operation itself timed out
+  }
+  std::string missing = missing_ranks();
+  if (missing.empty()) missing = "some ranks have not reached this backward pass (stopped, slower, or running other collectives)";
+  std::fprintf(stderr,
+               "datapar: warning: DistributedDataParallel on rank %d of %d: the all-reduce of %s has not completed "
+               "after %lld s: %s. It fails when the timeout ends.\n",
+               group_->rank(), group_->size(), what.c_str(),
+               static_cast<long long>(
+                   std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start).count()),
+               missing.c_str());
+  bucket.work->wait(options_.timeout);
+}
+
+void Reducer::finalize() {
+  expect_hooks_ = false;
+  if (next_bucket_ < buckets_.size()) {
+    std::string missing;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!ready_[i]) missing += (missing.empty() ? "" : ", ") + names_[i];
+    }
+    throw Error(str_cat("DistributedDataParallel: parameter(s) ", missing,
+                        " got no gradient in this backward pass, so their bucket could not be reduced and the "
+                        "ranks are out of step. If some parameters are not used in every forward, construct DDP "
+                        "with DdpOptions::find_unused_parameters = true."));
+  }
+  double total_samples = samples_;
+  std::vector<bool> used_anywhere(params_.size(), true);
+  if (meta_work_) {
+    meta_work_->wait(options_.timeout);
+    const double* data = meta_.data_ptr<double>();
+    total_samples = data[0];
+    for (size_t i = 0; i < params_.size(); ++i) used_anywhere[i] = data[i + 1] > 0;
+  }
+  for (Bucket& bucket : buckets_) {
+    wait_bucket(bucket);
+    hook_->finish(bucket.view);
+    if (options_.average_by_samples) {
+      DATAPAR_CHECK(total_samples > 0, "DistributedDataParallel: averaging by samples, but no rank had a sample.");
+      bucket.flat.div_(total_samples);
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!used_anywhere[i]) continue;  // unused on every rank: .grad stays as it was, as in PyTorch
+    at::Tensor reduced = slice(i).view(params_[i].sizes());
+    at::Tensor& grad = params_[i].mutable_grad();
+    if (options_.gradient_as_bucket_view) {
+      if (!grad.defined() || grad.data_ptr() != reduced.data_ptr()) grad = grad_view(i);
+    } else if (grad.defined()) {
+      grad.copy_(reduced);
+    } else {
+      grad = reduced.clone();
+    }
+  }
+  for (Bucket& bucket : buckets_) bucket.work.reset();
+  samples_ = 0;
+  if (synced_passes_++ == 0) {
+    // Complete the order with the parameters that never reported (unused), in bucket order.
+    std::vector<bool> listed(params_.size(), false);
+    for (size_t i : arrival_) listed[i] = true;
+    for (size_t i : reverse_order(params_.size())) {
+      if (!listed[i]) arrival_.push_back(i);
+    }
+    rebuild_pending_ = true;
+  }
+}
+
+void Reducer::shadow_backward() {
+  // The collectives of one synchronised backward, in the same order, contributing nothing.
+  reset_pass();
+  ++passes_started_;
+  if (options_.average_by_samples || options_.find_unused_parameters) {
+    issue_meta(0.0, std::vector<bool>(params_.size(), false));
+  }
+  for (Bucket& bucket : buckets_) {
+    bucket.flat.zero_();
+    bucket.pending = 0;
+  }
+  launch_ready_buckets();
+  if (meta_work_) meta_work_->wait(options_.timeout);
+  for (Bucket& bucket : buckets_) {
+    wait_bucket(bucket);
+    hook_->finish(bucket.view);
+    bucket.work.reset();
+  }
+  if (synced_passes_++ == 0) {
+    arrival_ = reverse_order(params_.size());
+    rebuild_pending_ = true;
+  }
+}
+
+}  // namespace datapar::detail

@@ -1,0 +1,135 @@
+// The reducer: DDP's gradient synchronisation.
+//
+// A post-hook on each parameter's gradient accumulator copies the fresh gradient, scaled,
+// into its bucket's flat buffer; a bucket whose gradients are all in is handed to the
+// communication hook at once (buckets strictly in index order, the same on every rank),
+// so reduction overlaps with the rest of backward. A callback queued on the autograd
+// engine runs when backward ends: it waits for every bucket and writes the averaged
+// gradients into .grad. After the first synchronised iteration the buckets are rebuilt in
+// the order rank 0's gradients actually arrived.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "datapar/ddp/comm_hook.h"
+#include "datapar/process_group/process_group.h"
+#include "datapar/rendezvous/store.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include "ddp/bucket_assignment.h"
+
+namespace datapar::detail {
+
+struct ReducerOptions {
+  // Where ranks publish how far they got, so a stalled rank can name the missing ones
+  // (null: stalls are reported without names).
+  std::shared_ptr<Store> progress_store;
+  int64_t first_bucket_bytes = 1 << 20;
+  int64_t bucket_bytes = 25 << 20;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  bool average_by_samples = false;
+  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+};
+
+class Reducer {
+ public:
+  // params: the parameters that take gradients, in registration order; names for errors.
+  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<ProcessGroup> group,
+          ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // At the start of a forward run with grad mode on: whether its backward synchronises,
+  // and its local sample count (counts add up over no_sync forwards until a sync one).
+  // Rebuilds the buckets here when due (a broadcast from rank 0).
+  void prepare_forward(bool sync, int64_t samples);
+
+  // At the end of that forward. With find_unused_parameters, parameters that `outputs`
+  // do not depend on are marked ready (with a zero gradient) now.
+  void prepare_backward(const std::vector<at::Tensor>& outputs);
+
+  void set_comm_hook(std::shared_ptr<CommHook> hook);
+
+  // For a rank that has run out of inputs (join): issues the collectives of one
+  // synchronised backward with zero gradients and no samples, matching the others'.
+  void shadow_backward();
+
+  // Whether the next prepare_forward rebuilds the buckets (a collective).
+  bool rebuild_pending() const { return rebuild_pending_; }
+
+  // Parameter indices per bucket, in reduction order.
+  std::vector<BucketIndices> bucket_indices() const;
+
+ private:
+  struct Bucket {
+    BucketIndices params;
+    std::vector<int64_t> offsets;
+    at::Tensor flat;
+    size_t pending = 0;
+    std::shared_ptr<Work> work;
+    GradBucket view;  // what the hook sees
+  };
+  class ReadyHook;
+
+  void build_buckets(const std::vector<size_t>& order);
+  void reset_pass();
+  void mark_ready(size_t index);  // from the hook
+  void ready(size_t index, bool has_gradient);
+  void launch_ready_buckets();
+  void issue_meta(double samples, const std::vector<bool>& used);
+  void finalize();
+  void wait_bucket(Bucket& bucket);
+  void publish_progress();                     // the progress thread's loop
+  std::string missing_ranks();                 // ranks whose published pass is behind ours
+  at::Tensor slice(size_t index) const;      // the parameter's part of its bucket, flat
+  at::Tensor grad_view(size_t index) const;  // the same memory shaped as the parameter
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<ProcessGroup> group_;
+  ReducerOptions options_;
+  std::shared_ptr<CommHook> hook_;
+
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold the hooks
+  std::vector<uintptr_t> hook_keys_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;  // param -> bucket
+  std::vector<size_t> slot_of_;    // param -> position within its bucket
+
+  // The current pass.
+  bool sync_ = true;
+  bool expect_hooks_ = false;
+  bool callback_queued_ = false;
+  double samples_ = 0;  // local samples since the last synchronised backward
+  std::vector<bool> ready_;
+  std::vector<bool> used_;  // locally used in this pass (find_unused_parameters)
+  size_t next_bucket_ = 0;
+  at::Tensor meta_;  // [samples, used flags...], all-reduced
+  std::shared_ptr<Work> meta_work_;
+  std::vector<size_t> arrival_;  // gradient arrival order, recorded in the first synchronised pass
+  int64_t synced_passes_ = 0;
+  bool rebuild_pending_ = false;
+
+  // Synchronised backward passes started; published to progress_store by a thread, off
+  // the training thread's path.
+  std::atomic<int64_t> passes_started_{0};
+  std::mutex progress_mutex_;
+  std::condition_variable progress_wake_;
+  bool stopping_ = false;
+  std::thread progress_thread_;
+};
+
+}  // namespace datapar::detail

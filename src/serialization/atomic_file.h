@@ -1,0 +1,60 @@
+// AtomicFile: writes a file so that readers (and a later run) see the old file or the
+// complete new one, never a torn write, even if the process dies or the machine loses power.
+//
+// Steps (Note [Atomic file write]):
+//   1. write everything to "<path>.tmp.<pid>" in the same directory (rename is atomic only
+//      within one file system);
+//   2. fsync the temporary file, so its bytes are on disk before its name is;
+//   3. rename it over <path>;
+//   4. fsync the directory, so the rename itself survives a crash.
+// A process killed before step 3 leaves the old file intact and a stale "*.tmp.<pid>" behind,
+// which readers ignore. Not a lock: two writers of one path race, and the last rename wins.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace datapar::detail {
+
+class AtomicFile {
+ public:
+  // Creates the temporary file. Throws CheckpointError if the directory is missing or not
+  // writable.
+  explicit AtomicFile(std::string path);
+
+  // Removes the temporary file unless commit() succeeded.
+  ~AtomicFile();
+
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  // Appends bytes. Never throws and always reports `size` as written (so that a caller like
+  // the zip writer, which may not survive its own errors, carries on); the first failure is
+  // remembered and reported by commit().
+  size_t write(const void* data, size_t size) noexcept;
+
+  // Steps 2-4. Throws CheckpointError naming the path if any write, the fsync or the rename
+  // failed; the old file is then untouched.
+  void commit();
+
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_path_; }
+  size_t bytes_written() const { return written_; }
+
+ private:
+  std::string path_;
+  std::string temp_path_;
+  int fd_ = -1;
+  size_t written_ = 0;
+  std::string error_;  // the first write failure, empty if none
+  bool committed_ = false;
+};
+
+// The temporary name AtomicFile uses for `path` in this process.
+std::string atomic_temp_path(const std::string& path);
+
+// True for names AtomicFile leaves behind when killed ("x.pt.tmp.123"), so directory scans
+// can skip them.
+bool is_atomic_temp_name(const std::string& name);
+
+}  // namespace datapar::detail

@@ -1,0 +1,162 @@
+// torch_save / torch_load. See torch_file.h.
+#include "serialization/torch_file.h"
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "datapar/error.h"
+#include "serialization/atomic_file.h"
+#include "serialization/pickle_reader.h"
+#include "serialization/pickle_writer.h"
+#include "serialization/zip_crc.h"
+
+namespace datapar::detail {
+namespace {
+
+using caffe2::serialize::PyTorchStreamReader;
+using caffe2::serialize::PyTorchStreamWriter;
+
+// Why the zip layer refused the file, judged from its first bytes.
+std::string describe_unreadable(const std::string& path, size_t size) {
+  char head[4] = {0, 0, 0, 0};
+  std::ifstream(path, std::ios::binary).read(head, sizeof head);
+  if (size == 0) return "the file is empty (a write that never happened?)";
+  if (std::memcmp(head, "PK\x03\x04", 4) == 0) {
+    return "a zip archive whose end is missing or damaged (truncated, or copied while being written?)";
+  }
+  if (static_cast<unsigned char>(head[0]) == 0x80) {
+    return "a raw pickle, not a zip archive: the legacy torch.save format (PyTorch < 1.6, or "
+           "_use_new_zipfile_serialization=False), which datapar does not read. Re-save it with a current torch.save";
+  }
+  return "not a torch.save file (it does not start like a zip archive; truncated, or another kind of file?)";
+}
+
+std::string reader_message(const c10::Error& e) {
+  std::string what = e.what_without_backtrace();
+  if (what.size() > 200) what = what.substr(0, 200) + "...";
+  return what;
+}
+
+}  // namespace
+
+std::string python_type_name(const c10::IValue& v) {
+  if (v.isNone()) return "None";
+  if (v.isBool()) return "bool";
+  if (v.isInt()) return "int";
+  if (v.isDouble()) return "float";
+  if (v.isString()) return "str";
+  if (v.isTensor()) return "Tensor";
+  if (v.isGenericDict()) return "dict";
+  if (v.isList()) return "list";
+  if (v.isTuple()) return "tuple";
+  return v.tagKind();
+}
+
+void torch_save(const c10::IValue& root, const std::string& path) {
+  std::vector<at::Tensor> storages;
+  const std::string pickle = write_pickle(root, &storages);  // throws before any file exists
+
+  AtomicFile file(path);
+  {
+    // The writer never sees a failed write (AtomicFile::write reports everything written
+    // and remembers the error for commit()): PyTorchStreamWriter may throw from its
+    // destructor when a write fails, which would end the process.
+    PyTorchStreamWriter writer([&file](const void* data, size_t size) { return file.write(data, size); });
+    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+    const char order[] = "little";
+    writer.writeRecord("byteorder", order, sizeof order - 1);
+    for (size_t i = 0; i < storages.size(); ++i) {
+      const at::Tensor& t = storages[i];
+      writer.writeRecord("data/" + std::to_string(i), t.data_ptr(), t.numel() * t.element_size());
+    }
+    writer.writeEndOfFile();
+  }
+  file.commit();
+}
+
+bool torch_file_is_intact(const std::string& path) noexcept {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  try {
+    return PyTorchStreamReader(path).hasRecord("data.pkl");
+  } catch (...) {
+    return false;
+  }
+}
+
+c10::IValue torch_load(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw CheckpointError(str_cat(path, ": cannot open (", std::strerror(errno), "). Check the path."));
+  }
+  if (S_ISDIR(st.st_mode)) throw CheckpointError(str_cat(path, ": cannot open (is a directory). Give a file."));
+  const size_t file_size = static_cast<size_t>(st.st_size);
+
+  std::unique_ptr<PyTorchStreamReader> reader;
+  try {
+    reader = std::make_unique<PyTorchStreamReader>(path);
+  } catch (const c10::Error& e) {
+    throw CheckpointError(str_cat(path, ": cannot read (", file_size, " bytes): ", describe_unreadable(path, file_size),
+                                  ". [zip reader: ", reader_message(e), "]"));
+  }
+  try {
+    if (!reader->hasRecord("data.pkl")) {
+      throw CheckpointError("the archive has no data.pkl; it is not a torch.save file");
+    }
+    // Each record is checked against the CRC-32 the archive holds for it (zip_crc.h).
+    const auto crcs = read_zip_crcs(path);
+    auto record = [&](const std::string& name) {
+      at::DataPtr data;
+      size_t size = 0;
+      std::tie(data, size) = reader->getRecord(name);
+      const auto crc = crcs.find(name);
+      if (crc == crcs.end() || crc32(data.get(), size) != crc->second) {
+        throw CheckpointError(str_cat("record ", name, " is damaged (its CRC-32 does not match: a changed bit on disk or in a copy?)",
+                                      ". Load an earlier checkpoint"));
+      }
+      return std::make_pair(std::move(data), size);
+    };
+    if (reader->hasRecord("byteorder")) {
+      const auto order = record("byteorder");
+      const std::string byteorder(static_cast<const char*>(order.first.get()), order.second);
+      if (byteorder != "little") {
+        throw CheckpointError(str_cat("the file was written on a \"", byteorder, "\"-endian machine; datapar reads little-endian files"));
+      }
+    }
+    const auto pickle = record("data.pkl");
+
+    StorageLoader load = [&reader, &record](const std::string& key, at::ScalarType dtype, int64_t numel) {
+      const std::string name = "data/" + key;
+      if (!reader->hasRecord(name)) throw CheckpointError(str_cat("storage ", key, " has no record ", name, " in the archive"));
+      const auto data = record(name);
+      const size_t size = data.second;
+      const size_t element = c10::elementSize(dtype);
+      if (numel < 0 || static_cast<uint64_t>(numel) > std::numeric_limits<size_t>::max() / element ||
+          static_cast<size_t>(numel) * element != size) {
+        throw CheckpointError(str_cat("storage ", key, " should hold ", numel, " ", c10::toString(dtype), " elements but record ",
+                                      name, " has ", size, " bytes"));
+      }
+      at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
+      if (size > 0) std::memcpy(t.data_ptr(), data.first.get(), size);
+      return t;
+    };
+    return read_pickle(static_cast<const char*>(pickle.first.get()), pickle.second, load);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(str_cat(path, ": ", e.what(), "."));
+  } catch (const c10::Error& e) {
+    throw CheckpointError(str_cat(path, ": the archive is damaged (", reader_message(e),
+                                  "). Load an earlier checkpoint, or re-save this one."));
+  }
+}
+
+}  // namespace datapar::detail

@@ -1,0 +1,41 @@
+// torch_save / torch_load: files in the format of Python's torch.save (PyTorch >= 1.6),
+// written and read without Python and without libtorch's version-specific pickle API.
+//
+// A file is a zip archive (stored, not compressed; records 64-byte aligned) of
+//   <archive>/data.pkl     a protocol-2 pickle of the object (pickle_writer.h / pickle_reader.h)
+//   <archive>/data/<key>   the raw bytes of each tensor storage, little-endian
+//   <archive>/byteorder    "little"
+//   <archive>/version      the zip format version
+// The zip layer is caffe2::serialize::PyTorchStreamWriter/Reader, which libtorch uses for
+// torch::save and has kept stable since 1.6. docs/checkpoint_format.md has the details.
+// Not here: the legacy (pre-1.6, non-zip) format, TorchScript archives, and storages on
+// devices other than the CPU (a file's tensors always load onto the CPU; move them after).
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <string>
+
+namespace datapar::detail {
+
+// Writes `root` (see write_pickle for what it may hold) to `path` atomically (AtomicFile:
+// temporary file, fsync, rename, fsync of the directory). Tensors may be on any device;
+// they are copied to the CPU as they are written. Throws CheckpointError on I/O failure,
+// leaving any previous file at `path` unchanged, and InvalidArgumentError for a value that
+// cannot be saved.
+void torch_save(const c10::IValue& root, const std::string& path);
+
+// Reads a file written by torch_save or by Python's torch.save, checking each record it
+// reads against the archive's CRC-32 (zip_crc.h). Throws CheckpointError
+// "<path>: <problem>. <hint>" for a missing, truncated, damaged or foreign file, or one
+// holding Python objects other than containers, numbers, strings and tensors.
+c10::IValue torch_load(const std::string& path);
+
+// True if `path` opens as a zip archive with a data.pkl record. Reads only the zip's central
+// directory at the end of the file, so it is cheap and catches truncation, not damage inside.
+bool torch_file_is_intact(const std::string& path) noexcept;
+
+// A type name for messages: "dict", "list", "int", "Tensor", ...
+std::string python_type_name(const c10::IValue& value);
+
+}  // namespace datapar::detail

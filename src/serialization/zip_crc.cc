@@ -1,0 +1,120 @@
+// crc32 and read_zip_crcs. See zip_crc.h. Zip layout: PKWARE's APPNOTE.TXT, sections 4.3.12
+// (central directory header), 4.3.14-4.3.16 (zip64 and plain end of central directory).
+#include "serialization/zip_crc.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+#include "datapar/error.h"
+
+namespace datapar::detail {
+namespace {
+
+constexpr uint32_t kCentralHeader = 0x02014b50;
+constexpr uint32_t kEndOfDirectory = 0x06054b50;
+constexpr uint32_t kZip64End = 0x06064b50;
+constexpr uint32_t kZip64Locator = 0x07064b50;
+
+// Slicing-by-8 tables: t[k][b] is the CRC of byte b followed by k zero bytes, so eight
+// input bytes are folded in per step instead of one.
+struct Tables {
+  uint32_t t[8][256];
+  Tables() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i) {
+      for (int k = 1; k < 8; ++k) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xff];
+    }
+  }
+};
+
+// Little-endian fields; callers check bounds first.
+uint64_t field(const std::string& s, size_t at, size_t bytes) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < bytes; ++i) v |= uint64_t(uint8_t(s[at + i])) << (8 * i);
+  return v;
+}
+
+[[noreturn]] void damaged(const char* what) {
+  throw CheckpointError(str_cat("the zip directory is damaged (", what, ")"));
+}
+
+}  // namespace
+
+uint32_t crc32(const void* data, size_t size, uint32_t crc) {
+  static const Tables tables;
+  const auto& t = tables.t;
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  for (; size >= 8; size -= 8, p += 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);  // little-endian hosts only, as pickle_writer.cc requires
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;
+    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][hi & 0xff] ^
+          t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+  }
+  for (; size > 0; --size, ++p) crc = t[0][(crc ^ *p) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+std::unordered_map<std::string, uint32_t> read_zip_crcs(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(0, std::ios::end);
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  auto read_at = [&](uint64_t offset, uint64_t n) {
+    if (!in || offset > size || n > size - offset) damaged("it points past the end of the file");
+    std::string out(n, '\0');
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(&out[0], static_cast<std::streamsize>(n));
+    if (!in) damaged("a read failed");
+    return out;
+  };
+
+  // The end record is the last thing in the file but for a comment of up to 64 KB.
+  const uint64_t tail_size = std::min<uint64_t>(size, 22 + 0xffff);
+  const std::string tail = read_at(size - tail_size, tail_size);
+  size_t end = std::string::npos;
+  for (size_t i = tail.size() >= 22 ? tail.size() - 22 + 1 : 0; i-- > 0;) {
+    if (field(tail, i, 4) == kEndOfDirectory) {
+      end = i;
+      break;
+    }
+  }
+  if (end == std::string::npos) damaged("no end record");
+  uint64_t entries = field(tail, end + 10, 2);
+  uint64_t directory_size = field(tail, end + 12, 4);
+  uint64_t directory_offset = field(tail, end + 16, 4);
+  if (entries == 0xffff || directory_size == 0xffffffff || directory_offset == 0xffffffff) {
+    const uint64_t end_offset = size - tail_size + end;
+    if (end_offset < 20) damaged("no zip64 locator");
+    const std::string locator = read_at(end_offset - 20, 20);
+    if (field(locator, 0, 4) != kZip64Locator) damaged("no zip64 locator");
+    const std::string zip64 = read_at(field(locator, 8, 8), 56);
+    if (field(zip64, 0, 4) != kZip64End) damaged("no zip64 end record");
+    entries = field(zip64, 32, 8);
+    directory_size = field(zip64, 40, 8);
+    directory_offset = field(zip64, 48, 8);
+  }
+
+  const std::string directory = read_at(directory_offset, directory_size);
+  std::unordered_map<std::string, uint32_t> crcs;
+  size_t pos = 0;
+  for (uint64_t e = 0; e < entries; ++e) {
+    if (directory.size() - pos < 46 || field(directory, pos, 4) != kCentralHeader) damaged("a bad entry header");
+    const size_t name = field(directory, pos + 28, 2);
+    const size_t rest = name + field(directory, pos + 30, 2) + field(directory, pos + 32, 2);
+    if (directory.size() - pos - 46 < rest) damaged("an entry runs past the directory");
+    const std::string full = directory.substr(pos + 46, name);
+    const size_t slash = full.find('/');
+    crcs[slash == std::string::npos ? full : full.substr(slash + 1)] = static_cast<uint32_t>(field(directory, pos + 16, 4));
+    pos += 46 + rest;
+  }
+  return crcs;
+}
+
+}  // namespace datapar::detail

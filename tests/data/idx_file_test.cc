@@ -1,0 +1,118 @@
+#include "datapar/data/idx_file.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "datapar/error.h"
+#include "testing/expect_throw.h"
+#include "testing/python.h"
+
+namespace datapar {
+namespace {
+
+// An IDX file's bytes: big-endian magic and dims, then `payload` (or prod(dims) bytes i % 251).
+std::string idx_bytes(uint32_t magic, const std::vector<uint32_t>& dims, int64_t payload = -1) {
+  std::string out;
+  auto put = [&out](uint32_t v) {
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((v >> shift) & 0xff));
+  };
+  put(magic);
+  int64_t n = 1;
+  for (uint32_t d : dims) {
+    put(d);
+    n *= d;
+  }
+  if (payload < 0) payload = n;
+  for (int64_t i = 0; i < payload; ++i) out.push_back(static_cast<char>(i % 251));
+  return out;
+}
+
+void write_plain(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+void write_gz(const std::string& path, const std::string& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  ASSERT_EQ(gzclose(f), Z_OK);
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+class IdxFile : public ::testing::Test {
+ protected:
+  std::string dir_ = testing::make_temp_dir("idx");
+};
+
+TEST_F(IdxFile, ReadsPlainAndGzippedFilesAlike) {
+  const std::string bytes = idx_bytes(kIdxImagesMagic, {3, 4, 5});
+  write_plain(dir_ + "/images", bytes);
+  write_gz(dir_ + "/images.gz", bytes);
+  const at::Tensor plain = read_idx_file(dir_ + "/images", 3);
+  const at::Tensor gz = read_idx_file(dir_ + "/images.gz", 3);
+  EXPECT_EQ(plain.sizes(), (std::vector<int64_t>{3, 4, 5}));
+  EXPECT_EQ(plain.scalar_type(), at::kByte);
+  EXPECT_TRUE(at::equal(plain, gz));
+  // Row-major bytes after the 16-byte header: element [1][2][3] is byte 1*20 + 2*5 + 3.
+  EXPECT_EQ(plain[1][2][3].item<int64_t>(), 33);
+  EXPECT_EQ(plain[2][3][4].item<int64_t>(), 59);
+
+  write_gz(dir_ + "/labels.gz", idx_bytes(kIdxLabelsMagic, {7}));
+  EXPECT_TRUE(at::equal(read_idx_file(dir_ + "/labels.gz", 1), at::arange(7, at::kByte)));
+  write_gz(dir_ + "/none.gz", idx_bytes(kIdxLabelsMagic, {0}));
+  EXPECT_EQ(read_idx_file(dir_ + "/none.gz", 1).numel(), 0);
+}
+
+TEST_F(IdxFile, WrongMagicNamesTheFileAndBothNumbers) {
+  write_gz(dir_ + "/labels.gz", idx_bytes(kIdxLabelsMagic, {10}));
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/labels.gz", 3), Error,
+                   dir_ + "/labels.gz: magic number is 0x00000801, expected 0x00000803");
+  write_plain(dir_ + "/text", "hello, this is not an IDX file at all");
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/text", 1), Error, "magic number is 0x68656c6c, expected 0x00000801");
+}
+
+TEST_F(IdxFile, TruncatedFilesSayWhereTheyEnd) {
+  // 2 images of 4x4 need 16 + 32 bytes; the file has 16 + 20.
+  write_plain(dir_ + "/short", idx_bytes(kIdxImagesMagic, {2, 4, 4}, 20));
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/short", 3), Error,
+                   dir_ + "/short: ends early: 36 of 48 bytes (the header announces 2 samples; truncated file?)");
+  write_gz(dir_ + "/short.gz", idx_bytes(kIdxImagesMagic, {2, 4, 4}, 20));
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/short.gz", 3), Error, "ends early: 36 of 48 bytes");
+
+  // A gzip stream cut in the middle: zlib's own complaint is passed on.
+  write_gz(dir_ + "/cut.gz", idx_bytes(kIdxImagesMagic, {50, 28, 28}));
+  const std::string whole = read_all(dir_ + "/cut.gz");
+  write_plain(dir_ + "/cut.gz", whole.substr(0, whole.size() / 2));
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/cut.gz", 3), Error, "unexpected end of file; truncated file?");
+
+  write_plain(dir_ + "/header", idx_bytes(kIdxImagesMagic, {2, 4, 4}).substr(0, 10));
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/header", 3), Error, "the header ends early (10 of 16 bytes");
+  write_plain(dir_ + "/empty", "");
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/empty", 1), Error, dir_ + "/empty: empty (0 bytes");
+}
+
+TEST_F(IdxFile, ExtraBytesAndMissingFilesAreErrors) {
+  write_gz(dir_ + "/long.gz", idx_bytes(kIdxLabelsMagic, {5}, 6));
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/long.gz", 1), Error, "goes on past the 13 bytes its header announces (5 samples)");
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/missing.gz", 1), InvalidArgumentError,
+                   dir_ + "/missing.gz: cannot open (No such file or directory)");
+  // A flipped byte inside the compressed data fails the gzip check, not silently.
+  write_gz(dir_ + "/flip.gz", idx_bytes(kIdxLabelsMagic, {1000}));
+  std::string bytes = read_all(dir_ + "/flip.gz");
+  bytes[bytes.size() - 6] ^= 0x5a;  // inside the CRC-32 trailer
+  write_plain(dir_ + "/flip.gz", bytes);
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/flip.gz", 1), Error, "corrupt gzip data");
+}
+
+}  // namespace
+}  // namespace datapar

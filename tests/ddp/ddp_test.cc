@@ -1,0 +1,146 @@
+// DistributedDataParallel against one-process training, with real processes over loopback
+// (ddp_probe workers on the Gloo backend).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "datapar/state_dict.h"
+#include "ddp/bucket_assignment.h"
+#include "testing/ddp_scenarios.h"
+#include "testing/expect_throw.h"
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include "testing/ports.h"
+#include "testing/processes.h"
+
+namespace datapar {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+struct TempDir {
+  TempDir() {
+    char name[] = "/tmp/datapar-ddp-XXXXXX";
+    path = ::mkdtemp(name);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string path;
+};
+
+// Runs `scenario` on `world` ddp_probe processes; returns their results.
+std::vector<testing::ProcessResult> run_job(const std::string& scenario, int world, const TempDir& dir,
+                                            std::chrono::seconds deadline = 120s, bool* timed_out = nullptr) {
+  const std::string init = "tcp://127.0.0.1:" + std::to_string(testing::free_port());
+  std::vector<std::vector<std::string>> commands;
+  for (int r = 0; r < world; ++r) {
+    commands.push_back({std::string(DATAPAR_BIN_DIR) + "/ddp_probe", scenario, init, std::to_string(r),
+                        std::to_string(world), dir.path + "/rank" + std::to_string(r) + ".pt"});
+  }
+  return testing::run_processes(commands, dir.path, deadline, timed_out);
+}
+
+void expect_matches_reference(const std::string& name, int world, double rtol, double atol) {
+  TempDir dir;
+  const auto results = run_job(name, world, dir);
+  for (int r = 0; r < world; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+  const testing::DdpScenario s = testing::scenario(name, world);
+  const StateDict expected = s.sync_bn ? state_dict(*testing::train_reference<testing::SyncBnNet>(s))
+                                       : state_dict(*testing::train_reference<testing::ProbeNet>(s));
+  for (int r = 0; r < world; ++r) {
+    const StateDict got = load_state_dict_file(dir.path + "/rank" + std::to_string(r) + ".pt");
+    ASSERT_EQ(got.size(), expected.size());
+    for (const auto& item : expected) {
+      const at::Tensor& mine = got[item.key()];
+      EXPECT_TRUE(at::allclose(mine, item.value(), rtol, atol))
+          << name << " at world size " << world << ", rank " << r << ", " << item.key() << ": max difference "
+          << (mine - item.value()).abs().max().item<double>();
+    }
+  }
+}
+
+TEST(DistributedDataParallel, FiveStepsEqualOneProcessOnTheConcatenatedBatch) {
+  for (int world : {2, 3}) expect_matches_reference("even", world, 1e-5, 1e-6);
+}
+
+TEST(DistributedDataParallel, UnevenBatchesAveragedBySamplesAreExact) {
+  for (int world : {2, 3}) expect_matches_reference("uneven", world, 1e-5, 1e-6);
+}
+
+TEST(DistributedDataParallel, NoSyncAccumulatesMicroBatches) { expect_matches_reference("no_sync", 2, 1e-5, 1e-6); }
+
+TEST(DistributedDataParallel, AParameterUnusedOnOneRank) { expect_matches_reference("unused", 2, 1e-5, 1e-6); }
+
+TEST(DistributedDataParallel, GradientsAsBucketViewsAndOneBigBucket) {
+  expect_matches_reference("bucket_view", 2, 1e-5, 1e-6);
+  expect_matches_reference("one_bucket", 3, 1e-5, 1e-6);
+}
+
+TEST(DistributedDataParallel, Bf16CompressionHookStaysClose) { expect_matches_reference("bf16", 2, 2e-2, 2e-3); }
+
+TEST(DistributedDataParallel, JoinLetsARankWithOneBatchFinishBesideOneWithThree) {
+  expect_matches_reference("join", 2, 1e-5, 1e-6);
+}
+
+TEST(DistributedDataParallel, SyncBatchNormUsesTheStatisticsOfEveryRank) {
+  for (int world : {2, 3}) expect_matches_reference("sync_bn", world, 1e-5, 1e-6);
+}
+
+TEST(SyncBatchNorm, WithoutAGroupIsBatchNormAndConversionRefusesTorchBatchNorm) {
+  torch::manual_seed(3);
+  SyncBatchNorm sync(4);
+  torch::nn::BatchNorm2d plain(4);
+  const at::Tensor x = at::randn({6, 4, 3, 3});
+  EXPECT_TRUE(at::allclose(sync->forward(x), plain->forward(x), 1e-6, 1e-6));
+  EXPECT_TRUE(at::allclose(sync->running_var, plain->running_var, 1e-6, 1e-6));
+  EXPECT_EQ(state_dict(*sync).keys(), state_dict(*plain).keys());
+  torch::nn::Sequential with_torch_bn(torch::nn::Linear(3, 3), torch::nn::BatchNorm1d(3));
+  EXPECT_THROW_MSG(convert_sync_batchnorm(*with_torch_bn, std::shared_ptr<ProcessGroup>(nullptr)), InvalidArgumentError,
+                   "1 are torch::nn::BatchNorm modules");
+}
+
+TEST(DistributedDataParallel, MismatchedModelsFailOnEveryRankNamingTheDifference) {
+  TempDir dir;
+  const auto results = run_job("mismatch", 3, dir, 60s);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+}
+
+TEST(DistributedDataParallel, ARankKilledMidBackwardFailsTheOthers) {
+  TempDir dir;
+  bool timed_out = false;
+  const auto start = std::chrono::steady_clock::now();
+  const auto results = run_job("kill", 3, dir, 60s, &timed_out);
+  EXPECT_FALSE(timed_out);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 40s);
+  EXPECT_EQ(results[2].signal, SIGKILL) << results[2].output;
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+}
+
+TEST(DistributedDataParallel, AStalledBucketWarnsNamingIt) {
+  TempDir dir;
+  const auto results = run_job("stall", 2, dir, 60s);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+  EXPECT_NE(results[0].output.find("warning: DistributedDataParallel on rank 0 of 2: the all-reduce of bucket 0"),
+            std::string::npos)
+      << results[0].output;
+  EXPECT_NE(results[0].output.find("rank(s) 1 (at pass 1) have not reached pass 2"), std::string::npos)
+      << results[0].output;
+  EXPECT_EQ(results[1].output.find("warning"), std::string::npos) << results[1].output;
+}
+
+TEST(BucketAssignment, ReverseOrderWithASmallFirstBucketAndDtypesApart) {
+  std::vector<at::Tensor> params = {at::zeros({100}), at::zeros({100}), at::zeros({300}), at::zeros({10}, at::kDouble),
+                                    at::zeros({200})};
+  // Caps: first 400 bytes (100 floats), then 1200 bytes (300 floats).
+  const auto buckets = detail::assign_buckets(params, detail::reverse_order(5), 400, 1200);
+  ASSERT_EQ(buckets.size(), 4u);
+  EXPECT_EQ(buckets[0], (detail::BucketIndices{4}));     // 800 bytes >= the first cap
+  EXPECT_EQ(buckets[1], (detail::BucketIndices{3}));     // the double, alone
+  EXPECT_EQ(buckets[2], (detail::BucketIndices{2}));     // 1200 bytes: full
+  EXPECT_EQ(buckets[3], (detail::BucketIndices{1, 0}));  // what is left
+}
+
+}  // namespace
+}  // namespace datapar

@@ -1,0 +1,231 @@
+// torch_save / torch_load and their parts: what round-trips, what is refused, and that no
+// input, however damaged, does more than throw CheckpointError.
+#include "serialization/torch_file.h"
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <random>
+
+#include "datapar/error.h"
+#include "serialization/atomic_file.h"
+#include "serialization/pickle_reader.h"
+#include "serialization/pickle_writer.h"
+#include "serialization/zip_crc.h"
+#include "testing/expect_throw.h"
+
+namespace datapar::detail {
+namespace {
+
+using c10::IValue;
+using Dict = c10::impl::GenericDict;
+
+std::string temp_path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_all(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+Dict sample() {
+  Dict d(c10::AnyType::get(), c10::AnyType::get());
+  d.insert("none", IValue());
+  d.insert("yes", true);
+  d.insert("small", int64_t{7});
+  d.insert("negative", int64_t{-300});
+  d.insert("wide", int64_t{70000});
+  d.insert("huge", int64_t{-(int64_t{1} << 40)});
+  d.insert("pi", 3.25);
+  d.insert("text", std::string("unicode \xc3\xa9"));
+  Dict by_int(c10::AnyType::get(), c10::AnyType::get());
+  by_int.insert(int64_t{3}, at::arange(6, at::kLong).view({2, 3}));
+  d.insert("by_int", by_int);
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(int64_t{1});
+  list.push_back(std::string("two"));
+  d.insert("list", list);
+  d.insert("tuple", c10::ivalue::Tuple::create(std::vector<IValue>{0.5, int64_t{2}}));
+  d.insert("empty", Dict(c10::AnyType::get(), c10::AnyType::get()));
+  return d;
+}
+
+TEST(CheckpointFile, RoundTripsValuesAndEveryDtype) {
+  Dict d = sample();
+  for (at::ScalarType t : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kShort, at::kChar,
+                           at::kByte, at::kBool}) {
+    d.insert(std::string("t_") + c10::toString(t), (at::arange(12) % 5).to(t).view({3, 4}));
+  }
+  d.insert("scalar", at::scalar_tensor(2.5));
+  d.insert("zero_size", at::empty({0, 4}));
+  const at::Tensor base = at::arange(20, at::kFloat).view({4, 5});
+  d.insert("view", base.t().slice(0, 1, 3));  // non-contiguous, offset: saved compact
+  const std::string path = temp_path("values.pt");
+  torch_save(d, path);
+
+  const Dict back = torch_load(path).toGenericDict();
+  ASSERT_EQ(back.size(), d.size());
+  for (const auto& e : d) {
+    const IValue& got = back.at(e.key());
+    if (e.value().isTensor()) {
+      EXPECT_EQ(got.toTensor().scalar_type(), e.value().toTensor().scalar_type()) << e.key();
+      EXPECT_TRUE(at::equal(got.toTensor(), e.value().toTensor())) << e.key();
+    } else if (e.key() == "by_int") {
+      EXPECT_TRUE(at::equal(got.toGenericDict().at(int64_t{3}).toTensor(), at::arange(6, at::kLong).view({2, 3})));
+    } else {
+      EXPECT_EQ(got, e.value()) << e.key();
+    }
+  }
+  // Keys keep their order.
+  std::vector<std::string> want, have;
+  for (const auto& e : d) want.push_back(e.key().toStringRef());
+  for (const auto& e : back) have.push_back(e.key().toStringRef());
+  EXPECT_EQ(have, want);
+}
+
+TEST(CheckpointFile, ReadsWhatLibtorchsPickleSaveWrote) {
+  // Files of the earlier save_state_dict (torch::jit::pickle_save, with type tags).
+  c10::Dict<std::string, at::Tensor> d;
+  d.insert("w", at::randn({3, 2}));
+  d.insert("b", at::randn({2}));
+  const std::vector<char> bytes = torch::jit::pickle_save(d);
+  const std::string path = temp_path("pickle_save.pt");
+  write_all(path, std::string(bytes.begin(), bytes.end()));
+  const Dict back = torch_load(path).toGenericDict();
+  EXPECT_TRUE(at::equal(back.at("w").toTensor(), d.at("w")));
+  EXPECT_TRUE(at::equal(back.at("b").toTensor(), d.at("b")));
+}
+
+TEST(CheckpointFile, RefusesWhatItCannotSave) {
+  EXPECT_THROW_MSG(torch_save(IValue(c10::Device(c10::kCPU)), temp_path("device.pt")), InvalidArgumentError, "cannot save a Device");
+  Dict d(c10::AnyType::get(), c10::AnyType::get());
+  d.insert(at::ones({1}), int64_t{1});
+  EXPECT_THROW_MSG(torch_save(d, temp_path("tensor_key.pt")), InvalidArgumentError, "a dict key is a Tensor");
+}
+
+TEST(CheckpointFile, DamagedFilesNameThePathAndTheProblem) {
+  const std::string path = temp_path("damaged.pt");
+  Dict d = sample();
+  d.insert("big", at::randn({1000}));
+  torch_save(d, path);
+  const std::string good = read_all(path);
+
+  write_all(path, good.substr(0, good.size() / 2));
+  EXPECT_THROW_MSG(torch_load(path), CheckpointError, path + ": cannot read");
+  EXPECT_THROW_MSG(torch_load(path), CheckpointError, "truncated");
+  write_all(path, "");
+  EXPECT_THROW_MSG(torch_load(path), CheckpointError, "empty");
+  std::mt19937 rng(5);
+  std::string noise(4096, '\0');
+  for (char& c : noise) c = static_cast<char>(rng());
+  write_all(path, noise);
+  EXPECT_THROW_MSG(torch_load(path), CheckpointError, "not a torch.save file");
+  write_all(path, std::string("\x80\x02\x8a\x0a", 4) + noise);
+  EXPECT_THROW_MSG(torch_load(path), CheckpointError, "legacy torch.save format");
+  EXPECT_THROW_MSG(torch_load(temp_path("missing.pt")), CheckpointError, "cannot open");
+  EXPECT_THROW_MSG(torch_load(::testing::TempDir()), CheckpointError, "is a directory");
+
+  // A flipped bit inside a tensor's bytes: the record's CRC-32 no longer matches.
+  write_all(path, good);
+  const size_t offset = caffe2::serialize::PyTorchStreamReader(path).getRecordOffset("data/1");  // "big"
+  std::string flipped = good;
+  flipped[offset + 100] ^= 0x10;
+  write_all(path, flipped);
+  EXPECT_THROW_MSG(torch_load(path), CheckpointError, "damaged");
+}
+
+TEST(CheckpointFile, Crc32MatchesZlib) {
+  EXPECT_EQ(crc32("123456789", 9), 0xCBF43926u);
+  const std::string text(1000, 'q');
+  EXPECT_EQ(crc32(text.data() + 3, 997, crc32(text.data(), 3)), crc32(text.data(), 1000));  // resumable
+  EXPECT_EQ(crc32(nullptr, 0), 0u);
+}
+
+// Every prefix and many one-byte corruptions of a real data.pkl: the machine throws
+// CheckpointError or returns a value, and never crashes or throws anything else.
+TEST(CheckpointFile, PickleReaderSurvivesTruncationAndCorruption) {
+  Dict d = sample();
+  d.insert("t", at::randn({4, 3}));
+  std::vector<at::Tensor> storages;
+  const std::string pickle = write_pickle(d, &storages);
+  StorageLoader load = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
+    if (key.empty() || key.size() > 3 || key.find_first_not_of("0123456789") != std::string::npos) {
+      throw CheckpointError("bad key");
+    }
+    const size_t i = std::stoul(key);
+    if (i >= storages.size() || storages[i].scalar_type() != dtype || storages[i].numel() != numel) {
+      throw CheckpointError("storage mismatch");
+    }
+    return storages[i];
+  };
+  const IValue back = read_pickle(pickle.data(), pickle.size(), load);
+  EXPECT_TRUE(at::equal(back.toGenericDict().at("t").toTensor(), d.at("t").toTensor()));
+
+  int refused = 0;
+  for (size_t n = 0; n < pickle.size(); ++n) {
+    try {
+      read_pickle(pickle.data(), n, load);
+    } catch (const CheckpointError&) {
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, static_cast<int>(pickle.size()));  // no prefix is a whole pickle
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string bad = pickle;
+    bad[rng() % bad.size()] = static_cast<char>(rng());
+    try {
+      read_pickle(bad.data(), bad.size(), load);
+    } catch (const CheckpointError&) {
+    }
+  }
+}
+
+TEST(CheckpointFile, RefusesPythonObjectsItDoesNotKnow) {
+  // A pickle that would call os.system in Python: GLOBAL 'os system', ('echo',), REDUCE.
+  const char program[] = "\x80\x02" "cos\nsystem\n" "X\x04\0\0\0echo" "\x85R.";
+  const std::string evil(program, sizeof program - 1);
+  StorageLoader none = [](const std::string&, at::ScalarType, int64_t) -> at::Tensor { throw CheckpointError("no storage"); };
+  EXPECT_THROW_MSG(read_pickle(evil.data(), evil.size(), none), CheckpointError, "calls os.system, which datapar does not read");
+}
+
+// Note [Atomic file write], step by step: a writer that dies before the rename leaves the
+// old file whole, whether it exits or is killed.
+TEST(CheckpointFile, AtomicFileKeepsTheOldFileWhenTheWriterDies) {
+  const std::string path = temp_path("atomic.pt");
+  torch_save(IValue(std::string("old")), path);
+  for (int how : {0, SIGKILL}) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      AtomicFile file(path);
+      const std::string junk(1 << 16, 'x');
+      file.write(junk.data(), junk.size());
+      if (how == SIGKILL) ::raise(SIGKILL);
+      std::_Exit(0);  // no destructor, no commit: like a crash between write and rename
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_EQ(torch_load(path).toStringRef(), "old");
+    const std::string stale = path + ".tmp." + std::to_string(pid);
+    EXPECT_EQ(read_all(stale).size(), size_t{1} << 16);  // the interrupted write, left aside
+    EXPECT_TRUE(is_atomic_temp_name(stale));
+    ::unlink(stale.c_str());
+  }
+  torch_save(IValue(std::string("new")), path);
+  EXPECT_EQ(torch_load(path).toStringRef(), "new");
+  EXPECT_FALSE(is_atomic_temp_name(path));
+  EXPECT_THROW_MSG(AtomicFile("/nonexistent-dir/x.pt"), CheckpointError, "cannot create");
+}
+
+}  // namespace
+}  // namespace datapar::detail

@@ -1,0 +1,136 @@
+// A rank of a DDP test job: ddp_probe SCENARIO INIT_METHOD RANK WORLD_SIZE OUT_FILE
+// Trains the scenario (tests/testing/ddp_scenarios.h) under DistributedDataParallel on the
+// Gloo backend and saves the final parameters to OUT_FILE. Special scenarios:
+//   mismatch  rank 1 builds a different model: exits 0 if construction fails on this rank
+//             with the error naming the difference
+//   kill      the last rank SIGKILLs itself in its second backward: the others exit 0 if
+//             backward fails with a datapar error instead of hanging
+//   stall     rank 1 sleeps 3 s before its second backward (stall warning after 1 s)
+#include <signal.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <thread>
+
+#include "datapar/ddp/comm_hook.h"
+#include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/distributed.h"
+#include "datapar/error.h"
+#include "datapar/state_dict.h"
+#include "testing/ddp_scenarios.h"
+
+namespace {
+
+using namespace datapar;
+using namespace datapar::testing;
+using namespace std::chrono_literals;
+
+int run_special(const std::string& name, int rank, int world) {
+  if (name == "mismatch") {
+    torch::manual_seed(1);
+    ProbeNet model(rank == 1 ? 33 : 32);
+    try {
+      DistributedDataParallel ddp(model.ptr());
+      std::cerr << "rank " << rank << ": construction succeeded\n";
+      return 10;
+    } catch (const InvalidArgumentError& e) {
+      std::cerr << e.what() << "\n";
+      const std::string what = e.what();
+      return what.find("differs between ranks") != std::string::npos && what.find("rank 1 has 'fc1.weight [33, 20]") !=
+             std::string::npos ? 0 : 11;
+    }
+  }
+  DdpScenario s = scenario("even", world);
+  s.options.timeout = 10s;
+  s.options.stall_warning = 1s;
+  torch::manual_seed(1);
+  ProbeNet model;
+  DistributedDataParallel ddp(model.ptr(), nullptr, s.options);
+  auto sgd = make_sgd(ddp.parameters());
+  for (int step = 0; step < 3; ++step) {
+    const auto data = step_data(s, step, 0);
+    sgd.zero_grad();
+    at::Tensor loss = at::cross_entropy_loss(ddp.forward(data[rank].first, true), data[rank].second);
+    if (step == 1 && name == "kill" && rank == world - 1) {
+      loss.register_hook([](at::Tensor g) {
+        ::raise(SIGKILL);
+        return g;
+      });
+    }
+    if (step == 1 && name == "stall" && rank == 1) std::this_thread::sleep_for(3s);
+    if (name == "kill" && step == 1) {
+      try {
+        loss.backward();
+        return 20;  // must not succeed with a rank gone
+      } catch (const datapar::Error& e) {
+        std::cerr << "rank " << rank << ": " << e.what() << "\n";
+        return 0;
+      }
+    }
+    loss.backward();
+    sgd.step();
+  }
+  return 0;
+}
+
+template <typename Net>
+int train(const DdpScenario& s, const std::string& name, int rank, const std::string& out);
+
+int run(const std::string& name, const std::string& init, int rank, int world, const std::string& out) {
+  init_process_group("gloo", init, rank, world, 30s);
+  if (name == "mismatch" || name == "kill" || name == "stall") {
+    const int code = run_special(name, rank, world);
+    if (name != "kill") destroy_process_group();
+    return code;
+  }
+  const DdpScenario s = scenario(name, world);
+  return s.sync_bn ? train<SyncBnNet>(s, name, rank, out) : train<ProbeNet>(s, name, rank, out);
+}
+
+template <typename Net>
+int train(const DdpScenario& s, const std::string& name, int rank, const std::string& out) {
+  torch::manual_seed(rank + 1);  // different on every rank: DDP must broadcast rank 0's
+  Net model;
+  if (s.sync_bn) convert_sync_batchnorm(*model);
+  DistributedDataParallel ddp(model.ptr(), nullptr, s.options);
+  if (name == "bf16") ddp.register_comm_hook(bf16_compress_hook());
+  auto sgd = make_sgd(ddp.parameters());
+  const bool extra = uses_extra(s, rank);
+  auto train = [&] {
+    for (size_t step = 0; step < s.rows.size() && s.rows[step][rank] > 0; ++step) {
+      sgd.zero_grad();
+      if (s.micro_batches) {
+        const auto first = step_data(s, static_cast<int>(step), 0);
+        auto guard = ddp.no_sync();
+        at::cross_entropy_loss(ddp.forward(first[rank].first, extra), first[rank].second).backward();
+      }
+      const auto data = step_data(s, static_cast<int>(step), s.micro_batches ? 1 : 0);
+      at::cross_entropy_loss(ddp.forward(data[rank].first, extra), data[rank].second).backward();
+      sgd.step();
+    }
+  };
+  if (s.join) {
+    ddp.join(train);
+  } else {
+    train();
+  }
+  save_state_dict(ddp.state_dict(), out);
+  std::cout << "buckets " << ddp.bucket_indices().size() << "\n";
+  destroy_process_group();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::cerr << "usage: ddp_probe SCENARIO INIT_METHOD RANK WORLD_SIZE OUT_FILE\n";
+    return 2;
+  }
+  try {
+    return run(argv[1], argv[2], std::stoi(argv[3]), std::stoi(argv[4]), argv[5]);
+  } catch (const std::exception& e) {
+    std::cerr << "ddp_probe rank " << argv[3] << ": " << e.what() << "\n";
+    return 1;
+  }
+}

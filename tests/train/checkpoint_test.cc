@@ -1,0 +1,289 @@
+// Checkpoints: resuming reproduces an uninterrupted run bit for bit; only rank 0 writes;
+// a crash mid-write keeps the previous checkpoint; damaged files are refused by name.
+#include "datapar/train/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+#include "datapar/error.h"
+#include "datapar/models/mlp.h"
+#include "serialization/torch_file.h"
+#include "testing/expect_throw.h"
+
+namespace datapar::train {
+namespace {
+
+using models::Mlp;
+
+Mlp mlp(std::vector<int64_t> sizes) { return Mlp(std::move(sizes)); }
+
+// A new directory per call, so that runs never see each other's files.
+std::string temp_dir(const std::string& name) {
+  std::string dir = ::testing::TempDir() + "/" + name + "XXXXXX";
+  if (::mkdtemp(&dir[0]) == nullptr) throw std::runtime_error("mkdtemp failed for " + dir);
+  return dir;
+}
+
+struct Data {
+  at::Tensor x;  // (64, 8)
+  at::Tensor y;  // (64,) classes 0..2
+};
+
+Data make_data() { return {at::randn({64, 8}), at::randint(0, 3, {64}, at::kLong)}; }
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Mlp& model, bool adam) {
+  if (adam) return std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2).amsgrad(true));
+  return std::make_unique<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-4));
+}
+
+// One epoch of minibatches in an order, with input noise and dropout, that all come from
+// the default generator: a resumed run only matches if the RNG state was restored.
+void train_epoch(Mlp& model, torch::optim::Optimizer& optimizer, const Data& data) {
+  const at::Tensor order = at::randperm(64);
+  for (int64_t b = 0; b < 64; b += 16) {
+    const at::Tensor idx = order.slice(0, b, b + 16);
+    at::Tensor x = data.x.index_select(0, idx);
+    x = at::dropout(x + 0.1 * at::randn_like(x), 0.2, /*train=*/true);
+    optimizer.zero_grad();
+    at::nll_loss(at::log_softmax(model->forward(x), 1), data.y.index_select(0, idx)).backward();
+    optimizer.step();
+  }
+}
+
+void expect_same_parameters(Mlp& a, Mlp& b) {
+  const auto pa = a->named_parameters();
+  const auto pb = b->named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (const auto& item : pa) EXPECT_TRUE(at::equal(item.value(), pb[item.key()])) << item.key();
+}
+
+class CheckpointResume : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CheckpointResume, GivesTheSameParametersAsAnUninterruptedRun) {
+  const bool adam = GetParam();
+  const std::string dir = temp_dir(adam ? "resume_adam" : "resume_sgd");
+
+  torch::manual_seed(42);
+  const Data data = make_data();
+  const RngState rng_after_data = get_rng_state();
+  Mlp straight = mlp({8, 16, 16, 3});
+  auto straight_opt = make_optimizer(straight, adam);
+  for (int epoch = 0; epoch < 4; ++epoch) train_epoch(straight, *straight_opt, data);
+
+  set_rng_state(rng_after_data);
+  {
+    Mlp first = mlp({8, 16, 16, 3});
+    auto opt = make_optimizer(first, adam);
+    for (int epoch = 0; epoch < 2; ++epoch) train_epoch(first, *opt, data);
+    EXPECT_TRUE(save_checkpoint(make_checkpoint(*first, *opt, 2, {{"seed", 42}, {"consumed_samples", 128}}),
+                                checkpoint_path(dir, 2), /*rank=*/0));
+  }
+  // Fresh objects, another initialization, a disturbed generator: the checkpoint must
+  // bring all of it back.
+  torch::manual_seed(7);
+  Mlp resumed = mlp({8, 16, 16, 3});
+  auto opt = make_optimizer(resumed, adam);
+  const auto last = latest_checkpoint(dir);
+  ASSERT_TRUE(last.has_value());
+  const Checkpoint c = load_checkpoint(*last);
+  EXPECT_EQ(c.epoch, 2);
+  EXPECT_EQ(c.progress, (Progress{{"seed", 42}, {"consumed_samples", 128}}));
+  restore_checkpoint(c, *resumed, *opt);
+  const RngState rng_at_resume = get_rng_state();
+  for (int64_t epoch = c.epoch; epoch < 4; ++epoch) train_epoch(resumed, *opt, data);
+  expect_same_parameters(straight, resumed);
+
+  // The test can tell: without the RNG state, the same resume ends elsewhere.
+  torch::manual_seed(7);
+  Mlp no_rng = mlp({8, 16, 16, 3});
+  auto no_rng_opt = make_optimizer(no_rng, adam);
+  restore_checkpoint(c, *no_rng, *no_rng_opt, /*restore_rng=*/false);
+  ASSERT_FALSE(at::equal(get_rng_state().cpu, rng_at_resume.cpu));
+  for (int64_t epoch = c.epoch; epoch < 4; ++epoch) train_epoch(no_rng, *no_rng_opt, data);
+  EXPECT_FALSE(at::equal(no_rng->named_parameters()["layers.0.weight"], straight->named_parameters()["layers.0.weight"]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoint, CheckpointResume, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Adam" : "SgdNesterov"; });
+
+TEST(Checkpoint, OnlyRankZeroWritesAndLoadsOntoTheGivenDevice) {
+  const std::string dir = temp_dir("ranks");
+  Mlp model = mlp({4, 5, 2});
+  auto opt = make_optimizer(model, false);
+  const Checkpoint c = make_checkpoint(*model, *opt, 1);
+  for (int64_t rank = 1; rank < 4; ++rank) EXPECT_FALSE(save_checkpoint(c, checkpoint_path(dir, 1), rank));
+  EXPECT_FALSE(latest_checkpoint(dir).has_value());
+  EXPECT_TRUE(save_checkpoint(c, checkpoint_path(dir, 1), 0));
+  const Checkpoint back = load_checkpoint(checkpoint_path(dir, 1), c10::Device("cpu"));
+  for (const auto& item : back.model) EXPECT_TRUE(item.value().device().is_cpu());
+  EXPECT_EQ(back.path, checkpoint_path(dir, 1));
+  EXPECT_EQ(checkpoint_path(dir + "/", 12), dir + "/checkpoint-epoch-12.pt");
+}
+
+TEST(Checkpoint, LatestSkipsDamagedCheckpointsAndTemporaries) {
+  const std::string dir = temp_dir("latest");
+  EXPECT_FALSE(latest_checkpoint(dir + "/missing").has_value());
+  Mlp model = mlp({4, 5, 2});
+  auto opt = make_optimizer(model, false);
+  for (int64_t epoch : {1, 2, 10}) save_checkpoint(make_checkpoint(*model, *opt, epoch), checkpoint_path(dir, epoch), 0);
+  EXPECT_EQ(latest_checkpoint(dir), checkpoint_path(dir, 10));  // numeric, not alphabetical
+  std::ofstream(checkpoint_path(dir, 11) + ".tmp.123") << "interrupted";
+  std::ofstream(dir + "/checkpoint-epoch-x.pt") << "not ours";
+  ::truncate(checkpoint_path(dir, 10).c_str(), 100);  // damaged newest
+  EXPECT_EQ(latest_checkpoint(dir), checkpoint_path(dir, 2));
+}
+
+// A real SIGKILL at a random moment of a large write, many times over: the file at the
+// path always loads, and holds the old checkpoint or the new one, whole.
+TEST(Checkpoint, KillDuringSaveLeavesALoadableCheckpoint) {
+  const std::string dir = temp_dir("kill");
+  const std::string path = checkpoint_path(dir, 1);
+  Mlp model = mlp({1024, 2048, 1024, 10});  // about 4.2 M parameters, 17 MB
+  auto opt = make_optimizer(model, false);
+  save_checkpoint(make_checkpoint(*model, *opt, 1), path, 0);
+  const Checkpoint next = make_checkpoint(*model, *opt, 2);
+  int killed_mid_write = 0;
+  for (int round = 0; round < 4; ++round) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      try {
+        while (true) save_checkpoint(next, path, 0);  // overwrites until killed
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "writer: %s\n", e.what());
+        std::_Exit(1);
+      }
+    }
+    const std::string temp = path + ".tmp." + std::to_string(pid);
+    struct stat st {};
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while ((::stat(temp.c_str(), &st) != 0 || st.st_size == 0) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 3));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status));
+    if (::stat(temp.c_str(), &st) == 0) ++killed_mid_write;
+    const Checkpoint c = load_checkpoint(path);
+    EXPECT_TRUE(c.epoch == 1 || c.epoch == 2);
+    EXPECT_TRUE(at::equal(c.model["layers.0.weight"], next.model["layers.0.weight"]));
+    EXPECT_EQ(latest_checkpoint(dir), path);
+    ::unlink(temp.c_str());
+  }
+  EXPECT_GT(killed_mid_write, 0) << "no kill landed inside a write; the test proved nothing";
+  ::unlink(path.c_str());  // 17 MB
+  ::rmdir(dir.c_str());
+}
+
+// ---- damaged and foreign files: a CheckpointError naming the file and the problem ----
+
+class CheckpointErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir("errors");
+    path_ = checkpoint_path(dir_, 3);
+    opt_ = make_optimizer(model_, false);
+    train_epoch(model_, *opt_, make_data());  // momentum buffers exist
+    save_checkpoint(make_checkpoint(*model_, *opt_, 3), path_, 0);
+  }
+  // Writes `root` as a file and returns its path.
+  std::string write(const c10::IValue& root) {
+    const std::string p = dir_ + "/crafted.pt";
+    detail::torch_save(root, p);
+    return p;
+  }
+  c10::impl::GenericDict root() { return detail::torch_load(path_).toGenericDict(); }
+
+  std::string dir_;
+  std::string path_;
+  Mlp model_ = mlp({8, 6, 3});
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+};
+
+TEST_F(CheckpointErrors, RandomBytesAndTruncation) {
+  std::ifstream in(path_, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string noise(bytes.size(), '\0');
+  for (size_t i = 0; i < noise.size(); ++i) noise[i] = static_cast<char>((i * 2654435761u) >> 13);
+  std::ofstream(path_, std::ios::binary | std::ios::trunc) << noise;
+  EXPECT_THROW_MSG(load_checkpoint(path_), CheckpointError, path_ + ": cannot read");
+  for (size_t keep : {size_t{0}, size_t{30}, bytes.size() / 3, bytes.size() - 1}) {
+    std::ofstream(path_, std::ios::binary | std::ios::trunc) << bytes.substr(0, keep);
+    EXPECT_THROW_MSG(load_checkpoint(path_), CheckpointError, path_ + ": cannot read");
+  }
+  EXPECT_THROW_MSG(load_checkpoint(dir_ + "/nope.pt"), CheckpointError, "nope.pt: cannot open");
+}
+
+TEST_F(CheckpointErrors, WrongFormat) {
+  StateDict bare = state_dict(*model_);
+  save_state_dict(bare, dir_ + "/bare.pt");
+  EXPECT_THROW_MSG(load_checkpoint(dir_ + "/bare.pt"), CheckpointError, "bare.pt: is a state dict, not a checkpoint");
+  EXPECT_THROW_MSG(load_state_dict_file(path_), CheckpointError, "is a checkpoint, not a state dict");
+  auto r = root();
+  r.insert_or_assign("format", "datapar.checkpoint/2");
+  EXPECT_THROW_MSG(load_checkpoint(write(r)), CheckpointError, "crafted.pt: has format \"datapar.checkpoint/2\"");
+  r.insert_or_assign("format", "something else");
+  EXPECT_THROW_MSG(load_checkpoint(write(r)), CheckpointError, "not a datapar checkpoint");
+  EXPECT_THROW_MSG(load_checkpoint(write(c10::IValue(int64_t{3}))), CheckpointError, "holds a int, not a checkpoint dict");
+}
+
+TEST_F(CheckpointErrors, MissingKeysAndWrongTypes) {
+  for (const char* key : {"model", "optimizer", "epoch", "progress", "rng"}) {
+    auto r = root();
+    r.erase(key);
+    EXPECT_THROW_MSG(load_checkpoint(write(r)), CheckpointError, std::string("crafted.pt: has no \"") + key + "\" entry");
+  }
+  auto r = root();
+  r.insert_or_assign("epoch", "three");
+  EXPECT_THROW_MSG(load_checkpoint(write(r)), CheckpointError, "\"epoch\" is a str, expected an int");
+  r = root();
+  r.at("model").toGenericDict().insert_or_assign("layers.0.weight", 1.5);
+  EXPECT_THROW_MSG(load_checkpoint(write(r)), CheckpointError, "\"model\" entry layers.0.weight is a float, expected a tensor");
+  r = root();
+  r.at("rng").toGenericDict().insert_or_assign("cpu", at::zeros({4}));
+  EXPECT_THROW_MSG(load_checkpoint(write(r)), CheckpointError, "\"rng\" entry cpu is a Tensor, expected a uint8 tensor");
+}
+
+TEST_F(CheckpointErrors, WrongShapesChangeNothing) {
+  const at::Tensor before = model_->named_parameters()["layers.0.weight"].clone();
+  Checkpoint c = load_checkpoint(path_);
+  c.model["layers.0.weight"] = at::zeros({6, 5});
+  save_checkpoint(c, dir_ + "/shape.pt", 0);
+  Checkpoint bad = load_checkpoint(dir_ + "/shape.pt");
+  EXPECT_THROW_MSG(restore_checkpoint(bad, *model_, *opt_), CheckpointError,
+                   "shape.pt: model: layers.0.weight has shape [6, 5] in the checkpoint but [6, 8]");
+
+  c = load_checkpoint(path_);
+  c.optimizer.at("state").toGenericDict().at(int64_t{0}).toGenericDict().insert_or_assign("momentum_buffer", at::zeros({2}));
+  c.model["layers.0.weight"] = at::zeros({6, 8});
+  save_checkpoint(c, dir_ + "/buffer.pt", 0);
+  bad = load_checkpoint(dir_ + "/buffer.pt");
+  EXPECT_THROW_MSG(restore_checkpoint(bad, *model_, *opt_), CheckpointError,
+                   "buffer.pt: optimizer state: the state of parameter 0 \"momentum_buffer\" has shape [2]");
+  EXPECT_TRUE(at::equal(model_->named_parameters()["layers.0.weight"], before));  // unchanged
+
+  Mlp other = mlp({8, 9, 3});
+  auto other_opt = make_optimizer(other, false);
+  EXPECT_THROW_MSG(restore_checkpoint(load_checkpoint(path_), *other, *other_opt), CheckpointError, "has shape [6, 8] in the checkpoint but [9, 8]");
+}
+
+}  // namespace
+}  // namespace datapar::train

@@ -1,0 +1,23 @@
+// datapar bench ddp: throughput of DDP training steps, with the measurements that explain it.
+#pragma once
+
+#include <string>
+
+namespace datapar::tools {
+
+struct BenchDdpOptions {
+  std::string model = "mlp";  // mlp | lenet | resnet18
+  int nproc = 2;
+  int batch = 0;              // per rank; 0: the model's default (mlp 64, lenet 128, resnet18 32)
+  std::string backend = "gloo";
+  int steps = 0;              // timed steps; 0: the model's default
+  int warmup = 5;
+  int threads = 1;            // intra-op threads per process
+};
+
+// Each rank, all at once: `steps` local steps with no synchronisation (the ceiling), then
+// `steps` DDP steps, then the all-reduces of the gradient buckets alone. Rank 0 prints the
+// times, the share of all-reduce time hidden behind backward, and last `samples/s: X`.
+int bench_ddp(const BenchDdpOptions& options);
+
+}  // namespace datapar::tools
