@@ -10,6 +10,9 @@
 #include <cstdio>
 #include <thread>
 
+#include <torch/nn/modules/linear.h>
+
+#include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
@@ -344,6 +347,10 @@ TEST(MpiProcessGroup, InitProcessGroupTakesRankAndSizeFromMpi) {
   at::Tensor t = full({4}, rank, at::kFloat);
   default_group()->all_reduce(t, ReduceOp::kAvg)->wait();
   EXPECT_EQ(t[0].item<float>(), (n - 1) / 2.0f);
+  // The job's store, served by rank 0 and found through MPI (DDP's stall reports use it).
+  default_store()->set("hello/" + std::to_string(rank), std::string("from ") + std::to_string(rank));
+  EXPECT_EQ(default_store()->get_string("hello/" + std::to_string((rank + 1) % n)),
+            "from " + std::to_string((rank + 1) % n));
   auto evens = new_group(n > 2 ? std::vector<int>{0, 2} : std::vector<int>{0});
   EXPECT_EQ(evens == nullptr, !(rank == 0 || (n > 2 && rank == 2)));
   if (evens) {
@@ -353,6 +360,20 @@ TEST(MpiProcessGroup, InitProcessGroupTakesRankAndSizeFromMpi) {
   }
   destroy_process_group();
   EXPECT_FALSE(is_initialized());
+}
+
+// DDP on the mpi default group (its stall reports go through the job's store): the
+// gradient of sum(W x + b) over 2 rows of x = rank + 1 is 2 (rank + 1) per weight, so the
+// average over ranks is n + 1; the bias gets 2 everywhere.
+TEST(MpiProcessGroup, DistributedDataParallelAveragesTheGradients) {
+  const int n = world().size(), rank = world().rank();
+  init_process_group("mpi");
+  auto model = torch::nn::Linear(4, 3);
+  DistributedDataParallel ddp(model);
+  ddp.forward(at::full({2, 4}, rank + 1.0)).sum().backward();
+  EXPECT_TRUE(at::allclose(model->weight.grad(), at::full({3, 4}, n + 1.0)));
+  EXPECT_TRUE(at::allclose(model->bias.grad(), at::full({3}, 2.0)));
+  destroy_process_group();
 }
 
 // Run alone by the mpi_peer_death CTest test: rank 1 dies in the middle of the job, and

@@ -23,12 +23,14 @@ using namespace std::chrono_literals;
 // sleep. So a wait spins for kSpinFor, then calls sched_yield between tests (free when
 // nothing else wants the core; under oversubscription, e.g. 4 ranks on 2 cores, it hands
 // the core to a peer that needs it), and naps only after kYieldFor, when the peers are
-// clearly busy elsewhere (e.g. computing before they reach the collective). A nap slows
-// progress of a long transfer, hence the long yield phase. MPI's own blocking calls spin
-// forever; this costs less CPU and ends at the deadline.
+// clearly busy elsewhere (e.g. still computing their backward, as under DDP, where a
+// polling thread would slow the compute on its core). A nap adds up to kNap to the wait
+// once they arrive. Each wait starts its own phases: the ring all-reduce waits per segment,
+// so a transfer in progress never naps. MPI's own blocking calls spin forever; this costs
+// less CPU and ends at the deadline.
 constexpr auto kSpinFor = 100us;
-constexpr auto kYieldFor = 200ms;
-constexpr auto kNap = 200us;
+constexpr auto kYieldFor = 20ms;
+constexpr auto kNap = 100us;
 
 // Process-wide state. Never destroyed: atexit handlers and exiting threads use it.
 struct State {
