@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev zlib1g-dev
   python3-torch
+  libopenmpi-dev openmpi-bin
   iproute2
   gnuplot-nox
 )

@@ -2,6 +2,7 @@
 //
 //   datapar::init_process_group("gloo");                      // env:// and the launcher's RANK/WORLD_SIZE
 //   datapar::init_process_group("gloo", "tcp://10.0.0.1:29500", rank, world_size);
+//   datapar::init_process_group("mpi");                       // under mpirun -np N
 //   auto group = datapar::default_group();
 //   group->all_reduce(grads)->wait();
 //   auto evens = datapar::new_group({0, 2});                  // nullptr on the other ranks
@@ -22,10 +23,18 @@ namespace datapar {
 
 constexpr std::chrono::milliseconds kDefaultProcessGroupTimeout = std::chrono::minutes(30);
 
-// Joins the job (see rendezvous() in rendezvous/init_method.h) and builds the default
-// group on `backend`: "gloo" (CPU tensors). "nccl" and "mpi" are not part of this build yet
-// and are refused with a clear error, as is any other name.
-// rank / world_size < 0: from the launcher's environment.
+// Joins the job and builds the default group on `backend`:
+//   "gloo"  CPU tensors over TCP. The processes meet through `init_method` (see
+//           rendezvous() in rendezvous/init_method.h); rank / world_size < 0: from the
+//           launcher's environment.
+//   "mpi"   CPU tensors through MPI (shared memory within a machine), in builds with MPI
+//           (DATAPAR_HAVE_MPI). Start the processes with mpirun; as in PyTorch, MPI gives
+//           rank and world size and init_method is ignored. Given rank / world_size must
+//           match MPI's (InvalidArgumentError otherwise). Rank 0 serves the job's store
+//           (default_store()) on a free port and tells the others where through MPI: at
+//           MASTER_ADDR if set, else loopback when every process runs on this machine,
+//           else this machine's hostname.
+// "nccl", "mpi" in a build without MPI, and unknown names are refused with a clear error.
 // Throws InvalidArgumentError if a default group exists already, and whatever rendezvous()
 // and the backend throw.
 void init_process_group(const std::string& backend, const std::string& init_method = "env://", int rank = -1,

@@ -1,16 +1,20 @@
-// The default process group and the backend factory. See distributed.h.
+// The default process group. See distributed.h; the backends come from backends.cc.
 #include "datapar/distributed.h"
 
 #include <netdb.h>
 #include <unistd.h>
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
-#include "datapar/config.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/prefix_store.h"
+#include "datapar/rendezvous/tcp_store.h"
+#include "process_group/backends.h"
 
 namespace datapar {
 namespace {
@@ -18,10 +22,11 @@ namespace {
 using detail::str_cat;
 
 struct DefaultGroup {
-  Rendezvous rendezvous;
-  std::string backend;
-  std::chrono::milliseconds timeout{};
-  std::string gloo_hostname;
+  const detail::Backend* backend = nullptr;
+  std::shared_ptr<Store> store;  // the job's store (mpi: served by rank 0 after the group is made)
+  int rank = -1;
+  int world_size = -1;
+  detail::BackendSettings settings;
   std::shared_ptr<ProcessGroup> group;
   int groups_made = 0;  // new_group calls so far: names each group's store namespace
 };
@@ -52,23 +57,43 @@ std::string gloo_hostname(const std::string& init_method) {
   return name;
 }
 
-// Throws unless this build has `backend`.
-void check_backend(const std::string& backend) {
-  if (backend == "gloo") return;
-  if (backend == "nccl" || backend == "mpi") {
-    throw InvalidArgumentError(str_cat("init_process_group: the ", backend,
-                                       " backend is not available in this build of datapar (", backend == "nccl" ?
-                                       "it needs libtorch with CUDA and is not implemented yet" : "not implemented yet",
-                                       "). Use \"gloo\" for CPU tensors."));
-  }
-  throw InvalidArgumentError(str_cat("init_process_group: unknown backend \"", backend,
-                                     "\". Available in this build: gloo."));
+// Where rank 0 serves the store of a job that met without one (mpi): MASTER_ADDR if set,
+// loopback when every process runs on this machine, else this machine's hostname.
+std::string store_host(int world_size) {
+  if (const char* given = std::getenv("MASTER_ADDR")) return given;
+  const auto identity = identity_from_environment();
+  if (identity && identity->local_world_size == world_size) return "127.0.0.1";
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
 }
 
-std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared_ptr<Store> store, int rank, int size,
-                                         const DefaultGroup& settings) {
-  check_backend(backend);  // only gloo gets past it
-  return new_gloo_process_group(std::move(store), rank, size, GlooOptions{settings.gloo_hostname, settings.timeout});
+// The job's store for a backend whose processes met without one (mpirun started them):
+// rank 0 serves a TcpStore on a free port and tells the others where through `group`.
+std::shared_ptr<Store> store_through(ProcessGroup& group, std::chrono::milliseconds timeout) {
+  at::Tensor address = at::zeros({256}, at::kByte);  // "host port", NUL-padded
+  std::shared_ptr<Store> store;
+  if (group.rank() == 0) {
+    const std::string host = store_host(group.size());
+    auto server = std::make_shared<TcpStore>(TcpStoreOptions{host, 0, true, "", timeout});
+    const std::string text = host + " " + std::to_string(server->port());
+    DATAPAR_CHECK(text.size() < 256, "init_process_group: the store's address ", text, " is too long.");
+    std::memcpy(address.data_ptr(), text.data(), text.size());
+    store = server;
+  }
+  group.broadcast(address, 0)->wait(timeout);
+  if (group.rank() != 0) {
+    const std::string text(static_cast<const char*>(address.data_ptr()));
+    const size_t space = text.rfind(' ');
+    store = std::make_shared<TcpStore>(TcpStoreOptions{
+        text.substr(0, space), static_cast<uint16_t>(std::stoi(text.substr(space + 1))), false, "", timeout});
+  }
+  return store;
+}
+
+// The group's own namespace in the job's store, or null without a store.
+std::shared_ptr<Store> group_store(const DefaultGroup& s, const std::string& name) {
+  return s.store ? std::make_shared<PrefixStore>(name, s.store) : nullptr;
 }
 
 }  // namespace
@@ -76,15 +101,33 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared
 void init_process_group(const std::string& backend, const std::string& init_method, int rank, int world_size,
                         std::chrono::milliseconds timeout) {
   DATAPAR_CHECK(state() == nullptr, "init_process_group: a default process group exists already (rank ",
-                state() ? state()->rendezvous.rank : -1, "). Call destroy_process_group() first.");
-  check_backend(backend);  // refuse before joining the job
+                state() ? state()->rank : -1, "). Call destroy_process_group() first.");
   auto s = std::make_unique<DefaultGroup>();
-  s->backend = backend;
-  s->timeout = timeout;
-  s->gloo_hostname = gloo_hostname(init_method);
-  s->rendezvous = rendezvous(init_method, rank, world_size, timeout);
-  s->group = make_group(backend, std::make_shared<PrefixStore>("group/default", s->rendezvous.store),
-                        s->rendezvous.rank, s->rendezvous.world_size, *s);
+  s->backend = &detail::find_backend(backend);  // refuse before joining the job
+  s->settings.timeout = timeout;
+  if (s->backend->job_shape) {
+    // The launcher (mpirun) connected the processes already, and the backend knows rank
+    // and world size: given ones must agree with it. The store comes after the group.
+    const detail::JobShape shape = s->backend->job_shape();
+    DATAPAR_CHECK((rank < 0 || rank == shape.rank) && (world_size < 0 || world_size == shape.world_size),
+                  "init_process_group: rank ", rank, " and world size ", world_size, " were given, but ", backend,
+                  " says this process is rank ", shape.rank, " of ", shape.world_size, ". ",
+                  shape.world_size == 1 && world_size > 1 ? "Start the job with mpirun -np N, which sets them; "
+                                                          : "Start the job with mpirun, which sets them, and ",
+                  "pass -1 (the default) for both.");
+    s->rank = shape.rank;
+    s->world_size = shape.world_size;
+  } else {
+    s->settings.gloo_hostname = gloo_hostname(init_method);
+    Rendezvous joined = rendezvous(init_method, rank, world_size, timeout);
+    s->store = joined.store;
+    s->rank = joined.rank;
+    s->world_size = joined.world_size;
+  }
+  std::vector<int> everyone(s->world_size);
+  for (int i = 0; i < s->world_size; ++i) everyone[i] = i;
+  s->group = s->backend->make(group_store(*s, "group/default"), s->rank, everyone, s->settings);
+  if (!s->store) s->store = store_through(*s->group, timeout);
   state() = std::move(s);
 }
 
@@ -92,15 +135,15 @@ bool is_initialized() { return state() != nullptr; }
 
 std::shared_ptr<ProcessGroup> default_group() { return require_state("default_group").group; }
 
-std::shared_ptr<Store> default_store() { return require_state("default_store").rendezvous.store; }
+std::shared_ptr<Store> default_store() { return require_state("default_store").store; }
 
-int get_rank() { return require_state("get_rank").rendezvous.rank; }
+int get_rank() { return require_state("get_rank").rank; }
 
-int get_world_size() { return require_state("get_world_size").rendezvous.world_size; }
+int get_world_size() { return require_state("get_world_size").world_size; }
 
 std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) {
   DefaultGroup& s = require_state("new_group");
-  const int world = s.rendezvous.world_size;
+  const int world = s.world_size;
   DATAPAR_CHECK(!ranks.empty(), "new_group: no ranks given.");
   for (size_t i = 0; i < ranks.size(); ++i) {
     DATAPAR_CHECK(ranks[i] >= 0 && ranks[i] < world, "new_group: rank ", ranks[i], " is outside the job's [0, ",
@@ -109,10 +152,10 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) {
                   " is listed twice.");
   }
   const int id = s.groups_made++;  // the same on every process, which all call new_group in order
-  const auto me = std::find(ranks.begin(), ranks.end(), s.rendezvous.rank);
+  const auto me = std::find(ranks.begin(), ranks.end(), s.rank);
   if (me == ranks.end()) return nullptr;
-  return make_group(s.backend, std::make_shared<PrefixStore>("group/" + std::to_string(id), s.rendezvous.store),
-                    static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()), s);
+  return s.backend->make(group_store(s, "group/" + std::to_string(id)), static_cast<int>(me - ranks.begin()), ranks,
+                         s.settings);
 }
 
 void destroy_process_group() {
@@ -120,7 +163,7 @@ void destroy_process_group() {
   auto s = std::move(state());
   // Everyone reaches this point before rank 0 takes the store server down with it.
   try {
-    s->group->barrier()->wait(s->timeout);
+    s->group->barrier()->wait(s->settings.timeout);
   } catch (const Error&) {
     // A peer is gone already: nothing left to protect.
   }

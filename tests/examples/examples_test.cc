@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "datapar/config.h"
+
 namespace {
 
 struct ProgramRun {
@@ -137,6 +139,20 @@ TEST(Cli, BenchCollectivesPrintsATable) {
   const ProgramRun bad = run(bin("datapar") + " bench collectives --sizes 4XB");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("unknown unit \"XB\""), std::string::npos) << bad.output;
+}
+
+TEST(Cli, BenchCollectivesOnMpiStartsItselfThroughMpirun) {
+  const ProgramRun r =
+      run(bin("datapar") + " bench collectives --backend mpi --nproc 2 --sizes 4KiB --iters 2 --warmup 1");
+  if (!DATAPAR_HAVE_MPI) {
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.output.find("no MPI backend"), std::string::npos) << r.output;
+    return;
+  }
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("starting 2 processes: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("all_reduce, backend mpi, 2 processes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 4 KiB |"), std::string::npos) << r.output;
 }
 
 TEST(Cli, BenchDdpReportsTheCeilingTheHiddenShareAndSamplesPerSecond) {

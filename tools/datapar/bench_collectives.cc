@@ -122,9 +122,10 @@ std::vector<int64_t> parse_sizes(const std::string& list) {
 int bench_collectives(const BenchCollectivesOptions& options) {
   DATAPAR_CHECK(options.op == "all_reduce" || options.op == "broadcast" || options.op == "all_gather",
                 "--op: \"", options.op, "\" is not one of all_reduce, broadcast, all_gather.");
-  return run_job(options.nproc, "datapar bench collectives", [&](const std::string& init, int rank, int world) {
-    return run_rank(options, init, rank, world);
-  });
+  return run_job(
+      options.nproc, "datapar bench collectives",
+      [&](const std::string& init, int rank, int world) { return run_rank(options, init, rank, world); },
+      options.backend);
 }
 
 }  // namespace datapar::tools

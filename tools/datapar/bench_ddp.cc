@@ -131,8 +131,10 @@ int bench_ddp(const BenchDdpOptions& options) {
                 options.model, "\" is not one of mlp, lenet, resnet18.");
   DATAPAR_CHECK(options.batch >= 0 && options.steps >= 0 && options.threads >= 1,
                 "--batch, --steps and --threads must not be negative (threads at least 1).");
-  return run_job(options.nproc, "datapar bench ddp",
-                 [&](const std::string& init, int rank, int world) { return run_rank(options, init, rank, world); });
+  return run_job(
+      options.nproc, "datapar bench ddp",
+      [&](const std::string& init, int rank, int world) { return run_rank(options, init, rank, world); },
+      options.backend);
 }
 
 }  // namespace datapar::tools

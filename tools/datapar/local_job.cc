@@ -3,9 +3,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <vector>
+
+#include "datapar/config.h"
 
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
@@ -13,11 +18,57 @@
 
 namespace datapar::tools {
 
-int run_job(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main) {
+namespace {
+
+// This process's command line, as it was started.
+std::vector<std::string> own_command_line() {
+  std::ifstream file("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string arg; std::getline(file, arg, '\0');) args.push_back(arg);
+  return args;
+}
+
+// Runs this command line again as `mpirun -n nproc ...`: each copy then finds itself under
+// a launcher. Returns only if mpirun cannot be started.
+void exec_under_mpirun(int nproc, const std::string& tool) {
+  DATAPAR_CHECK(DATAPAR_HAVE_MPI, tool, ": this build of datapar has no MPI backend (CMake found no MPI library). ",
+                "Install libopenmpi-dev and openmpi-bin, then configure and build again.");
+  std::string mpirun = DATAPAR_MPIEXEC;  // found at build time
+  if (mpirun.empty() || ::access(mpirun.c_str(), X_OK) != 0) mpirun = "mpirun";
+  char self[4096] = {};
+  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::vector<std::string> original = own_command_line();
+  DATAPAR_CHECK(length > 0 && !original.empty(), tool, ": cannot read this program's command line to start it ",
+                "through mpirun. Start it yourself: mpirun -n ", nproc, " <the same command>");
+  std::vector<std::string> args = {mpirun, "-n", std::to_string(nproc), self};
+  args.insert(args.end(), original.begin() + 1, original.end());
+  // Open MPI refuses to run as root (containers) and to start more processes than cores
+  // unless told; the user asked for exactly these processes. Other MPIs ignore these.
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  std::string line;
+  for (const std::string& a : args) line += (line.empty() ? "" : " ") + a;
+  std::fprintf(stderr, "%s: starting %d processes: %s\n", tool.c_str(), nproc, line.c_str());
+  std::fflush(nullptr);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  throw InvalidArgumentError(detail::str_cat(tool, ": cannot start ", mpirun, ": ", std::strerror(errno),
+                                             ". Install Open MPI (apt-get install openmpi-bin), or start the ranks ",
+                                             "yourself: mpirun -n ", nproc, " ", line.substr(line.find(self))));
+}
+
+}  // namespace
+
+int run_job(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main,
+            const std::string& backend) {
   DATAPAR_CHECK(nproc >= 1, "--nproc must be at least 1.");
   if (const auto identity = identity_from_environment()) {  // under a launcher
     return rank_main("env://", identity->rank, identity->world_size);
   }
+  if (backend == "mpi") exec_under_mpirun(nproc, tool);
   uint16_t port;
   {
     TcpStore probe({"127.0.0.1", 0, true, "", std::chrono::seconds(5)});

@@ -4,7 +4,8 @@
 // Every call returns at once with a Work; the operations of one group run one after
 // another, in the order they were issued, on the group's own thread, so several may be in
 // flight without deadlock. Tensors must stay alive and untouched until their Work is done.
-// Backends: Gloo (CPU tensors over TCP), MPI (CPU tensors; shared memory within a node).
+// Backends: Gloo (CPU tensors over TCP), MPI (CPU tensors; shared memory within a node,
+// when datapar was built with MPI: DATAPAR_HAVE_MPI in datapar/config.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -103,5 +104,28 @@ struct GlooOptions {
 // CommError when the others do not connect in time.
 std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                      GlooOptions options = {});
+
+struct MpiOptions {
+  // Limit for joining the group and for every operation. An operation still running then
+  // fails with TimeoutError; a collective that timed out leaves the group unusable (later
+  // collectives fail with CommError), a send or recv does not.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+};
+
+// An MPI process group: the processes of an mpirun (or srun) job, as MPI numbers them.
+// `ranks`: the MPI_COMM_WORLD ranks of the members, in the order that gives their ranks in
+// the group; empty: the whole world. Returns nullptr on a process outside `ranks`.
+//
+// Initialises MPI on first use (MPI_Init_thread with MPI_THREAD_MULTIPLE) and finalises it
+// at exit if datapar initialised it; a program that initialised MPI itself must have asked
+// for MPI_THREAD_MULTIPLE and finalises it itself, after releasing the groups.
+// Every member must call it, in the same order as its other group constructions. Blocks
+// until all have: for the whole world at most options.timeout (TimeoutError), for a subset
+// without limit (MPI has no non-blocking MPI_Comm_create_group).
+// Data moves as MPI's own types (float32/64, int32/64); float16 and bfloat16 are widened to
+// float32 for reductions. Within one machine, Open MPI moves data through shared memory.
+// Throws InvalidArgumentError when this build has no MPI backend or for bad ranks,
+// CommError when MPI cannot be initialised or lacks MPI_THREAD_MULTIPLE.
+std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& ranks = {}, MpiOptions options = {});
 
 }  // namespace datapar

@@ -27,12 +27,19 @@
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/prefix_store.h"
+#include "process_group/checks.h"
 #include "process_group/coalesce.h"
 #include "process_group/ordered_runner.h"
 
 namespace datapar {
 namespace {
 
+using detail::check_all_to_all;
+using detail::check_avg;
+using detail::check_like;
+using detail::check_peer;
+using detail::check_root;
+using detail::check_tensor;
 using detail::str_cat;
 
 // Gloo's rendezvous talks to our Store through this.
@@ -102,9 +109,8 @@ class ProcessGroupGloo : public ProcessGroup {
   std::string backend() const override { return "gloo"; }
 
   std::shared_ptr<Work> all_reduce(at::Tensor tensor, ReduceOp op) override {
-    check_tensor(tensor, "all_reduce");
-    DATAPAR_CHECK(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()),
-                  "all_reduce: avg needs a floating-point tensor, not ", tensor.scalar_type(), ".");
+    check_tensor(tensor, "all_reduce", "gloo");
+    check_avg(op, tensor, "all_reduce");
     return enqueue(str_cat("all_reduce(", to_string(op), ")"), [this, tensor, op]() mutable {
       at::Tensor buffer = reducible(tensor);
       all_reduce_in_place(buffer, op);
@@ -113,10 +119,9 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> reduce(at::Tensor tensor, int root, ReduceOp op) override {
-    check_tensor(tensor, "reduce");
-    check_root(root, "reduce");
-    DATAPAR_CHECK(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()),
-                  "reduce: avg needs a floating-point tensor, not ", tensor.scalar_type(), ".");
+    check_tensor(tensor, "reduce", "gloo");
+    check_root(root, size(), "reduce");
+    check_avg(op, tensor, "reduce");
     return enqueue(str_cat("reduce(", to_string(op), ", root ", root, ")"), [this, tensor, root, op]() mutable {
       at::Tensor buffer = reducible(tensor);
       with_reducer(buffer, op, [&](auto* data, size_t count, gloo::ReduceOptions::Func fn) {
@@ -135,7 +140,7 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input) override {
-    check_tensor(input, "all_gather");
+    check_tensor(input, "all_gather", "gloo");
     check_like(outputs, input, size(), "all_gather", "outputs");
     return enqueue("all_gather", [this, outputs, input]() mutable {
       const at::Tensor in = input.contiguous();
@@ -150,8 +155,8 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) override {
-    check_tensor(input, "gather");
-    check_root(root, "gather");
+    check_tensor(input, "gather", "gloo");
+    check_root(root, size(), "gather");
     if (rank() == root) check_like(outputs, input, size(), "gather", "outputs on the root");
     return enqueue(str_cat("gather(root ", root, ")"), [this, outputs, input, root]() mutable {
       const at::Tensor in = input.contiguous();
@@ -170,8 +175,8 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) override {
-    check_tensor(output, "scatter");
-    check_root(root, "scatter");
+    check_tensor(output, "scatter", "gloo");
+    check_root(root, size(), "scatter");
     if (rank() == root) check_like(inputs, output, size(), "scatter", "inputs on the root");
     return enqueue(str_cat("scatter(root ", root, ")"), [this, output, inputs, root]() mutable {
       at::Tensor out = output.contiguous();
@@ -194,10 +199,9 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) override {
-    check_tensor(output, "reduce_scatter");
+    check_tensor(output, "reduce_scatter", "gloo");
     check_like(inputs, output, size(), "reduce_scatter", "inputs");
-    DATAPAR_CHECK(op != ReduceOp::kAvg || at::isFloatingType(output.scalar_type()),
-                  "reduce_scatter: avg needs a floating-point tensor, not ", output.scalar_type(), ".");
+    check_avg(op, output, "reduce_scatter");
     // All-reduce of the concatenation, then each process keeps its part: correct on every
     // world size; a bandwidth-optimal ring reduce-scatter can replace it.
     return enqueue(str_cat("reduce_scatter(", to_string(op), ")"), [this, output, inputs, op]() mutable {
@@ -210,13 +214,9 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) override {
-    check_tensor(input, "all_to_all");
-    check_tensor(output, "all_to_all");
-    DATAPAR_CHECK(input.sizes() == output.sizes() && input.scalar_type() == output.scalar_type(),
-                  "all_to_all: output ", output.sizes(), " ", output.scalar_type(), " must match input ",
-                  input.sizes(), " ", input.scalar_type(), ".");
-    DATAPAR_CHECK(input.dim() >= 1 && input.size(0) % size() == 0, "all_to_all: dim 0 of the input (",
-                  input.dim() ? input.size(0) : 0, ") must split into ", size(), " equal chunks.");
+    check_tensor(input, "all_to_all", "gloo");
+    check_tensor(output, "all_to_all", "gloo");
+    check_all_to_all(output, input, size());
     return enqueue("all_to_all", [this, output, input]() mutable {
       const at::Tensor in = input.contiguous();
       at::Tensor out = output.contiguous();
@@ -230,8 +230,8 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> broadcast(at::Tensor tensor, int root) override {
-    check_tensor(tensor, "broadcast");
-    check_root(root, "broadcast");
+    check_tensor(tensor, "broadcast", "gloo");
+    check_root(root, size(), "broadcast");
     return enqueue(str_cat("broadcast(root ", root, ")"), [this, tensor, root]() mutable {
       at::Tensor buffer = tensor.contiguous();
       gloo::BroadcastOptions opts(context_);
@@ -253,9 +253,8 @@ class ProcessGroupGloo : public ProcessGroup {
 
   std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op) override {
     for (const at::Tensor& t : tensors) {
-      check_tensor(t, "all_reduce_coalesced");
-      DATAPAR_CHECK(op != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()),
-                    "all_reduce_coalesced: avg needs floating-point tensors, not ", t.scalar_type(), ".");
+      check_tensor(t, "all_reduce_coalesced", "gloo");
+      check_avg(op, t, "all_reduce_coalesced", /*plural=*/true);
     }
     return enqueue(str_cat("all_reduce_coalesced(", to_string(op), ", ", tensors.size(), " tensors)"),
                    [this, tensors, op]() mutable {
@@ -268,8 +267,8 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root) override {
-    for (const at::Tensor& t : tensors) check_tensor(t, "broadcast_coalesced");
-    check_root(root, "broadcast_coalesced");
+    for (const at::Tensor& t : tensors) check_tensor(t, "broadcast_coalesced", "gloo");
+    check_root(root, size(), "broadcast_coalesced");
     return enqueue(str_cat("broadcast_coalesced(root ", root, ", ", tensors.size(), " tensors)"),
                    [this, tensors, root]() mutable {
                      for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
@@ -284,8 +283,8 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag) override {
-    check_tensor(tensor, "send");
-    check_peer(dst, tag, "send");
+    check_tensor(tensor, "send", "gloo");
+    check_peer(dst, rank(), size(), tag, "send");
     const at::Tensor buffer = tensor.contiguous();
     std::shared_ptr<gloo::transport::UnboundBuffer> unbound =
         context_->createUnboundBuffer(buffer.data_ptr(), buffer.nbytes());
@@ -296,8 +295,8 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag) override {
-    check_tensor(tensor, "recv");
-    check_peer(src, tag, "recv");
+    check_tensor(tensor, "recv", "gloo");
+    check_peer(src, rank(), size(), tag, "recv");
     at::Tensor buffer = tensor.contiguous();
     std::shared_ptr<gloo::transport::UnboundBuffer> unbound =
         context_->createUnboundBuffer(buffer.data_ptr(), buffer.nbytes());
@@ -312,12 +311,6 @@ class ProcessGroupGloo : public ProcessGroup {
   // Point-to-point messages use their own slot range, apart from every collective's.
   static uint64_t p2p_slot(int tag) { return gloo::Slot::build(kP2pSlotPrefix, static_cast<uint32_t>(tag)); }
   static constexpr uint8_t kP2pSlotPrefix = 0x40;
-
-  void check_peer(int peer, int tag, const char* what) const {
-    DATAPAR_CHECK(peer >= 0 && peer < size(), what, ": peer rank ", peer, " is outside [0, ", size(), ").");
-    DATAPAR_CHECK(peer != rank(), what, ": rank ", rank(), " is the peer itself; copy the tensor instead.");
-    DATAPAR_CHECK(tag >= 0, what, ": tag ", tag, " must not be negative.");
-  }
 
   // All-reduces a contiguous, reducible buffer in place (avg: the sum divided by size()).
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op) {
@@ -351,22 +344,6 @@ class ProcessGroupGloo : public ProcessGroup {
     }
   }
 
-  void check_root(int root, const char* what) const {
-    DATAPAR_CHECK(root >= 0 && root < size(), what, ": root ", root, " is outside [0, ", size(), ").");
-  }
-
-  static void check_like(const std::vector<at::Tensor>& list, const at::Tensor& like, int count, const char* what,
-                         const char* name) {
-    DATAPAR_CHECK(static_cast<int>(list.size()) == count, what, ": ", list.size(), " ", name, " for ", count,
-                  " processes; give one per process.");
-    for (size_t i = 0; i < list.size(); ++i) {
-      DATAPAR_CHECK(list[i].defined() && list[i].device().is_cpu() && list[i].sizes() == like.sizes() &&
-                        list[i].scalar_type() == like.scalar_type(),
-                    what, ": ", name, "[", i, "] must be a CPU tensor of shape ", like.sizes(), " and type ",
-                    like.scalar_type(), ".");
-    }
-  }
-
   // Copies consecutive numel-sized pieces of `flat` into `outputs`.
   static void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& outputs) {
     int64_t offset = 0;
@@ -374,12 +351,6 @@ class ProcessGroupGloo : public ProcessGroup {
       out.copy_(flat.narrow(0, offset, out.numel()).view(out.sizes()));
       offset += out.numel();
     }
-  }
-
-  void check_tensor(const at::Tensor& tensor, const char* what) const {
-    DATAPAR_CHECK(tensor.defined(), what, ": the tensor is undefined.");
-    DATAPAR_CHECK(tensor.device().is_cpu(), what, ": the gloo backend takes CPU tensors, not ", tensor.device(),
-                  ". Use the nccl backend for CUDA tensors.");
   }
 
   std::shared_ptr<Work> enqueue(std::string what, std::function<void()> op) {
