@@ -32,7 +32,7 @@ for run in $RUNS; do
               --metrics "$OUT/dp.jsonl" --plot "$OUT/dp.png" ;;
     ddp)
       args=("${common[@]}" --mode ddp --scale-lr --metrics "$OUT/ddp.jsonl" --plot "$OUT/ddp.png")
-      if "$BIN" launch --help >/dev/null 2>&1; then
+      if "$BIN" --help 2>/dev/null | grep -qE "^ +launch"; then
         "$BIN" launch --nproc-per-node 2 -- "$BIN" "${args[@]}"
       else  # no launcher in this build: start the two ranks with torchrun's variables
         port=$((29500 + RANDOM % 1000))
