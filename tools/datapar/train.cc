@@ -11,6 +11,7 @@
 #include "train.h"
 
 #include <ATen/Parallel.h>
+#include <torch/nn/init.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
@@ -80,6 +81,16 @@ void d2l_init(torch::nn::Module& model) {
   for (const auto& m : model.modules(/*include_self=*/false)) {
     if (auto* conv = m->as<torch::nn::Conv2dImpl>()) conv->weight.normal_(0, 0.01);
     if (auto* linear = m->as<torch::nn::LinearImpl>()) linear->weight.normal_(0, 0.01);
+  }
+}
+
+// d2l initialises LeNet's convolutions and linear layers with Xavier-uniform: with
+// sigmoids, PyTorch's default initialisation leaves LeNet at chance for many epochs.
+void xavier_init(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (const auto& m : model.modules(/*include_self=*/false)) {
+    if (auto* conv = m->as<torch::nn::Conv2dImpl>()) torch::nn::init::xavier_uniform_(conv->weight);
+    if (auto* linear = m->as<torch::nn::LinearImpl>()) torch::nn::init::xavier_uniform_(linear->weight);
   }
 }
 
@@ -293,7 +304,9 @@ int run_plan(const TrainPlan& plan) {
   if (o.model == "mlp") {
     code = run(plan, data, std::make_shared<models::MlpImpl>());
   } else if (o.model == "lenet") {
-    code = run(plan, data, std::make_shared<models::LeNetImpl>());
+    auto lenet = std::make_shared<models::LeNetImpl>();
+    xavier_init(*lenet);
+    code = run(plan, data, lenet);
   } else {
     auto resnet = std::make_shared<models::ResNet18Impl>();
     d2l_init(*resnet);
