@@ -108,11 +108,16 @@ def main():
     parser.add_argument("--steps", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--port", type=int, default=29531)
+    parser.add_argument("--port", type=int, default=0, help="store port (default: a free one)")
     args = parser.parse_args()
     batch, steps = DEFAULTS[args.model]
     args.batch = args.batch or batch
     args.steps = args.steps or steps
+    if not args.port:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args.port = s.getsockname()[1]
     mp.spawn(run, args=(args,), nprocs=args.nproc)
 
 

@@ -11,6 +11,7 @@ packages=(
   python3-torch
   libopenmpi-dev openmpi-bin
   iproute2
+  gnuplot-nox
 )
 
 missing=()

@@ -7,6 +7,9 @@
 #if DATAPAR_HAVE_MPI
 #include "process_group/mpi/process_group.h"
 #endif
+#if DATAPAR_HAVE_NCCL
+#include "datapar/process_group/nccl.h"
+#endif
 
 namespace datapar::detail {
 namespace {
@@ -28,6 +31,14 @@ std::vector<Backend> compiled_in() {
                     return new_mpi_process_group(ranks, MpiOptions{s.timeout});
                   }});
 #endif
+#if DATAPAR_HAVE_NCCL
+  list.push_back({"nccl", nullptr,
+                  [](std::shared_ptr<Store> store, int rank, const std::vector<int>& ranks, const BackendSettings& s) {
+                    NcclOptions options;
+                    options.timeout = s.timeout;
+                    return new_nccl_process_group(std::move(store), rank, static_cast<int>(ranks.size()), options);
+                  }});
+#endif
   return list;
 }
 
@@ -43,7 +54,7 @@ const Backend& find_backend(const std::string& name) {
   if (name == "nccl") {
     throw InvalidArgumentError(
         "init_process_group: the nccl backend is not available in this build of datapar (it needs libtorch with "
-        "CUDA and is not implemented yet). Use \"gloo\" for CPU tensors.");
+        "CUDA and NCCL at build time). Use \"gloo\" or \"mpi\" for CPU tensors.");
   }
   if (name == "mpi") {
     throw InvalidArgumentError(

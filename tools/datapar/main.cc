@@ -1,5 +1,5 @@
-// The datapar command-line tool. Subcommands: devices, bench collectives (launch and train
-// arrive with the training toolkit).
+// The datapar command-line tool. Subcommands: devices, launch, train, bench collectives,
+// bench ddp. Bad usage exits 2.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -8,7 +8,9 @@
 #include "datapar/devices.h"
 #include "bench_collectives.h"
 #include "bench_ddp.h"
+#include "train.h"
 #include "datapar/error.h"
+#include "launch.h"
 
 namespace {
 
@@ -64,9 +66,41 @@ int main(int argc, char** argv) {
   bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)");
   bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
 
-  CLI11_PARSE(app, argc, argv);
+  datapar::tools::LaunchOptions launch_options;
+  double grace_s = 5;
+  auto* launch = app.add_subcommand(
+      "launch", "Run PROGRAM as the workers of a data-parallel job (torchrun's environment); see README, Launching");
+  launch->footer("Usage: datapar launch --nproc-per-node N [options] -- PROGRAM [ARGS...]");
+  launch->add_option("--nproc-per-node", launch_options.nproc_per_node, "Workers on this node (default 1)");
+  launch->add_option("--nnodes", launch_options.nnodes, "Nodes in the job, one launcher each (default 1)");
+  launch->add_option("--node-rank", launch_options.node_rank, "This node's number, 0 .. nnodes-1 (default 0)");
+  launch->add_option("--master-addr", launch_options.master_addr,
+                     "Address of node 0, where rank 0 serves the store (default 127.0.0.1)");
+  launch->add_option("--master-port", launch_options.master_port,
+                     "Port of the store on node 0 (default 0: a free port; required with --nnodes > 1)");
+  launch->add_option("--token", launch_options.token,
+                     "Store token, the same on every node (default: DATAPAR_STORE_TOKEN, else random on one node)");
+  launch->add_option("--max-restarts", launch_options.max_restarts,
+                     "Restart the whole group up to K times after a failure (default 0)");
+  launch->add_option("--grace-period", grace_s,
+                     "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
+  launch->add_option("program", launch_options.program, "The program and its arguments, after --");
+  datapar::tools::TrainOptions train_options;
+  auto* train = datapar::tools::add_train_command(app, train_options);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
+  }
+  if (*train) return datapar::tools::train(train_options);
   try {
     if (*devices) return list_devices(spec);
+    if (*launch) {
+      launch_options.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+      return datapar::tools::launch(launch_options);
+    }
     if (*bench_ddp) return datapar::tools::bench_ddp(ddp);
     if (*bench_collectives) {
       collectives.sizes = datapar::tools::parse_sizes(sizes);

@@ -1,0 +1,140 @@
+// Formatting of per-epoch metrics (see metrics.h). JSON goes through nlohmann::json so that
+// model and device names with odd characters still give valid JSON, and so that the
+// plotter and the tests can read the lines back with the same code.
+#include "datapar/train/metrics.h"
+
+#include <unistd.h>
+
+#include <cinttypes>
+#include <nlohmann/json.hpp>
+
+#include "datapar/error.h"
+
+namespace datapar::train {
+
+std::string format_epoch_line(const EpochMetrics& m) {
+  char head[256];
+  std::snprintf(head, sizeof(head),
+                "epoch %" PRId64 "/%" PRId64 "  loss %.3f  train acc %.3f  test acc %.3f  %.1f s  %.0f samples/s",
+                m.epoch, m.epochs, m.train_loss, m.train_accuracy, m.test_accuracy, m.seconds, m.samples_per_second);
+  std::string line = std::string(head) + "  devices " + m.devices + " (" + m.mode;
+  if (m.mode == "ddp") line += ", " + std::to_string(m.world_size) + (m.world_size == 1 ? " rank" : " ranks");
+  return line + ")";
+}
+
+namespace {
+
+nlohmann::json to_object(const EpochMetrics& m) {
+  return nlohmann::json{{"epoch", m.epoch},
+                        {"epochs", m.epochs},
+                        {"train_loss", m.train_loss},
+                        {"train_accuracy", m.train_accuracy},
+                        {"test_accuracy", m.test_accuracy},
+                        {"test_correct", m.test_correct},
+                        {"test_samples", m.test_samples},
+                        {"train_samples", m.train_samples},
+                        {"seconds", m.seconds},
+                        {"samples_per_second", m.samples_per_second},
+                        {"eval_seconds", m.eval_seconds},
+                        {"data_wait_seconds", m.data_wait_seconds},
+                        {"data_wait_share", m.data_wait_share},
+                        {"model", m.model},
+                        {"mode", m.mode},
+                        {"devices", m.devices},
+                        {"world_size", m.world_size},
+                        {"batch_size", m.batch_size},
+                        {"lr", m.lr}};
+}
+
+template <typename T>
+void read_field(const nlohmann::json& j, const char* key, T& out) {
+  if (j.contains(key) && !j[key].is_null()) out = j[key].get<T>();
+}
+
+}  // namespace
+
+std::string to_json(const EpochMetrics& m) { return to_object(m).dump(); }
+
+EpochMetrics from_json(const std::string& line) {
+  EpochMetrics m;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    DATAPAR_CHECK(j.is_object(), "metrics: not a JSON object: ", line);
+    read_field(j, "epoch", m.epoch);
+    read_field(j, "epochs", m.epochs);
+    read_field(j, "train_loss", m.train_loss);
+    read_field(j, "train_accuracy", m.train_accuracy);
+    read_field(j, "test_accuracy", m.test_accuracy);
+    read_field(j, "test_correct", m.test_correct);
+    read_field(j, "test_samples", m.test_samples);
+    read_field(j, "train_samples", m.train_samples);
+    read_field(j, "seconds", m.seconds);
+    read_field(j, "samples_per_second", m.samples_per_second);
+    read_field(j, "eval_seconds", m.eval_seconds);
+    read_field(j, "data_wait_seconds", m.data_wait_seconds);
+    read_field(j, "data_wait_share", m.data_wait_share);
+    read_field(j, "model", m.model);
+    read_field(j, "mode", m.mode);
+    read_field(j, "devices", m.devices);
+    read_field(j, "world_size", m.world_size);
+    read_field(j, "batch_size", m.batch_size);
+    read_field(j, "lr", m.lr);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgumentError(std::string("metrics: cannot read line \"") + line + "\": " + e.what());
+  }
+  return m;
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
+  DATAPAR_CHECK(out_.good(), "--metrics ", path, ": cannot open for writing. Does its directory exist?");
+}
+
+void MetricsWriter::write(const EpochMetrics& m) {
+  out_ << to_json(m) << "\n";
+  out_.flush();  // a killed run keeps every completed epoch
+}
+
+bool is_terminal(std::FILE* stream) { return ::isatty(::fileno(stream)) == 1; }
+
+ProgressBar::ProgressBar(std::FILE* out, bool enabled) : out_(out), enabled_(enabled) {}
+
+void ProgressBar::start(int64_t epoch, int64_t epochs, int64_t total_steps) {
+  epoch_ = epoch;
+  epochs_ = epochs;
+  total_ = total_steps;
+  start_ = std::chrono::steady_clock::now();
+  last_draw_ = {};
+  drawn_ = false;
+}
+
+void ProgressBar::update(int64_t steps, double loss, int64_t samples) {
+  if (!enabled_) return;
+  const auto now = std::chrono::steady_clock::now();
+  // Terminals are slow; 10 redraws a second look live and cost nothing.
+  if (drawn_ && steps < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+  last_draw_ = now;
+  draw(steps, loss, samples);
+}
+
+void ProgressBar::draw(int64_t steps, double loss, int64_t samples) {
+  constexpr int kWidth = 30;
+  const double done = total_ > 0 ? static_cast<double>(steps) / total_ : 1.0;
+  const int filled = static_cast<int>(done * kWidth);
+  std::string bar(filled, '#');
+  bar.resize(kWidth, '.');
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::fprintf(out_, "\repoch %" PRId64 "/%" PRId64 " [%s] %3.0f%%  loss %.3f  %.0f samples/s\033[K", epoch_, epochs_,
+               bar.c_str(), done * 100, loss, secs > 0 ? samples / secs : 0.0);
+  std::fflush(out_);
+  drawn_ = true;
+}
+
+void ProgressBar::clear() {
+  if (!enabled_ || !drawn_) return;
+  std::fprintf(out_, "\r\033[K");  // carriage return, erase to the end of the line
+  std::fflush(out_);
+  drawn_ = false;
+}
+
+}  // namespace datapar::train

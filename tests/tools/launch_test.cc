@@ -1,0 +1,329 @@
+// `datapar launch` with real processes: the CLI runs tests/testing/launch_probe as its
+// workers. Every wait has a deadline, so a launcher that hangs fails the test instead.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testing/namespaces.h"
+#include "testing/processes.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using datapar::testing::ProcessResult;
+using datapar::testing::run_processes;
+
+std::string bin(const std::string& name) { return std::string(DATAPAR_BIN_DIR) + "/" + name; }
+
+std::string temp_dir() {
+  char pattern[] = "/tmp/datapar_launch_XXXXXX";
+  const char* dir = ::mkdtemp(pattern);
+  return dir ? dir : "/tmp";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// `datapar launch ARGS` run to the end (deadline 60 s).
+ProcessResult launch(const std::vector<std::string>& args) {
+  std::vector<std::string> command = {bin("datapar"), "launch"};
+  command.insert(command.end(), args.begin(), args.end());
+  bool timed_out = false;
+  const std::string logs = temp_dir();
+  ProcessResult r = run_processes({command}, logs, 60s, &timed_out)[0];
+  std::filesystem::remove_all(logs);
+  EXPECT_FALSE(timed_out) << "datapar launch did not finish in 60 s:\n" << r.output;
+  return r;
+}
+
+// A launcher started in the background, for tests that signal it.
+struct Background {
+  pid_t pid = -1;
+  std::string log;
+};
+
+Background start_launch(const std::vector<std::string>& args, const std::string& dir) {
+  Background b;
+  b.log = dir + "/launcher.log";
+  std::vector<std::string> command = {bin("datapar"), "launch"};
+  command.insert(command.end(), args.begin(), args.end());
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, b.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  std::vector<char*> argv;
+  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  if (posix_spawn(&b.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) b.pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  return b;
+}
+
+// Waits for `pid` to end (SIGKILLs it after `deadline`); its exit code or 128 + signal.
+int wait_exit(pid_t pid, std::chrono::seconds deadline) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > end) {
+      ADD_FAILURE() << "process " << pid << " still running after " << deadline.count() << " s";
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The pids the workers wrote to DIR/pid-RANK, once all `n` exist (empty after 30 s).
+std::vector<pid_t> worker_pids(const std::string& dir, int n) {
+  const auto end = std::chrono::steady_clock::now() + 30s;
+  std::vector<pid_t> pids;
+  while (std::chrono::steady_clock::now() < end) {
+    pids.clear();
+    for (int r = 0; r < n; ++r) {
+      const std::string text = read_file(dir + "/pid-" + std::to_string(r));
+      if (!text.empty()) pids.push_back(std::stoi(text));
+    }
+    if (static_cast<int>(pids.size()) == n) return pids;
+    std::this_thread::sleep_for(20ms);
+  }
+  ADD_FAILURE() << "the workers did not all write their pid files in " << dir;
+  return {};
+}
+
+// Gone, or a zombie nobody reaped yet (an orphan's new parent may be slow to reap it).
+bool is_dead(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  if (stat.empty()) return true;
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && (stat[paren + 2] == 'Z' || stat[paren + 2] == 'X');
+}
+
+// True if every pid is dead within `deadline`; kills survivors so that a failure leaves none.
+bool all_die(const std::vector<pid_t>& pids, std::chrono::seconds deadline) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  for (;;) {
+    bool all = true;
+    for (pid_t p : pids) all &= is_dead(p);
+    if (all) return true;
+    if (std::chrono::steady_clock::now() > end) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  for (pid_t p : pids) ::kill(p, SIGKILL);
+  return false;
+}
+
+// Every line the workers printed, with its rank prefix, for each of `nproc` ranks.
+void expect_environment(const std::string& output, int nproc, int nnodes, int node_rank) {
+  const std::regex line(R"(\[rank (\d+)\] RANK=(\d+) LOCAL_RANK=(\d+) WORLD_SIZE=(\d+) LOCAL_WORLD_SIZE=(\d+) )"
+                        R"(GROUP_RANK=(\d+) MASTER_ADDR=(\S+) MASTER_PORT=(\d+) TOKEN=(\S+) RESTART=(\d+))");
+  std::set<int> ranks, ports;
+  std::set<std::string> tokens;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line); it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    const int rank = std::stoi(m[1]);
+    EXPECT_EQ(std::stoi(m[2]), rank);
+    EXPECT_EQ(std::stoi(m[3]), rank - node_rank * nproc);
+    EXPECT_EQ(std::stoi(m[4]), nnodes * nproc);
+    EXPECT_EQ(std::stoi(m[5]), nproc);
+    EXPECT_EQ(std::stoi(m[6]), node_rank);
+    EXPECT_EQ(m[7], "127.0.0.1");
+    EXPECT_EQ(std::stoi(m[10]), 0);
+    ranks.insert(rank);
+    ports.insert(std::stoi(m[8]));
+    tokens.insert(m[9]);
+  }
+  EXPECT_EQ(static_cast<int>(ranks.size()), nproc) << output;
+  EXPECT_EQ(*ranks.begin(), node_rank * nproc) << output;
+  EXPECT_EQ(ports.size(), 1u) << "every worker must get the same MASTER_PORT:\n" << output;
+  EXPECT_GT(*ports.begin(), 0) << output;
+  EXPECT_EQ(tokens.size(), 1u) << "every worker must get the same token:\n" << output;
+}
+
+TEST(Launch, EnvironmentOfTwoAndThreeWorkers) {
+  for (int nproc : {2, 3}) {
+    const ProcessResult r = launch({"--nproc-per-node", std::to_string(nproc), "--", bin("launch_probe"), "env"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_environment(r.output, nproc, 1, 0);
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("TOKEN=[0-9a-f]{32} "))) << "a fresh random token:\n" << r.output;
+  }
+  // The second node of two: ranks 2 and 3 of 4; the given token and port are passed on.
+  const ProcessResult r = launch({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-port",
+                                  "29999", "--token", "secret", "--", bin("launch_probe"), "env"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_environment(r.output, 2, 2, 1);
+  EXPECT_NE(r.output.find("MASTER_PORT=29999 TOKEN=secret "), std::string::npos) << r.output;
+}
+
+TEST(Launch, PrefixesEveryLineWithTheRank) {
+  const ProcessResult r = launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "env"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string p = "[rank " + std::to_string(rank) + "] ";
+    EXPECT_NE(r.output.find(p + "to stderr from " + std::to_string(rank) + "\n"), std::string::npos) << r.output;
+    // The last line had no newline: flushed whole when the worker ended.
+    EXPECT_NE(r.output.find(p + "no newline from " + std::to_string(rank) + "\n"), std::string::npos) << r.output;
+  }
+  std::istringstream lines(r.output);
+  std::string l;
+  while (std::getline(lines, l)) EXPECT_EQ(l.rfind("[rank ", 0), 0u) << "unprefixed line: " << l;
+}
+
+TEST(Launch, FailingWorkerStopsTheOthers) {
+  const std::string dir = temp_dir();
+  const ProcessResult r = launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "fail", dir, "1", "7"});
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+  // Timing-free check that SIGTERM alone stopped them (a loaded machine makes wall time useless).
+  EXPECT_EQ(r.output.find("killing them (SIGKILL)"), std::string::npos) << r.output;
+  const std::vector<pid_t> pids = worker_pids(dir, 3);
+  ASSERT_EQ(pids.size(), 3u);
+  const std::string summary = "datapar launch: rank 1 (local rank 1, pid " + std::to_string(pids[1]) +
+                              ") exited with code 7; stopped the other 2 workers\n";
+  EXPECT_NE(r.output.find(summary), std::string::npos) << r.output;
+  EXPECT_TRUE(all_die(pids, 1s));
+}
+
+TEST(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
+  const std::string dir = temp_dir();
+  const ProcessResult r = launch({"--nproc-per-node", "2", "--", bin("launch_probe"), "fail", dir, "0", "-9"});
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
+  const std::vector<pid_t> pids = worker_pids(dir, 2);
+  ASSERT_EQ(pids.size(), 2u);
+  const std::string summary = "datapar launch: rank 0 (local rank 0, pid " + std::to_string(pids[0]) +
+                              ") was killed by signal 9 (Killed); stopped the other 1 worker\n";
+  EXPECT_NE(r.output.find(summary), std::string::npos) << r.output;
+}
+
+TEST(Launch, SigtermStopsEveryWorker) {
+  const std::string dir = temp_dir();
+  const Background b = start_launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
+  ASSERT_GT(b.pid, 0);
+  const std::vector<pid_t> pids = worker_pids(dir, 3);
+  ::kill(b.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(b.pid, 10s), 128 + SIGTERM);
+  EXPECT_TRUE(all_die(pids, 1s));
+  EXPECT_NE(read_file(b.log).find("datapar launch: got SIGTERM; forwarding it to 3 workers"), std::string::npos)
+      << read_file(b.log);
+}
+
+TEST(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
+  const std::string dir = temp_dir();
+  const Background b = start_launch(
+      {"--nproc-per-node", "2", "--grace-period", "0.5", "--", bin("launch_probe"), "sleep", dir, "ignore-term"}, dir);
+  ASSERT_GT(b.pid, 0);
+  const std::vector<pid_t> pids = worker_pids(dir, 2);
+  ::kill(b.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(b.pid, 10s), 128 + SIGTERM);
+  EXPECT_TRUE(all_die(pids, 1s));
+  EXPECT_NE(read_file(b.log).find("2 workers still running 500 ms after SIGTERM; killing them"), std::string::npos)
+      << read_file(b.log);
+}
+
+TEST(Launch, NoOrphansAfterTheLauncherIsKilled) {
+  const std::string dir = temp_dir();
+  const Background b = start_launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
+  ASSERT_GT(b.pid, 0);
+  const std::vector<pid_t> pids = worker_pids(dir, 3);
+  ASSERT_EQ(pids.size(), 3u);
+  ::kill(b.pid, SIGKILL);  // no chance to clean up: the workers must die by themselves
+  EXPECT_EQ(wait_exit(b.pid, 10s), 128 + SIGKILL);
+  EXPECT_TRUE(all_die(pids, 5s)) << "workers outlived a SIGKILLed launcher";
+}
+
+// The final weights a `train` run printed.
+std::string final_weights(const std::string& output) {
+  std::smatch m;
+  return std::regex_search(output, m, std::regex(R"(\[rank 0\] final weights([^\n]*))")) ? m[1].str() : "";
+}
+
+TEST(Launch, MaxRestartsResumesFromTheLastCheckpoint) {
+  const std::string probe = bin("launch_probe");
+  const ProcessResult straight = launch({"--nproc-per-node", "2", "--", probe, "train", temp_dir(), "4", "-1"});
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::string expected = final_weights(straight.output);
+  ASSERT_FALSE(expected.empty()) << straight.output;
+
+  // Without restarts the failure ends the job.
+  const ProcessResult failed = launch({"--nproc-per-node", "2", "--", probe, "train", temp_dir(), "4", "2"});
+  EXPECT_EQ(failed.exit_code, 3) << failed.output;
+  EXPECT_NE(failed.output.find("datapar launch: rank 1 (local rank 1, pid "), std::string::npos) << failed.output;
+
+  const ProcessResult resumed =
+      launch({"--nproc-per-node", "2", "--max-restarts", "2", "--", probe, "train", temp_dir(), "4", "2"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("[rank 1] failing at epoch 2"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("datapar launch: restarting all 2 workers (restart 1 of 2)"), std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("[rank 0] resuming at epoch 2"), std::string::npos) << resumed.output;
+  EXPECT_EQ(resumed.output.find("restart 2 of 2"), std::string::npos) << resumed.output;
+  EXPECT_EQ(final_weights(resumed.output), expected) << resumed.output;
+}
+
+TEST(Launch, BadUsageExitsWithTwoAndSaysWhy) {
+  const std::string probe = bin("launch_probe");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nproc-per-node", "2"}, "launch: no program to run. Put it after --"},
+      {{"--nproc-per-node", "0", "--", probe, "env"}, "--nproc-per-node must be at least 1, not 0"},
+      {{"--nnodes", "2", "--node-rank", "2", "--master-port", "29500", "--token", "t", "--", probe, "env"},
+       "--node-rank 2 is outside [0, 2)"},
+      {{"--nnodes", "2", "--token", "t", "--", probe, "env"}, "--nnodes 2 needs --master-port"},
+      {{"--nnodes", "2", "--master-port", "29500", "--", probe, "env"}, "needs the same store token on every node"},
+      {{"--", "no_such_program_datapar"}, "program \"no_such_program_datapar\" is not found on PATH"},
+      {{"--no-such-flag", "--", probe, "env"}, "--no-such-flag"},
+  };
+  ::unsetenv("DATAPAR_STORE_TOKEN");
+  for (const auto& [args, message] : cases) {
+    const ProcessResult r = launch(args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
+}
+
+// One launcher per "host" (network namespace), two workers each: the four ranks form one
+// Gloo group across the veth link and all-reduce their ranks: 0 + 1 + 2 + 3 = 6.
+TEST(TwoHosts, LaunchAcrossANetworkNamespacePair) {
+  const std::string skip = datapar::testing::namespace_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  datapar::testing::NamespacePair hosts;
+  ASSERT_TRUE(hosts.ok()) << "could not set up the namespaces:\n" << hosts.setup_output();
+  const std::string dir = temp_dir();
+  auto node = [&](const std::string& ns, const std::string& address, int node_rank) {
+    // Both namespaces share this machine's hostname: tell Gloo which address is ours.
+    return "ip netns exec " + ns + " env DATAPAR_GLOO_HOSTNAME=" + address + " timeout 60 " + bin("datapar") +
+           " launch --nproc-per-node 2 --nnodes 2 --node-rank " + std::to_string(node_rank) + " --master-addr " +
+           hosts.address_a() + " --master-port 29500 --token twohosts -- " + bin("launch_probe") + " allreduce";
+  };
+  // Node 1 starts first: its workers retry until node 0's store is up.
+  const std::string command = node(hosts.b(), hosts.address_b(), 1) + " > " + dir + "/b.log 2>&1 & b=$!; sleep 0.2; " +
+                              node(hosts.a(), hosts.address_a(), 0) + " > " + dir + "/a.log 2>&1; a=$?; wait $b; " +
+                              "echo \"exit codes $a $?\"";
+  int status = -1;
+  const std::string output = datapar::testing::run_shell("sh -c '" + command + "'", &status);
+  const std::string a = read_file(dir + "/a.log"), b = read_file(dir + "/b.log");
+  EXPECT_NE(output.find("exit codes 0 0"), std::string::npos) << output << "\nnode 0:\n" << a << "\nnode 1:\n" << b;
+  for (int rank : {0, 1}) {
+    EXPECT_NE(a.find("[rank " + std::to_string(rank) + "] sum 6 over 4 ranks"), std::string::npos) << a;
+  }
+  for (int rank : {2, 3}) {
+    EXPECT_NE(b.find("[rank " + std::to_string(rank) + "] sum 6 over 4 ranks"), std::string::npos) << b;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,260 @@
+// `datapar train` end to end: each mode trains a short epoch and reports it (line, JSON
+// metrics, PNG); ddp's test accuracy is exact over ranks; resuming equals an uninterrupted
+// run; bad options fail before any work with exit code 2. ddp jobs are started here the way
+// a launcher would: two processes with torchrun's variables.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "datapar/train/checkpoint.h"
+#include "datapar/train/plot.h"
+#include "testing/ports.h"
+#include "testing/processes.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int code = -1;
+  std::string output;
+};
+
+const std::string kCli = std::string(DATAPAR_BIN_DIR) + "/datapar";
+// Small and fast: an MLP on 512 synthetic samples (and 512 test samples).
+const std::string kSmall = " train --model mlp --data synthetic --limit 512 --batch-size 64 --lr 0.1 --workers 1";
+
+CliRun cli(const std::string& args) {
+  CliRun r;
+  FILE* pipe = ::popen((kCli + " " + args + " 2>&1").c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.output.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<std::string> split(const std::string& args) {
+  std::vector<std::string> out;
+  std::istringstream in(args);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// A ddp job of `world` local ranks, each `datapar <args>` with torchrun's variables.
+std::vector<datapar::testing::ProcessResult> ddp_job(const std::string& args, int world, const std::string& dir,
+                                                    const std::vector<std::string>& per_rank_args = {}) {
+  const std::string port = std::to_string(datapar::testing::free_port());
+  std::vector<std::vector<std::string>> commands;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> c = {"/usr/bin/env", "RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
+                                  "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                                  "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, kCli};
+    for (const std::string& a : split(args)) c.push_back(a);
+    if (r < static_cast<int>(per_rank_args.size())) {
+      for (const std::string& a : split(per_rank_args[r])) c.push_back(a);
+    }
+    commands.push_back(c);
+  }
+  fs::create_directories(dir);
+  return datapar::testing::run_processes(commands, dir, std::chrono::seconds(120));
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/train_cli_" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+const std::regex kEpochLine(
+    R"(epoch 1/1  loss \d+\.\d{3}  train acc \d\.\d{3}  test acc \d\.\d{3}  \d+\.\d s  \d+ samples/s  devices )");
+
+void expect_metrics_file(const std::string& path, const std::string& mode, int64_t test_samples) {
+  std::ifstream in(path);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line)) << path;
+  const nlohmann::json j = nlohmann::json::parse(line);
+  for (const char* key : {"epoch", "epochs", "train_loss", "train_accuracy", "test_accuracy", "test_correct",
+                          "test_samples", "train_samples", "seconds", "samples_per_second", "eval_seconds",
+                          "data_wait_seconds", "data_wait_share", "model", "mode", "devices", "world_size",
+                          "batch_size", "lr"}) {
+    EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
+  }
+  EXPECT_EQ(j["mode"], mode);
+  EXPECT_EQ(j["test_samples"], test_samples);
+  EXPECT_GT(j["samples_per_second"].get<double>(), 0);
+  EXPECT_FALSE(std::getline(in, line)) << "one line per epoch";
+}
+
+void expect_png(const std::string& path) {
+  if (datapar::train::find_gnuplot().empty()) {
+    std::printf("[ SKIPPED  ] plot check: gnuplot is not installed\n");
+    return;
+  }
+  std::ifstream in(path, std::ios::binary);
+  char magic[8] = {};
+  in.read(magic, 8);
+  EXPECT_EQ(std::string(magic, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << path;
+}
+
+std::string report_flags(const std::string& dir) {
+  const bool plot = !datapar::train::find_gnuplot().empty();
+  return " --metrics " + dir + "/m.jsonl" + (plot ? " --plot " + dir + "/p.png" : "");
+}
+
+TEST(TrainCli, SingleModeTrainsAnEpochAndReports) {
+  const std::string dir = fresh_dir("single");
+  const CliRun r = cli(kSmall + " --epochs 1 --mode single" + report_flags(dir));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, kEpochLine)) << r.output;
+  EXPECT_NE(r.output.find("devices cpu:0 (single)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << "no progress bar when stdout is a pipe";
+  expect_metrics_file(dir + "/m.jsonl", "single", 512);
+  expect_png(dir + "/p.png");
+}
+
+TEST(TrainCli, DataParallelModeSplitsOverTwoCpuDevices) {
+  const std::string dir = fresh_dir("dp");
+  const CliRun r = cli(kSmall + " --model lenet --epochs 1 --mode dp --devices cpu:0,cpu:1 --scale-lr" + report_flags(dir));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, kEpochLine)) << r.output;
+  EXPECT_NE(r.output.find("devices cpu:0,cpu:1 (dp)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("batch 128 (64 per device), lr 0.2"), std::string::npos) << r.output;  // --scale-lr
+  expect_metrics_file(dir + "/m.jsonl", "dp", 512);
+  expect_png(dir + "/p.png");
+}
+
+TEST(TrainCli, DdpModeRunsAsTwoRanksAndOnlyRankZeroReports) {
+  const std::string dir = fresh_dir("ddp");
+  const auto results = ddp_job(kSmall + " --epochs 1 --mode ddp", 2, dir,
+                               {report_flags(dir), " --metrics " + dir + "/rank1.jsonl --plot " + dir + "/rank1.png"});
+  for (const auto& p : results) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_TRUE(std::regex_search(results[0].output, kEpochLine)) << results[0].output;
+  EXPECT_NE(results[0].output.find("devices cpu:0,cpu:1 (ddp, 2 ranks)"), std::string::npos) << results[0].output;
+  EXPECT_EQ(results[1].output.find("epoch 1/1"), std::string::npos) << results[1].output;
+  expect_metrics_file(dir + "/m.jsonl", "ddp", 512);
+  expect_png(dir + "/p.png");
+  EXPECT_FALSE(fs::exists(dir + "/rank1.jsonl"));
+  EXPECT_FALSE(fs::exists(dir + "/rank1.png"));
+}
+
+// "test acc 0.7830 (783/999)" from an --evaluate run.
+std::string test_accuracy(const std::string& output) {
+  std::smatch m;
+  const std::regex re(R"(test acc \d\.\d{4} \((\d+/\d+)\))");
+  return std::regex_search(output, m, re) ? m[1].str() : "none in: " + output;
+}
+
+TEST(TrainCli, DdpTestAccuracyIsExactOverRanks) {
+  // 999 test samples do not split over 2 ranks: the sampler pads one, which must not count.
+  const std::string dir = fresh_dir("exact");
+  const std::string args =
+      " train --model mlp --data synthetic --limit 999 --batch-size 64 --workers 1 --checkpoint-dir " + dir;
+  ASSERT_EQ(cli(args + " --epochs 1").code, 0);
+  const CliRun single = cli(args + " --evaluate");
+  ASSERT_EQ(single.code, 0) << single.output;
+  const std::string expected = test_accuracy(single.output);
+  EXPECT_TRUE(std::regex_match(expected, std::regex(R"(\d+/999)"))) << expected;
+  const auto ddp = ddp_job(args + " --evaluate --mode ddp", 2, dir + "/logs");
+  for (const auto& p : ddp) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_EQ(test_accuracy(ddp[0].output), expected);
+  const CliRun dp = cli(args + " --evaluate --mode dp --devices cpu:0,cpu:1");
+  EXPECT_EQ(test_accuracy(dp.output), expected);
+}
+
+// The parameters of two checkpoints agree within 1e-6.
+void expect_same_parameters(const std::string& a, const std::string& b) {
+  const auto ca = datapar::train::load_checkpoint(a), cb = datapar::train::load_checkpoint(b);
+  ASSERT_EQ(ca.model.size(), cb.model.size());
+  for (const auto& item : ca.model) {
+    const at::Tensor* other = cb.model.find(item.key());
+    ASSERT_NE(other, nullptr) << item.key();
+    EXPECT_TRUE(at::allclose(item.value(), *other, 0, 1e-6)) << item.key();
+  }
+  EXPECT_EQ(ca.epoch, cb.epoch);
+}
+
+TEST(TrainCli, ResumeEqualsAnUninterruptedRunSingle) {
+  const std::string straight = fresh_dir("resume_straight"), resumed = fresh_dir("resume_resumed");
+  const std::string args = kSmall + " --model lenet --seed 3 --checkpoint-dir ";
+  ASSERT_EQ(cli(args + straight + " --epochs 4").code, 0);
+  ASSERT_EQ(cli(args + resumed + " --epochs 2 --metrics " + resumed + "/m.jsonl").code, 0);
+  const CliRun r = cli(args + resumed + " --epochs 4 --resume --metrics " + resumed + "/m.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("(2 epochs done)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("epoch 2/4"), std::string::npos) << "resumed runs skip done epochs: " << r.output;
+  EXPECT_NE(r.output.find("epoch 3/4"), std::string::npos) << r.output;
+  expect_same_parameters(straight + "/checkpoint-epoch-4.pt", resumed + "/checkpoint-epoch-4.pt");
+  std::ifstream in(resumed + "/m.jsonl");  // the metrics file covers the whole run
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, 4);
+}
+
+TEST(TrainCli, ResumeEqualsAnUninterruptedRunDdp) {
+  const std::string straight = fresh_dir("ddp_resume_straight"), resumed = fresh_dir("ddp_resume_resumed");
+  const std::string args = kSmall + " --mode ddp --seed 5 --checkpoint-dir ";
+  for (const auto& p : ddp_job(args + straight + " --epochs 4", 2, straight + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
+  for (const auto& p : ddp_job(args + resumed + " --epochs 2", 2, resumed + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
+  // A restarted job (DATAPAR_RESTART_COUNT > 0) resumes without --resume.
+  ::setenv("DATAPAR_RESTART_COUNT", "1", 1);
+  const auto results = ddp_job(args + resumed + " --epochs 4", 2, resumed + "/logs2");
+  ::unsetenv("DATAPAR_RESTART_COUNT");
+  for (const auto& p : results) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(results[0].output.find("(2 epochs done)"), std::string::npos) << results[0].output;
+  expect_same_parameters(straight + "/checkpoint-epoch-4.pt", resumed + "/checkpoint-epoch-4.pt");
+}
+
+struct BadOption {
+  std::string args;
+  std::string message;
+};
+
+class TrainCliErrors : public ::testing::TestWithParam<BadOption> {};
+
+TEST_P(TrainCliErrors, FailBeforeAnyWorkWithExitCode2) {
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  const CliRun r = cli("train --data synthetic --epochs 1 " + GetParam().args);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(GetParam().message), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("samples ("), std::string::npos) << "work started: " << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, TrainCliErrors,
+    ::testing::Values(
+        BadOption{"--model vgg", "--model: \"vgg\" is not a model"},
+        BadOption{"--data /nonexistent/fmnist", "--data /nonexistent/fmnist: no such directory"},
+        BadOption{"--mode dp --devices cpu:0,cpu:1 --batch-size 1", "--batch-size 1 is smaller than the 2 devices"},
+        BadOption{"--mode dp --devices cpu:0,cuda:7", "cuda:7"},
+        BadOption{"--devices gpu:0", "gpu:0"},
+        BadOption{"--mode ddp", "datapar launch --nproc-per-node N -- datapar train"},
+        BadOption{"--lr 0", "--lr 0: the learning rate must be positive"},
+        BadOption{"--lr -0.5", "--lr -0.5"},
+        BadOption{"--epochs 0", "--epochs 0: train for at least 1 epoch"},
+        BadOption{"--mode fast", "--mode: \"fast\" is not a mode"},
+        BadOption{"--resume", "--resume needs --checkpoint-dir"},
+        BadOption{"--batch-size abc", "batch-size"}));
+
+TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {
+  const std::string dir = fresh_dir("ddp_errors");
+  for (const auto& p : ddp_job(kSmall + " --epochs 1 --mode ddp --batch-size 1", 2, dir)) {
+    EXPECT_EQ(p.exit_code, 2) << p.output;
+    EXPECT_NE(p.output.find("--batch-size 1 is smaller than the 2 ranks"), std::string::npos) << p.output;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,223 @@
+// See launch.h. One attempt = one WorkerGroup; a failure or a signal ends the attempt for
+// every worker of this node, and --max-restarts decides whether another attempt follows.
+//
+// Multi-node: each node runs its own launcher and they do not talk to each other. A
+// failure on one node reaches the others through the job itself (their workers' next
+// collective fails with CommError and they exit non-zero), so every launcher sees a failure
+// and, with --max-restarts, restarts its workers; the new attempt meets again at
+// MASTER_ADDR:MASTER_PORT. Give every node the same --max-restarts.
+#include "launch.h"
+
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <set>
+
+#include "datapar/error.h"
+#include "datapar/rendezvous/tcp_store.h"
+#include "worker_group.h"
+
+extern char** environ;
+
+namespace datapar::tools {
+
+namespace {
+
+using detail::str_cat;
+using Clock = std::chrono::steady_clock;
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// Checks here what execvp would find, so that a typo is one clear error (exit 2) rather
+// than N workers failing with 127.
+void check_program(const std::string& program) {
+  if (program.find('/') != std::string::npos) {
+    DATAPAR_CHECK(is_executable_file(program), "launch: ", program,
+                  " is not an executable file. Check the path after -- (relative to the current directory).");
+    return;
+  }
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
+    if (is_executable_file(dir + "/" + program)) return;
+    start = end + 1;
+  }
+  throw InvalidArgumentError(str_cat("launch: program \"", program,
+                                     "\" is not found on PATH. Give its path, e.g. ./", program, "."));
+}
+
+std::string random_token() {
+  unsigned char bytes[16] = {};
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
+  DATAPAR_INTERNAL_ASSERT(urandom.gcount() == sizeof(bytes), "cannot read /dev/urandom");
+  static const char* hex = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) token += hex[b >> 4], token += hex[b & 15];
+  return token;
+}
+
+std::string describe(const WorkerExit& e) {
+  if (e.signal == 0) return str_cat("exited with code ", e.exit_code);
+  return str_cat("was killed by signal ", e.signal, " (", ::strsignal(e.signal), ")");
+}
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return str_cat("signal ", sig);
+  }
+}
+
+std::string workers(int n) { return str_cat(n, n == 1 ? " worker" : " workers"); }
+
+void say(const std::string& line) { std::cerr << "datapar launch: " << line << std::endl; }
+
+struct AttemptResult {
+  std::optional<WorkerExit> failure;  // the first worker to fail
+  int stopped = 0;                    // workers still running when it failed
+  int signal = 0;                     // a signal the launcher got (then no restart)
+};
+
+// Runs one attempt to its end: every worker reaped and its output flushed.
+AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
+  std::vector<WorkerSpec> specs;
+  for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
+    specs.push_back({options.node_rank * options.nproc_per_node + local_rank, local_rank,
+                     worker_environment(options, local_rank, restart_count)});
+  }
+  WorkerGroup group(options.program, specs);
+  AttemptResult result;
+  std::optional<Clock::time_point> kill_at;  // set once stopping has begun
+  int stop_signal = SIGTERM;  // what the workers were asked to stop with
+  bool killed = false;
+  while (!group.finished()) {
+    const WorkerEvents events = group.poll(std::chrono::milliseconds(100));
+    for (int sig : events.signals) {
+      // A second signal (an impatient Ctrl-C) skips the grace period.
+      if (result.signal != 0 && !killed) {
+        group.signal_all(SIGKILL);
+        killed = true;
+        continue;
+      }
+      result.signal = sig;
+      say(str_cat("got ", signal_name(sig), "; forwarding it to ", workers(group.running())));
+      group.signal_all(sig);
+      if (!kill_at) kill_at = Clock::now() + options.grace_period, stop_signal = sig;
+    }
+    for (const WorkerExit& e : events.exits) {
+      if (!e.failed() || result.failure || result.signal != 0) continue;
+      result.failure = e;
+      result.stopped = group.running();
+      if (result.stopped > 0) group.signal_all(SIGTERM);
+      if (!kill_at) kill_at = Clock::now() + options.grace_period, stop_signal = SIGTERM;
+    }
+    if (kill_at && !killed && Clock::now() >= *kill_at && group.running() > 0) {
+      say(str_cat(workers(group.running()), " still running ", options.grace_period.count(),
+                  " ms after ", signal_name(stop_signal),
+                  "; killing them (SIGKILL)"));
+      group.signal_all(SIGKILL);
+      killed = true;
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+LaunchOptions resolve_launch_options(LaunchOptions o) {
+  DATAPAR_CHECK(!o.program.empty(), "launch: no program to run. Put it after --, e.g. ",
+                "datapar launch --nproc-per-node 2 -- ./train --epochs 3");
+  DATAPAR_CHECK(o.nproc_per_node >= 1, "launch: --nproc-per-node must be at least 1, not ", o.nproc_per_node, ".");
+  DATAPAR_CHECK(o.nnodes >= 1, "launch: --nnodes must be at least 1, not ", o.nnodes, ".");
+  DATAPAR_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "launch: --node-rank ", o.node_rank,
+                " is outside [0, ", o.nnodes, "). Number the nodes 0 .. ", o.nnodes - 1, " (0 hosts the store).");
+  DATAPAR_CHECK(o.master_port >= 0 && o.master_port <= 65535, "launch: --master-port ", o.master_port,
+                " is not a TCP port (0 .. 65535).");
+  DATAPAR_CHECK(o.max_restarts >= 0, "launch: --max-restarts must be 0 or more, not ", o.max_restarts, ".");
+  DATAPAR_CHECK(o.grace_period.count() >= 0, "launch: --grace-period must not be negative.");
+  DATAPAR_CHECK(!o.master_addr.empty(), "launch: --master-addr is empty.");
+  check_program(o.program.front());
+  if (o.token.empty()) {
+    if (const char* env = std::getenv("DATAPAR_STORE_TOKEN")) o.token = env;
+  }
+  if (o.nnodes > 1) {
+    DATAPAR_CHECK(o.master_port != 0, "launch: --nnodes ", o.nnodes, " needs --master-port: every node must ",
+                  "know the port of node 0's store in advance, e.g. --master-port 29500.");
+    DATAPAR_CHECK(!o.token.empty(), "launch: --nnodes ", o.nnodes, " needs the same store token on every node. ",
+                  "Pass --token SECRET (or set DATAPAR_STORE_TOKEN) to each launcher, e.g. T=$(openssl rand -hex 16).");
+  }
+  if (o.token.empty()) o.token = random_token();
+  if (o.master_port == 0) {  // single node: a port free now on the master address
+    TcpStore probe({o.master_addr, 0, true, "", std::chrono::seconds(5)});
+    o.master_port = probe.port();
+  }
+  return o;
+}
+
+std::vector<std::string> worker_environment(const LaunchOptions& o, int local_rank, int restart_count) {
+  const std::vector<std::pair<std::string, std::string>> ours = {
+      {"RANK", std::to_string(o.node_rank * o.nproc_per_node + local_rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(o.node_rank)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(o.master_port)},
+      {"DATAPAR_STORE_TOKEN", o.token},
+      {"DATAPAR_RESTART_COUNT", std::to_string(restart_count)},
+      {"DATAPAR_MAX_RESTARTS", std::to_string(o.max_restarts)},
+  };
+  std::set<std::string> names;
+  for (const auto& [name, value] : ours) names.insert(name);
+  std::vector<std::string> env;
+  bool omp_set = false;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    if (names.count(name)) continue;
+    omp_set |= name == "OMP_NUM_THREADS";
+    env.push_back(entry);
+  }
+  for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
+  if (!omp_set && o.nproc_per_node > 1) env.push_back("OMP_NUM_THREADS=1");
+  return env;
+}
+
+int launch(const LaunchOptions& given) {
+  LaunchOptions options = resolve_launch_options(given);
+  WorkerGroup::catch_signals();
+  for (int restart = 0;; ++restart) {
+    const AttemptResult r = run_attempt(options, restart);
+    if (r.signal != 0) return 128 + r.signal;
+    if (!r.failure) return 0;
+    const WorkerExit& f = *r.failure;
+    say(str_cat("rank ", f.rank, " (local rank ", f.local_rank, ", pid ", f.pid, ") ", describe(f), "; ",
+                r.stopped > 0 ? str_cat("stopped the other ", workers(r.stopped)) : "no other worker was running",
+                options.nnodes > 1 ? " on this node" : ""));
+    if (restart >= options.max_restarts) {
+      if (options.max_restarts > 0) say(str_cat("giving up after ", options.max_restarts, " restarts"));
+      return f.signal != 0 ? 128 + f.signal : f.exit_code;
+    }
+    say(str_cat("restarting all ", workers(options.nproc_per_node), " (restart ", restart + 1, " of ",
+                options.max_restarts, ")"));
+  }
+}
+
+}  // namespace datapar::tools

@@ -1,0 +1,58 @@
+// `datapar launch`: runs a program as the workers of a data-parallel job on this node, with
+// torchrun's environment, and supervises them (launch.cc). Processes and their output are
+// worker_group.h's; this layer decides the environment, when to stop and when to restart.
+//
+// Every worker gets, as torchrun gives:
+//   RANK              node_rank * nproc_per_node + local_rank
+//   LOCAL_RANK        0 .. nproc_per_node - 1
+//   WORLD_SIZE        nnodes * nproc_per_node
+//   LOCAL_WORLD_SIZE  nproc_per_node
+//   GROUP_RANK        node_rank
+//   MASTER_ADDR, MASTER_PORT   where rank 0 serves the TcpStore (init method env://)
+// and, datapar's own:
+//   DATAPAR_STORE_TOKEN     the job's store token (TcpStore refuses other jobs' processes)
+//   DATAPAR_RESTART_COUNT   0 on the first start, k after the k-th restart (torchrun's
+//                           TORCHELASTIC_RESTART_COUNT): resume from a checkpoint if > 0
+//   DATAPAR_MAX_RESTARTS    --max-restarts
+//   OMP_NUM_THREADS=1       only if unset and nproc_per_node > 1 (as torchrun does), so N
+//                           workers do not each start one thread per core
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace datapar::tools {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: a free port on this node (single node only)
+  // The store token shared by every worker of the job. Empty: DATAPAR_STORE_TOKEN from the
+  // launcher's environment, else (single node only) a fresh random one.
+  std::string token;
+  int max_restarts = 0;
+  // After the first failure or a forwarded signal, how long workers get to exit before
+  // they are SIGKILLed.
+  std::chrono::milliseconds grace_period = std::chrono::seconds(5);
+  std::vector<std::string> program;  // argv of the worker program
+};
+
+// Checks the options and resolves the defaults (free port, token). Throws
+// InvalidArgumentError naming the option for a bad value, a missing program or one that
+// is not found or not executable.
+LaunchOptions resolve_launch_options(LaunchOptions options);
+
+// The environment of one worker: the launcher's own, with the variables above set.
+std::vector<std::string> worker_environment(const LaunchOptions& options, int local_rank, int restart_count);
+
+// Runs the job to the end and returns the launcher's exit status: 0 when every worker
+// exited 0; the failed worker's exit code (128 + signal if a signal ended it) once
+// restarts are used up; 128 + signal when the launcher got SIGINT, SIGTERM or SIGHUP.
+// Prints one summary line to stderr for each failure and restart. Throws
+// InvalidArgumentError as resolve_launch_options() does.
+int launch(const LaunchOptions& options);
+
+}  // namespace datapar::tools

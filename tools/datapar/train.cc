@@ -1,0 +1,327 @@
+// datapar train: the training loop, readable top to bottom (see train.h for the modes).
+//
+// Steps: 1. check the options (plan_training; nothing runs before it passes)
+//        2. join the job (ddp only)   3. load the data   4. build the model, seeded
+//        5. resume from a checkpoint  6. wrap it: single / DataParallel / DDP
+//        7. per epoch: train, evaluate exactly, checkpoint, report (rank 0)
+//
+// Metrics are exact over ranks: training sums (loss x rows, correct, rows) and the test
+// counts are all-reduced; the test set is read with the sampler's evaluation mode, whose
+// padding rows are skipped, so every test sample counts exactly once however many ranks.
+#include "train.h"
+
+#include <ATen/Parallel.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "datapar/cpu_allocator.h"
+#include "datapar/data/fashion_mnist.h"
+#include "datapar/data/loader.h"
+#include "datapar/data/synthetic.h"
+#include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/distributed.h"
+#include "datapar/error.h"
+#include "datapar/models/lenet.h"
+#include "datapar/models/mlp.h"
+#include "datapar/models/resnet18.h"
+#include "datapar/parallel/data_parallel.h"
+#include "datapar/train/checkpoint.h"
+#include "datapar/train/metrics.h"
+#include "datapar/train/plot.h"
+
+namespace datapar::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Forward = std::function<at::Tensor(const at::Tensor&)>;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The first `limit` samples (all when limit is 0 or larger than the set).
+std::shared_ptr<TensorDataset> take(const TensorDataset& d, int64_t limit) {
+  if (limit <= 0 || limit >= d.size()) return std::make_shared<TensorDataset>(d.data(), d.target());
+  return std::make_shared<TensorDataset>(d.data().narrow(0, 0, limit), d.target().narrow(0, 0, limit));
+}
+
+struct Data {
+  std::shared_ptr<TensorDataset> train, test;
+};
+
+Data load_data(const TrainPlan& plan) {
+  const TrainOptions& o = plan.options;
+  if (plan.data_dir.empty()) {  // synthetic: the subset's sizes, one task per seed
+    SyntheticImagesOptions s;
+    s.seed = o.seed;
+    s.size = 6000;
+    const TensorDataset train = make_synthetic_images(s);
+    s.size = 1000;
+    s.train = false;
+    return {take(train, o.limit), take(make_synthetic_images(s), o.limit)};
+  }
+  FashionMnistOptions f;
+  f.root = plan.data_dir;
+  const FashionMnist train(f);
+  f.train = false;
+  return {take(train, o.limit), take(FashionMnist(f), o.limit)};
+}
+
+// d2l initialises ResNet-18's convolutions and linear layers from N(0, 0.01^2).
+void d2l_init(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (const auto& m : model.modules(/*include_self=*/false)) {
+    if (auto* conv = m->as<torch::nn::Conv2dImpl>()) conv->weight.normal_(0, 0.01);
+    if (auto* linear = m->as<torch::nn::LinearImpl>()) linear->weight.normal_(0, 0.01);
+  }
+}
+
+// Sums (or maxima) over the job; a no-op outside ddp.
+void reduce(at::Tensor t, ReduceOp op) {
+  if (is_initialized()) default_group()->all_reduce(t, op)->wait();
+}
+
+// Test accuracy, exact over all ranks: returns {correct, samples} summed over the job.
+std::pair<int64_t, int64_t> evaluate(const TrainPlan& plan, const Data& data, torch::nn::Module& model,
+                                     const Forward& forward, const c10::Device& device) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  DistributedSampler sampler(DistributedSamplerOptions::evaluation(data.test->size(), plan.world_size, plan.rank));
+  DataLoader loader(data.test, {plan.rank_batch, plan.options.workers});
+  loader.start_epoch(sampler);
+  int64_t correct = 0, samples = 0;  // padding rows skipped
+  while (auto batch = loader.next()) {
+    const at::Tensor predicted = forward(batch->data.to(device)).argmax(1).cpu();
+    const at::Tensor real = batch->is_padding.logical_not();
+    correct += predicted.eq(batch->target).logical_and(real).sum().item<int64_t>();
+    samples += real.sum().item<int64_t>();
+  }
+  at::Tensor counts = at::tensor({correct, samples}, at::kLong);
+  reduce(counts, ReduceOp::kSum);
+  return {counts[0].item<int64_t>(), counts[1].item<int64_t>()};
+}
+
+// Reads the epochs before `first_epoch` back from a resumed run's metrics file, so that the
+// file and the plot cover the whole run; later lines (an epoch after the checkpoint) go.
+std::vector<train::EpochMetrics> earlier_epochs(const std::string& path, int64_t first_epoch) {
+  std::vector<train::EpochMetrics> kept;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    train::EpochMetrics m = train::from_json(line);
+    if (m.epoch <= first_epoch) kept.push_back(m);
+  }
+  return kept;
+}
+
+template <typename Impl>
+int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
+  const TrainOptions& o = plan.options;
+  const bool leader = plan.rank == 0;
+  const c10::Device device = plan.devices.front().torch_device();
+  model->to(device);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum));
+
+  // 5. Resume (or evaluate) from the latest checkpoint; every rank loads onto its device.
+  int64_t first_epoch = 0;
+  if (plan.resume || o.evaluate) {
+    const std::optional<std::string> last = train::latest_checkpoint(o.checkpoint_dir);
+    DATAPAR_CHECK(last || !o.evaluate, "--evaluate: no checkpoint in ", o.checkpoint_dir, ".");
+    if (last) {
+      const train::Checkpoint c = train::load_checkpoint(*last, device);
+      train::restore_checkpoint(c, *model, sgd);
+      first_epoch = c.epoch;
+      if (leader && !o.evaluate) std::printf("resuming from %s (%ld epochs done)\n", last->c_str(), (long)c.epoch);
+    } else if (leader) {
+      std::printf("no checkpoint in %s: starting from epoch 1\n", o.checkpoint_dir.c_str());
+    }
+  }
+
+  // 6. The forward of the mode. DataParallel and DDP are built after the restore: DP's
+  // replicas and DDP's initial broadcast start from the restored parameters.
+  std::unique_ptr<DataParallel<Impl>> dp;
+  std::unique_ptr<DistributedDataParallel<Impl>> ddp;
+  Forward forward = [&](const at::Tensor& x) { return model->forward(x); };
+  if (o.mode == "dp") {
+    dp = std::make_unique<DataParallel<Impl>>(model, plan.devices);
+    forward = [&](const at::Tensor& x) { return dp->forward(x); };
+  } else if (o.mode == "ddp") {
+    DdpOptions options;
+    options.average_by_samples = true;  // an uneven last batch still gives the exact gradient
+    ddp = std::make_unique<DistributedDataParallel<Impl>>(model, nullptr, options);
+    forward = [&](const at::Tensor& x) { return ddp->forward(x); };
+  }
+
+  if (o.evaluate) {
+    const auto [correct, samples] = evaluate(plan, data, *model, forward, device);
+    if (leader) {
+      std::printf("test acc %.4f (%ld/%ld)  checkpoint epoch %ld  devices %s (%s%s)\n",
+                  samples ? double(correct) / samples : 0.0, (long)correct, (long)samples, (long)first_epoch,
+                  plan.devices_label.c_str(), o.mode.c_str(),
+                  o.mode == "ddp" ? (", " + std::to_string(plan.world_size) + " ranks").c_str() : "");
+    }
+    return 0;
+  }
+
+  // Reporting happens on rank 0 only.
+  std::vector<train::EpochMetrics> history;
+  std::unique_ptr<train::MetricsWriter> metrics;
+  if (leader && !o.metrics.empty()) {
+    if (first_epoch > 0) history = earlier_epochs(o.metrics, first_epoch);
+    metrics = std::make_unique<train::MetricsWriter>(o.metrics, /*append=*/false);
+    for (const auto& m : history) metrics->write(m);
+  }
+  train::ProgressBar bar(stdout, leader && train::is_terminal(stdout));
+
+  // 7. Epochs. The sampler shuffles by seed + epoch, the same on every rank and in every
+  // mode, so a resumed run reads exactly the batches the uninterrupted one would have.
+  DistributedSamplerOptions sampler_options{data.train->size(), plan.world_size, plan.rank};
+  sampler_options.seed = o.seed;
+  DistributedSampler sampler(sampler_options);
+  DataLoader loader(data.train, {plan.rank_batch, o.workers});
+  for (int64_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
+    model->train();
+    sampler.set_epoch(epoch);
+    loader.start_epoch(sampler);
+    bar.start(epoch + 1, o.epochs, loader.num_batches());
+    double loss_sum = 0;
+    int64_t correct = 0, rows = 0, steps = 0;
+    const auto start = Clock::now();
+    while (auto batch = loader.next()) {
+      const at::Tensor x = batch->data.to(device), y = batch->target.to(device);
+      sgd.zero_grad();
+      const at::Tensor logits = forward(x);             // (B, 10)
+      const at::Tensor loss = at::cross_entropy_loss(logits, y);  // mean over B
+      loss.backward();                                  // ddp: gradients averaged over ranks here
+      sgd.step();
+      loss_sum += loss.item<double>() * x.size(0);
+      correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+      rows += x.size(0);
+      bar.update(++steps, loss_sum / rows, rows * plan.world_size);
+    }
+    at::Tensor times = at::tensor({seconds_since(start), loader.stats().wait.count() / 1e9}, at::kDouble);
+    at::Tensor sums = at::tensor({loss_sum, static_cast<double>(correct), static_cast<double>(rows)}, at::kDouble);
+    reduce(sums, ReduceOp::kSum);
+    reduce(times, ReduceOp::kMax);  // the epoch lasts as long as its slowest rank
+    bar.clear();
+
+    const auto eval_start = Clock::now();
+    const auto [test_correct, test_samples] = evaluate(plan, data, *model, forward, device);
+    const double eval_seconds = seconds_since(eval_start);
+
+    // Every rank holds the same parameters; rank 0 writes (atomically) for all.
+    if (!o.checkpoint_dir.empty()) {
+      train::save_checkpoint(train::make_checkpoint(*model, sgd, epoch + 1, {{"seed", static_cast<int64_t>(o.seed)}}),
+                             train::checkpoint_path(o.checkpoint_dir, epoch + 1), plan.rank);
+    }
+    if (!leader) continue;
+    train::EpochMetrics m;
+    m.epoch = epoch + 1;
+    m.epochs = o.epochs;
+    m.train_samples = static_cast<int64_t>(sums[2].item<double>());
+    m.train_loss = sums[0].item<double>() / m.train_samples;
+    m.train_accuracy = sums[1].item<double>() / m.train_samples;
+    m.test_correct = test_correct;
+    m.test_samples = test_samples;
+    m.test_accuracy = test_samples ? static_cast<double>(test_correct) / test_samples : 0.0;
+    m.seconds = times[0].item<double>();
+    m.samples_per_second = m.train_samples / m.seconds;
+    m.eval_seconds = eval_seconds;
+    m.data_wait_seconds = times[1].item<double>();
+    m.data_wait_share = m.data_wait_seconds / m.seconds;
+    m.model = o.model;
+    m.mode = o.mode;
+    m.devices = plan.devices_label;
+    m.world_size = plan.world_size;
+    m.batch_size = plan.global_batch;
+    m.lr = plan.lr;
+    std::printf("%s\n", train::format_epoch_line(m).c_str());
+    std::fflush(stdout);
+    history.push_back(m);
+    if (metrics) metrics->write(m);
+    // Redrawn every epoch, so a long run always has a current picture.
+    if (!o.plot.empty()) {
+      train::plot_metrics(history, o.plot,
+                          "datapar train: " + o.model + ", " + o.mode + " on " + plan.devices_label + ", batch " +
+                              std::to_string(plan.global_batch) + ", lr " + std::to_string(plan.lr).substr(0, 6));
+    }
+  }
+  if (leader && first_epoch >= o.epochs) std::printf("nothing to do: the checkpoint has %ld epochs\n", (long)first_epoch);
+  return 0;
+}
+
+int run_plan(const TrainPlan& plan) {
+  const TrainOptions& o = plan.options;
+  // Intra-op threads: ddp ranks share the cores of their node; dp gives each device its
+  // share itself.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (o.threads > 0) {
+    at::set_num_threads(o.threads);
+  } else if (o.mode == "ddp") {
+    at::set_num_threads(std::max(1, cores / plan.local_world_size));
+  } else if (o.mode == "dp" && plan.devices.front().is_cpu()) {
+    at::set_num_threads(1);  // the CPU devices' workers have the cores (README, Performance)
+  }
+  tune_cpu_allocator();
+
+  // 2. Join the job before loading data, so that a rank that cannot join fails fast.
+  if (o.mode == "ddp") init_process_group(o.backend, "env://", plan.rank, plan.world_size, std::chrono::minutes(5));
+
+  // 3. Data (FashionMnist names any missing or damaged file here, still before training).
+  const Data data = load_data(plan);
+  if (plan.rank == 0) {
+    std::printf("datapar train: %s, %s on %s%s, batch %ld (%ld per %s), lr %g, %ld train / %ld test samples (%s)\n",
+                o.model.c_str(), o.mode.c_str(), plan.devices_label.c_str(),
+                o.mode == "ddp" ? (", " + std::to_string(plan.world_size) + " ranks").c_str() : "",
+                (long)plan.global_batch,
+                (long)(o.mode == "dp" ? (plan.global_batch + plan.parallelism - 1) / plan.parallelism : plan.rank_batch),
+                o.mode == "single" ? "step" : (o.mode == "dp" ? "device" : "rank"), plan.lr, (long)data.train->size(),
+                (long)data.test->size(), plan.data_dir.empty() ? "synthetic" : plan.data_dir.c_str());
+    std::fflush(stdout);
+  }
+
+  // 4. The model, initialised from the seed: the same on every rank and in every mode.
+  torch::manual_seed(o.seed);
+  int code = 0;
+  if (o.model == "mlp") {
+    code = run(plan, data, std::make_shared<models::MlpImpl>());
+  } else if (o.model == "lenet") {
+    code = run(plan, data, std::make_shared<models::LeNetImpl>());
+  } else {
+    auto resnet = std::make_shared<models::ResNet18Impl>();
+    d2l_init(*resnet);
+    code = run(plan, data, resnet);
+  }
+  if (is_initialized()) destroy_process_group();
+  return code;
+}
+
+}  // namespace
+
+int train(const TrainOptions& options) {
+  TrainPlan plan;
+  try {
+    plan = plan_training(options);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "datapar train: %s\n", e.what());
+    return 2;
+  }
+  try {
+    return run_plan(plan);
+  } catch (const InvalidArgumentError& e) {  // e.g. a missing data file, found at load time
+    std::fprintf(stderr, "datapar train: rank %d: %s\n", plan.rank, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "datapar train: rank %d: %s\n", plan.rank, e.what());
+    return 1;
+  }
+}
+
+}  // namespace datapar::tools

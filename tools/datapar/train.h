@@ -1,0 +1,81 @@
+// datapar train: trains a classifier on Fashion-MNIST (or synthetic images) in one of three
+// modes, and reports per-epoch metrics.
+//
+//   single  one device, no parallelism: the reference
+//   dp      DataParallel over --devices in this process; the global batch is split over them
+//   ddp     DistributedDataParallel, one rank per process, under `datapar launch` (or
+//           torchrun, mpirun, srun); each rank trains on global batch / world size
+//
+// plan_training() checks every option and the environment before anything is loaded or
+// computed, so that bad options fail at once with a clear message (and exit code 2);
+// train() then runs the plan. See train.cc for the loop itself.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "datapar/devices.h"
+#include "datapar/rendezvous/init_method.h"
+
+namespace datapar::tools {
+
+// The command line, as given. Defaults are d2l's ResNet-18 settings where they apply.
+struct TrainOptions {
+  std::string model = "lenet";     // mlp, lenet, resnet18
+  std::string data;                // IDX directory, "synthetic", or "" for the shipped subset
+  int64_t epochs = 10;
+  int64_t batch_size = 256;        // global batch (before --scale-lr)
+  double lr = 0.1;                 // plain SGD, as d2l
+  double momentum = 0;
+  std::string mode = "single";     // single, dp, ddp
+  std::string devices;             // "" = the mode's default (see plan_training)
+  std::string backend = "gloo";    // ddp only: gloo, nccl, mpi
+  bool scale_lr = false;           // N devices or ranks: N x batch, N x lr
+  uint64_t seed = 0;
+  std::string checkpoint_dir;      // a checkpoint per epoch (rank 0 writes)
+  bool resume = false;             // continue from the latest checkpoint in checkpoint_dir
+  bool evaluate = false;           // only evaluate the latest checkpoint on the test set
+  std::string metrics;             // JSON lines, one per epoch
+  std::string plot;                // PNG of loss and accuracy per epoch
+  int64_t limit = 0;               // use only the first N train and N test samples (0: all)
+  int64_t workers = 2;             // loader threads
+  int threads = 0;                 // intra-op threads per process (0: cores / local ranks)
+};
+
+// Adds `train` and its flags to `app`; the flags write into `options`.
+CLI::App* add_train_command(CLI::App& app, TrainOptions& options);
+
+// The options resolved against the machine and the launcher's environment.
+struct TrainPlan {
+  TrainOptions options;
+  std::vector<Device> devices;     // single: 1; dp: the replicas' devices; ddp: this rank's one
+  std::string devices_label;       // every device of the job, e.g. "cpu:0,cpu:1"
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int64_t parallelism = 1;         // devices (dp) or ranks (ddp) sharing a global batch
+  int64_t global_batch = 0;        // after --scale-lr
+  int64_t rank_batch = 0;          // what this process's loader reads per step
+  double lr = 0;                   // after --scale-lr
+  std::string data_dir;            // "" for synthetic data
+  bool resume = false;             // --resume, or a restart (DATAPAR_RESTART_COUNT > 0)
+};
+
+// Checks the options and resolves them. Reads no data and starts nothing. Throws
+// InvalidArgumentError naming the option, the value and what to do instead, for: an
+// unknown model, mode or backend; epochs < 1; lr <= 0; a batch smaller than the device or
+// rank count (or, in ddp, one that does not split evenly over the ranks); a missing data
+// directory; devices that do not exist or do not fit the mode; --mode ddp without a
+// launcher's environment; --resume or --evaluate without --checkpoint-dir.
+TrainPlan plan_training(const TrainOptions& options, const Environment& env = process_environment(),
+                        const DeviceInventory& inventory = DeviceInventory::detect());
+
+// Runs `datapar train`. Returns the exit code: 0 done, 2 bad options (the message is on
+// stderr, before any work), 1 a failure while training.
+int train(const TrainOptions& options);
+
+}  // namespace datapar::tools

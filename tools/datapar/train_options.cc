@@ -1,0 +1,160 @@
+// datapar train's flags and their checks (plan_training, see train.h).
+//
+// Every check here runs before data is read or a process group formed: a typo in a flag
+// must not cost a rendezvous timeout or a minute of loading. The messages follow the house
+// form "subject: problem" plus a hint line saying what to do.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "datapar/data/fashion_mnist.h"
+#include "datapar/error.h"
+#include "train.h"
+
+namespace datapar::tools {
+
+CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
+  auto* cmd = app.add_subcommand("train", "Train a classifier on Fashion-MNIST: one device, DataParallel or DDP");
+  // A flag given twice takes its last value, so scripts can append overrides.
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--model", o.model, "mlp, lenet or resnet18 (d2l's; default lenet)");
+  cmd->add_option("--data", o.data,
+                  "Fashion-MNIST IDX directory, or synthetic (default: the shipped 6000/1000 subset)");
+  cmd->add_option("--epochs", o.epochs, "Epochs to train (default 10)");
+  cmd->add_option("--batch-size", o.batch_size, "Global batch, split over devices or ranks (default 256)");
+  cmd->add_option("--lr", o.lr, "SGD learning rate (default 0.1)");
+  cmd->add_option("--momentum", o.momentum, "SGD momentum (default 0: plain SGD, as d2l)");
+  cmd->add_option("--mode", o.mode, "single, dp (DataParallel) or ddp (one rank per process; default single)");
+  cmd->add_option("--devices", o.devices,
+                  "single: one device (default cpu:0); dp: the replicas' devices (default every CUDA device, "
+                  "else one CPU device per core); ddp: one per local rank (default cuda:LOCAL_RANK or CPU)");
+  cmd->add_option("--backend", o.backend, "ddp process group backend: gloo, nccl or mpi (default gloo)");
+  cmd->add_flag("--scale-lr", o.scale_lr, "Linear scaling: N devices or ranks get N x batch and N x lr");
+  cmd->add_option("--seed", o.seed, "Seed of the model's initialisation, the shuffling and synthetic data (default 0)");
+  cmd->add_option("--checkpoint-dir", o.checkpoint_dir, "Write a checkpoint after each epoch here (rank 0)");
+  cmd->add_flag("--resume", o.resume, "Continue from the latest checkpoint in --checkpoint-dir");
+  cmd->add_flag("--evaluate", o.evaluate, "Only evaluate the latest checkpoint in --checkpoint-dir on the test set");
+  cmd->add_option("--metrics", o.metrics, "Write per-epoch metrics here as JSON lines");
+  cmd->add_option("--plot", o.plot, "Draw loss and accuracy per epoch into this PNG (needs gnuplot)");
+  cmd->add_option("--limit", o.limit, "Use only the first N train and N test samples (default 0: all)");
+  cmd->add_option("--workers", o.workers, "Data loader threads per process (default 2)");
+  cmd->add_option("--threads", o.threads, "Intra-op threads per process (default: cores / local ranks)");
+  return cmd;
+}
+
+namespace {
+
+bool one_of(const std::string& value, std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (value == n) return true;
+  }
+  return false;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// ddp: which device each local rank uses. --devices lists one per local rank; by default
+// local rank k takes cuda:k, or on a machine without CUDA the CPU (labelled cpu:k: each
+// rank is its own process, so the index only names the rank's share of the cores).
+std::vector<Device> ddp_local_devices(const TrainOptions& o, int local_world_size, const DeviceInventory& inventory) {
+  if (!o.devices.empty()) {
+    std::vector<Device> devices = parse_devices(o.devices, inventory);
+    DATAPAR_CHECK(static_cast<int>(devices.size()) >= local_world_size, "--devices ", o.devices, ": ",
+                  devices.size(), " device(s) for ", local_world_size,
+                  " local ranks.\n---> HINT: list one device per local rank, or leave out --devices.");
+    return devices;
+  }
+  std::vector<Device> devices;
+  for (int k = 0; k < local_world_size; ++k) {
+    devices.push_back(inventory.cuda_count > 0 ? Device::cuda(k % inventory.cuda_count) : Device::cpu(k));
+  }
+  return devices;
+}
+
+}  // namespace
+
+TrainPlan plan_training(const TrainOptions& o, const Environment& env, const DeviceInventory& inventory) {
+  TrainPlan plan;
+  plan.options = o;
+  DATAPAR_CHECK(one_of(o.model, {"mlp", "lenet", "resnet18"}), "--model: \"", o.model,
+                "\" is not a model datapar train knows.\n---> HINT: use mlp, lenet or resnet18.");
+  DATAPAR_CHECK(one_of(o.mode, {"single", "dp", "ddp"}), "--mode: \"", o.mode,
+                "\" is not a mode.\n---> HINT: use single (one device), dp (DataParallel) or ddp (one rank per process).");
+  DATAPAR_CHECK(one_of(o.backend, {"gloo", "nccl", "mpi"}), "--backend: \"", o.backend,
+                "\" is not a backend.\n---> HINT: use gloo (CPU), nccl (CUDA) or mpi.");
+  DATAPAR_CHECK(o.evaluate || o.epochs >= 1, "--epochs ", o.epochs, ": train for at least 1 epoch.");
+  DATAPAR_CHECK(o.lr > 0, "--lr ", o.lr, ": the learning rate must be positive (d2l uses 0.1).");
+  DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
+  DATAPAR_CHECK(o.batch_size >= 1, "--batch-size ", o.batch_size, ": the batch must hold at least 1 sample.");
+  DATAPAR_CHECK(o.limit >= 0, "--limit ", o.limit, ": use 0 (all samples) or a positive count.");
+  DATAPAR_CHECK(o.workers >= 0 && o.threads >= 0, "--workers and --threads must not be negative.");
+  DATAPAR_CHECK(!(o.resume || o.evaluate) || !o.checkpoint_dir.empty(), o.resume ? "--resume" : "--evaluate",
+                " needs --checkpoint-dir: the directory that holds the checkpoints.");
+
+  // Data: "synthetic", or a directory that must exist now, not after the rendezvous.
+  if (o.data != "synthetic") {
+    plan.data_dir = o.data.empty() ? default_fashion_mnist_dir() : o.data;
+    DATAPAR_CHECK(is_directory(plan.data_dir), "--data ", plan.data_dir,
+                  ": no such directory.\n---> HINT: give a directory with the Fashion-MNIST IDX files "
+                  "(train-images-idx3-ubyte[.gz], ...), or --data synthetic.");
+  }
+
+  // Devices and job size.
+  if (o.mode == "single") {
+    plan.devices = parse_devices(o.devices.empty() ? "cpu:0" : o.devices, inventory);
+    DATAPAR_CHECK(plan.devices.size() == 1, "--devices ", o.devices, ": single mode runs on one device, got ",
+                  plan.devices.size(), ".\n---> HINT: use --mode dp for several devices in one process.");
+    plan.devices_label = to_string(plan.devices);
+  } else if (o.mode == "dp") {
+    plan.devices = o.devices.empty() ? cuda_devices() : parse_devices(o.devices, inventory);
+    if (plan.devices.empty()) plan.devices = cpu_devices(std::max(1, std::min(inventory.cpu_cores, kMaxCpuDevices)));
+    plan.parallelism = static_cast<int64_t>(plan.devices.size());
+    plan.devices_label = to_string(plan.devices);
+  } else {
+    const std::optional<ProcessIdentity> id = identity_from_environment(env);
+    DATAPAR_CHECK(id.has_value(),
+                  "--mode ddp: this process is not part of a job (RANK and WORLD_SIZE are not set).\n"
+                  "---> HINT: start it with a launcher: datapar launch --nproc-per-node N -- datapar train "
+                  "--mode ddp ... (or torchrun, mpirun, srun).");
+    plan.rank = id->rank;
+    plan.world_size = id->world_size;
+    plan.local_rank = id->local_rank >= 0 ? id->local_rank : id->rank;
+    plan.local_world_size = id->local_world_size >= 1 ? id->local_world_size : id->world_size;
+    const std::vector<Device> local = ddp_local_devices(o, plan.local_world_size, inventory);
+    DATAPAR_CHECK(plan.local_rank < static_cast<int>(local.size()), "--devices ", o.devices, ": no device for local rank ",
+                  plan.local_rank, ".");
+    plan.devices = {local[plan.local_rank]};
+    std::vector<Device> job;  // every rank's device, assuming each node looks like this one
+    for (int r = 0; r < plan.world_size; ++r) job.push_back(local[r % plan.local_world_size]);
+    plan.devices_label = to_string(job);
+    plan.parallelism = plan.world_size;
+  }
+
+  // Linear scaling (d2l, Goyal et al.): N workers, N times the batch and the learning rate.
+  plan.global_batch = o.scale_lr ? o.batch_size * plan.parallelism : o.batch_size;
+  plan.lr = o.scale_lr ? o.lr * static_cast<double>(plan.parallelism) : o.lr;
+  const char* what = o.mode == "ddp" ? " ranks" : " devices";
+  DATAPAR_CHECK(plan.global_batch >= plan.parallelism, "--batch-size ", plan.global_batch, " is smaller than the ",
+                plan.parallelism, what, ": each needs at least one sample per step.\n---> HINT: raise --batch-size to ",
+                plan.parallelism, " or more, or use fewer", what, ".");
+  if (o.mode == "ddp") {
+    DATAPAR_CHECK(plan.global_batch % plan.world_size == 0, "--batch-size ", plan.global_batch,
+                  " does not split evenly over ", plan.world_size,
+                  " ranks (every rank must take the same number of steps).\n---> HINT: use a multiple of ",
+                  plan.world_size, ".");
+    plan.rank_batch = plan.global_batch / plan.world_size;
+  } else {
+    plan.rank_batch = plan.global_batch;  // dp splits each batch itself
+  }
+
+  // A restarted rank (datapar launch --max-restarts) continues where the job stopped.
+  const std::optional<std::string> restarts = env("DATAPAR_RESTART_COUNT");
+  plan.resume = o.resume || (!o.checkpoint_dir.empty() && restarts && std::atoi(restarts->c_str()) > 0);
+  return plan;
+}
+
+}  // namespace datapar::tools

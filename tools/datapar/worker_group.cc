@@ -1,0 +1,220 @@
+// See worker_group.h. Launcher signals reach the poll loop through a self-pipe: a handler
+// may only do async-signal-safe things, and write() to a pipe is one, so the handler writes
+// the signal number and poll() wakes on it.
+#include "worker_group.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "datapar/error.h"
+
+namespace datapar::tools {
+
+namespace {
+
+using detail::str_cat;
+
+int g_signal_pipe[2] = {-1, -1};
+pid_t g_launcher = -1;
+
+void on_signal(int sig) {
+  // A forked worker before exec still has this handler; the signal is the worker's own
+  // (a stop), not the launcher's: act as the default would.
+  if (::getpid() != g_launcher) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+// In the forked child, before exec: only async-signal-safe calls from here on.
+[[noreturn]] void exec_worker(pid_t launcher, int out_fd, int err_fd, char* const* argv, char* const* envp) {
+  // Ignored signals stay ignored across exec (a shell's `&` ignores SIGINT): give the
+  // worker the defaults so that forwarded signals act. The parent blocked them around
+  // fork(), so none is handled by the launcher's handler in here; pending ones act on unblock.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(sig, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::setpgid(0, 0);
+  // Dies with the launcher. If the launcher died before this line, the signal is never
+  // sent, so check that our parent is still the launcher.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) ::_exit(1);
+  const int null_fd = ::open("/dev/null", O_RDONLY);
+  if (null_fd >= 0) ::dup2(null_fd, 0);
+  ::dup2(out_fd, 1);
+  ::dup2(err_fd, 2);
+  ::execvpe(argv[0], argv, envp);
+  const char* what = std::strerror(errno);
+  for (const char* s : {"datapar launch: cannot run ", static_cast<const char*>(argv[0]), ": ", what, "\n"}) {
+    [[maybe_unused]] ssize_t n = ::write(2, s, std::strlen(s));
+  }
+  ::_exit(127);
+}
+
+std::vector<char*> c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+void WorkerGroup::catch_signals() {
+  if (g_signal_pipe[0] >= 0) return;
+  g_launcher = ::getpid();
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw Error(str_cat("launch: pipe() failed: ", std::strerror(errno)));
+  }
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &action, nullptr);
+  // A reader of our output that went away must not kill the launcher (and so, through
+  // PDEATHSIG, every worker); writes just fail.
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+WorkerGroup::WorkerGroup(const std::vector<std::string>& argv, const std::vector<WorkerSpec>& specs) : specs_(specs) {
+  DATAPAR_INTERNAL_ASSERT(!argv.empty());
+  const pid_t launcher = ::getpid();
+  std::vector<char*> c_argv = c_strings(argv);
+  // A throw from a constructor skips the destructor: stop the workers already started.
+  auto give_up = [this](const char* call, int rank, int error) {
+    const std::string what = std::strerror(error);
+    signal_all(SIGKILL);
+    for (pid_t pid : pids_) ::waitpid(pid, nullptr, 0);
+    for (Stream& s : streams_) close_stream(s);
+    return Error(str_cat("launch: ", call, " failed for rank ", rank, ": ", what));
+  };
+  for (const WorkerSpec& spec : specs_) {
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) throw give_up("pipe()", spec.rank, errno);
+    if (::pipe2(err, O_CLOEXEC) != 0) {
+      const int error = errno;
+      ::close(out[0]), ::close(out[1]);
+      throw give_up("pipe()", spec.rank, error);
+    }
+    std::vector<char*> envp = c_strings(spec.environment);
+    sigset_t stops, old_mask;
+    sigemptyset(&stops);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, sig);
+    ::sigprocmask(SIG_BLOCK, &stops, &old_mask);
+    const pid_t pid = ::fork();
+    if (pid != 0) ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    if (pid < 0) {
+      const int error = errno;
+      for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+      throw give_up("fork()", spec.rank, error);
+    }
+    if (pid == 0) exec_worker(launcher, out[1], err[1], c_argv.data(), envp.data());
+    // Also from the parent, so that signal_all() cannot race the child's own setpgid().
+    ::setpgid(pid, pid);
+    ::close(out[1]);
+    ::close(err[1]);
+    pids_.push_back(pid);
+    reaped_.push_back(false);
+    const std::string prefix = str_cat("[rank ", spec.rank, "] ");
+    streams_.push_back({out[0], std::make_unique<WorkerOutput>(prefix, 1)});
+    streams_.push_back({err[0], std::make_unique<WorkerOutput>(prefix, 2)});
+  }
+}
+
+WorkerGroup::~WorkerGroup() {
+  signal_all(SIGKILL);
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (!reaped_[i]) ::waitpid(pids_[i], nullptr, 0);
+  }
+  for (Stream& s : streams_) close_stream(s);
+}
+
+void WorkerGroup::close_stream(Stream& s) {
+  if (s.fd < 0) return;
+  s.output->flush();
+  ::close(s.fd);
+  s.fd = -1;
+}
+
+WorkerEvents WorkerGroup::poll(std::chrono::milliseconds timeout) {
+  WorkerEvents events;
+  std::vector<pollfd> fds;
+  std::vector<Stream*> owners;
+  if (g_signal_pipe[0] >= 0) fds.push_back({g_signal_pipe[0], POLLIN, 0}), owners.push_back(nullptr);
+  for (Stream& s : streams_) {
+    if (s.fd >= 0) fds.push_back({s.fd, POLLIN, 0}), owners.push_back(&s);
+  }
+  const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
+  if (ready > 0) {
+    char buffer[65536];
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      if (owners[i] == nullptr) {  // the signal pipe
+        unsigned char sigs[64];
+        ssize_t n;
+        while ((n = ::read(fds[i].fd, sigs, sizeof(sigs))) > 0) {
+          for (ssize_t k = 0; k < n; ++k) events.signals.push_back(sigs[k]);
+        }
+        continue;
+      }
+      // One read per wakeup keeps one chatty worker from starving the others.
+      const ssize_t n = ::read(fds[i].fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        owners[i]->output->add(buffer, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        close_stream(*owners[i]);  // EOF: the worker (and all it started) closed it
+      }
+    }
+  }
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (reaped_[i]) continue;
+    int status = 0;
+    if (::waitpid(pids_[i], &status, WNOHANG) != pids_[i]) continue;
+    reaped_[i] = true;
+    WorkerExit exit{specs_[i].rank, specs_[i].local_rank, pids_[i], 0, 0};
+    if (WIFEXITED(status)) exit.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) exit.signal = WTERMSIG(status);
+    events.exits.push_back(exit);
+    if (running() == 0) all_reaped_at_ = std::chrono::steady_clock::now();
+  }
+  if (running() == 0 && std::chrono::steady_clock::now() - all_reaped_at_ > kDrainTimeout) {
+    for (Stream& s : streams_) close_stream(s);
+  }
+  return events;
+}
+
+void WorkerGroup::signal_all(int sig) {
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    // The group outlives its leader while anything the worker started is alive.
+    if (::killpg(pids_[i], sig) != 0 && !reaped_[i]) ::kill(pids_[i], sig);
+  }
+}
+
+int WorkerGroup::running() const {
+  int n = 0;
+  for (bool r : reaped_) n += !r;
+  return n;
+}
+
+bool WorkerGroup::finished() const {
+  if (running() > 0) return false;
+  for (const Stream& s : streams_) {
+    if (s.fd >= 0) return false;
+  }
+  return true;
+}
+
+}  // namespace datapar::tools

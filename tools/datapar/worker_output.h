@@ -1,0 +1,37 @@
+// The line prefixer of `datapar launch`: each worker's stdout and stderr arrive as raw
+// bytes on a pipe; this turns them into whole lines tagged "[rank R] " so that lines of
+// different workers never mix mid-line. It does no I/O of its own on the pipe: the
+// launcher's poll loop reads and hands the bytes over.
+#pragma once
+
+#include <string>
+
+namespace datapar::tools {
+
+// Buffers one stream (one worker's stdout, or its stderr) and writes every complete line,
+// prefixed, to `out_fd` with a single write() per line (so lines from different workers,
+// written by the one launcher thread, stay whole even when out_fd is shared).
+// Not thread-safe; one per stream.
+class WorkerOutput {
+ public:
+  WorkerOutput(std::string prefix, int out_fd) : prefix_(std::move(prefix)), out_fd_(out_fd) {}
+
+  // Appends `n` bytes and writes the lines they complete. A line longer than
+  // kMaxLineBytes is written in pieces, each with the prefix, so a worker that never
+  // prints a newline cannot make the launcher buffer without bound.
+  void add(const char* data, size_t n);
+
+  // Writes a partial last line (no newline yet) with a newline added. Call at EOF.
+  void flush();
+
+  static constexpr size_t kMaxLineBytes = 64 * 1024;
+
+ private:
+  void write_line(const char* data, size_t n);
+
+  std::string prefix_;
+  int out_fd_;
+  std::string pending_;  // bytes after the last newline
+};
+
+}  // namespace datapar::tools
