@@ -103,6 +103,10 @@ def main():
     if "4 KiB" in sizes:
         ratio = med["PyTorch gloo"]["4 KiB"] / med["datapar mpi"]["4 KiB"]
         print(f"  latency at 4 KiB: {ratio:.1f}x lower ({'met' if ratio >= 10 else 'NOT met'})")
+    print("\nper round, datapar mpi / PyTorch gloo (both medians of that round):")
+    for s in sizes:
+        pairs = zip(times["PyTorch gloo"][s], times["datapar mpi"][s])
+        print(f"  {s}: " + " ".join(f"{t / d:.1f}x" for t, d in pairs))
     print("\nper-round medians (us), to judge the noise:")
     for l in labels:
         if l in times:

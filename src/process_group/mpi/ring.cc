@@ -3,8 +3,9 @@
 // Note [Ring all-reduce]
 // Open MPI's MPI_Iallreduce allocates a temporary buffer as large as the tensor on every
 // call; past glibc's mmap threshold that is fresh memory each time, and page-faulting it in
-// costs more than moving the data (64 MiB with 2 processes: 210-265 ms against 100-130 ms
-// for this ring in one run). Here the buffer is cut into size() parts and, as in NCCL and
+// costs about as much as moving the data. With 2 processes (docs/benchmarks.md, one run):
+// 16 MiB 17.3 ms with MPI_Iallreduce, 20.7 ms with blocking MPI_Allreduce, 6.8 ms here;
+// 64 MiB 95, 121 and 41 ms. Here the buffer is cut into size() parts and, as in NCCL and
 // Gloo, the parts go around the ring twice:
 //   1. reduce-scatter, steps s = 0 .. n-2: send part (rank - s) to the next rank, receive
 //      part (rank - s - 1) from the previous one and reduce it into ours. Afterwards this
