@@ -24,6 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "bench_format.h"
+
+using datapar::tools::human_bytes;
+using datapar::tools::median;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -42,21 +47,6 @@ std::vector<int64_t> parse_sizes(const std::string& list) {
     start = comma + 1;
   }
   return sizes;
-}
-
-std::string human(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int u = 0;
-  double v = static_cast<double>(bytes);
-  while (v >= 1024 && u < 3) v /= 1024, ++u;
-  char text[32];
-  std::snprintf(text, sizeof(text), v == static_cast<int64_t>(v) ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return text;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 // Waits for a request the way datapar's MPI backend does in its first phase: MPI_Test in a loop.
@@ -129,7 +119,7 @@ int main(int argc, char** argv) {
     const double moved = static_cast<double>(count) * 4 * (op == "all_gather" ? n : 1);
     const double algbw = moved / t / 1e9;
     const double factor = op == "all_reduce" ? 2.0 * (n - 1) / n : op == "all_gather" ? (n - 1.0) / n : 1.0;
-    if (rank == 0) std::printf("| %s | %.1f | %.3f | %.3f |\n", human(count * 4).c_str(), t * 1e6, algbw, algbw * factor);
+    if (rank == 0) std::printf("| %s | %.1f | %.3f | %.3f |\n", human_bytes(count * 4).c_str(), t * 1e6, algbw, algbw * factor);
   }
   if (rank == 0) {  // memcpy: one process, the others wait in the barrier below
     std::printf("\nmemcpy: one process copying the buffer once, %d iterations (median)\n", iters);
@@ -144,7 +134,7 @@ int main(int argc, char** argv) {
         if (i >= warmup) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
       }
       const double t = median(seconds);
-      std::printf("| %s | %.1f | %.3f |\n", human(bytes).c_str(), t * 1e6, bytes / t / 1e9);
+      std::printf("| %s | %.1f | %.3f |\n", human_bytes(bytes).c_str(), t * 1e6, bytes / t / 1e9);
     }
   }
   std::fflush(stdout);

@@ -1,7 +1,6 @@
 #include "datapar/ddp/distributed_data_parallel.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/irange.h>
 
 #include "datapar/distributed.h"
 #include "datapar/rendezvous/prefix_store.h"
@@ -19,6 +18,12 @@ class DdpCore::Impl {
   std::vector<at::Tensor> buffers;  // every buffer (detached views)
   std::unique_ptr<Reducer> reducer;
   bool joining = false;
+
+  std::vector<at::Tensor> params_and_buffers() const {
+    std::vector<at::Tensor> all = params;
+    all.insert(all.end(), buffers.begin(), buffers.end());
+    return all;
+  }
   int64_t iterations = 0;  // synchronised forwards inside join()
 };
 
@@ -47,9 +52,7 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   check_same_model(*group_, described, options_.timeout);
 
   // Everyone starts from rank 0's values.
-  std::vector<at::Tensor> all = impl_->params;
-  all.insert(all.end(), impl_->buffers.begin(), impl_->buffers.end());
-  if (group_->size() > 1) group_->broadcast_coalesced(all, 0)->wait(options_.timeout);
+  if (group_->size() > 1) group_->broadcast_coalesced(impl_->params_and_buffers(), 0)->wait(options_.timeout);
 
   ReducerOptions reducer_options;
   reducer_options.first_bucket_bytes = static_cast<int64_t>(options_.first_bucket_cap_mb * 1024 * 1024);
@@ -78,11 +81,15 @@ void DdpCore::pre_forward(int64_t samples) {
     group_->all_reduce(flags)->wait(options_.timeout);
     if (grad && sync_) ++impl_->iterations;
   }
+  broadcast_buffers();
+  if (grad) impl_->reducer->prepare_forward(sync_, samples_override_ >= 0 ? samples_override_ : samples);
+  samples_override_ = -1;
+}
+
+void DdpCore::broadcast_buffers() {
   if (options_.broadcast_buffers && group_->size() > 1 && !impl_->buffers.empty()) {
     group_->broadcast_coalesced(impl_->buffers, 0)->wait(options_.timeout);
   }
-  if (grad) impl_->reducer->prepare_forward(sync_, samples_override_ >= 0 ? samples_override_ : samples);
-  samples_override_ = -1;
 }
 
 void DdpCore::post_forward(const c10::IValue& outputs) {
@@ -111,9 +118,7 @@ void DdpCore::join(const std::function<void()>& train) {
     group_->all_reduce(flags)->wait(options_.timeout);
     const int64_t* f = flags.data_ptr<int64_t>();
     if (f[0] == 0) break;
-    if (options_.broadcast_buffers && group_->size() > 1 && !impl_->buffers.empty()) {
-      group_->broadcast_coalesced(impl_->buffers, 0)->wait(options_.timeout);
-    }
+    broadcast_buffers();
     if (f[1] > 0) impl_->reducer->prepare_forward(/*sync=*/true, /*samples=*/0);
     if (f[2] > 0) impl_->reducer->shadow_backward();
   }
@@ -122,9 +127,7 @@ void DdpCore::join(const std::function<void()>& train) {
   at::Tensor key = at::full({1}, impl_->iterations * group_->size() + group_->rank(), at::kLong);
   group_->all_reduce(key, ReduceOp::kMax)->wait(options_.timeout);
   const int source = static_cast<int>(key.item<int64_t>() % group_->size());
-  std::vector<at::Tensor> all = impl_->params;
-  all.insert(all.end(), impl_->buffers.begin(), impl_->buffers.end());
-  group_->broadcast_coalesced(all, source)->wait(options_.timeout);
+  group_->broadcast_coalesced(impl_->params_and_buffers(), source)->wait(options_.timeout);
 }
 
 }  // namespace datapar::detail

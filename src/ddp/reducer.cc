@@ -272,8 +272,6 @@ void Reducer::launch_ready_buckets() {
 }
 
 void Reducer::wait_bucket(Bucket& bucket) {
-  const std::string what = str_cat("bucket ", bucket.view.index, " (", bucket.params.size(), " parameters from ",
-                                   names_[bucket.params.front()], ")");
   const auto start = std::chrono::steady_clock::now();
   try {
     bucket.work->wait(options_.stall_warning);
@@ -281,6 +279,8 @@ void Reducer::wait_bucket(Bucket& bucket) {
   } catch (const TimeoutError&) {
     if (bucket.work->is_completed()) throw;  // the operation itself timed out
   }
+  const std::string what = str_cat("bucket ", bucket.view.index, " (", bucket.params.size(), " parameters from ",
+                                   names_[bucket.params.front()], ")");
   std::string missing = missing_ranks();
   if (missing.empty()) missing = "some ranks have not reached this backward pass (stopped, slower, or running other collectives)";
   std::fprintf(stderr,
@@ -291,6 +291,14 @@ void Reducer::wait_bucket(Bucket& bucket) {
                    std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start).count()),
                missing.c_str());
   bucket.work->wait(options_.timeout);
+}
+
+void Reducer::wait_buckets() {
+  for (Bucket& bucket : buckets_) {
+    wait_bucket(bucket);
+    hook_->finish(bucket.view);
+    bucket.work.reset();
+  }
 }
 
 void Reducer::finalize() {
@@ -313,13 +321,10 @@ void Reducer::finalize() {
     total_samples = data[0];
     for (size_t i = 0; i < params_.size(); ++i) used_anywhere[i] = data[i + 1] > 0;
   }
-  for (Bucket& bucket : buckets_) {
-    wait_bucket(bucket);
-    hook_->finish(bucket.view);
-    if (options_.average_by_samples) {
-      DATAPAR_CHECK(total_samples > 0, "DistributedDataParallel: averaging by samples, but no rank had a sample.");
-      bucket.flat.div_(total_samples);
-    }
+  wait_buckets();
+  if (options_.average_by_samples) {
+    DATAPAR_CHECK(total_samples > 0, "DistributedDataParallel: averaging by samples, but no rank had a sample.");
+    for (Bucket& bucket : buckets_) bucket.flat.div_(total_samples);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!used_anywhere[i]) continue;  // unused on every rank: .grad stays as it was, as in PyTorch
@@ -333,7 +338,6 @@ void Reducer::finalize() {
       grad = reduced.clone();
     }
   }
-  for (Bucket& bucket : buckets_) bucket.work.reset();
   samples_ = 0;
   if (synced_passes_++ == 0) {
     // Complete the order with the parameters that never reported (unused), in bucket order.
@@ -359,11 +363,7 @@ void Reducer::shadow_backward() {
   }
   launch_ready_buckets();
   if (meta_work_) meta_work_->wait(options_.timeout);
-  for (Bucket& bucket : buckets_) {
-    wait_bucket(bucket);
-    hook_->finish(bucket.view);
-    bucket.work.reset();
-  }
+  wait_buckets();
   if (synced_passes_++ == 0) {
     arrival_ = reverse_order(params_.size());
     rebuild_pending_ = true;

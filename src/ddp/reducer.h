@@ -91,6 +91,7 @@ class Reducer {
   void issue_meta(double samples, const std::vector<bool>& used);
   void finalize();
   void wait_bucket(Bucket& bucket);
+  void wait_buckets();  // every bucket, in order, each finished by the hook
   void publish_progress();                     // the progress thread's loop
   std::string missing_ranks();                 // ranks whose published pass is behind ours
   at::Tensor slice(size_t index) const;      // the parameter's part of its bucket, flat

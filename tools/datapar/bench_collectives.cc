@@ -20,29 +20,12 @@
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/tcp_store.h"
+#include "bench_format.h"
 
 namespace datapar::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string human(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int u = 0;
-  double v = static_cast<double>(bytes);
-  while (v >= 1024 && u < 3) {
-    v /= 1024;
-    ++u;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), v == static_cast<int64_t>(v) ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return text;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
 
 // One rank's part of the benchmark.
 int run_rank(const BenchCollectivesOptions& options, const std::string& init_method, int rank, int world) {
@@ -85,7 +68,7 @@ int run_rank(const BenchCollectivesOptions& options, const std::string& init_met
                           : options.op == "all_gather" ? static_cast<double>(n - 1) / n
                                                        : 1.0;
     if (rank == 0) {
-      std::printf("| %s | %.1f | %.3f | %.3f |\n", human(count * 4).c_str(), t * 1e6, algbw, algbw * factor);
+      std::printf("| %s | %.1f | %.3f | %.3f |\n", human_bytes(count * 4).c_str(), t * 1e6, algbw, algbw * factor);
       std::fflush(stdout);
     }
   }

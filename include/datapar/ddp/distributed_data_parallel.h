@@ -91,6 +91,8 @@ class DdpCore {
 
  private:
   class Impl;
+  void broadcast_buffers();  // rank 0's buffers to everyone, if the options ask for it
+
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   DdpOptions options_;

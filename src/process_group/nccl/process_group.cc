@@ -20,6 +20,7 @@
 #include "datapar/error.h"
 #include "datapar/process_group/nccl.h"
 #include "datapar/rendezvous/prefix_store.h"
+#include "process_group/checks.h"
 #include "process_group/coalesce.h"
 #include "process_group/ordered_runner.h"
 
@@ -198,10 +199,7 @@ class ProcessGroupNccl : public ProcessGroup {
   std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) override {
     check_tensor(input, "all_to_all");
     check_tensor(output, "all_to_all");
-    DATAPAR_CHECK(input.sizes() == output.sizes() && input.scalar_type() == output.scalar_type(),
-                  "all_to_all: output must match the input's shape and dtype.");
-    DATAPAR_CHECK(input.dim() >= 1 && input.size(0) % size() == 0, "all_to_all: dim 0 of the input must split into ",
-                  size(), " equal chunks.");
+    detail::check_all_to_all(output, input, size());
     return launch("all_to_all", {input, output}, [&](const std::vector<at::Tensor>& in) {
       const int64_t chunk = in[0].numel() / size();
       const size_t bytes = static_cast<size_t>(chunk) * in[0].element_size();
@@ -243,8 +241,7 @@ class ProcessGroupNccl : public ProcessGroup {
 
   std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag) override {
     check_tensor(tensor, "send");
-    DATAPAR_CHECK(dst >= 0 && dst < size() && dst != rank(), "send: peer rank ", dst, " is not another rank of [0, ",
-                  size(), ").");
+    detail::check_peer(dst, rank(), size(), tag, "send");
     return launch(str_cat("send(to ", dst, ")"), {tensor}, [&](const std::vector<at::Tensor>& in) {
       return ncclSend(in[0].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()), dst, comm_, stream_);
     });
@@ -252,8 +249,7 @@ class ProcessGroupNccl : public ProcessGroup {
 
   std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag) override {
     check_tensor(tensor, "recv");
-    DATAPAR_CHECK(src >= 0 && src < size() && src != rank(), "recv: peer rank ", src, " is not another rank of [0, ",
-                  size(), ").");
+    detail::check_peer(src, rank(), size(), tag, "recv");
     return launch(str_cat("recv(from ", src, ")"), {tensor}, [&](const std::vector<at::Tensor>& in) {
       return ncclRecv(in[0].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()), src, comm_, stream_);
     });
@@ -283,7 +279,7 @@ class ProcessGroupNccl : public ProcessGroup {
     // Results reach non-contiguous tensors by copies queued behind the collective.
     check_cuda(cudaStreamWaitEvent(cudaStreamLegacy, done, 0), "cudaStreamWaitEvent");
     for (size_t i = 0; i < tensors.size(); ++i) {
-      if (!contiguous[i].is_same(tensors[i])) const_cast<at::Tensor&>(tensors[i]).copy_(contiguous[i]);
+      if (!contiguous[i].is_same(tensors[i])) tensors[i].copy_(contiguous[i]);
     }
     const auto timeout = options_.timeout;
     ncclComm_t comm = comm_;
@@ -329,9 +325,7 @@ class ProcessGroupNccl : public ProcessGroup {
                   ". Use the gloo or mpi backend for CPU tensors.");
   }
 
-  void check_root(int root, const char* what) const {
-    DATAPAR_CHECK(root >= 0 && root < size(), what, ": root ", root, " is outside [0, ", size(), ").");
-  }
+  void check_root(int root, const char* what) const { detail::check_root(root, size(), what); }
 
   void check_like(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* what) const {
     DATAPAR_CHECK(static_cast<int>(list.size()) == size(), what, ": ", list.size(), " tensors for ", size(),
