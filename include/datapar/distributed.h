@@ -3,6 +3,7 @@
 //   datapar::init_process_group("gloo");                      // env:// and the launcher's RANK/WORLD_SIZE
 //   datapar::init_process_group("gloo", "tcp://10.0.0.1:29500", rank, world_size);
 //   datapar::init_process_group("mpi");                       // under mpirun -np N
+//   datapar::init_process_group();                            // default_backend(): what the launcher chose
 //   auto group = datapar::default_group();
 //   group->all_reduce(grads)->wait();
 //   auto evens = datapar::new_group({0, 2});                  // nullptr on the other ranks
@@ -34,11 +35,18 @@ constexpr std::chrono::milliseconds kDefaultProcessGroupTimeout = std::chrono::m
 //           (default_store()) on a free port and tells the others where through MPI: at
 //           MASTER_ADDR if set, else loopback when every process runs on this machine,
 //           else this machine's hostname.
+//   ""      default_backend().
 // "nccl", "mpi" in a build without MPI, and unknown names are refused with a clear error.
 // Throws InvalidArgumentError if a default group exists already, and whatever rendezvous()
 // and the backend throw.
-void init_process_group(const std::string& backend, const std::string& init_method = "env://", int rank = -1,
+void init_process_group(const std::string& backend = "", const std::string& init_method = "env://", int rank = -1,
                         int world_size = -1, std::chrono::milliseconds timeout = kDefaultProcessGroupTimeout);
+
+// The backend for a program that names none: $DATAPAR_BACKEND if set (`datapar launch`
+// sets "mpi" when it starts the workers through mpirun, its single-node default), else
+// "mpi" in a process mpirun started (OMPI_COMM_WORLD_SIZE or PMI_SIZE set) of a build with
+// MPI, else "gloo". CPU tensors; name "nccl" for CUDA.
+std::string default_backend();
 
 bool is_initialized();
 

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "datapar/config.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/prefix_store.h"
@@ -98,19 +99,26 @@ std::shared_ptr<Store> group_store(const DefaultGroup& s, const std::string& nam
 
 }  // namespace
 
+std::string default_backend() {
+  if (const char* chosen = std::getenv("DATAPAR_BACKEND"); chosen != nullptr && *chosen != '\0') return chosen;
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  return DATAPAR_HAVE_MPI && under_mpirun ? "mpi" : "gloo";
+}
+
 void init_process_group(const std::string& backend, const std::string& init_method, int rank, int world_size,
                         std::chrono::milliseconds timeout) {
   DATAPAR_CHECK(state() == nullptr, "init_process_group: a default process group exists already (rank ",
                 state() ? state()->rank : -1, "). Call destroy_process_group() first.");
   auto s = std::make_unique<DefaultGroup>();
-  s->backend = &detail::find_backend(backend);  // refuse before joining the job
+  const std::string name = backend.empty() ? default_backend() : backend;
+  s->backend = &detail::find_backend(name);  // refuse before joining the job
   s->settings.timeout = timeout;
   if (s->backend->job_shape) {
     // The launcher (mpirun) connected the processes already, and the backend knows rank
     // and world size: given ones must agree with it. The store comes after the group.
     const detail::JobShape shape = s->backend->job_shape();
     DATAPAR_CHECK((rank < 0 || rank == shape.rank) && (world_size < 0 || world_size == shape.world_size),
-                  "init_process_group: rank ", rank, " and world size ", world_size, " were given, but ", backend,
+                  "init_process_group: rank ", rank, " and world size ", world_size, " were given, but ", name,
                   " says this process is rank ", shape.rank, " of ", shape.world_size, ". ",
                   shape.world_size == 1 && world_size > 1 ? "Start the job with mpirun -np N, which sets them; "
                                                           : "Start the job with mpirun, which sets them, and ",

@@ -102,7 +102,9 @@ int main(int argc, char** argv) {
               << " MASTER_ADDR=" << (std::getenv("MASTER_ADDR") ? std::getenv("MASTER_ADDR") : "")
               << " MASTER_PORT=" << env_int("MASTER_PORT")
               << " TOKEN=" << (std::getenv("DATAPAR_STORE_TOKEN") ? std::getenv("DATAPAR_STORE_TOKEN") : "")
-              << " RESTART=" << env_int("DATAPAR_RESTART_COUNT") << "\n";
+              << " RESTART=" << env_int("DATAPAR_RESTART_COUNT")
+              << " BACKEND=" << (std::getenv("DATAPAR_BACKEND") ? std::getenv("DATAPAR_BACKEND") : "-")
+              << " MPI_WORLD=" << (std::getenv("OMPI_COMM_WORLD_SIZE") ? std::getenv("OMPI_COMM_WORLD_SIZE") : "-") << "\n";
     std::cerr << "to stderr from " << rank << "\n";
     std::cout << "no newline from " << rank << std::flush;
     return 0;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "datapar/config.h"
 #include "testing/namespaces.h"
 #include "testing/processes.h"
 
@@ -40,9 +42,10 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-// `datapar launch ARGS` run to the end (deadline 60 s).
-ProcessResult launch(const std::vector<std::string>& args) {
+// `datapar launch [--runner RUNNER] ARGS` run to the end (deadline 60 s).
+ProcessResult launch(const std::string& runner, const std::vector<std::string>& args) {
   std::vector<std::string> command = {bin("datapar"), "launch"};
+  if (!runner.empty()) command.insert(command.end(), {"--runner", runner});
   command.insert(command.end(), args.begin(), args.end());
   bool timed_out = false;
   const std::string logs = temp_dir();
@@ -58,10 +61,10 @@ struct Background {
   std::string log;
 };
 
-Background start_launch(const std::vector<std::string>& args, const std::string& dir) {
+Background start_launch(const std::string& runner, const std::vector<std::string>& args, const std::string& dir) {
   Background b;
   b.log = dir + "/launcher.log";
-  std::vector<std::string> command = {bin("datapar"), "launch"};
+  std::vector<std::string> command = {bin("datapar"), "launch", "--runner", runner};
   command.insert(command.end(), args.begin(), args.end());
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -157,22 +160,67 @@ void expect_environment(const std::string& output, int nproc, int nnodes, int no
   EXPECT_EQ(tokens.size(), 1u) << "every worker must get the same token:\n" << output;
 }
 
-TEST(Launch, EnvironmentOfTwoAndThreeWorkers) {
+// Every behaviour below holds however the workers were started: forked by the launcher, or
+// through mpirun (the single-node default in builds with MPI; mpirun_group.h).
+class Launch : public ::testing::TestWithParam<std::string> {
+ protected:
+  const std::string& runner() const { return GetParam(); }
+  ProcessResult launch(const std::vector<std::string>& args) const { return ::launch(runner(), args); }
+};
+
+std::vector<std::string> runners() {
+  if (DATAPAR_HAVE_MPI) return {"fork", "mpirun"};
+  return {"fork"};
+}
+
+INSTANTIATE_TEST_SUITE_P(Runners, Launch, ::testing::ValuesIn(runners()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST_P(Launch, EnvironmentOfTwoAndThreeWorkers) {
   for (int nproc : {2, 3}) {
     const ProcessResult r = launch({"--nproc-per-node", std::to_string(nproc), "--", bin("launch_probe"), "env"});
     ASSERT_EQ(r.exit_code, 0) << r.output;
     expect_environment(r.output, nproc, 1, 0);
     EXPECT_TRUE(std::regex_search(r.output, std::regex("TOKEN=[0-9a-f]{32} "))) << "a fresh random token:\n" << r.output;
   }
+}
+
+TEST(LaunchNodes, SecondNodeOfTwoGetsItsRanksTokenAndPort) {
   // The second node of two: ranks 2 and 3 of 4; the given token and port are passed on.
-  const ProcessResult r = launch({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-port",
-                                  "29999", "--token", "secret", "--", bin("launch_probe"), "env"});
+  const ProcessResult r = launch("", {"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-port",
+                                      "29999", "--token", "secret", "--", bin("launch_probe"), "env"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_environment(r.output, 2, 2, 1);
   EXPECT_NE(r.output.find("MASTER_PORT=29999 TOKEN=secret "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("BACKEND=- MPI_WORLD=-"), std::string::npos) << "several nodes: forked, Gloo:\n" << r.output;
 }
 
-TEST(Launch, PrefixesEveryLineWithTheRank) {
+// The issue's default single-node CPU path: `datapar launch` without flags starts the
+// workers through mpirun, and what names no backend gets MPI's shared memory path.
+TEST(LaunchDefault, OneNodeRunsUnderMpirunWithTheMpiBackend) {
+  if (!DATAPAR_HAVE_MPI) GTEST_SKIP() << "this build has no MPI: single-node jobs are forked and use Gloo";
+  const ProcessResult env = launch("", {"--nproc-per-node", "2", "--", bin("launch_probe"), "env"});
+  ASSERT_EQ(env.exit_code, 0) << env.output;
+  for (int rank : {0, 1}) {
+    EXPECT_NE(env.output.find("[rank " + std::to_string(rank) + "] RANK=" + std::to_string(rank)), std::string::npos);
+  }
+  EXPECT_EQ(std::count_if(env.output.begin(), env.output.end(), [](char c) { return c == '\n'; }), 6) << env.output;
+  EXPECT_NE(env.output.find("BACKEND=mpi MPI_WORLD=2"), std::string::npos) << env.output;
+
+  const ProcessResult forked = launch("fork", {"--nproc-per-node", "2", "--", bin("launch_probe"), "env"});
+  EXPECT_NE(forked.output.find("BACKEND=- MPI_WORLD=-"), std::string::npos) << forked.output;
+
+  // A real job: the collectives benchmark, which names no backend, runs on MPI.
+  const ProcessResult bench = launch("", {"--nproc-per-node", "2", "--", bin("datapar"), "bench", "collectives",
+                                          "--sizes", "4KiB,1MiB", "--iters", "3"});
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  EXPECT_NE(bench.output.find("[rank 0] datapar bench collectives: all_reduce, backend mpi, 2 processes"),
+            std::string::npos)
+      << bench.output;
+  EXPECT_NE(bench.output.find("[rank 0] | 1 MiB |"), std::string::npos) << bench.output;
+}
+
+TEST_P(Launch, PrefixesEveryLineWithTheRank) {
   const ProcessResult r = launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "env"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < 3; ++rank) {
@@ -186,7 +234,7 @@ TEST(Launch, PrefixesEveryLineWithTheRank) {
   while (std::getline(lines, l)) EXPECT_EQ(l.rfind("[rank ", 0), 0u) << "unprefixed line: " << l;
 }
 
-TEST(Launch, FailingWorkerStopsTheOthers) {
+TEST_P(Launch, FailingWorkerStopsTheOthers) {
   const std::string dir = temp_dir();
   const ProcessResult r = launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "fail", dir, "1", "7"});
   EXPECT_EQ(r.exit_code, 7) << r.output;
@@ -200,7 +248,7 @@ TEST(Launch, FailingWorkerStopsTheOthers) {
   EXPECT_TRUE(all_die(pids, 1s));
 }
 
-TEST(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
+TEST_P(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
   const std::string dir = temp_dir();
   const ProcessResult r = launch({"--nproc-per-node", "2", "--", bin("launch_probe"), "fail", dir, "0", "-9"});
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
@@ -211,9 +259,9 @@ TEST(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
   EXPECT_NE(r.output.find(summary), std::string::npos) << r.output;
 }
 
-TEST(Launch, SigtermStopsEveryWorker) {
+TEST_P(Launch, SigtermStopsEveryWorker) {
   const std::string dir = temp_dir();
-  const Background b = start_launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
+  const Background b = start_launch(runner(), {"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
   ASSERT_GT(b.pid, 0);
   const std::vector<pid_t> pids = worker_pids(dir, 3);
   ::kill(b.pid, SIGTERM);
@@ -223,10 +271,10 @@ TEST(Launch, SigtermStopsEveryWorker) {
       << read_file(b.log);
 }
 
-TEST(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
+TEST_P(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
   const std::string dir = temp_dir();
   const Background b = start_launch(
-      {"--nproc-per-node", "2", "--grace-period", "0.5", "--", bin("launch_probe"), "sleep", dir, "ignore-term"}, dir);
+      runner(), {"--nproc-per-node", "2", "--grace-period", "0.5", "--", bin("launch_probe"), "sleep", dir, "ignore-term"}, dir);
   ASSERT_GT(b.pid, 0);
   const std::vector<pid_t> pids = worker_pids(dir, 2);
   ::kill(b.pid, SIGTERM);
@@ -236,9 +284,9 @@ TEST(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
       << read_file(b.log);
 }
 
-TEST(Launch, NoOrphansAfterTheLauncherIsKilled) {
+TEST_P(Launch, NoOrphansAfterTheLauncherIsKilled) {
   const std::string dir = temp_dir();
-  const Background b = start_launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
+  const Background b = start_launch(runner(), {"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
   ASSERT_GT(b.pid, 0);
   const std::vector<pid_t> pids = worker_pids(dir, 3);
   ASSERT_EQ(pids.size(), 3u);
@@ -253,7 +301,7 @@ std::string final_weights(const std::string& output) {
   return std::regex_search(output, m, std::regex(R"(\[rank 0\] final weights([^\n]*))")) ? m[1].str() : "";
 }
 
-TEST(Launch, MaxRestartsResumesFromTheLastCheckpoint) {
+TEST_P(Launch, MaxRestartsResumesFromTheLastCheckpoint) {
   const std::string probe = bin("launch_probe");
   const ProcessResult straight = launch({"--nproc-per-node", "2", "--", probe, "train", temp_dir(), "4", "-1"});
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
@@ -276,7 +324,7 @@ TEST(Launch, MaxRestartsResumesFromTheLastCheckpoint) {
   EXPECT_EQ(final_weights(resumed.output), expected) << resumed.output;
 }
 
-TEST(Launch, BadUsageExitsWithTwoAndSaysWhy) {
+TEST(LaunchUsage, BadUsageExitsWithTwoAndSaysWhy) {
   const std::string probe = bin("launch_probe");
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--nproc-per-node", "2"}, "launch: no program to run. Put it after --"},
@@ -287,10 +335,13 @@ TEST(Launch, BadUsageExitsWithTwoAndSaysWhy) {
       {{"--nnodes", "2", "--master-port", "29500", "--", probe, "env"}, "needs the same store token on every node"},
       {{"--", "no_such_program_datapar"}, "program \"no_such_program_datapar\" is not found on PATH"},
       {{"--no-such-flag", "--", probe, "env"}, "--no-such-flag"},
+      {{"--runner", "ssh", "--", probe, "env"}, "--runner \"ssh\" is not one of auto, mpirun, fork"},
+      {{"--runner", "mpirun", "--nnodes", "2", "--master-port", "29500", "--token", "t", "--", probe, "env"},
+       DATAPAR_HAVE_MPI ? "--runner mpirun starts the workers of one node" : "--runner mpirun needs a build"},
   };
   ::unsetenv("DATAPAR_STORE_TOKEN");
   for (const auto& [args, message] : cases) {
-    const ProcessResult r = launch(args);
+    const ProcessResult r = launch("", args);
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
   }

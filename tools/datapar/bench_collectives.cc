@@ -34,7 +34,7 @@ int run_rank(const BenchCollectivesOptions& options, const std::string& init_met
   const int n = group->size();
   if (rank == 0) {
     std::printf("datapar bench collectives: %s, backend %s, %d processes, %d iterations (median)\n",
-                options.op.c_str(), options.backend.c_str(), n, options.iters);
+                options.op.c_str(), group->backend().c_str(), n, options.iters);
     std::printf("| size | time (us) | algbw (GB/s) | busbw (GB/s) |\n|---|---|---|---|\n");
   }
   {  // Warm the connections up once before any size is timed, so the first row is not an outlier.
@@ -102,7 +102,9 @@ std::vector<int64_t> parse_sizes(const std::string& list) {
   return sizes;
 }
 
-int bench_collectives(const BenchCollectivesOptions& options) {
+int bench_collectives(const BenchCollectivesOptions& given) {
+  BenchCollectivesOptions options = given;
+  if (options.backend.empty()) options.backend = default_backend();  // mpi under mpirun
   DATAPAR_CHECK(options.op == "all_reduce" || options.op == "broadcast" || options.op == "all_gather",
                 "--op: \"", options.op, "\" is not one of all_reduce, broadcast, all_gather.");
   return run_job(

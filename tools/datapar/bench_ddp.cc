@@ -126,7 +126,9 @@ int run_rank(const BenchDdpOptions& o, const std::string& init, int rank, int wo
 
 }  // namespace
 
-int bench_ddp(const BenchDdpOptions& options) {
+int bench_ddp(const BenchDdpOptions& given) {
+  BenchDdpOptions options = given;
+  if (options.backend.empty()) options.backend = default_backend();  // mpi under mpirun
   DATAPAR_CHECK(options.model == "mlp" || options.model == "lenet" || options.model == "resnet18", "--model: \"",
                 options.model, "\" is not one of mlp, lenet, resnet18.");
   DATAPAR_CHECK(options.batch >= 0 && options.steps >= 0 && options.threads >= 1,

@@ -20,8 +20,10 @@
 #include <optional>
 #include <set>
 
+#include "datapar/config.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/tcp_store.h"
+#include "mpirun_group.h"
 #include "worker_group.h"
 
 extern char** environ;
@@ -72,6 +74,7 @@ std::string random_token() {
 }
 
 std::string describe(const WorkerExit& e) {
+  if (!e.how.empty()) return e.how;
   if (e.signal == 0) return str_cat("exited with code ", e.exit_code);
   return str_cat("was killed by signal ", e.signal, " (", ::strsignal(e.signal), ")");
 }
@@ -96,13 +99,23 @@ struct AttemptResult {
 };
 
 // Runs one attempt to its end: every worker reaped and its output flushed.
-AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
+std::unique_ptr<Workers> start_workers(const LaunchOptions& options, int restart_count) {
+  if (options.runner == "mpirun") {
+    // Every rank's environment but the variables launch-rank sets from MPI's.
+    return std::make_unique<MpirunGroup>(find_mpirun(), options.program, options.nproc_per_node,
+                                         worker_environment(options, 0, restart_count));
+  }
   std::vector<WorkerSpec> specs;
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
     specs.push_back({options.node_rank * options.nproc_per_node + local_rank, local_rank,
                      worker_environment(options, local_rank, restart_count)});
   }
-  WorkerGroup group(options.program, specs);
+  return std::make_unique<WorkerGroup>(options.program, specs);
+}
+
+AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
+  const std::unique_ptr<Workers> started = start_workers(options, restart_count);
+  Workers& group = *started;
   AttemptResult result;
   std::optional<Clock::time_point> kill_at;  // set once stopping has begun
   int stop_signal = SIGTERM;  // what the workers were asked to stop with
@@ -163,6 +176,18 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
     DATAPAR_CHECK(!o.token.empty(), "launch: --nnodes ", o.nnodes, " needs the same store token on every node. ",
                   "Pass --token SECRET (or set DATAPAR_STORE_TOKEN) to each launcher, e.g. T=$(openssl rand -hex 16).");
   }
+  DATAPAR_CHECK(o.runner == "auto" || o.runner == "mpirun" || o.runner == "fork", "launch: --runner \"", o.runner,
+                "\" is not one of auto, mpirun, fork.");
+  const bool mpirun_found = DATAPAR_HAVE_MPI && !find_mpirun().empty();
+  if (o.runner == "auto") o.runner = o.nnodes == 1 && mpirun_found ? "mpirun" : "fork";
+  if (o.runner == "mpirun") {
+    DATAPAR_CHECK(o.nnodes == 1, "launch: --runner mpirun starts the workers of one node; for --nnodes ", o.nnodes,
+                  " use --runner fork (Gloo over TCP between the nodes).");
+    DATAPAR_CHECK(DATAPAR_HAVE_MPI, "launch: --runner mpirun needs a build of datapar with MPI (CMake found none). ",
+                  "Install libopenmpi-dev and openmpi-bin and build again, or use --runner fork.");
+    DATAPAR_CHECK(mpirun_found, "launch: --runner mpirun: mpirun is not installed (not on PATH). ",
+                  "Install openmpi-bin, or use --runner fork.");
+  }
   if (o.token.empty()) o.token = random_token();
   if (o.master_port == 0) {  // single node: a port free now on the master address
     TcpStore probe({o.master_addr, 0, true, "", std::chrono::seconds(5)});
@@ -197,11 +222,13 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   }
   for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
   if (!omp_set && o.nproc_per_node > 1) env.push_back("OMP_NUM_THREADS=1");
+  if (o.runner == "mpirun" && std::getenv("DATAPAR_BACKEND") == nullptr) env.push_back("DATAPAR_BACKEND=mpi");
   return env;
 }
 
 int launch(const LaunchOptions& given) {
   LaunchOptions options = resolve_launch_options(given);
+  if (options.runner == "mpirun") allow_mpirun_as_asked();  // before the environment is copied
   WorkerGroup::catch_signals();
   for (int restart = 0;; ++restart) {
     const AttemptResult r = run_attempt(options, restart);

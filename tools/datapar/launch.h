@@ -16,6 +16,16 @@
 //   DATAPAR_MAX_RESTARTS    --max-restarts
 //   OMP_NUM_THREADS=1       only if unset and nproc_per_node > 1 (as torchrun does), so N
 //                           workers do not each start one thread per core
+//
+// How the workers are started (--runner):
+//   mpirun  through mpirun (mpirun_group.h), so that they form an MPI job: datapar's
+//           default backend is then "mpi" (DATAPAR_BACKEND=mpi, unless set), whose shared
+//           memory path is many times faster than Gloo over loopback TCP within a machine.
+//   fork    forked by the launcher itself: Gloo over TCP, as between machines.
+//   auto    (default) mpirun for a single-node job when this build has MPI and mpirun is
+//           installed, else fork.
+// Either way the workers get the same variables, output prefixes, failure handling,
+// signals and restarts.
 #pragma once
 
 #include <chrono>
@@ -34,6 +44,7 @@ struct LaunchOptions {
   // launcher's environment, else (single node only) a fresh random one.
   std::string token;
   int max_restarts = 0;
+  std::string runner = "auto";  // auto | mpirun | fork; resolved to mpirun or fork
   // After the first failure or a forwarded signal, how long workers get to exit before
   // they are SIGKILLed.
   std::chrono::milliseconds grace_period = std::chrono::seconds(5);

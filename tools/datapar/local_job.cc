@@ -15,6 +15,7 @@
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/tcp_store.h"
+#include "mpirun_group.h"
 
 namespace datapar::tools {
 
@@ -33,8 +34,8 @@ std::vector<std::string> own_command_line() {
 void exec_under_mpirun(int nproc, const std::string& tool) {
   DATAPAR_CHECK(DATAPAR_HAVE_MPI, tool, ": this build of datapar has no MPI backend (CMake found no MPI library). ",
                 "Install libopenmpi-dev and openmpi-bin, then configure and build again.");
-  std::string mpirun = DATAPAR_MPIEXEC;  // found at build time
-  if (mpirun.empty() || ::access(mpirun.c_str(), X_OK) != 0) mpirun = "mpirun";
+  std::string mpirun = find_mpirun();
+  if (mpirun.empty()) mpirun = "mpirun";  // execvp fails below with the clear error
   char self[4096] = {};
   const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   std::vector<std::string> original = own_command_line();
@@ -42,11 +43,7 @@ void exec_under_mpirun(int nproc, const std::string& tool) {
                 "through mpirun. Start it yourself: mpirun -n ", nproc, " <the same command>");
   std::vector<std::string> args = {mpirun, "-n", std::to_string(nproc), self};
   args.insert(args.end(), original.begin() + 1, original.end());
-  // Open MPI refuses to run as root (containers) and to start more processes than cores
-  // unless told; the user asked for exactly these processes. Other MPIs ignore these.
-  ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-  ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  allow_mpirun_as_asked();
   std::string line;
   for (const std::string& a : args) line += (line.empty() ? "" : " ") + a;
   std::fprintf(stderr, "%s: starting %d processes: %s\n", tool.c_str(), nproc, line.c_str());

@@ -11,6 +11,7 @@
 #include "train.h"
 #include "datapar/error.h"
 #include "launch.h"
+#include "mpirun_group.h"
 
 namespace {
 
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
       "collectives", "Time collectives over N local processes (or under a launcher), like nccl-tests");
   bench_collectives->add_option("--nproc", collectives.nproc, "Processes to start when not under a launcher (default 2)");
   bench_collectives->add_option("--backend", collectives.backend,
-                                "Process group backend: gloo, or mpi (started through mpirun) (default gloo)");
+                                "Process group backend: gloo, or mpi (started through mpirun) (default: mpi under mpirun, else gloo)");
   bench_collectives->add_option("--op", collectives.op, "all_reduce, broadcast or all_gather (default all_reduce)");
   bench_collectives->add_option("--sizes", sizes, "Bytes per process, e.g. 4KiB,1MiB,64MiB (default 4KiB..64MiB)");
   bench_collectives->add_option("--iters", collectives.iters, "Timed iterations per size (default 20)");
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
   bench_ddp->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)");
   bench_ddp->add_option("--batch", ddp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)");
   bench_ddp->add_option("--backend", ddp.backend,
-                        "Process group backend: gloo, or mpi (started through mpirun) (default gloo)");
+                        "Process group backend: gloo, or mpi (started through mpirun) (default: mpi under mpirun, else gloo)");
   bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)");
   bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)");
   bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
@@ -84,7 +85,16 @@ int main(int argc, char** argv) {
                      "Restart the whole group up to K times after a failure (default 0)");
   launch->add_option("--grace-period", grace_s,
                      "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
+  launch->add_option("--runner", launch_options.runner,
+                     "How workers start: mpirun (an MPI job; default backend mpi), fork, or auto (default: "
+                     "mpirun on one node when MPI is installed, else fork)");
   launch->add_option("program", launch_options.program, "The program and its arguments, after --");
+  // launch's helper under mpirun (mpirun_group.h); not for users, so not listed.
+  std::string rank_dir;
+  std::vector<std::string> rank_program;
+  auto* launch_rank = app.add_subcommand("launch-rank", "")->group("");
+  launch_rank->add_option("dir", rank_dir)->required();
+  launch_rank->add_option("program", rank_program);
   datapar::tools::TrainOptions train_options;
   auto* train = datapar::tools::add_train_command(app, train_options);
 
@@ -97,6 +107,7 @@ int main(int argc, char** argv) {
   if (*train) return datapar::tools::train(train_options);
   try {
     if (*devices) return list_devices(spec);
+    if (*launch_rank) return datapar::tools::run_mpirun_rank(rank_dir, rank_program);
     if (*launch) {
       launch_options.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
       return datapar::tools::launch(launch_options);

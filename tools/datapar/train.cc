@@ -290,7 +290,7 @@ int run_plan(const TrainPlan& plan) {
   if (plan.rank == 0) {
     std::printf("datapar train: %s, %s on %s%s, batch %ld (%ld per %s), lr %g, %ld train / %ld test samples (%s)\n",
                 o.model.c_str(), o.mode.c_str(), plan.devices_label.c_str(),
-                o.mode == "ddp" ? (", " + std::to_string(plan.world_size) + " ranks").c_str() : "",
+                o.mode == "ddp" ? (", " + std::to_string(plan.world_size) + " ranks on " + o.backend).c_str() : "",
                 (long)plan.global_batch,
                 (long)(o.mode == "dp" ? (plan.global_batch + plan.parallelism - 1) / plan.parallelism : plan.rank_batch),
                 o.mode == "single" ? "step" : (o.mode == "dp" ? "device" : "rank"), plan.lr, (long)data.train->size(),

@@ -32,7 +32,7 @@ struct TrainOptions {
   double momentum = 0;
   std::string mode = "single";     // single, dp, ddp
   std::string devices;             // "" = the mode's default (see plan_training)
-  std::string backend = "gloo";    // ddp only: gloo, nccl, mpi
+  std::string backend;             // ddp only: gloo, nccl, mpi; empty: default_backend()
   bool scale_lr = false;           // N devices or ranks: N x batch, N x lr
   uint64_t seed = 0;
   std::string checkpoint_dir;      // a checkpoint per epoch (rank 0 writes)

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "datapar/data/fashion_mnist.h"
+#include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "train.h"
 
@@ -29,7 +30,7 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--devices", o.devices,
                   "single: one device (default cpu:0); dp: the replicas' devices (default every CUDA device, "
                   "else one CPU device per core); ddp: one per local rank (default cuda:LOCAL_RANK or CPU)");
-  cmd->add_option("--backend", o.backend, "ddp process group backend: gloo, nccl or mpi (default gloo)");
+  cmd->add_option("--backend", o.backend, "ddp process group backend: gloo, nccl or mpi (default: mpi under mpirun, as datapar launch starts single-node jobs, else gloo)");
   cmd->add_flag("--scale-lr", o.scale_lr, "Linear scaling: N devices or ranks get N x batch and N x lr");
   cmd->add_option("--seed", o.seed, "Seed of the model's initialisation, the shuffling and synthetic data (default 0)");
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir, "Write a checkpoint after each epoch here (rank 0)");
@@ -84,7 +85,8 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                 "\" is not a model datapar train knows.\n---> HINT: use mlp, lenet or resnet18.");
   DATAPAR_CHECK(one_of(o.mode, {"single", "dp", "ddp"}), "--mode: \"", o.mode,
                 "\" is not a mode.\n---> HINT: use single (one device), dp (DataParallel) or ddp (one rank per process).");
-  DATAPAR_CHECK(one_of(o.backend, {"gloo", "nccl", "mpi"}), "--backend: \"", o.backend,
+  if (o.backend.empty()) plan.options.backend = default_backend();
+  DATAPAR_CHECK(one_of(plan.options.backend, {"gloo", "nccl", "mpi"}), "--backend: \"", plan.options.backend,
                 "\" is not a backend.\n---> HINT: use gloo (CPU), nccl (CUDA) or mpi.");
   DATAPAR_CHECK(o.evaluate || o.epochs >= 1, "--epochs ", o.epochs, ": train for at least 1 epoch.");
   DATAPAR_CHECK(o.lr > 0, "--lr ", o.lr, ": the learning rate must be positive (d2l uses 0.1).");

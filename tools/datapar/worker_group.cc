@@ -38,7 +38,16 @@ void on_signal(int sig) {
   errno = saved;
 }
 
-// In the forked child, before exec: only async-signal-safe calls from here on.
+std::vector<char*> c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+// In the forked child: only async-signal-safe calls from here on.
 [[noreturn]] void exec_worker(pid_t launcher, int out_fd, int err_fd, char* const* argv, char* const* envp) {
   // Ignored signals stay ignored across exec (a shell's `&` ignores SIGINT): give the
   // worker the defaults so that forwarded signals act. The parent blocked them around
@@ -63,15 +72,6 @@ void on_signal(int sig) {
   }
   ::_exit(127);
 }
-
-std::vector<char*> c_strings(const std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
-  out.push_back(nullptr);
-  return out;
-}
-
-}  // namespace
 
 void WorkerGroup::catch_signals() {
   if (g_signal_pipe[0] >= 0) return;
@@ -128,7 +128,7 @@ WorkerGroup::WorkerGroup(const std::vector<std::string>& argv, const std::vector
     ::close(err[1]);
     pids_.push_back(pid);
     reaped_.push_back(false);
-    const std::string prefix = str_cat("[rank ", spec.rank, "] ");
+    const std::string prefix = spec.label.empty() ? str_cat("[rank ", spec.rank, "] ") : str_cat("[", spec.label, "] ");
     streams_.push_back({out[0], std::make_unique<WorkerOutput>(prefix, 1)});
     streams_.push_back({err[0], std::make_unique<WorkerOutput>(prefix, 2)});
   }
@@ -194,6 +194,10 @@ WorkerEvents WorkerGroup::poll(std::chrono::milliseconds timeout) {
     for (Stream& s : streams_) close_stream(s);
   }
   return events;
+}
+
+void WorkerGroup::carry_output(int fd, const std::string& label, int out_fd) {
+  streams_.push_back({fd, std::make_unique<WorkerOutput>(str_cat("[", label, "] "), out_fd)});
 }
 
 void WorkerGroup::signal_all(int sig) {

@@ -25,6 +25,7 @@ struct WorkerSpec {
   int rank = 0;
   int local_rank = 0;
   std::vector<std::string> environment;  // the whole environment, "NAME=value"
+  std::string label;                     // its output's prefix; empty: "rank R"
 };
 
 struct WorkerExit {
@@ -33,6 +34,7 @@ struct WorkerExit {
   pid_t pid = -1;
   int exit_code = 0;  // valid when signal == 0
   int signal = 0;     // the signal that ended it, or 0
+  std::string how;    // when set, how it ended, in words (a worker whose exit status is unknown)
   bool failed() const { return signal != 0 || exit_code != 0; }
 };
 
@@ -42,7 +44,24 @@ struct WorkerEvents {
   std::vector<int> signals;       // SIGINT / SIGTERM / SIGHUP the launcher received
 };
 
-class WorkerGroup {
+// The workers of one attempt, however they were started: launch.cc supervises them
+// through this. WorkerGroup forks them itself; MpirunGroup (mpirun_group.h) has mpirun
+// start them.
+class Workers {
+ public:
+  virtual ~Workers() = default;
+  // Waits up to `timeout` for output, worker exits or a signal to the launcher; forwards
+  // complete output lines; returns what happened.
+  virtual WorkerEvents poll(std::chrono::milliseconds timeout) = 0;
+  // Sends `sig` to every worker not yet ended (and to what it started).
+  virtual void signal_all(int sig) = 0;
+  // Workers not yet ended.
+  virtual int running() const = 0;
+  // True once every worker has ended and its output is read to the end.
+  virtual bool finished() const = 0;
+};
+
+class WorkerGroup : public Workers {
  public:
   // Installs the launcher's handlers for SIGINT, SIGTERM and SIGHUP (they only record the
   // signal; poll() reports it) and ignores SIGPIPE. Call once before the first group.
@@ -54,24 +73,27 @@ class WorkerGroup {
   WorkerGroup(const std::vector<std::string>& argv, const std::vector<WorkerSpec>& specs);
 
   // SIGKILLs and reaps any worker still running.
-  ~WorkerGroup();
+  ~WorkerGroup() override;
 
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  // Waits up to `timeout` for output, worker exits or a signal to the launcher; forwards
-  // complete output lines; returns what happened.
-  WorkerEvents poll(std::chrono::milliseconds timeout);
+  WorkerEvents poll(std::chrono::milliseconds timeout) override;
 
   // Sends `sig` to the process group of every worker not yet reaped.
-  void signal_all(int sig);
+  void signal_all(int sig) override;
 
   // Workers not yet reaped.
-  int running() const;
+  int running() const override;
 
   // True once every worker is reaped and its output read to the end (or, if a process the
   // worker left behind holds the pipe open, kDrainTimeout after the last exit).
-  bool finished() const;
+  bool finished() const override;
+
+  // Also carries the output read from `fd` (which the group now owns) to `out_fd`, each
+  // line prefixed "[label] ", as a worker's: for output that reaches the launcher by
+  // another way than a worker's pipe (mpirun_group.h).
+  void carry_output(int fd, const std::string& label, int out_fd);
 
   const std::vector<pid_t>& pids() const { return pids_; }
 
@@ -91,5 +113,11 @@ class WorkerGroup {
   std::vector<Stream> streams_;  // 2 per worker: stdout, stderr
   std::chrono::steady_clock::time_point all_reaped_at_{};
 };
+
+// The forked child's side of starting a worker, before exec: default signal handling and
+// an empty signal mask, its own process group, PR_SET_PDEATHSIG = SIGKILL (exits at once
+// if `parent` is gone already), stdin /dev/null, stdout `out_fd`, stderr `err_fd`; then
+// execvpe. If exec fails it says why on `err_fd` and exits 127.
+[[noreturn]] void exec_worker(pid_t parent, int out_fd, int err_fd, char* const* argv, char* const* envp);
 
 }  // namespace datapar::tools
