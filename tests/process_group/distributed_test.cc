@@ -95,5 +95,24 @@ TEST(Distributed, ClearErrorsBeforeAnyWorkStarts) {
   EXPECT_FALSE(is_initialized());
 }
 
+// What a program that names no backend gets: the launcher's choice, else mpi under mpirun.
+TEST(Distributed, DefaultBackendFollowsTheLauncher) {
+  ::unsetenv("DATAPAR_BACKEND");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("PMI_SIZE");
+  EXPECT_EQ(default_backend(), "gloo");
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);  // as mpirun sets it
+  EXPECT_EQ(default_backend(), DATAPAR_HAVE_MPI ? "mpi" : "gloo");
+  ::setenv("DATAPAR_BACKEND", "gloo", 1);     // as a user (or datapar launch) sets it
+  EXPECT_EQ(default_backend(), "gloo");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::setenv("DATAPAR_BACKEND", "foo", 1);
+  EXPECT_EQ(default_backend(), "foo");
+  EXPECT_THROW_MSG(init_process_group("", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
+                   "unknown backend \"foo\"");
+  ::unsetenv("DATAPAR_BACKEND");
+  EXPECT_FALSE(is_initialized());
+}
+
 }  // namespace
 }  // namespace datapar
