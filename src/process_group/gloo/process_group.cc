@@ -22,7 +22,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <atomic>
 #include <functional>
+#include <thread>
 
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
@@ -97,6 +100,7 @@ class ProcessGroupGloo : public ProcessGroup {
       context_->setTimeout(timeout_);
       GlooStore gloo_store(std::make_shared<PrefixStore>("gloo", store));
       context_->connectFullMesh(gloo_store, device_);
+      roll_store_ = std::make_shared<PrefixStore>("gloo-failed", store);
     } catch (const datapar::Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -353,8 +357,60 @@ class ProcessGroupGloo : public ProcessGroup {
     }
   }
 
+  // Runs `op` on the group's thread in issue order. Gloo reports a dead peer as an
+  // exception naming its address; the error names the ranks (roll_call()).
   std::shared_ptr<Work> enqueue(std::string what, std::function<void()> op) {
-    return collectives_.push(describe(what), std::move(op));
+    const uint64_t seq = issued_++;
+    return collectives_.push(describe(what), [this, seq, what, op = std::move(op)] {
+      try {
+        op();
+      } catch (const datapar::Error&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw CommError(str_cat(describe(what), " failed: ", e.what(), ". ", roll_call(seq),
+                                " Rebuild the process group (e.g. restart the job from a checkpoint)."));
+      }
+    });
+  }
+
+  // Note [Naming the dead peer]: a collective that failed because a peer died fails on
+  // every survivor (their connections to it close), at the same collective, since every
+  // rank issues them in the same order. Each survivor marks collective `seq` as failed in
+  // the store, then waits kRollCallWindow for the others' marks: the ranks that never mark
+  // it are the ones that exited (or hang, or lag behind). Without a store, rank 0 (which
+  // serves it) is the one gone.
+  // Called on the collectives' thread only; after the first failure the group is broken
+  // and later operations repeat its finding instead of waiting again.
+  std::string roll_call(uint64_t seq) {
+    if (!roll_call_result_.empty()) return roll_call_result_;
+    roll_call_result_ = take_roll_call(seq);
+    return roll_call_result_;
+  }
+
+  std::string take_roll_call(uint64_t seq) const {
+    static constexpr auto kRollCallWindow = std::chrono::seconds(3);
+    const std::string prefix = str_cat(seq, "/");
+    std::vector<int> missing;
+    try {
+      roll_store_->set(prefix + std::to_string(rank()), Bytes{1});
+      for (int r = 0; r < size(); ++r) {
+        if (r != rank()) missing.push_back(r);
+      }
+      const auto deadline = std::chrono::steady_clock::now() + kRollCallWindow;
+      while (!missing.empty() && std::chrono::steady_clock::now() < deadline) {
+        missing.erase(std::remove_if(missing.begin(), missing.end(),
+                                     [&](int r) { return roll_store_->check({prefix + std::to_string(r)}); }),
+                      missing.end());
+        if (!missing.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    } catch (const std::exception& e) {
+      return str_cat("The job's store is unreachable too (", e.what(), "): rank 0, which serves it, probably exited.");
+    }
+    if (missing.empty()) return "Every other rank saw this operation fail too (a network failure?).";
+    std::string ranks;
+    for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    return str_cat(missing.size() == 1 ? "Rank " : "Ranks ", ranks, " did not report this failure within ",
+                   kRollCallWindow.count(), " s: probably exited (or hung, or behind the others).");
   }
 
   std::string describe(const std::string& what) const {
@@ -362,6 +418,9 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<Store> roll_store_;  // where survivors of a failure report (roll_call())
+  std::atomic<uint64_t> issued_{0};    // collectives issued, numbered alike on every rank
+  std::string roll_call_result_;       // the first failure's finding (collectives' thread only)
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   // Declared last: destroyed first, so queued operations finish while the context lives.
