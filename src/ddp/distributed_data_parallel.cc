@@ -102,6 +102,8 @@ void DdpCore::set_comm_hook(std::shared_ptr<CommHook> hook) { impl_->reducer->se
 
 std::vector<std::vector<size_t>> DdpCore::bucket_indices() const { return impl_->reducer->bucket_indices(); }
 
+DdpCommStats DdpCore::comm_stats() const { return impl_->reducer->comm_stats(); }
+
 void DdpCore::join(const std::function<void()>& train) {
   DATAPAR_CHECK(!impl_->joining, "DistributedDataParallel::join: already inside join().");
   impl_->joining = true;

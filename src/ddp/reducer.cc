@@ -313,6 +313,8 @@ void Reducer::finalize() {
                         "ranks are out of step. If some parameters are not used in every forward, construct DDP "
                         "with DdpOptions::find_unused_parameters = true."));
   }
+  // From here on backward only waits: the communication it could not hide.
+  const auto waiting_since = std::chrono::steady_clock::now();
   double total_samples = samples_;
   std::vector<bool> used_anywhere(params_.size(), true);
   if (meta_work_) {
@@ -322,6 +324,8 @@ void Reducer::finalize() {
     for (size_t i = 0; i < params_.size(); ++i) used_anywhere[i] = data[i + 1] > 0;
   }
   wait_buckets();
+  stats_.exposed_wait += std::chrono::steady_clock::now() - waiting_since;
+  ++stats_.synchronised_passes;
   if (options_.average_by_samples) {
     DATAPAR_CHECK(total_samples > 0, "DistributedDataParallel: averaging by samples, but no rank had a sample.");
     for (Bucket& bucket : buckets_) bucket.flat.div_(total_samples);

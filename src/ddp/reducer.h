@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "datapar/ddp/comm_hook.h"
+#include "datapar/ddp/comm_stats.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/store.h"
 
@@ -71,6 +72,7 @@ class Reducer {
 
   // Parameter indices per bucket, in reduction order.
   std::vector<BucketIndices> bucket_indices() const;
+  DdpCommStats comm_stats() const { return stats_; }
 
  private:
   struct Bucket {
@@ -122,6 +124,7 @@ class Reducer {
   std::shared_ptr<Work> meta_work_;
   std::vector<size_t> arrival_;  // gradient arrival order, recorded in the first synchronised pass
   int64_t synced_passes_ = 0;
+  DdpCommStats stats_;  // of synchronised backward passes (not join()'s shadow passes)
   bool rebuild_pending_ = false;
 
   // Synchronised backward passes started; published to progress_store by a thread, off

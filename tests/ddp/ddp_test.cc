@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 
 #include "datapar/state_dict.h"
 #include "ddp/bucket_assignment.h"
@@ -42,16 +43,21 @@ std::vector<testing::ProcessResult> run_job(const std::string& scenario, int wor
   return testing::run_processes(commands, dir.path, deadline, timed_out);
 }
 
-void expect_matches_reference(const std::string& name, int world, double rtol, double atol) {
+// Returns rank 0's output.
+std::string expect_matches_reference(const std::string& name, int world, double rtol, double atol) {
   TempDir dir;
   const auto results = run_job(name, world, dir);
-  for (int r = 0; r < world; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    if (results[r].exit_code != 0) return "";
+  }
   const testing::DdpScenario s = testing::scenario(name, world);
   const StateDict expected = s.sync_bn ? state_dict(*testing::train_reference<testing::SyncBnNet>(s))
                                        : state_dict(*testing::train_reference<testing::ProbeNet>(s));
   for (int r = 0; r < world; ++r) {
     const StateDict got = load_state_dict_file(dir.path + "/rank" + std::to_string(r) + ".pt");
-    ASSERT_EQ(got.size(), expected.size());
+    EXPECT_EQ(got.size(), expected.size());
+    if (got.size() != expected.size()) return "";
     for (const auto& item : expected) {
       const at::Tensor& mine = got[item.key()];
       EXPECT_TRUE(at::allclose(mine, item.value(), rtol, atol))
@@ -59,6 +65,7 @@ void expect_matches_reference(const std::string& name, int world, double rtol, d
           << (mine - item.value()).abs().max().item<double>();
     }
   }
+  return results[0].output;
 }
 
 TEST(DistributedDataParallel, FiveStepsEqualOneProcessOnTheConcatenatedBatch) {
@@ -69,7 +76,12 @@ TEST(DistributedDataParallel, UnevenBatchesAveragedBySamplesAreExact) {
   for (int world : {2, 3}) expect_matches_reference("uneven", world, 1e-5, 1e-6);
 }
 
-TEST(DistributedDataParallel, NoSyncAccumulatesMicroBatches) { expect_matches_reference("no_sync", 2, 1e-5, 1e-6); }
+TEST(DistributedDataParallel, NoSyncAccumulatesMicroBatches) {
+  const std::string output = expect_matches_reference("no_sync", 2, 1e-5, 1e-6);
+  // Two backward passes per step, only the second synchronised.
+  const testing::DdpScenario s = testing::scenario("no_sync", 2);
+  EXPECT_NE(output.find("synchronised passes " + std::to_string(s.rows.size()) + "\n"), std::string::npos) << output;
+}
 
 TEST(DistributedDataParallel, AParameterUnusedOnOneRank) { expect_matches_reference("unused", 2, 1e-5, 1e-6); }
 
@@ -128,6 +140,13 @@ TEST(DistributedDataParallel, AStalledBucketWarnsNamingIt) {
   EXPECT_NE(results[0].output.find("rank(s) 1 (at pass 1) have not reached pass 2"), std::string::npos)
       << results[0].output;
   EXPECT_EQ(results[1].output.find("warning"), std::string::npos) << results[1].output;
+  // Rank 0 waited for rank 1's 3 s nap after its own last gradient: communication that
+  // backward could not hide, and communication_stats() says so.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(results[0].output, m, std::regex(R"(synchronised passes (\d+), exposed wait (\d+) ms)")))
+      << results[0].output;
+  EXPECT_EQ(std::stoi(m[1]), 3);
+  EXPECT_GE(std::stoi(m[2]), 2500) << results[0].output;
 }
 
 TEST(BucketAssignment, ReverseOrderWithASmallFirstBucketAndDtypesApart) {

@@ -70,6 +70,9 @@ int run_special(const std::string& name, int rank, int world) {
     loss.backward();
     sgd.step();
   }
+  const DdpCommStats stats = ddp.communication_stats();
+  std::cout << "synchronised passes " << stats.synchronised_passes << ", exposed wait "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(stats.exposed_wait).count() << " ms\n";
   return 0;
 }
 
@@ -116,6 +119,7 @@ int train(const DdpScenario& s, const std::string& name, int rank, const std::st
   }
   save_state_dict(ddp.state_dict(), out);
   std::cout << "buckets " << ddp.bucket_indices().size() << "\n";
+  std::cout << "synchronised passes " << ddp.communication_stats().synchronised_passes << "\n";
   destroy_process_group();
   return 0;
 }

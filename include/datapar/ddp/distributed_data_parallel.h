@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "datapar/ddp/comm_hook.h"
+#include "datapar/ddp/comm_stats.h"
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/state_dict.h"
@@ -85,6 +86,7 @@ class DdpCore {
   void set_comm_hook(std::shared_ptr<CommHook> hook);
   void join(const std::function<void()>& train);
   std::vector<std::vector<size_t>> bucket_indices() const;
+  DdpCommStats comm_stats() const;
 
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
   const DdpOptions& options() const { return options_; }
@@ -181,6 +183,10 @@ class DistributedDataParallel {
 
   // Parameter indices (into parameters()) of each bucket, in reduction order.
   std::vector<std::vector<size_t>> bucket_indices() const { return core_->bucket_indices(); }
+
+  // Since construction, on this rank (compare with the same bytes all-reduced alone to
+  // get the share hidden behind backward, as `datapar bench ddp` does).
+  DdpCommStats communication_stats() const { return core_->comm_stats(); }
 
   std::vector<at::Tensor> parameters(bool recurse = true) const { return module_->parameters(recurse); }
   torch::OrderedDict<std::string, at::Tensor> named_parameters(bool recurse = true) const {

@@ -1,0 +1,17 @@
+// How much of DistributedDataParallel's communication backward could not hide
+// (DistributedDataParallel::communication_stats()).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace datapar {
+
+struct DdpCommStats {
+  int64_t synchronised_passes = 0;  // backward passes that all-reduced gradients
+  // Summed over those passes: how long backward waited for its buckets' collectives after
+  // its last gradient was ready, i.e. the communication not hidden behind backward.
+  std::chrono::nanoseconds exposed_wait{0};
+};
+
+}  // namespace datapar
