@@ -191,14 +191,22 @@ def main():
     ratios = [speed(x) for x in rounds]
     diffs = [points(x) for x in rounds]
     print(f"\n## medians over {args.rounds} round(s)\n")
-    print("| tool | train s | samples/s | test acc | data wait | eval s |\n|---|---|---|---|---|---|")
+    print("| tool | train s | samples/s | test acc | data wait | train s less data wait | eval s |\n"
+          "|---|---|---|---|---|---|---|")
     for t in TOOLS:
         m = med[t]
+        busy = statistics.median(x[t]["seconds"] * (1 - x[t]["data_wait_share"]) for x in rounds)
         print(f"| {t} | {m['seconds']:.2f} | {m['samples_per_second']:.0f} | {m['test_accuracy']:.4f} | "
-              f"{100 * m['data_wait_share']:.2f}% | {m['eval_seconds']:.2f} |")
+              f"{100 * m['data_wait_share']:.2f}% | {busy:.2f} | {m['eval_seconds']:.2f} |")
     ratio, diff = statistics.median(ratios), statistics.median(diffs)
-    print(f"\nspeed datapar / PyTorch: median {ratio:.2f}x (rounds: {', '.join(f'{x:.2f}x' for x in ratios)}); "
-          f"goal >= {GOAL_SPEED}x: {'met' if ratio >= GOAL_SPEED else 'NOT met'}")
+    of_medians = med["PyTorch"]["seconds"] / med["datapar"]["seconds"]
+    # Met only when both readings agree: with few rounds the median round and the
+    # ratio of the median times can fall on either side of the goal.
+    met = ratio >= GOAL_SPEED and of_medians >= GOAL_SPEED
+    print(f"\nspeed datapar / PyTorch: median of the rounds' ratios {ratio:.2f}x (rounds: "
+          f"{', '.join(f'{x:.2f}x' for x in ratios)}), ratio of the median times {of_medians:.2f}x; "
+          f"goal >= {GOAL_SPEED}x: {'met' if met else 'NOT met'}"
+          f"{'' if met or max(ratio, of_medians) < GOAL_SPEED else ' (by one reading only)'}")
     worst = max(abs(d) for d in diffs)
     verdict = "met in every round" if worst <= GOAL_POINTS else f"NOT met (worst round: {worst:.2f} points)"
     print(f"test accuracy datapar - PyTorch: median {diff:+.2f} points (rounds: "
