@@ -10,7 +10,7 @@ The issue's goals: datapar >= 1.2x PyTorch's speed, test accuracy within 1 point
 --wait-quiet waits before each run until no compiler (cc1plus) and no unstopped
 `datapar ... resnet18` runs and the 1-minute load average is below --max-load, checking
 every 30 s, for at most --max-wait minutes over the whole benchmark; then it measures
-anyway and the table shows the load.
+anyway and the table shows the load (or stops, with --stop-when-busy).
 """
 import argparse
 import json
@@ -58,14 +58,18 @@ def busy_reasons(max_load):
 class Quiet:
     """Waits for a quiet machine; the wait budget is shared by all runs of the benchmark."""
 
-    def __init__(self, enabled, max_load, max_wait_s):
+    def __init__(self, enabled, max_load, max_wait_s, stop_when_busy=False):
         self.enabled, self.max_load, self.left = enabled, max_load, max_wait_s
+        self.stop_when_busy = stop_when_busy
 
     def wait(self):
         """Returns (seconds waited, what was still busy when measuring: [] if quiet)."""
         waited = 0.0
         while True:
             reasons = busy_reasons(self.max_load)
+            if self.enabled and reasons and self.left <= 0 and self.stop_when_busy:
+                sys.exit(f"compare_train.py: still busy after waiting ({', '.join(reasons)}); "
+                         "stopping (--stop-when-busy)")
             if not reasons or not self.enabled or self.left <= 0:
                 return waited, reasons
             print(f"  waiting for a quiet machine: {', '.join(reasons)} "
@@ -162,13 +166,15 @@ def main():
     parser.add_argument("--wait-quiet", action="store_true", help="wait for a quiet machine before each run")
     parser.add_argument("--max-load", type=float, default=1.5, help="quiet: 1-minute load average below this")
     parser.add_argument("--max-wait", type=float, default=45, help="minutes of waiting at most, in all")
+    parser.add_argument("--stop-when-busy", action="store_true",
+                        help="with --wait-quiet: stop instead of measuring when --max-wait runs out")
     args = parser.parse_args()
     if not os.access(args.bin, os.X_OK):
         sys.exit(f"--bin {args.bin}: not an executable (build datapar or give --bin)")
     if not os.path.isdir(args.data):
         sys.exit(f"--data {args.data}: no such directory")
 
-    quiet = Quiet(args.wait_quiet, args.max_load, args.max_wait * 60)
+    quiet = Quiet(args.wait_quiet, args.max_load, args.max_wait * 60, args.stop_when_busy)
     rounds = []
     print(f"# LeNet, 2-process DDP, {args.epochs} epoch(s), batch {args.batch_size} ({args.batch_size // 2} per rank), "
           f"lr {args.lr:g}, seed {args.seed}, {args.threads} intra-op thread(s) and {args.workers} loader workers "
