@@ -151,7 +151,7 @@ def main():
     parser.add_argument("--data", default=os.path.normpath(os.path.join(ROOT, "..", "shared", "datasets",
                                                                         "fashion-mnist")),
                         help="Fashion-MNIST IDX directory (default: ../shared/datasets/fashion-mnist)")
-    parser.add_argument("--batch-size", type=int, default=256, help="global batch, 128 per rank (d2l's 256)")
+    parser.add_argument("--batch-size", type=int, default=256, help="global batch, split over the 2 ranks (default: d2l's 256)")
     parser.add_argument("--lr", type=float, default=0.9, help="SGD learning rate (d2l's LeNet: 0.9)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=1, help="epochs per run (times add up, accuracy of the last)")

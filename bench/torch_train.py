@@ -9,7 +9,8 @@ doing the same work the same way (tools/datapar/train.cc):
   keep PyTorch's default initialisation), as datapar's xavier_init: the same values as
   datapar's (see datapar_lenet);
 - plain SGD (momentum 0 unless --momentum), mean cross-entropy, DistributedDataParallel
-  on gloo (default buckets), one process per rank (started as torchrun would), `--threads` intra-op threads each;
+  on gloo (default buckets), one process per rank (started as torchrun would), `--threads`
+  intra-op threads each;
 - the global batch split evenly: every rank takes batch / world size per step;
 - DistributedSampler(shuffle=True, seed) with set_epoch(epoch): the same permutation and
   per-rank lists as datapar's sampler (no drop_last; wrap padding); a torch DataLoader with
