@@ -247,6 +247,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--epochs 0", "--epochs 0: train for at least 1 epoch"},
         BadOption{"--mode fast", "--mode: \"fast\" is not a mode"},
         BadOption{"--resume", "--resume needs --checkpoint-dir"},
+        BadOption{"--checkpoint-dir /proc/datapar-checkpoints", "--checkpoint-dir /proc/datapar-checkpoints: cannot make"},
+        BadOption{"--checkpoint-dir /etc/hostname", "--checkpoint-dir /etc/hostname: cannot make this directory"},
         BadOption{"--batch-size abc", "batch-size"}));
 
 TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {

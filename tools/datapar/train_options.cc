@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdlib>
 
 #include "datapar/data/fashion_mnist.h"
@@ -33,7 +34,8 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--backend", o.backend, "ddp process group backend: gloo, nccl or mpi (default: mpi under mpirun, as datapar launch starts single-node jobs, else gloo)");
   cmd->add_flag("--scale-lr", o.scale_lr, "Linear scaling: N devices or ranks get N x batch and N x lr");
   cmd->add_option("--seed", o.seed, "Seed of the model's initialisation, the shuffling and synthetic data (default 0)");
-  cmd->add_option("--checkpoint-dir", o.checkpoint_dir, "Write a checkpoint after each epoch here (rank 0)");
+  cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
+                  "Write a checkpoint after each epoch here (rank 0); created if missing");
   cmd->add_flag("--resume", o.resume, "Continue from the latest checkpoint in --checkpoint-dir");
   cmd->add_flag("--evaluate", o.evaluate, "Only evaluate the latest checkpoint in --checkpoint-dir on the test set");
   cmd->add_option("--metrics", o.metrics, "Write per-epoch metrics here as JSON lines");
@@ -103,6 +105,15 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
     DATAPAR_CHECK(is_directory(plan.data_dir), "--data ", plan.data_dir,
                   ": no such directory.\n---> HINT: give a directory with the Fashion-MNIST IDX files "
                   "(train-images-idx3-ubyte[.gz], ...), or --data synthetic.");
+  }
+
+  // The checkpoint directory is made now, so that a bad path fails before any training.
+  if (!o.checkpoint_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(o.checkpoint_dir, error);
+    DATAPAR_CHECK(std::filesystem::is_directory(o.checkpoint_dir), "--checkpoint-dir ", o.checkpoint_dir,
+                  ": cannot make this directory", error ? " (" + error.message() + ")" : std::string(),
+                  ".\n---> HINT: give a writable directory path; it is created if missing.");
   }
 
   // Devices and job size.

@@ -27,7 +27,7 @@ struct EpochMetrics {
   double seconds = 0;              // wall time of the epoch's training (not evaluation)
   double samples_per_second = 0;   // train_samples / seconds
   double eval_seconds = 0;         // wall time of the evaluation after the epoch
-  double data_wait_seconds = 0;    // time the training step waited for the loader (rank 0)
+  double data_wait_seconds = 0;    // time the training step waited for the loader (slowest rank)
   double data_wait_share = 0;      // data_wait_seconds / seconds
   std::string model;               // mlp, lenet, resnet18
   std::string mode;                // single, dp, ddp
