@@ -1,12 +1,14 @@
 """PyTorch's DistributedDataParallel on gloo, measured the way `datapar bench ddp` measures
 datapar: the same models, batches, thread count and phases (local steps without
 synchronisation, DDP steps, the gradient buckets' all-reduces alone), the slowest rank's
-time per step.
+time per step, each training phase's step parts (median forward, backward, optimizer step)
+and CPU time (the training thread's, the other threads').
 
-    /usr/bin/python3 bench/torch_ddp.py --model mlp --nproc 2
+    /usr/bin/python3 bench/torch_ddp.py --model mlp --nproc 2 [--gradient-as-bucket-view]
 """
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -33,16 +35,26 @@ def make_model(name):
     return datapar_models.ResNet18()
 
 
-def time_steps(warmup, steps, step):
+def time_steps(warmup, steps, step, parts=None):
+    """Per step, the slowest rank's: [wall, forward, backward, optimizer, CPU training
+    thread, CPU other threads] (parts: medians, when the step records them)."""
     for i in range(warmup):
         step(i)
+    if parts is not None:
+        for v in parts.values():
+            v.clear()
     dist.barrier()
+    thread_start, process_start = time.thread_time(), time.process_time()
     start = time.perf_counter()
     for i in range(steps):
         step(i)
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return elapsed.item() / steps
+    elapsed = time.perf_counter() - start
+    thread_cpu, process_cpu = time.thread_time() - thread_start, time.process_time() - process_start
+    medians = [statistics.median(parts[k]) if parts else 0.0 for k in ("forward", "backward", "optimizer")]
+    t = torch.tensor([elapsed / steps] + medians + [thread_cpu / steps, (process_cpu - thread_cpu) / steps],
+                     dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
 
 
 def run(rank, args):
@@ -53,21 +65,33 @@ def run(rank, args):
     batches = [(torch.randn(args.batch, 1, 28, 28, generator=g), torch.randint(10, (args.batch,), generator=g))
                for _ in range(4)]
 
-    def train_step(model, opt, i):
+    def train_step(model, opt, parts, i):
         x, y = batches[i % len(batches)]
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        start = time.perf_counter()
+        out = model(x)
+        parts["forward"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        F.cross_entropy(out, y).backward()
+        parts["backward"].append(time.perf_counter() - start)
+        start = time.perf_counter()
         opt.step()
+        parts["optimizer"].append(time.perf_counter() - start)
 
+    local_parts = {"forward": [], "backward": [], "optimizer": []}
+    ddp_parts = {"forward": [], "backward": [], "optimizer": []}
     torch.manual_seed(0)
     local = make_model(args.model)
     local_opt = torch.optim.SGD(local.parameters(), lr=0.01)
-    t_local = time_steps(args.warmup, args.steps, lambda i: train_step(local, local_opt, i))
+    local_times = time_steps(args.warmup, args.steps, lambda i: train_step(local, local_opt, local_parts, i),
+                             local_parts)
 
     torch.manual_seed(0)
-    ddp = nn.parallel.DistributedDataParallel(make_model(args.model))
+    ddp = nn.parallel.DistributedDataParallel(make_model(args.model),
+                                              gradient_as_bucket_view=args.gradient_as_bucket_view)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    t_ddp = time_steps(args.warmup, args.steps, lambda i: train_step(ddp, opt, i))
+    ddp_times = time_steps(args.warmup, args.steps, lambda i: train_step(ddp, opt, ddp_parts, i), ddp_parts)
+    t_local, t_ddp = local_times[0], ddp_times[0]
 
     # The same bytes as DDP's buckets (25 MB cap, 1 MB first), all-reduced alone.
     sizes, current, cap = [], 0, 1 << 20
@@ -85,17 +109,22 @@ def run(rank, args):
         for w in works:
             w.wait()
 
-    t_comm = time_steps(args.warmup, args.steps, comm)
+    t_comm = time_steps(args.warmup, args.steps, comm)[0]
     if rank == 0:
         hidden = max(0.0, min(1.0, 1 - (t_ddp - t_local) / t_comm)) if world > 1 else 0.0
         print(f"torch {torch.__version__} DDP: model {args.model}, backend gloo, {world} process(es) x "
-              f"{torch.get_num_threads()} thread(s), batch {args.batch} per rank, {args.steps} steps")
+              f"{torch.get_num_threads()} thread(s), batch {args.batch} per rank, {args.steps} steps"
+              f"{', gradient_as_bucket_view' if args.gradient_as_bucket_view else ''}")
         print(f"local step (no synchronisation): {t_local * 1e3:.2f} ms, {world * args.batch / t_local:.0f} "
               f"samples/s over all ranks (the ceiling)")
         print(f"ddp step: {t_ddp * 1e3:.2f} ms ({t_local / t_ddp:.2f} of the ceiling)")
         print(f"all-reduce of the gradients alone: {t_comm * 1e3:.2f} ms ({len(flats)} buckets, "
               f"{sum(sizes) * 4 / 1e6:.2f} MB)")
         print(f"all-reduce time hidden behind backward: {hidden * 100:.0f}%")
+        for name, t in (("local", local_times), ("ddp", ddp_times)):
+            print(f"{name} step parts (medians): forward {t[1] * 1e3:.2f} ms, backward {t[2] * 1e3:.2f} ms, "
+                  f"optimizer {t[3] * 1e3:.2f} ms; CPU per step: training thread {t[4] * 1e3:.2f} ms, "
+                  f"other threads {t[5] * 1e3:.2f} ms")
         print(f"samples/s: {world * args.batch / t_ddp:.0f}")
     # torch 1.13's gloo group sometimes hangs in its destructor at exit (seen here twice, for
     # 10 minutes, after the results were printed): meet once more, then leave at once.
@@ -112,6 +141,8 @@ def main():
     parser.add_argument("--steps", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="DistributedDataParallel(gradient_as_bucket_view=True): no gradient copies")
     parser.add_argument("--port", type=int, default=0, help="store port (default: a free one)")
     args = parser.parse_args()
     batch, steps = DEFAULTS[args.model]

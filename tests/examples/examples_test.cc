@@ -156,12 +156,18 @@ TEST(Cli, BenchCollectivesOnMpiStartsItselfThroughMpirun) {
 }
 
 TEST(Cli, BenchDdpReportsTheCeilingTheHiddenShareAndSamplesPerSecond) {
-  const ProgramRun r = run(bin("datapar") + " bench ddp --model lenet --nproc 2 --batch 16 --steps 3 --warmup 1");
+  const ProgramRun r = run(bin("datapar") +
+                           " bench ddp --model lenet --nproc 2 --batch 16 --steps 3 --warmup 1 --gradient-as-bucket-view");
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("model lenet, backend gloo, 2 process(es) x 1 thread(s), batch 16 per rank"),
+  EXPECT_NE(r.output.find("model lenet, backend gloo, 2 process(es) x 1 thread(s), batch 16 per rank, 3 steps, "
+                          "gradient_as_bucket_view"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(the ceiling)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("hidden behind backward:"), std::string::npos) << r.output;
+  // Where a step's time goes, for the local and the DDP phase.
+  EXPECT_NE(r.output.find("local step parts (medians): forward "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ddp step parts (medians): forward "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("CPU per step: training thread "), std::string::npos) << r.output;
   // The last line is the throughput, for scripts.
   const size_t last = r.output.rfind("samples/s: ");
   ASSERT_NE(last, std::string::npos) << r.output;

@@ -4,6 +4,10 @@
 // the numbers are about training and synchronisation, not loading. A step is forward,
 // cross-entropy, backward, SGD step. Every phase starts at a barrier and its time is the
 // slowest rank's. Hidden share: 1 - (DDP step - local step) / all-reduce time alone.
+// Each training phase also reports where a step's time goes (median forward, backward and
+// optimizer step) and its CPU time: the training thread's, and the other threads' (the
+// backend's communication), which on a machine whose cores are all training compete
+// with the training for the same cores (docs/benchmarks.md, DDP section).
 #include "bench_ddp.h"
 
 #include <ATen/ATen.h>
@@ -11,6 +15,9 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <time.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -32,16 +39,52 @@ struct Batch {
   at::Tensor x, y;
 };
 
-// Seconds per step of `step` run `steps` times after `warmup`, the slowest rank's.
+// Where the steps of one phase spent their time, per step: the slowest rank's values.
+struct PhaseTimes {
+  double step = 0;                              // wall time
+  double forward = 0, backward = 0, optimizer = 0;  // medians; backward includes DDP's synchronisation
+  double cpu_main = 0, cpu_other = 0;           // CPU time: this thread, the process's other threads
+};
+
+// Per-step durations of a training step's parts, filled in by the step.
+struct StepParts {
+  std::vector<double> forward, backward, optimizer;
+};
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+double cpu_seconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Runs `step` `steps` times after `warmup`; every value is the slowest rank's.
 template <typename Step>
-double time_steps(ProcessGroup& group, int warmup, int steps, Step&& step) {
+PhaseTimes time_steps(ProcessGroup& group, int warmup, int steps, Step&& step, StepParts* parts = nullptr) {
   for (int i = 0; i < warmup; ++i) step(i);
+  if (parts) *parts = StepParts{};
   group.barrier()->wait();
+  const double thread_start = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+  const double process_start = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
   const auto start = Clock::now();
   for (int i = 0; i < steps; ++i) step(i);
-  at::Tensor elapsed = at::full({1}, std::chrono::duration<double>(Clock::now() - start).count(), at::kDouble);
-  group.all_reduce(elapsed, ReduceOp::kMax)->wait();
-  return elapsed.item<double>() / steps;
+  const double elapsed = seconds_since(start);
+  const double thread_cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - thread_start;
+  const double process_cpu = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - process_start;
+  at::Tensor t = at::tensor({elapsed / steps, parts ? median(parts->forward) : 0.0,
+                             parts ? median(parts->backward) : 0.0, parts ? median(parts->optimizer) : 0.0,
+                             thread_cpu / steps, (process_cpu - thread_cpu) / steps},
+                            at::kDouble);
+  group.all_reduce(t, ReduceOp::kMax)->wait();
+  const double* v = t.data_ptr<double>();
+  return {v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 
 template <typename Module>
@@ -53,22 +96,33 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   for (int i = 0; i < 4; ++i) {
     batches.push_back({at::randn({batch, 1, 28, 28}, gen, at::kFloat), at::randint(10, {batch}, gen, at::kLong)});
   }
-  auto train_step = [&](auto& forward, torch::optim::SGD& sgd, int i) {
+  StepParts local_parts, ddp_parts;
+  auto train_step = [&](auto& forward, torch::optim::SGD& sgd, StepParts& parts, int i) {
     const Batch& b = batches[i % batches.size()];
     sgd.zero_grad();
-    at::cross_entropy_loss(forward(b.x), b.y).backward();
+    auto start = Clock::now();
+    at::Tensor out = forward(b.x);
+    parts.forward.push_back(seconds_since(start));
+    start = Clock::now();
+    at::cross_entropy_loss(out, b.y).backward();
+    parts.backward.push_back(seconds_since(start));
+    start = Clock::now();
     sgd.step();
+    parts.optimizer.push_back(seconds_since(start));
   };
 
   torch::manual_seed(0);
   Module local = make();
   torch::optim::SGD local_sgd(local->parameters(), 0.01);
   auto local_forward = [&](const at::Tensor& x) { return local->forward(x); };
-  const double t_local = time_steps(group, o.warmup, steps, [&](int i) { train_step(local_forward, local_sgd, i); });
+  const PhaseTimes local_times = time_steps(
+      group, o.warmup, steps, [&](int i) { train_step(local_forward, local_sgd, local_parts, i); }, &local_parts);
 
   torch::manual_seed(0);
   Module model = make();
-  DistributedDataParallel ddp(model.ptr());
+  DdpOptions ddp_options;
+  ddp_options.gradient_as_bucket_view = o.gradient_as_bucket_view;
+  DistributedDataParallel ddp(model.ptr(), nullptr, ddp_options);
   torch::optim::SGD sgd(ddp.parameters(), 0.01);
   auto ddp_forward = [&](const at::Tensor& x) { return ddp.forward(x); };
   // Per step, how long backward waited for its buckets after its last gradient. The rank
@@ -77,11 +131,14 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   // communication backward did not hide.
   at::Tensor waits = at::zeros({o.warmup + steps}, at::kDouble);
   int64_t taken = 0;  // warmup steps first, then the timed ones
-  const double t_ddp = time_steps(group, o.warmup, steps, [&](int i) {
-    const auto before = ddp.communication_stats().exposed_wait;
-    train_step(ddp_forward, sgd, i);
-    waits[taken++] = std::chrono::duration<double>(ddp.communication_stats().exposed_wait - before).count();
-  });
+  const PhaseTimes ddp_times = time_steps(
+      group, o.warmup, steps,
+      [&](int i) {
+        const auto before = ddp.communication_stats().exposed_wait;
+        train_step(ddp_forward, sgd, ddp_parts, i);
+        waits[taken++] = std::chrono::duration<double>(ddp.communication_stats().exposed_wait - before).count();
+      },
+      &ddp_parts);
   group.all_reduce(waits, ReduceOp::kMin)->wait();
   const double t_exposed = waits.narrow(0, o.warmup, steps).mean().item<double>();
 
@@ -99,13 +156,15 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
     std::vector<std::shared_ptr<Work>> works;
     for (at::Tensor& f : flats) works.push_back(group.all_reduce(f));
     for (auto& w : works) w->wait();
-  });
+  }).step;
+  const double t_local = local_times.step, t_ddp = ddp_times.step;
 
   if (rank == 0) {
     // Measured inside the DDP step, so the step-to-step noise of compute does not enter it.
     const double hidden = world > 1 ? std::min(1.0, std::max(0.0, 1.0 - t_exposed / t_comm)) : 0.0;
-    std::printf("datapar bench ddp: model %s, backend %s, %d process(es) x %d thread(s), batch %d per rank, %d steps\n",
-                o.model.c_str(), group.backend().c_str(), world, at::get_num_threads(), batch, steps);
+    std::printf("datapar bench ddp: model %s, backend %s, %d process(es) x %d thread(s), batch %d per rank, %d steps%s\n",
+                o.model.c_str(), group.backend().c_str(), world, at::get_num_threads(), batch, steps,
+                o.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "");
     std::printf("local step (no synchronisation): %.2f ms, %.0f samples/s over all ranks (the ceiling)\n",
                 t_local * 1e3, world * batch / t_local);
     std::printf("ddp step: %.2f ms (%.2f of the ceiling)\n", t_ddp * 1e3, t_local / t_ddp);
@@ -114,6 +173,11 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
     std::printf("all-reduce time hidden behind backward: %.0f%% (backward waited %.2f ms per step for its buckets "
                 "after its last gradient, on the rank that finished backward last)\n",
                 hidden * 100, t_exposed * 1e3);
+    for (const auto& [name, t] : {std::make_pair("local", local_times), std::make_pair("ddp", ddp_times)}) {
+      std::printf("%s step parts (medians): forward %.2f ms, backward %.2f ms, optimizer %.2f ms; CPU per step: "
+                  "training thread %.2f ms, other threads %.2f ms\n",
+                  name, t.forward * 1e3, t.backward * 1e3, t.optimizer * 1e3, t.cpu_main * 1e3, t.cpu_other * 1e3);
+    }
     std::printf("samples/s: %.0f\n", world * batch / t_ddp);
   }
   return 0;

@@ -13,11 +13,13 @@ struct BenchDdpOptions {
   int steps = 0;              // timed steps; 0: the model's default
   int warmup = 5;
   int threads = 1;            // intra-op threads per process
+  bool gradient_as_bucket_view = false;  // DdpOptions::gradient_as_bucket_view
 };
 
 // Each rank, all at once: `steps` local steps with no synchronisation (the ceiling), then
 // `steps` DDP steps, then the all-reduces of the gradient buckets alone. Rank 0 prints the
-// times, the share of all-reduce time hidden behind backward, and last `samples/s: X`.
+// times, the share of all-reduce time hidden behind backward, each training phase's step
+// parts and CPU time, and last `samples/s: X`.
 int bench_ddp(const BenchDdpOptions& options);
 
 }  // namespace datapar::tools

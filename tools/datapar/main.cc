@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
   bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)");
   bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)");
   bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
+  bench_ddp->add_flag("--gradient-as-bucket-view", ddp.gradient_as_bucket_view,
+                      "DdpOptions::gradient_as_bucket_view: gradients are views of the buckets (no copies)");
 
   datapar::tools::LaunchOptions launch_options;
   double grace_s = 5;
