@@ -10,7 +10,6 @@
 
 #include <signal.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -35,29 +34,12 @@ namespace {
 using detail::str_cat;
 using Clock = std::chrono::steady_clock;
 
-bool is_executable_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-}
-
 // Checks here what execvp would find, so that a typo is one clear error (exit 2) rather
 // than N workers failing with 127.
 void check_program(const std::string& program) {
-  if (program.find('/') != std::string::npos) {
-    DATAPAR_CHECK(is_executable_file(program), "launch: ", program,
-                  " is not an executable file. Check the path after -- (relative to the current directory).");
-    return;
-  }
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
-    if (is_executable_file(dir + "/" + program)) return;
-    start = end + 1;
-  }
+  if (!find_executable(program).empty()) return;
+  DATAPAR_CHECK(program.find('/') == std::string::npos, "launch: ", program,
+                " is not an executable file. Check the path after -- (relative to the current directory).");
   throw InvalidArgumentError(str_cat("launch: program \"", program,
                                      "\" is not found on PATH. Give its path, e.g. ./", program, "."));
 }
@@ -102,7 +84,7 @@ struct AttemptResult {
 std::unique_ptr<Workers> start_workers(const LaunchOptions& options, int restart_count) {
   if (options.runner == "mpirun") {
     // Every rank's environment but the variables launch-rank sets from MPI's.
-    return std::make_unique<MpirunGroup>(find_mpirun(), options.program, options.nproc_per_node,
+    return std::make_unique<MpirunGroup>(options.mpirun, options.program, options.nproc_per_node,
                                          worker_environment(options, 0, restart_count));
   }
   std::vector<WorkerSpec> specs;
@@ -178,7 +160,8 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
   }
   DATAPAR_CHECK(o.runner == "auto" || o.runner == "mpirun" || o.runner == "fork", "launch: --runner \"", o.runner,
                 "\" is not one of auto, mpirun, fork.");
-  const bool mpirun_found = DATAPAR_HAVE_MPI && !find_mpirun().empty();
+  if (DATAPAR_HAVE_MPI) o.mpirun = find_mpirun();
+  const bool mpirun_found = !o.mpirun.empty();
   if (o.runner == "auto") o.runner = o.nnodes == 1 && mpirun_found ? "mpirun" : "fork";
   if (o.runner == "mpirun") {
     DATAPAR_CHECK(o.nnodes == 1, "launch: --runner mpirun starts the workers of one node; for --nnodes ", o.nnodes,

@@ -45,6 +45,7 @@ struct LaunchOptions {
   std::string token;
   int max_restarts = 0;
   std::string runner = "auto";  // auto | mpirun | fork; resolved to mpirun or fork
+  std::string mpirun;           // resolved: mpirun's path, when this build has MPI
   // After the first failure or a forwarded signal, how long workers get to exit before
   // they are SIGKILLed.
   std::chrono::milliseconds grace_period = std::chrono::seconds(5);

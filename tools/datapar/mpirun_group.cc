@@ -32,8 +32,6 @@ using Clock = std::chrono::steady_clock;
 // mpirun still running this long after every rank reported its end is stuck: kill it.
 constexpr auto kMpirunExitTimeout = std::chrono::seconds(5);
 
-bool is_executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
-
 std::optional<std::string> read_small_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
@@ -76,14 +74,9 @@ void forward_to_program(int sig) {
 }  // namespace
 
 std::string find_mpirun() {
-  if (is_executable(DATAPAR_MPIEXEC)) return DATAPAR_MPIEXEC;  // found at build time
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path ? path : "/usr/local/bin:/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/mpirun";
-    if (is_executable(candidate)) return candidate;
-  }
-  return "";
+  const std::string built = DATAPAR_MPIEXEC;  // found at build time
+  if (!built.empty() && !find_executable(built).empty()) return built;
+  return find_executable("mpirun");
 }
 
 void allow_mpirun_as_asked() {
@@ -103,10 +96,14 @@ MpirunGroup::MpirunGroup(const std::string& mpirun, const std::vector<std::strin
   }
   dir_ = pattern;
   std::vector<std::pair<int, std::string>> outputs;  // read ends, opened before mpirun starts
-  auto give_up = [&](const std::string& what) {
+  auto clean_up = [&] {
     for (auto& [fd, label] : outputs) ::close(fd);
     std::filesystem::remove_all(dir_);
-    return Error(str_cat("launch: ", what, ": ", std::strerror(errno)));
+  };
+  auto give_up = [&](const std::string& what) {
+    const Error error(str_cat("launch: ", what, ": ", std::strerror(errno)));
+    clean_up();
+    return error;
   };
   for (int rank = 0; rank < nproc; ++rank) {
     for (const char* stream : {".out", ".err"}) {
@@ -124,8 +121,7 @@ MpirunGroup::MpirunGroup(const std::string& mpirun, const std::vector<std::strin
   try {
     mpirun_ = std::make_unique<WorkerGroup>(command, std::vector<WorkerSpec>{{0, 0, environment, "mpirun"}});
   } catch (const Error&) {
-    for (auto& [fd, label] : outputs) ::close(fd);
-    std::filesystem::remove_all(dir_);
+    clean_up();
     throw;
   }
   for (size_t i = 0; i < outputs.size(); ++i) mpirun_->carry_output(outputs[i].first, outputs[i].second, i % 2 ? 2 : 1);

@@ -8,9 +8,11 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "datapar/error.h"
@@ -71,6 +73,25 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
     [[maybe_unused]] ssize_t n = ::write(2, s, std::strlen(s));
   }
   ::_exit(127);
+}
+
+std::string find_executable(const std::string& program) {
+  auto executable = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) return executable(program) ? program : "";
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string candidate = (end > start ? dirs.substr(start, end - start) : ".") + "/" + program;
+    if (executable(candidate)) return candidate;
+    start = end + 1;
+  }
+  return "";
 }
 
 void WorkerGroup::catch_signals() {

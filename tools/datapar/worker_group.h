@@ -114,6 +114,10 @@ class WorkerGroup : public Workers {
   std::chrono::steady_clock::time_point all_reaped_at_{};
 };
 
+// The path execvp would run for `program` (looked up on PATH when it has no '/'), or ""
+// if that is not an executable file.
+std::string find_executable(const std::string& program);
+
 // The forked child's side of starting a worker, before exec: default signal handling and
 // an empty signal mask, its own process group, PR_SET_PDEATHSIG = SIGKILL (exits at once
 // if `parent` is gone already), stdin /dev/null, stdout `out_fd`, stderr `err_fd`; then
