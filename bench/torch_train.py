@@ -102,22 +102,11 @@ def make_loader(data, sampler, batch, workers, batched):
 
 
 def datapar_lenet(seed):
-    """d2l's LeNet initialised exactly as datapar's is after torch::manual_seed(seed).
-
-    datapar builds its LeNet's layers as the arguments of one nn::Sequential(...) call, and
-    GCC evaluates those arguments right to left: the layers draw their default
-    initialisation from the generator last layer first. Xavier then redraws every weight,
-    but the biases keep those default draws, so they are drawn here in the same order
-    (same distribution either way; this makes the two runs start from identical values)."""
+    """d2l's LeNet initialised exactly as datapar's is after torch::manual_seed(seed): both
+    build their layers in definition order (each drawing its default initialisation), then
+    Xavier redraws every weight (the biases keep their default draws)."""
     torch.manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):  # the module itself draws nothing
-        net = datapar_models.LeNet()
-    layers = [nn.Linear(84, 10), nn.Linear(120, 84), nn.Linear(400, 120), nn.Conv2d(6, 16, 5),
-              nn.Conv2d(1, 6, 5, padding=2)]
-    with torch.no_grad():
-        for index, layer in zip(("11", "9", "7", "3", "0"), layers):
-            net.net[int(index)].weight.copy_(layer.weight)
-            net.net[int(index)].bias.copy_(layer.bias)
+    net = datapar_models.LeNet()
     xavier_init(net)
     return net
 

@@ -57,7 +57,11 @@ void ResNet18Impl::reset() {
     const int64_t in = channels[s];
     const int64_t out = channels[s + 1];
     const bool downsample = s > 0;  // d2l: every stage but the first (first_block=True)
-    stages_[s] = nn::Sequential(Residual(in, out, downsample, downsample ? 2 : 1), Residual(out, out));
+    // Two statements, not nn::Sequential(Residual(...), Residual(...)): the blocks draw their
+    // initial values in order only if they are built in order (argument order is unspecified).
+    stages_[s] = nn::Sequential();
+    stages_[s]->push_back(Residual(in, out, downsample, downsample ? 2 : 1));
+    stages_[s]->push_back(Residual(out, out));
     register_module("resnet_block" + std::to_string(s + 1), stages_[s]);
   }
   // d2l's global_avg_pool (nn.AdaptiveAvgPool2d) has no parameters: forward does the pool.

@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "datapar/models/lenet.h"
@@ -94,6 +95,33 @@ TEST(PythonModels, SameNamesShapesAndOutputsAsPyTorch) {
     load_state_dict(*twin.module, load_state_dict_file(dir + "/" + twin.name + "_py.pt"), /*strict=*/true);
     EXPECT_FALSE(at::allclose(twin.forward(twin.x), ours)) << twin.name;
   }
+}
+
+// A user who seeds both sides gets the same starting point: every layer draws its initial
+// values in definition order, as PyTorch's do (not in the unspecified order in which a
+// call's arguments are evaluated).
+TEST(PythonModels, SameInitialValuesAsPyTorchAfterTheSameSeed) {
+  if (!testing::have_python_torch()) {
+    GTEST_SKIP() << "/usr/bin/python3 with torch (Debian python3-torch) is not installed";
+  }
+  const std::string dir = testing::make_temp_dir("seeded");
+  const int64_t seed = 20261122;
+  const std::vector<std::pair<std::string, std::function<std::shared_ptr<torch::nn::Module>()>>> builders = {
+      {"mlp", [] { return models::Mlp().ptr(); }},
+      {"lenet", [] { return models::LeNet().ptr(); }},
+      {"resnet18", [] { return models::ResNet18().ptr(); }},
+  };
+  std::string names;
+  for (const auto& [name, build] : builders) {
+    torch::manual_seed(seed);
+    save_state_dict(state_dict(*build()), dir + "/" + name + "_seeded.pt");
+    names += " " + name;
+  }
+  std::ifstream check(DATAPAR_SOURCE_DIR "/tests/models/python_seed_check.py");
+  std::stringstream script;
+  script << check.rdbuf();
+  EXPECT_EQ(testing::run_python(dir, "check.py", script.str(), "'" + dir + "' " + std::to_string(seed) + names), 0)
+      << "python_seed_check.py found a difference (see its message above)";
 }
 
 }  // namespace
