@@ -8,6 +8,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include <torch/nn/modules/linear.h>
@@ -71,17 +74,23 @@ TEST(MpiProcessGroup, EveryReduceOp) {
   }
 }
 
-// Past 256 KiB an all_reduce goes around the ring (ring.cc): sizes not divisible by the
-// world size or the segment, every reducible dtype and op, values that differ by position.
-TEST(MpiProcessGroup, LargeAllReducesGoAroundTheRing) {
+// Past 256 KiB an all_reduce goes through shared memory (shm_all_reduce.cc), or around the
+// ring (ring.cc) where the processes share none; CTest runs this file both ways
+// (DATAPAR_MPI_SHM=0 for the ring). Sizes not divisible by the world size, the ring's
+// segment or the shared memory's round, every reducible dtype and op, values that differ by
+// position.
+TEST(MpiProcessGroup, LargeAllReduces) {
   const int n = world().size(), rank = world().rank();
-  const int64_t count = 3 * 65536 + 7;  // float32: 3 segments of 256 KiB and a bit
-  const at::Tensor position = at::arange(count, at::kLong).remainder(7);
-  for (at::ScalarType dtype : kReducible) {
-    at::Tensor t = (position + rank).to(dtype);
-    world().all_reduce(t)->wait();
-    EXPECT_TRUE(at::equal(t, (position * n + n * (n - 1) / 2).to(dtype))) << dtype << " at n=" << n;
+  for (const int64_t count : {int64_t{3 * 65536 + 7}, int64_t{2 * 524288 + 13}}) {  // float32: 0.75 and 4 MiB
+    const at::Tensor position = at::arange(count, at::kLong).remainder(7);
+    for (at::ScalarType dtype : kReducible) {
+      at::Tensor t = (position + rank).to(dtype);
+      world().all_reduce(t)->wait();
+      EXPECT_TRUE(at::equal(t, (position * n + n * (n - 1) / 2).to(dtype))) << dtype << " at n=" << n << ", " << count;
+    }
   }
+  const int64_t count = 3 * 65536 + 7;
+  const at::Tensor position = at::arange(count, at::kLong).remainder(7);
   const auto base = [&](int r) { return (position.remainder(3) + r + 1).to(at::kDouble); };  // 1 .. n + 2
   at::Tensor sum = base(0), product = base(0), low = base(0), high = base(0);
   for (int r = 1; r < n; ++r) {
@@ -100,6 +109,37 @@ TEST(MpiProcessGroup, LargeAllReducesGoAroundTheRing) {
   world().all_reduce(strided.select(1, 1))->wait();
   EXPECT_EQ(strided.select(1, 1).sum().item<double>(), static_cast<double>(count) * n * (n - 1) / 2);
   EXPECT_EQ(strided.select(1, 0).abs().sum().item<double>(), 0.0);
+}
+
+// DDP relies on every rank holding the same parameters: the reduced floats must be the
+// same bits everywhere, whatever the order of the additions.
+TEST(MpiProcessGroup, LargeAllReducesGiveEveryRankTheSameBits) {
+  const int rank = world().rank();
+  at::Tensor t = at::randn({3 * 524288 + 5}, at::TensorOptions().dtype(at::kFloat)) * (rank + 1) + rank;
+  world().all_reduce(t)->wait();
+  at::Tensor from_rank_0 = t.clone();
+  world().broadcast(from_rank_0, 0)->wait();
+  EXPECT_TRUE(at::equal(t, from_rank_0)) << "rank " << rank << " differs from rank 0";
+}
+
+// The shared memory of every MPI group of processes on one machine is mapped, and its name
+// is already gone from /dev/shm: nothing is left there whatever happens to the job.
+TEST(MpiProcessGroup, SharedMemoryIsMappedAndHasNoNameLeft) {
+  const int n = world().size();
+  const char* setting = std::getenv("DATAPAR_MPI_SHM");
+  const bool wanted = setting == nullptr || std::string(setting) != "0";
+  std::ifstream maps("/proc/self/maps");
+  int mapped = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/dev/shm/datapar-mpi-") == std::string::npos) continue;
+    ++mapped;
+    EXPECT_NE(line.find("(deleted)"), std::string::npos) << "still named: " << line;
+  }
+  if (n > 1 && wanted) {
+    EXPECT_GE(mapped, 1) << "the world group of " << n << " processes on one machine has no shared memory";
+  } else {
+    EXPECT_EQ(mapped, 0) << (n == 1 ? "a group of one process needs no shared memory" : "DATAPAR_MPI_SHM=0");
+  }
 }
 
 TEST(MpiProcessGroup, NonContiguousTensors) {
@@ -306,7 +346,7 @@ TEST(MpiProcessGroup, ACollectiveThatTimesOutBreaksOnlyItsGroup) {
   world().barrier()->wait(30s);
   if (rank != 0) quick->barrier()->wait(30s);  // pairs with rank 0's abandoned barrier
   world().barrier()->wait(30s);
-  // The same for a large all_reduce, which goes around the ring: rank 0 alone times out.
+  // The same for a large all_reduce (shared memory, or the ring): rank 0 alone times out.
   auto ring = new_mpi_process_group({}, MpiOptions{300ms});
   if (rank == 0) {
     EXPECT_THROW_MSG(ring->all_reduce(at::ones({1 << 20}))->wait(), TimeoutError, "all_reduce(sum) on rank 0 of");

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <functional>
 #include <initializer_list>
+#include <memory>
+#include <utility>
 
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
@@ -22,6 +24,7 @@
 #include "process_group/coalesce.h"
 #include "process_group/mpi/ring.h"
 #include "process_group/mpi/runtime.h"
+#include "process_group/mpi/shm_all_reduce.h"
 #include "process_group/mpi/types.h"
 #include "process_group/ordered_runner.h"
 
@@ -72,9 +75,16 @@ class Communicator {
 
 class ProcessGroupMpi : public ProcessGroup {
  public:
-  // `comm`: the group's communicator; `ring_comm`: a duplicate for the ring all-reduce.
-  ProcessGroupMpi(MPI_Comm comm, MPI_Comm ring_comm, int rank, int size, std::chrono::milliseconds timeout)
-      : ProcessGroup(rank, size), comm_(comm), ring_comm_(ring_comm), ring_(ring_comm), timeout_(timeout) {}
+  // `comm`: the group's communicator; `ring_comm`: a duplicate for the ring all-reduce;
+  // `shm`: the members' shared memory, where they all run on one machine (else null).
+  ProcessGroupMpi(MPI_Comm comm, MPI_Comm ring_comm, std::unique_ptr<mpi::ShmAllReduce> shm, int rank, int size,
+                  std::chrono::milliseconds timeout)
+      : ProcessGroup(rank, size),
+        comm_(comm),
+        ring_comm_(ring_comm),
+        ring_(ring_comm),
+        shm_(std::move(shm)),
+        timeout_(timeout) {}
 
   std::string backend() const override { return "mpi"; }
 
@@ -334,13 +344,16 @@ class ProcessGroupMpi : public ProcessGroup {
                                "unusable now; rebuild the process group."));
   }
 
-  // Large buffers go around the ring (Note [Ring all-reduce] in ring.cc), small ones
-  // through MPI_Iallreduce, which has the lower latency.
+  // Large buffers go through shared memory within a machine (Note [Shared-memory
+  // all-reduce] in shm_all_reduce.cc), around the ring otherwise (Note [Ring all-reduce] in
+  // ring.cc); small ones through MPI_Iallreduce, which has the lower latency.
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
     const int count = mpi_count(buffer.numel(), what);
     if (size() > 1 && static_cast<int64_t>(buffer.nbytes()) >= mpi::kRingMinBytes) {
       at::Tensor flat = buffer.view({-1});
-      if (!ring_.all_reduce(flat, op, mpi::Clock::now() + timeout_, what)) abandon(what, {buffer, ring_.scratch()});
+      const mpi::Clock::time_point deadline = mpi::Clock::now() + timeout_;
+      const bool done = shm_ ? shm_->all_reduce(flat, op, deadline, what) : ring_.all_reduce(flat, op, deadline, what);
+      if (!done) abandon(what, {buffer, ring_.scratch()});
     } else {
       run(what, {buffer}, [&](MPI_Request* request) {
         return MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), count, reduce_type(buffer), reduce_op(op), comm(),
@@ -380,7 +393,8 @@ class ProcessGroupMpi : public ProcessGroup {
 
   Communicator comm_;
   Communicator ring_comm_;
-  mpi::Ring ring_;  // only the runner thread uses it
+  mpi::Ring ring_;                          // only the runner thread uses it
+  std::unique_ptr<mpi::ShmAllReduce> shm_;  // likewise; null: the ring takes large buffers
   std::chrono::milliseconds timeout_;
   std::string broken_;  // the collective that timed out; only the runner thread uses it
   // Declared last: stopped first, so queued operations finish while the communicator lives.
@@ -455,7 +469,9 @@ std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& rank
   int size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  return std::make_shared<ProcessGroupMpi>(comm, ring_comm, rank, size, options.timeout);
+  std::unique_ptr<mpi::ShmAllReduce> shm;
+  if (size > 1) shm = mpi::ShmAllReduce::create(ring_comm, mpi::Clock::now() + options.timeout, what);
+  return std::make_shared<ProcessGroupMpi>(comm, ring_comm, std::move(shm), rank, size, options.timeout);
 }
 
 }  // namespace datapar

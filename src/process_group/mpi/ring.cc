@@ -31,36 +31,6 @@ namespace {
 
 constexpr int64_t kSegmentBytes = 256 << 10;
 
-template <typename T>
-void reduce_span(T* __restrict dst, const T* __restrict src, int64_t n, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-      return;
-    case ReduceOp::kProduct:
-      for (int64_t i = 0; i < n; ++i) dst[i] *= src[i];
-      return;
-    case ReduceOp::kMin:
-      for (int64_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
-      return;
-    case ReduceOp::kMax:
-      for (int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
-      return;
-  }
-}
-
-// dst[0, n) op= src[0, n), elements of `type`.
-void reduce_into(void* dst, const void* src, int64_t n, at::ScalarType type, ReduceOp op) {
-  switch (type) {
-    case at::kFloat: return reduce_span(static_cast<float*>(dst), static_cast<const float*>(src), n, op);
-    case at::kDouble: return reduce_span(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
-    case at::kInt: return reduce_span(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op);
-    case at::kLong: return reduce_span(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op);
-    default: DATAPAR_INTERNAL_ASSERT(false, "ring: not reducible: ", type);
-  }
-}
-
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
 // Waits for every request in order; false at the deadline.

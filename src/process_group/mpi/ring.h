@@ -1,5 +1,6 @@
 // Ring all-reduce over MPI point-to-point messages, the MPI backend's path for large
-// buffers (Note [Ring all-reduce] in ring.cc). Small buffers take MPI_Iallreduce.
+// buffers between machines (Note [Ring all-reduce] in ring.cc); within one machine they go
+// through shared memory (shm_all_reduce.h). Small buffers take MPI_Iallreduce.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,7 +12,7 @@
 
 namespace datapar::detail::mpi {
 
-// Buffers from this size (bytes) on go around the ring.
+// Buffers from this size (bytes) on take the ring or shared memory.
 constexpr int64_t kRingMinBytes = 256 << 10;
 
 class Ring {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -154,17 +155,18 @@ void check(int code, const std::string& what) {
                           "process group."));
 }
 
-bool wait(MPI_Request& request, Clock::time_point deadline, const std::string& what, MPI_Status* status) {
+void throw_if_finalizing(const std::string& what) {
+  if (state().finalizing) {
+    throw CommError(str_cat(what, ": abandoned because MPI is being finalised (the program is exiting)."));
+  }
+}
+
+bool poll_until(const std::function<bool()>& done, Clock::time_point deadline, const std::string& what) {
   const Clock::time_point start = Clock::now();
-  MPI_Status ignored;
   for (unsigned polls = 0;; ++polls) {
-    int done = 0;
-    check(MPI_Test(&request, &done, status ? status : &ignored), what);
-    if (done) return true;
+    if (done()) return true;
     if (polls % 8 != 7) continue;  // the clock and the flag every few polls
-    if (state().finalizing) {
-      throw CommError(str_cat(what, ": abandoned because MPI is being finalised (the program is exiting)."));
-    }
+    throw_if_finalizing(what);
     const Clock::time_point now = Clock::now();
     if (now >= deadline) return false;
     const auto waited = now - start;
@@ -174,6 +176,17 @@ bool wait(MPI_Request& request, Clock::time_point deadline, const std::string& w
       std::this_thread::yield();
     }
   }
+}
+
+bool wait(MPI_Request& request, Clock::time_point deadline, const std::string& what, MPI_Status* status) {
+  MPI_Status ignored;
+  return poll_until(
+      [&] {
+        int done = 0;
+        check(MPI_Test(&request, &done, status ? status : &ignored), what);
+        return done != 0;
+      },
+      deadline, what);
 }
 
 void keep_alive(const at::Tensor& buffer) {

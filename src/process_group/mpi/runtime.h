@@ -20,6 +20,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 namespace datapar::detail::mpi {
@@ -48,6 +49,14 @@ bool finalized();
 
 // Throws CommError "<what>: MPI error <code>: <MPI's text>. <hint>" unless code is MPI_SUCCESS.
 void check(int code, const std::string& what);
+
+// Throws CommError naming `what` once MPI is being finalised: a wait must give up then.
+void throw_if_finalizing(const std::string& what);
+
+// Calls `done` until it returns true, then returns true; returns false once `deadline`
+// passes. Spins first, then yields the core, then naps: see Note [Polling] in runtime.cc.
+// Throws CommError when MPI is being finalised.
+bool poll_until(const std::function<bool()>& done, Clock::time_point deadline, const std::string& what);
 
 // Polls `request` (MPI_Test, which also drives MPI's progress) until it completes, then
 // returns true and fills `status` if given; returns false with the request still active

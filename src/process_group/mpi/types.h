@@ -25,6 +25,10 @@ at::Tensor reducible(const at::Tensor& tensor);
 MPI_Datatype reduce_type(const at::Tensor& buffer);
 MPI_Op reduce_op(ReduceOp op);
 
+// dst[0, n) op= src[0, n) for n elements of `type`, which must be float32/64 or int32/64
+// (kAvg: the sum; the caller divides).
+void reduce_into(void* dst, const void* src, int64_t n, at::ScalarType type, ReduceOp op);
+
 // `count` as an MPI count. Throws InvalidArgumentError naming `what` past INT_MAX.
 int mpi_count(int64_t count, const std::string& what);
 
