@@ -122,6 +122,30 @@ TEST(MpiProcessGroup, LargeAllReducesGiveEveryRankTheSameBits) {
   EXPECT_TRUE(at::equal(t, from_rank_0)) << "rank " << rank << " differs from rank 0";
 }
 
+int shared_memory_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int mapped = 0;
+  for (std::string line; std::getline(maps, line);) mapped += line.find("/dev/shm/datapar-mpi-") != std::string::npos;
+  return mapped;
+}
+
+// One member that cannot (here: will not) share memory sends the whole group around the
+// ring, on every member, and no region is left mapped anywhere.
+TEST(MpiProcessGroup, OneMemberWithoutSharedMemoryMakesTheGroupUseTheRing) {
+  const int n = world().size(), rank = world().rank();
+  if (n == 1) GTEST_SKIP() << "needs a peer";
+  const int before = shared_memory_mappings();
+  const char* setting = std::getenv("DATAPAR_MPI_SHM");
+  const std::string saved = setting ? setting : "";
+  if (rank == n - 1) ::setenv("DATAPAR_MPI_SHM", "0", 1);
+  auto group = new_mpi_process_group({}, MpiOptions{60s});
+  if (rank == n - 1) setting ? ::setenv("DATAPAR_MPI_SHM", saved.c_str(), 1) : ::unsetenv("DATAPAR_MPI_SHM");
+  EXPECT_EQ(shared_memory_mappings(), before) << "rank " << rank;
+  at::Tensor t = at::full({3 * 524288 + 5}, rank + 1.0, at::kFloat);
+  group->all_reduce(t)->wait();
+  EXPECT_TRUE(at::equal(t, at::full_like(t, n * (n + 1) / 2.0))) << "rank " << rank;
+}
+
 // The shared memory of every MPI group of processes on one machine is mapped, and its name
 // is already gone from /dev/shm: nothing is left there whatever happens to the job.
 TEST(MpiProcessGroup, SharedMemoryIsMappedAndHasNoNameLeft) {

@@ -26,7 +26,7 @@
 //
 // The region lives in /dev/shm only while the group is made: rank 0 creates it, the others
 // map it by name, and rank 0 removes the name as soon as everyone answered, so a crash
-// leaves nothing behind. posix_fallocate reserves its pages up front: a full /dev/shm is
+// after the group is made leaves nothing behind. posix_fallocate reserves its pages up front: a full /dev/shm is
 // then a fallback to the ring at creation, not a SIGBUS in the middle of training.
 #include "process_group/mpi/shm_all_reduce.h"
 
@@ -158,26 +158,34 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::create(MPI_Comm comm, Clock::time_po
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   const size_t bytes = region_bytes(size);
-  Invitation invitation{};
+  // On the heap: a collective abandoned at the deadline may still write into it.
+  struct Exchange {
+    Invitation invitation{};
+    int mine = 0;  // this member mapped the region
+    int all = 0;   // every member did
+  };
+  auto exchange = std::make_unique<Exchange>();
+  Invitation& invitation = exchange->invitation;
   void* base = nullptr;
   if (rank == 0 && wanted()) base = make_region(bytes, invitation);
   const auto forget = [&] {  // the name goes once everyone answered, or on any error
     if (rank == 0 && invitation.name[0] != '\0') ::shm_unlink(invitation.name);
   };
-  int ok = 0;
   try {
     MPI_Request request = MPI_REQUEST_NULL;
     collective(MPI_Ibcast(&invitation, sizeof invitation, MPI_BYTE, 0, comm, &request), request, deadline, what);
     if (rank != 0 && wanted() && invitation.name[0] != '\0') base = open_region(bytes, invitation);
-    const int mine = base != nullptr;
-    collective(MPI_Iallreduce(&mine, &ok, 1, MPI_INT, MPI_MIN, comm, &request), request, deadline, what);
+    exchange->mine = base != nullptr;
+    collective(MPI_Iallreduce(&exchange->mine, &exchange->all, 1, MPI_INT, MPI_MIN, comm, &request), request,
+               deadline, what);
   } catch (...) {
     forget();
     if (base != nullptr) ::munmap(base, bytes);
+    static_cast<void>(exchange.release());  // leaked: the abandoned collective may still write into it
     throw;
   }
   forget();
-  if (!ok) {
+  if (!exchange->all) {
     if (base != nullptr) ::munmap(base, bytes);
     return nullptr;
   }
