@@ -10,8 +10,9 @@
 // step for 1.1-1.4 ms of all-reduce alone (docs/benchmarks.md, "Where a DDP step's time
 // goes"). Here the processes share one region instead, and a round of up to
 // kShmRoundBytes of the buffer takes two meeting points and no messages:
-//   1. each process copies its round of the buffer into its own slot, then raises its
-//      `arrived` counter to the round's generation and waits for everyone's;
+//   1. each process copies its round of the buffer into its own slot (all but its own
+//      part, which only it reads, from its buffer), then raises its `arrived` counter to
+//      the round's generation and waits for everyone's;
 //   2. process r reduces part r of the round (parts as in the ring: [len r / n,
 //      len (r + 1) / n)) from every slot into its own buffer, copies the result into part
 //      r of its own slot, raises `done` and waits for everyone's;
@@ -251,12 +252,16 @@ bool ShmAllReduce::all_reduce(at::Tensor& buffer, ReduceOp op, Clock::time_point
     char* round = data + offset * element;
     char* mine = slot(rank_, set);
 
-    std::memcpy(mine, round, static_cast<size_t>(len * element));  // 1.
+    const int64_t first = begin(rank_);  // this process's part of the round
+    const int64_t count = begin(rank_ + 1) - first;
+    // 1. Only the parts that others reduce: this process reads its own part from `round`.
+    std::memcpy(mine, round, static_cast<size_t>(first * element));
+    const int64_t after = first + count;
+    std::memcpy(mine + after * element, round + after * element, static_cast<size_t>((len - after) * element));
     reach(kArrived, generation);
     if (!all_reached(kArrived, generation, deadline, what)) return false;
 
-    const int64_t first = begin(rank_);  // 2.
-    const int64_t count = begin(rank_ + 1) - first;
+    // 2.
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) reduce_into(round + first * element, slot(r, set) + first * element, count, type, op);
     }
