@@ -43,6 +43,14 @@ std::vector<Twin> twins() {
   };
 }
 
+// The text of a check script beside this file.
+std::string check_script(const std::string& name) {
+  std::ifstream file(DATAPAR_SOURCE_DIR "/tests/models/" + name);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
 void write_keys(const torch::nn::Module& module, const std::string& path) {
   std::ofstream out(path);
   for (const auto& item : state_dict(module)) {
@@ -77,10 +85,7 @@ TEST(PythonModels, SameNamesShapesAndOutputsAsPyTorch) {
     save_state_dict(input, dir + "/" + twin.name + "_x.pt");
     names += " " + twin.name;
   }
-  std::ifstream check(DATAPAR_SOURCE_DIR "/tests/models/python_models_check.py");
-  std::stringstream script;
-  script << check.rdbuf();
-  ASSERT_EQ(testing::run_python(dir, "check.py", script.str(), "'" + dir + "'" + names), 0)
+  ASSERT_EQ(testing::run_python(dir, "check.py", check_script("python_models_check.py"), "'" + dir + "'" + names), 0)
       << "python_models_check.py found a difference (see its message above)";
 
   for (Twin& twin : models) {
@@ -117,10 +122,9 @@ TEST(PythonModels, SameInitialValuesAsPyTorchAfterTheSameSeed) {
     save_state_dict(state_dict(*build()), dir + "/" + name + "_seeded.pt");
     names += " " + name;
   }
-  std::ifstream check(DATAPAR_SOURCE_DIR "/tests/models/python_seed_check.py");
-  std::stringstream script;
-  script << check.rdbuf();
-  EXPECT_EQ(testing::run_python(dir, "check.py", script.str(), "'" + dir + "' " + std::to_string(seed) + names), 0)
+  EXPECT_EQ(testing::run_python(dir, "check.py", check_script("python_seed_check.py"),
+                                "'" + dir + "' " + std::to_string(seed) + names),
+            0)
       << "python_seed_check.py found a difference (see its message above)";
 }
 

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <torch/nn/modules/linear.h>
 
@@ -122,10 +123,13 @@ TEST(MpiProcessGroup, LargeAllReducesGiveEveryRankTheSameBits) {
   EXPECT_TRUE(at::equal(t, from_rank_0)) << "rank " << rank << " differs from rank 0";
 }
 
-int shared_memory_mappings() {
+// This process's mappings of MPI groups' shared memory: lines of /proc/self/maps.
+std::vector<std::string> shared_memory_mappings() {
   std::ifstream maps("/proc/self/maps");
-  int mapped = 0;
-  for (std::string line; std::getline(maps, line);) mapped += line.find("/dev/shm/datapar-mpi-") != std::string::npos;
+  std::vector<std::string> mapped;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/dev/shm/datapar-mpi-") != std::string::npos) mapped.push_back(line);
+  }
   return mapped;
 }
 
@@ -134,13 +138,13 @@ int shared_memory_mappings() {
 TEST(MpiProcessGroup, OneMemberWithoutSharedMemoryMakesTheGroupUseTheRing) {
   const int n = world().size(), rank = world().rank();
   if (n == 1) GTEST_SKIP() << "needs a peer";
-  const int before = shared_memory_mappings();
+  const size_t before = shared_memory_mappings().size();
   const char* setting = std::getenv("DATAPAR_MPI_SHM");
   const std::string saved = setting ? setting : "";
   if (rank == n - 1) ::setenv("DATAPAR_MPI_SHM", "0", 1);
   auto group = new_mpi_process_group({}, MpiOptions{60s});
   if (rank == n - 1) setting ? ::setenv("DATAPAR_MPI_SHM", saved.c_str(), 1) : ::unsetenv("DATAPAR_MPI_SHM");
-  EXPECT_EQ(shared_memory_mappings(), before) << "rank " << rank;
+  EXPECT_EQ(shared_memory_mappings().size(), before) << "rank " << rank;
   at::Tensor t = at::full({3 * 524288 + 5}, rank + 1.0, at::kFloat);
   group->all_reduce(t)->wait();
   EXPECT_TRUE(at::equal(t, at::full_like(t, n * (n + 1) / 2.0))) << "rank " << rank;
@@ -152,17 +156,12 @@ TEST(MpiProcessGroup, SharedMemoryIsMappedAndHasNoNameLeft) {
   const int n = world().size();
   const char* setting = std::getenv("DATAPAR_MPI_SHM");
   const bool wanted = setting == nullptr || std::string(setting) != "0";
-  std::ifstream maps("/proc/self/maps");
-  int mapped = 0;
-  for (std::string line; std::getline(maps, line);) {
-    if (line.find("/dev/shm/datapar-mpi-") == std::string::npos) continue;
-    ++mapped;
-    EXPECT_NE(line.find("(deleted)"), std::string::npos) << "still named: " << line;
-  }
+  const std::vector<std::string> mapped = shared_memory_mappings();
+  for (const std::string& line : mapped) EXPECT_NE(line.find("(deleted)"), std::string::npos) << "still named: " << line;
   if (n > 1 && wanted) {
-    EXPECT_GE(mapped, 1) << "the world group of " << n << " processes on one machine has no shared memory";
+    EXPECT_GE(mapped.size(), 1u) << "the world group of " << n << " processes on one machine has no shared memory";
   } else {
-    EXPECT_EQ(mapped, 0) << (n == 1 ? "a group of one process needs no shared memory" : "DATAPAR_MPI_SHM=0");
+    EXPECT_TRUE(mapped.empty()) << (n == 1 ? "a group of one process needs no shared memory" : "DATAPAR_MPI_SHM=0");
   }
 }
 

@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <cstdlib>
+#include <filesystem>
 
 #include "datapar/data/fashion_mnist.h"
 #include "datapar/distributed.h"
