@@ -1,13 +1,19 @@
-# The two commands of README.md. Both install what is missing (Debian packages) and build.
+# The two commands of README.md. Both install what is missing and build.
 #   make demo   the main job: PyTorch's data-parallel tutorial on DataParallel, then LeNet
 #               trained by 2 DDP processes on the shipped Fashion-MNIST subset (test
 #               accuracy per epoch; plot in build/demo.png, metrics in build/demo.jsonl)
-#   make test   the whole test suite (GoogleTest through CTest)
+#   make test   the whole test suite (GoogleTest through CTest) on both libtorch lines:
+#               Debian's libtorch 1.13 (CPU) in build/, then pip's torch 2.x (CUDA: the CUDA
+#               sources compile and link; the CPU suite runs, the `gpu` tests skip without a
+#               GPU) in build-torch2/
+# One line alone: make test-debian, make test-torch2. On a GPU machine: make test-gpu.
 BUILD_DIR ?= build
+TORCH2_BUILD_DIR ?= build-torch2
+TORCH_VERSION ?= 2.15.0
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all setup build demo test bench clean
+.PHONY: all setup build build-torch2 demo test test-debian test-torch2 test-gpu bench clean
 
 all: build
 
@@ -18,16 +24,33 @@ build: setup
 	cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_FLAGS)
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# pip's torch in a virtual environment under ~/.cache/datapar (scripts/setup_torch.sh).
+build-torch2: setup
+	prefix=$$(bash scripts/setup_torch.sh $(TORCH_VERSION)) && \
+	  cmake -S . -B $(TORCH2_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) -DCMAKE_PREFIX_PATH="$$prefix"
+	cmake --build $(TORCH2_BUILD_DIR) -j $(JOBS)
+
 demo: build
 	$(BUILD_DIR)/bin/data_parallel_tutorial
 	$(BUILD_DIR)/bin/datapar launch --nproc-per-node 2 -- $(BUILD_DIR)/bin/datapar train --mode ddp \
 	  --model lenet --epochs 15 --batch-size 64 --lr 0.9 --plot $(BUILD_DIR)/demo.png --metrics $(BUILD_DIR)/demo.jsonl
 
-test: build
+test: test-debian test-torch2
+
+test-debian: build
+	$(BUILD_DIR)/bin/datapar --version
 	cd $(BUILD_DIR) && ctest --output-on-failure -j 1
+
+test-torch2: build-torch2
+	$(TORCH2_BUILD_DIR)/bin/datapar --version
+	cd $(TORCH2_BUILD_DIR) && ctest --output-on-failure -j 1
+
+# The tests that need CUDA devices (CTest label gpu), on pip's CUDA torch.
+test-gpu: build-torch2
+	cd $(TORCH2_BUILD_DIR) && ctest --output-on-failure -j 1 -L gpu
 
 bench: build
 	$(BUILD_DIR)/bin/dp_step_bench
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(TORCH2_BUILD_DIR)

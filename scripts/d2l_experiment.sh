@@ -10,6 +10,7 @@
 #   DATA=       --data (default: the shipped subset); e.g. /work/shared/datasets/fashion-mnist
 #   OUT=d2l-out where metrics and plots go
 #   RUNS="single dp ddp"
+#   DEVICES=cpu  cpu: cpu:0 against cpu:0,cpu:1; cuda: cuda:0 against cuda:0,cuda:1 (single, dp)
 # On 2 CPU cores one ResNet-18 epoch over 6000 images takes minutes: time EPOCHS=1 first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,9 @@ EPOCHS=${EPOCHS:-10}
 LIMIT=${LIMIT:-0}
 OUT=${OUT:-d2l-out}
 RUNS=${RUNS:-single dp ddp}
+DEVICES=${DEVICES:-cpu}
+one=$DEVICES:0
+two=$DEVICES:0,$DEVICES:1
 mkdir -p "$OUT"
 common=(train --model resnet18 --epochs "$EPOCHS" --batch-size 256 --lr 0.1 --limit "$LIMIT" --seed 0)
 [[ -n "${DATA:-}" ]] && common+=(--data "$DATA")
@@ -26,9 +30,9 @@ echo "d2l experiment: ResNet-18, $EPOCHS epochs, limit $LIMIT, load: $(cut -d' '
 for run in $RUNS; do
   echo "== $run"
   case $run in
-    single) "$BIN" "${common[@]}" --mode single --devices cpu:0 \
+    single) "$BIN" "${common[@]}" --mode single --devices "$one" \
               --metrics "$OUT/single.jsonl" --plot "$OUT/single.png" ;;
-    dp)     "$BIN" "${common[@]}" --mode dp --devices cpu:0,cpu:1 --scale-lr \
+    dp)     "$BIN" "${common[@]}" --mode dp --devices "$two" --scale-lr \
               --metrics "$OUT/dp.jsonl" --plot "$OUT/dp.png" ;;
     ddp)
       args=("${common[@]}" --mode ddp --scale-lr --metrics "$OUT/ddp.jsonl" --plot "$OUT/ddp.png")

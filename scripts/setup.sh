@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what datapar needs to build and test, from Debian's archive only.
+# Installs what datapar needs from Debian's archive (the 1.13 line, and the tools of both).
+# scripts/setup_torch.sh adds pip's torch for the 2.x line.
 # Idempotent and non-interactive: packages already present are left alone.
 set -euo pipefail
 
@@ -8,7 +9,7 @@ packages=(
   libtorch-dev libopenblas0-openmp libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev zlib1g-dev
-  python3-torch
+  python3-torch python3-venv
   libopenmpi-dev openmpi-bin
   iproute2
   gnuplot-nox

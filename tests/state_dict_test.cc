@@ -10,6 +10,7 @@
 #include "datapar/error.h"
 #include "testing/expect_throw.h"
 #include "testing/models.h"
+#include "testing/python.h"
 
 namespace datapar {
 namespace {
@@ -80,16 +81,14 @@ TEST(StateDict, TruncatedOrForeignFilesGetACheckpointError) {
 // Python's torch.load reads what we write, and we read what torch.save writes: the
 // OrderedDict of model.state_dict() as it is (with _metadata), not only a plain dict.
 TEST(StateDict, PythonTorchReadsAndWritesTheSameFiles) {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "/usr/bin/python3 with torch (Debian python3-torch) is not installed";
-  }
+  DATAPAR_REQUIRE_PYTHON_TORCH();
   BnNet model;
   const std::string ours = temp_path("from_cpp.pt");
   const std::string theirs = temp_path("from_python.pt");
   save_state_dict(state_dict(*model), ours);
   const std::string script =
       "import torch\n"
-      "sd = torch.load('" + ours + "')\n"
+      "sd = torch.load('" + ours + "', weights_only=True)\n"
       "m = torch.nn.Sequential()\n"
       "m.fc1 = torch.nn.Linear(6, 8); m.bn = torch.nn.BatchNorm1d(8); m.fc2 = torch.nn.Linear(8, 3)\n"
       "m.load_state_dict(sd)\n"
@@ -99,7 +98,7 @@ TEST(StateDict, PythonTorchReadsAndWritesTheSameFiles) {
       "torch.save(m.state_dict(), '" + theirs + "')\n";
   const std::string script_path = temp_path("roundtrip.py");
   std::ofstream(script_path) << script;
-  ASSERT_EQ(std::system(("/usr/bin/python3 " + script_path).c_str()), 0);
+  ASSERT_EQ(testing::run_python_file(script_path), 0);
   BnNet loaded;
   load_state_dict(*loaded, load_state_dict_file(theirs));
   EXPECT_TRUE(at::equal(loaded->fc1->weight, model->fc1->weight));

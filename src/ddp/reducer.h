@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/node_ptr.h"
 #include "datapar/ddp/comm_hook.h"
 #include "datapar/ddp/comm_stats.h"
 #include "datapar/process_group/process_group.h"
@@ -105,7 +106,7 @@ class Reducer {
   ReducerOptions options_;
   std::shared_ptr<CommHook> hook_;
 
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold the hooks
+  std::vector<NodePtr> accumulators_;  // kept alive: they hold the hooks
   std::vector<uintptr_t> hook_keys_;
 
   std::vector<Bucket> buckets_;

@@ -33,6 +33,7 @@
 #include <atomic>
 #include <thread>
 
+#include "autograd/node_ptr.h"
 #include "parallel/device_workers.h"
 #include "parallel/ivalue_tensors.h"
 
@@ -66,22 +67,31 @@ bool sole_owner(const at::Tensor& t) {
 // benchmark MLP). Where that pass would do nothing but `grad += sum` (AccumulateGrad's own
 // rule when .grad is defined, grad mode is off and nothing hooks the parameter), the device
 // threads add the replica gradients into .grad themselves, each over its share of the
-// parameters, and the engine is handed no gradient for it. Parameters with tensor hooks or
-// hooks on their accumulator keep the engine's path. The hooks moved in libtorch 2.x, so
-// there every parameter keeps the engine's path.
-bool sums_into_grad(const at::Tensor& param) {
-#if TORCH_VERSION_MAJOR < 2
-  if (!torch::autograd::impl::hooks(param).empty()) return false;
+// parameters, and the engine is handed no gradient for it. A parameter with any hook keeps
+// the engine's path, so every hook sees what it would see without datapar: tensor hooks
+// (in the tensor's autograd meta up to 1.13, on its gradient accumulator from 2.0),
+// pre- and post-hooks on the accumulator, retains_grad hooks, and 2.1's
+// post-accumulate-grad hooks.
+bool has_hooks(const at::Tensor& param) {
+  if (!torch::autograd::impl::hooks(param).empty()) return true;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (torch::autograd::impl::post_acc_grad_hooks(param)) return true;
+#endif
   const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(param);
-  if (accumulator && (!accumulator->pre_hooks().empty() || !accumulator->post_hooks().empty())) return false;
+  if (!accumulator) return false;
+  if (!accumulator->pre_hooks().empty() || !accumulator->post_hooks().empty()) return true;
+#if TORCH_VERSION_MAJOR >= 2
+  if (!accumulator->tensor_pre_hooks().empty() || !accumulator->retains_grad_hooks().empty()) return true;
+#endif
+  return false;
+}
+
+bool sums_into_grad(const at::Tensor& param) {
+  if (has_hooks(param)) return false;
   const at::Tensor& grad = param.grad();
   return grad.defined() && grad.layout() == at::kStrided && !grad.requires_grad() &&
          grad.scalar_type() == param.scalar_type() && grad.device() == param.device() &&
          grad.sizes() == param.sizes();
-#else
-  (void)param;
-  return false;
-#endif
 }
 
 // Splits tensors into `parts` contiguous ranges of about equal total size; returns the end
@@ -292,8 +302,7 @@ std::vector<c10::IValue> parallel_apply(ReplicaSet& replicas, const ReplicaForwa
   for (size_t j : trained) trained_params.push_back(master_params[j]);
   std::vector<at::Tensor> edge_tensors = trained_params;
   edge_tensors.insert(edge_tensors.end(), originals.begin(), originals.end());
-  std::shared_ptr<ParallelSectionBackward> node(
-      new ParallelSectionBackward(replicas.workers_ptr(), std::move(trained_params)), torch::autograd::deleteNode);
+  const auto node = make_node<ParallelSectionBackward>(replicas.workers_ptr(), std::move(trained_params));
   node->set_next_edges(torch::autograd::collect_next_edges(edge_tensors));
 
   for (size_t i = 0; i < n; ++i) {

@@ -117,9 +117,7 @@ TEST(DistributedSampler, PermutationDependsOnSeedAndEpochOnly) {
 
 // The lists equal torch.utils.data.DistributedSampler's, case by case.
 TEST(DistributedSampler, MatchesPyTorch) {
-  if (!testing::have_python_torch()) {
-    GTEST_SKIP() << "/usr/bin/python3 with torch (Debian python3-torch) is not installed";
-  }
+  DATAPAR_REQUIRE_PYTHON_TORCH();
   struct Case {
     int64_t n, world_size, rank, epoch;
     bool drop_last, shuffle;

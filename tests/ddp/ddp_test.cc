@@ -15,6 +15,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include "testing/ports.h"
 #include "testing/processes.h"
+#include "testing/python.h"
 
 namespace datapar {
 namespace {
@@ -70,6 +71,29 @@ std::string expect_matches_reference(const std::string& name, int world, double 
 
 TEST(DistributedDataParallel, FiveStepsEqualOneProcessOnTheConcatenatedBatch) {
   for (int world : {2, 3}) expect_matches_reference("even", world, 1e-5, 1e-6);
+}
+
+// PyTorch's own DDP (tests/ddp/torch_ddp_twin.py, gloo, 2 processes) on the same model,
+// initialisation, batches and optimizer ends where datapar's DDP ends.
+TEST(DistributedDataParallel, EndsWherePyTorchsDdpEnds) {
+  DATAPAR_REQUIRE_PYTHON_TORCH();
+  for (const std::string name : {"even", "one_bucket"}) {
+    TempDir dir;
+    const auto results = run_job(name, 2, dir);
+    for (int r = 0; r < 2; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    const std::string theirs = dir.path + "/pytorch.pt";
+    ASSERT_EQ(testing::run_python_file(DATAPAR_SOURCE_DIR "/tests/ddp/torch_ddp_twin.py", name + " " + theirs), 0);
+    const StateDict want = load_state_dict_file(theirs);
+    for (int r = 0; r < 2; ++r) {
+      const StateDict got = load_state_dict_file(dir.path + "/rank" + std::to_string(r) + ".pt");
+      ASSERT_EQ(got.size(), want.size());
+      for (const auto& item : want) {
+        EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-5, 1e-6))
+            << name << ", rank " << r << ", " << item.key() << ": max difference "
+            << (got[item.key()] - item.value()).abs().max().item<double>();
+      }
+    }
+  }
 }
 
 TEST(DistributedDataParallel, UnevenBatchesAveragedBySamplesAreExact) {

@@ -30,10 +30,10 @@ def main():
                     sys.exit("%s: entry %d is %s in Python but %s in C++" % (name, i, a, b))
             sys.exit("%s: Python has %d entries, C++ %d" % (name, len(ours), len(theirs)))
         torch.save(dict(net.state_dict()), "%s/%s_py.pt" % (out_dir, name))
-        net.load_state_dict(torch.load("%s/%s.pt" % (out_dir, name)), strict=True)
+        net.load_state_dict(torch.load("%s/%s.pt" % (out_dir, name), weights_only=True), strict=True)
         net.eval()
         with torch.no_grad():
-            x = torch.load("%s/%s_x.pt" % (out_dir, name))["x"]
+            x = torch.load("%s/%s_x.pt" % (out_dir, name), weights_only=True)["x"]
             y = net(x)
         # Two entries, not one: pickle writes a one-entry dict with SETITEM, which
         # libtorch 1.13's unpickler does not know.

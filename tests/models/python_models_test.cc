@@ -62,9 +62,7 @@ void write_keys(const torch::nn::Module& module, const std::string& path) {
 }
 
 TEST(PythonModels, SameNamesShapesAndOutputsAsPyTorch) {
-  if (!testing::have_python_torch()) {
-    GTEST_SKIP() << "/usr/bin/python3 with torch (Debian python3-torch) is not installed";
-  }
+  DATAPAR_REQUIRE_PYTHON_TORCH();
   const std::string dir = testing::make_temp_dir("twins");
   std::vector<Twin> models = twins();
   std::string names;
@@ -106,9 +104,7 @@ TEST(PythonModels, SameNamesShapesAndOutputsAsPyTorch) {
 // values in definition order, as PyTorch's do (not in the unspecified order in which a
 // call's arguments are evaluated).
 TEST(PythonModels, SameInitialValuesAsPyTorchAfterTheSameSeed) {
-  if (!testing::have_python_torch()) {
-    GTEST_SKIP() << "/usr/bin/python3 with torch (Debian python3-torch) is not installed";
-  }
+  DATAPAR_REQUIRE_PYTHON_TORCH();
   const std::string dir = testing::make_temp_dir("seeded");
   const int64_t seed = 20261122;
   const std::vector<std::pair<std::string, std::function<std::shared_ptr<torch::nn::Module>()>>> builders = {

@@ -17,7 +17,7 @@ def main():
     for name in names:
         torch.manual_seed(seed)
         ours = datapar_models.MODELS[name]().state_dict()
-        theirs = torch.load("%s/%s_seeded.pt" % (out_dir, name))
+        theirs = torch.load("%s/%s_seeded.pt" % (out_dir, name), weights_only=True)
         for key, value in ours.items():
             if not torch.equal(value, theirs[key]):
                 sys.exit("%s: %s differs after manual_seed(%d): max difference %g" %

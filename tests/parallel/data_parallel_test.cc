@@ -2,7 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/optim/sgd.h>
+#include <torch/version.h>
 
 #include <thread>
 
@@ -234,18 +237,23 @@ TEST(DataParallel, GradientSumNeverWritesIntoIncomingGradients) {
   EXPECT_TRUE(at::equal(model->w.grad(), at::tensor({11.0f, 22.0f, 33.0f})));  // the sum of both rows
 }
 
+// One backward, then zeroed gradients: the next backward goes into defined .grad tensors,
+// the path where DataParallel may sum gradients straight into .grad (Note [Summing straight
+// into .grad]), which must still leave hooked parameters to AccumulateGrad.
+void give_zeroed_grads(std::initializer_list<ConvNet*> models, const at::Tensor& x) {
+  for (ConvNet* m : models) {
+    (*m)->forward(x).sum().backward();
+    for (auto& p : (*m)->parameters()) p.mutable_grad().zero_();
+  }
+}
+
 TEST(DataParallel, ParameterHooksStillSeeTheSummedGradient) {
   torch::manual_seed(5);
   ConvNet model;
   ConvNet reference = copy_of(model);
   DataParallel dp(model, cpu_devices(2));
   const auto x = at::randn({10, 1, 12, 12});
-  // Second backward into zeroed, defined .grad: the path where gradients may be summed
-  // straight into .grad, which must still leave hooked parameters to AccumulateGrad.
-  for (auto* m : {&model, &reference}) {
-    (*m)->forward(x).sum().backward();
-    for (auto& p : (*m)->parameters()) p.mutable_grad().zero_();
-  }
+  give_zeroed_grads({&model, &reference}, x);
   at::Tensor seen;
   model->parameters()[0].register_hook([&seen](const at::Tensor& g) { seen = g.clone(); });
   dp(x).sum().backward();
@@ -255,6 +263,54 @@ TEST(DataParallel, ParameterHooksStillSeeTheSummedGradient) {
   const auto got = model->parameters();
   const auto want = reference->parameters();
   for (size_t j = 0; j < got.size(); ++j) EXPECT_LT(relative_error(got[j].grad(), want[j].grad()), 1e-5) << j;
+}
+
+// Hooks on a parameter's gradient accumulator (what DDP-like code registers), and 2.1's
+// post-accumulate-grad hooks, run after .grad is summed: the fast path must leave such
+// parameters to the engine (Note [Summing straight into .grad]) so that the hooks fire and
+// see the summed gradient.
+struct CountingPostHook : torch::autograd::FunctionPostHook {
+  explicit CountingPostHook(int* calls) : calls(calls) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    ++*calls;
+    return outputs;
+  }
+  int* calls;
+};
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+struct GradAfterAccumulation : torch::autograd::PostAccumulateGradHook {
+  explicit GradAfterAccumulation(at::Tensor* seen) : seen(seen) {}
+  void operator()(const torch::autograd::Variable& param) override { *seen = param.grad().clone(); }
+  at::Tensor* seen;
+};
+#endif
+
+TEST(DataParallel, AccumulatorHooksFireOnThePathThatSumsIntoGrad) {
+  torch::manual_seed(6);
+  ConvNet model;
+  ConvNet reference = copy_of(model);
+  DataParallel dp(model, cpu_devices(2));
+  const auto x = at::randn({10, 1, 12, 12});
+  give_zeroed_grads({&model, &reference}, x);
+  const auto params = model->parameters();
+  int calls = 0;
+  // Held, as DDP holds them: a tensor refers to its accumulator weakly.
+  const auto accumulator = torch::autograd::impl::grad_accumulator(params[0]);
+  accumulator->add_post_hook(std::make_unique<CountingPostHook>(&calls));
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  at::Tensor seen;
+  torch::autograd::impl::set_post_acc_grad_hooks(params[1], std::make_unique<GradAfterAccumulation>(&seen));
+#endif
+  dp(x).sum().backward();
+  reference(x).sum().backward();
+  EXPECT_EQ(calls, 1);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  ASSERT_TRUE(seen.defined()) << "the post-accumulate-grad hook did not run";
+  EXPECT_LT(relative_error(seen, reference->parameters()[1].grad()), 1e-5);
+#endif
+  const auto want = reference->parameters();
+  for (size_t j = 0; j < params.size(); ++j) EXPECT_LT(relative_error(params[j].grad(), want[j].grad()), 1e-5) << j;
 }
 
 TEST(DataParallel, RejectsBadConfigurations) {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -74,15 +75,22 @@ TEST(Distributed, ClearErrorsBeforeAnyWorkStarts) {
   EXPECT_THROW_MSG(get_rank(), InvalidArgumentError, "Call datapar::init_process_group() first");
   EXPECT_THROW_MSG(init_process_group("foo", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
                    "unknown backend \"foo\". Available in this build: gloo");
+#if DATAPAR_HAVE_NCCL
+  if (torch::cuda::device_count() == 0) {
+    EXPECT_THROW_MSG(init_process_group("nccl", "tcp://127.0.0.1:" + std::to_string(free_port()), 0, 1, 10s),
+                     InvalidArgumentError, "no CUDA device is visible. Use the gloo or mpi backend on CPUs.");
+  }
+#else
   EXPECT_THROW_MSG(init_process_group("nccl", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
                    "nccl backend is not available in this build");
+#endif
 #if !DATAPAR_HAVE_MPI
   EXPECT_THROW_MSG(init_process_group("mpi", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
                    "mpi backend is not available");
 #else
   // "mpi" itself is tested under mpirun (mpi_process_group_test.cc); here only the list.
   EXPECT_THROW_MSG(init_process_group("foo", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
-                   "Available in this build: gloo, mpi.");
+                   DATAPAR_HAVE_NCCL ? "Available in this build: gloo, mpi, nccl." : "Available in this build: gloo, mpi.");
 #endif
   EXPECT_THROW_MSG(init_process_group("gloo", "tcp://127.0.0.1", 0, 1, 1s), InvalidArgumentError, "HOST:PORT");
   EXPECT_FALSE(is_initialized());

@@ -1,5 +1,10 @@
-// Helpers for tests that compare with PyTorch: run /usr/bin/python3 (Debian python3-torch;
-// the python3 on PATH may have no torch) on a script, in a fresh temporary directory.
+// Helpers for tests that compare with PyTorch: run a Python that has torch on a script, in a
+// fresh temporary directory.
+//
+// The interpreter: $DATAPAR_TEST_PYTHON, else the one CMake chose to match the Torch datapar
+// is built with (DATAPAR_TEST_PYTHON in CMake: Debian's /usr/bin/python3 for Debian's
+// libtorch, the virtual environment's python for pip's torch). A Python without torch is a
+// test failure that says so, never a silent skip.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,12 +15,36 @@
 
 #include <stdlib.h>
 
+#ifndef DATAPAR_TEST_PYTHON
+#error "tests/CMakeLists.txt defines DATAPAR_TEST_PYTHON, the interpreter for the Python interop tests"
+#endif
+
 namespace datapar::testing {
 
-inline bool have_python_torch() {
-  static const bool ok = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-  return ok;
+inline std::string python() {
+  const char* chosen = std::getenv("DATAPAR_TEST_PYTHON");
+  return chosen != nullptr && *chosen != '\0' ? chosen : DATAPAR_TEST_PYTHON;
 }
+
+// Why the interop tests cannot run with python() ("" when they can). Checked once.
+inline const std::string& python_problem() {
+  static const std::string problem = [] {
+    const std::string interpreter = python();
+    if (std::system(("'" + interpreter + "' -c 'import torch' >/dev/null 2>&1").c_str()) == 0) return std::string();
+    return "the Python interop tests need a Python with torch, and " + interpreter +
+           " cannot import torch. Set DATAPAR_TEST_PYTHON to one (Debian: apt-get install python3-torch, "
+           "/usr/bin/python3; pip: the virtual environment scripts/setup_torch.sh makes), or configure with "
+           "-DDATAPAR_TEST_PYTHON=...";
+  }();
+  return problem;
+}
+
+// A test that compares with PyTorch starts with this: it fails, saying why, without one.
+#define DATAPAR_REQUIRE_PYTHON_TORCH()                                      \
+  do {                                                                      \
+    if (!::datapar::testing::python_problem().empty())                      \
+      FAIL() << ::datapar::testing::python_problem();                       \
+  } while (0)
 
 // A new directory under the test temp dir, so that concurrent test runs never share files.
 inline std::string make_temp_dir(const std::string& prefix) {
@@ -24,14 +53,20 @@ inline std::string make_temp_dir(const std::string& prefix) {
   return dir;
 }
 
-// Writes `script` to dir/name and runs it with /usr/bin/python3 and `args`; returns the
-// exit status (0 on success). PYTHONPATH includes the repository's python/ folder.
+// Runs python() on the script file at `path` with `args`; returns the exit status (0 on
+// success). PYTHONPATH includes the repository's python/ folder.
+inline int run_python_file(const std::string& path, const std::string& args = "") {
+  const std::string command =
+      "PYTHONPATH='" DATAPAR_SOURCE_DIR "/python' '" + python() + "' '" + path + "' " + args;
+  return std::system(command.c_str());
+}
+
+// Writes `script` to dir/name and runs it (run_python_file).
 inline int run_python(const std::string& dir, const std::string& name, const std::string& script,
                       const std::string& args = "") {
   const std::string path = dir + "/" + name;
   std::ofstream(path) << script;
-  const std::string command = "PYTHONPATH='" DATAPAR_SOURCE_DIR "/python' /usr/bin/python3 '" + path + "' " + args;
-  return std::system(command.c_str());
+  return run_python_file(path, args);
 }
 
 }  // namespace datapar::testing

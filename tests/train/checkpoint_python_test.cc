@@ -1,4 +1,4 @@
-// Python interop, both ways, against Debian's python3-torch (/usr/bin/python3):
+// Python interop, both ways, against the Python of testing/python.h (Debian's torch 1.13 or pip's 2.x):
 //  (a) Python's torch.load (with weights_only=True where it exists) reads datapar's
 //      checkpoints; the model loads strictly into the equivalent PyTorch module and gives
 //      the same outputs; the optimizer state loads into torch.optim and its next step
@@ -22,6 +22,7 @@
 #include "datapar/models/mlp.h"
 #include "datapar/state_dict.h"
 #include "datapar/train/checkpoint.h"
+#include "testing/python.h"
 
 namespace datapar::train {
 namespace {
@@ -29,7 +30,7 @@ namespace {
 using models::Mlp;
 
 // The PyTorch twin of datapar::models::Mlp (src/models/mlp.cc): same names, same order.
-const char kPythonMlp[] = R"(
+const std::string kPythonMlp = R"(
 import inspect, sys, torch
 class Mlp(torch.nn.Module):
     def __init__(self, sizes):
@@ -47,12 +48,8 @@ def loss(m, x, y):
 d = sys.argv[1]
 )";
 
-bool have_python_torch() { return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0; }
-
 int run_python(const std::string& dir, const std::string& name, const std::string& body) {
-  const std::string script = dir + "/" + name;
-  std::ofstream(script) << kPythonMlp << body;
-  return std::system(("/usr/bin/python3 " + script + " " + dir).c_str());
+  return testing::run_python(dir, name, kPythonMlp + body, dir);
 }
 
 // A new directory per call, so that runs never see each other's files.
@@ -69,7 +66,7 @@ void sgd_step(Mlp& m, torch::optim::Optimizer& opt, const at::Tensor& x, const a
 }
 
 TEST(CheckpointPython, PythonLoadsOurCheckpointsModelOptimizerAndRng) {
-  if (!have_python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch (Debian python3-torch) is not installed";
+  DATAPAR_REQUIRE_PYTHON_TORCH();
   const std::string dir = temp_dir("to_python");
   for (const std::string name : {"sgd", "adam"}) {
     torch::manual_seed(3);
@@ -125,7 +122,7 @@ for name in ("sgd", "adam"):
 }
 
 TEST(CheckpointPython, WeLoadPythonsStateDictsAndCheckpoints) {
-  if (!have_python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch (Debian python3-torch) is not installed";
+  DATAPAR_REQUIRE_PYTHON_TORCH();
   const std::string dir = temp_dir("from_python");
   ASSERT_EQ(run_python(dir, "write_theirs.py", R"(
 torch.manual_seed(0)

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <string>
 
 #include "datapar/config.h"
 #include "datapar/devices.h"
@@ -30,11 +31,22 @@ int list_devices(const std::string& spec) {
   return 0;
 }
 
+// What this build is: datapar's version and the Torch, standard and backends it was built with.
+std::string version_line() {
+  std::string line = std::string("datapar ") + DATAPAR_VERSION + ", built with Torch " + DATAPAR_TORCH_VERSION;
+  line += DATAPAR_HAVE_CUDA ? std::string(" (CUDA, toolkit ") + DATAPAR_CUDA_TOOLKIT_VERSION + ")" : " (CPU)";
+  line += ", C++" + std::to_string(DATAPAR_CXX_STANDARD) + "; backends: gloo";
+  if (DATAPAR_GLOO_PLUGIN) line += " (system libgloo, as a plugin beside libtorch's own gloo)";
+  if (DATAPAR_HAVE_MPI) line += ", mpi";
+  if (DATAPAR_HAVE_NCCL) line += ", nccl";
+  return line;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"datapar: data-parallel training for C++ on libtorch"};
-  app.set_version_flag("--version", std::string("datapar ") + DATAPAR_VERSION);
+  app.set_version_flag("--version", version_line());
   app.require_subcommand(0, 1);
 
   std::string spec;

@@ -18,6 +18,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
@@ -32,6 +33,7 @@
 #include "datapar/rendezvous/prefix_store.h"
 #include "process_group/checks.h"
 #include "process_group/coalesce.h"
+#include "process_group/gloo/backend.h"
 #include "process_group/ordered_runner.h"
 
 namespace datapar {
@@ -431,9 +433,21 @@ class ProcessGroupGloo : public ProcessGroup {
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
-                                                     GlooOptions options) {
+namespace detail {
+
+std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
+                                                      GlooOptions options) {
   return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, std::move(options));
 }
 
+std::string gloo_library_of_this_backend() {
+  // The address of a gloo function as this file's code calls it: the dynamic linker's choice.
+  using Allreduce = void (*)(const gloo::AllreduceOptions&);
+  const Allreduce allreduce = &gloo::allreduce;
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(allreduce), &info) == 0 || info.dli_fname == nullptr) return "";
+  return info.dli_fname;
+}
+
+}  // namespace detail
 }  // namespace datapar

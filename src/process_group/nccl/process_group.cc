@@ -11,6 +11,7 @@
 // order); a runner thread only waits for their events. Only the default stream is
 // synchronised with: code that fills tensors on other streams must synchronise first.
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -65,9 +66,9 @@ class ProcessGroupNccl : public ProcessGroup {
     DATAPAR_CHECK(size >= 1 && rank >= 0 && rank < size, "ProcessGroup(nccl): rank ", rank, " is outside [0, ", size,
                   ").");
     DATAPAR_CHECK(store != nullptr, "ProcessGroup(nccl): the store is null.");
-    int devices = 0;
-    check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-    DATAPAR_CHECK(devices > 0, "ProcessGroup(nccl): no CUDA device is visible. Use the gloo backend on CPUs.");
+    // c10's count is 0, not an error, on a machine without a GPU or driver.
+    const int devices = c10::cuda::device_count();
+    DATAPAR_CHECK(devices > 0, "ProcessGroup(nccl): no CUDA device is visible. Use the gloo or mpi backend on CPUs.");
     device_ = options_.device >= 0 ? options_.device : rank % devices;
     DATAPAR_CHECK(device_ < devices, "ProcessGroup(nccl): device cuda:", device_, " does not exist (", devices,
                   " visible).");

@@ -1,0 +1,34 @@
+// The Gloo backend's entry points inside datapar, and the plugin that carries them where
+// libtorch has a gloo of its own (see Note [Two copies of gloo] in plugin_loader.cc).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "datapar/process_group/process_group.h"
+
+namespace datapar::detail {
+
+// Defined in process_group.cc, next to the backend itself.
+std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
+                                                      GlooOptions options);
+// The file of the gloo library whose code the backend runs (as the dynamic linker bound it).
+std::string gloo_library_of_this_backend();
+
+// Public entry: the file of the gloo library datapar's Gloo backend runs on. Loads the plugin
+// where there is one. For tests and `datapar --version`.
+std::string gloo_library();
+
+// What the plugin hands over: the two functions above. Both sides are built together, from the
+// same headers, so C++ types may cross.
+struct GlooPluginApi {
+  int version;
+  std::shared_ptr<ProcessGroup> (*make_process_group)(std::shared_ptr<Store> store, int rank, int size,
+                                                      GlooOptions options);
+  std::string (*library)();
+};
+inline constexpr int kGlooPluginVersion = 1;
+inline constexpr const char* kGlooPluginEntry = "datapar_gloo_plugin";
+inline constexpr const char* kGlooPluginFile = "libdatapar_gloo.so";
+
+}  // namespace datapar::detail

@@ -1,0 +1,148 @@
+// A rank of an NCCL test job (tests/gpu/gpu_test.cc), on cuda:RANK:
+//   nccl_probe SCENARIO INIT_METHOD RANK WORLD_SIZE
+// Scenarios (exit 0 when the check holds):
+//   collectives  every collective against its closed-form value
+//   ddp          DDP over NCCL; rank 0 also trains the whole batch alone and compares
+//   kill         rank 1 SIGKILLs itself before its second all_reduce; rank 0 exits 0 when its
+//                all_reduce fails with CommError (or TimeoutError) instead of hanging
+#include <signal.h>
+#include <unistd.h>
+
+#include <torch/optim/sgd.h>
+
+#include <chrono>
+#include <iostream>
+#include <string>
+
+#include "datapar/datapar.h"
+#include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/distributed.h"
+#include "datapar/state_dict.h"
+#include "testing/models.h"
+
+namespace {
+
+using namespace datapar;
+using namespace std::chrono_literals;
+
+int fail(const std::string& what) {
+  std::cerr << "nccl_probe: " << what << "\n";
+  return 1;
+}
+
+bool near(const at::Tensor& got, const at::Tensor& want) { return at::allclose(got.cpu(), want.cpu(), 1e-5, 1e-6); }
+
+int collectives(ProcessGroup& group, const at::TensorOptions& on_gpu) {
+  const int rank = group.rank();
+  const int world = group.size();
+  const double sum_of_ranks = world * (world - 1) / 2.0;
+
+  at::Tensor t = at::full({1000}, rank + 1.0, on_gpu);
+  group.all_reduce(t, ReduceOp::kSum)->wait();
+  if (!near(t, at::full({1000}, world * (world + 1) / 2.0, on_gpu))) return fail("all_reduce(sum)");
+
+  t = at::full({7}, rank + 1.0, on_gpu);
+  group.all_reduce(t, ReduceOp::kMax)->wait();
+  if (!near(t, at::full({7}, double(world), on_gpu))) return fail("all_reduce(max)");
+
+  t = at::full({5}, rank == 1 ? 42.0 : -1.0, on_gpu);
+  group.broadcast(t, 1)->wait();
+  if (!near(t, at::full({5}, 42.0, on_gpu))) return fail("broadcast from rank 1");
+
+  std::vector<at::Tensor> gathered;
+  for (int r = 0; r < world; ++r) gathered.push_back(at::empty({3}, on_gpu));
+  group.all_gather(gathered, at::full({3}, double(rank), on_gpu))->wait();
+  for (int r = 0; r < world; ++r) {
+    if (!near(gathered[r], at::full({3}, double(r), on_gpu))) return fail("all_gather slot " + std::to_string(r));
+  }
+
+  t = at::full({4}, double(rank), on_gpu);
+  group.reduce(t, 0, ReduceOp::kSum)->wait();
+  if (rank == 0 && !near(t, at::full({4}, sum_of_ranks, on_gpu))) return fail("reduce to rank 0");
+
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(at::full({2}, double(rank * world + r), on_gpu));
+  at::Tensor mine = at::empty({2}, on_gpu);
+  group.reduce_scatter(mine, parts, ReduceOp::kSum)->wait();
+  double want = 0;
+  for (int r = 0; r < world; ++r) want += r * world + rank;
+  if (!near(mine, at::full({2}, want, on_gpu))) return fail("reduce_scatter");
+
+  group.barrier()->wait();
+  return 0;
+}
+
+int ddp(ProcessGroup& group, const at::Device& gpu) {
+  const int rank = group.rank();
+  const int world = group.size();
+  torch::manual_seed(5);
+  testing::ConvNet model;
+  testing::ConvNet reference;
+  load_state_dict(*reference, state_dict(*model));
+  model->to(gpu);
+  reference->to(gpu);
+  DistributedDataParallel ddp_model(model.ptr());
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD sgd_ref(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  const int64_t per_rank = 8;
+  for (int step = 0; step < 5; ++step) {
+    torch::manual_seed(100 + step);  // the same whole batch on every rank
+    const at::Tensor x = at::randn({per_rank * world, 1, 12, 12}).to(gpu);
+    const at::Tensor y = at::randint(0, 10, {per_rank * world}, at::kLong).to(gpu);
+    const at::Tensor mine = x.narrow(0, rank * per_rank, per_rank);
+    const at::Tensor my_y = y.narrow(0, rank * per_rank, per_rank);
+    sgd.zero_grad();
+    at::cross_entropy_loss(ddp_model(mine), my_y).backward();
+    sgd.step();
+    sgd_ref.zero_grad();
+    at::cross_entropy_loss(reference(x), y).backward();
+    sgd_ref.step();
+  }
+  const auto got = model->named_parameters();
+  const auto want = reference->named_parameters();
+  for (size_t j = 0; j < got.size(); ++j) {
+    if (testing::relative_error(got[j].value(), want[j].value()) > 1e-5) {
+      return fail("rank " + std::to_string(rank) + ": " + got[j].key() + " differs from single-process training");
+    }
+  }
+  return 0;
+}
+
+int kill_scenario(ProcessGroup& group, const at::TensorOptions& on_gpu) {
+  at::Tensor t = at::ones({1024}, on_gpu);
+  group.all_reduce(t)->wait();
+  if (group.rank() == 1) ::kill(::getpid(), SIGKILL);
+  try {
+    group.all_reduce(t)->wait();
+  } catch (const CommError& e) {
+    std::cerr << "rank 0: CommError as expected: " << e.what() << "\n";
+    return 0;
+  } catch (const TimeoutError& e) {
+    std::cerr << "rank 0: TimeoutError as expected: " << e.what() << "\n";
+    return 0;
+  }
+  return fail("rank 0: the all_reduce returned although its peer was dead");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) return fail("usage: nccl_probe SCENARIO INIT_METHOD RANK WORLD_SIZE");
+  const std::string scenario = argv[1];
+  const int rank = std::stoi(argv[3]);
+  const int world = std::stoi(argv[4]);
+  try {
+    ::setenv("LOCAL_RANK", argv[3], 1);
+    init_process_group("nccl", argv[2], rank, world, scenario == "kill" ? std::chrono::milliseconds(20s)
+                                                                         : kDefaultProcessGroupTimeout);
+    const at::Device gpu(at::kCUDA, rank);
+    const auto on_gpu = at::TensorOptions(gpu).dtype(at::kFloat);
+    ProcessGroup& group = *default_group();
+    if (scenario == "collectives") return collectives(group, on_gpu);
+    if (scenario == "ddp") return ddp(group, gpu);
+    if (scenario == "kill") return kill_scenario(group, on_gpu);
+    return fail("unknown scenario " + scenario);
+  } catch (const std::exception& e) {
+    return fail(std::string("rank ") + argv[3] + ": " + e.what());
+  }
+}
