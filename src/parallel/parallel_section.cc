@@ -67,7 +67,9 @@ bool sole_owner(const at::Tensor& t) {
 // benchmark MLP). Where that pass would do nothing but `grad += sum` (AccumulateGrad's own
 // rule when .grad is defined, grad mode is off and nothing hooks the parameter), the device
 // threads add the replica gradients into .grad themselves, each over its share of the
-// parameters, and the engine is handed no gradient for it. A parameter with any hook keeps
+// parameters, and the engine is handed no gradient for it. Where .grad is not defined yet
+// (libtorch 2.x's zero_grad() sets it to none by default), they store the sum as .grad, as
+// AccumulateGrad would. A parameter with any hook keeps
 // the engine's path, so every hook sees what it would see without datapar: tensor hooks
 // (in the tensor's autograd meta up to 1.13, on its gradient accumulator from 2.0),
 // pre- and post-hooks on the accumulator, retains_grad hooks, and 2.1's
@@ -86,12 +88,25 @@ bool has_hooks(const at::Tensor& param) {
   return false;
 }
 
-bool sums_into_grad(const at::Tensor& param) {
-  if (has_hooks(param)) return false;
+// Who puts a parameter's summed gradient into its .grad.
+enum class GradPath : char {
+  kEngine,     // the engine's AccumulateGrad (result[j])
+  kAddToGrad,  // the device threads: .grad += sum
+  kSetGrad,    // the device threads: .grad = sum (no .grad yet, e.g. after 2.x's zero_grad())
+};
+
+GradPath grad_path(const at::Tensor& param) {
+  if (has_hooks(param)) return GradPath::kEngine;
   const at::Tensor& grad = param.grad();
-  return grad.defined() && grad.layout() == at::kStrided && !grad.requires_grad() &&
-         grad.scalar_type() == param.scalar_type() && grad.device() == param.device() &&
-         grad.sizes() == param.sizes();
+  if (!grad.defined()) {
+    // AccumulateGrad would take the sum as .grad if it obeys the layout contract (the
+    // parameter's strides), else a copy that does: for a contiguous parameter, contiguous.
+    return param.layout() == at::kStrided && param.is_contiguous() ? GradPath::kSetGrad : GradPath::kEngine;
+  }
+  const bool addable = grad.layout() == at::kStrided && !grad.requires_grad() &&
+                       grad.scalar_type() == param.scalar_type() && grad.device() == param.device() &&
+                       grad.sizes() == param.sizes();
+  return addable ? GradPath::kAddToGrad : GradPath::kEngine;
 }
 
 // Splits tensors into `parts` contiguous ranges of about equal total size; returns the end
@@ -157,13 +172,14 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
   const size_t n = graphs_.size();
   const size_t num_params = params_.size();
 
-  std::vector<char> into_grad;  // per parameter: sum straight into .grad? (set below)
+  std::vector<GradPath> paths;  // per parameter, when the device threads may sum (set below)
 
   // d. (below) sums replica gradients per parameter, each thread taking a contiguous range
   // of about equal size, in replica order (deterministic).
   auto sum_range = [&](std::vector<variable_list>& grads_of, variable_list& result, size_t begin, size_t end) {
     for (size_t j = begin; j < end; ++j) {
-      if (!into_grad.empty() && into_grad[j]) {  // Note [Summing straight into .grad]
+      const GradPath path = paths.empty() ? GradPath::kEngine : paths[j];
+      if (path == GradPath::kAddToGrad) {  // Note [Summing straight into .grad]
         at::Tensor grad = params_[j].grad();
         for (size_t i = 0; i < n; ++i) {
           if (!grads_of[i].empty() && grads_of[i][j].defined()) grad.add_(grads_of[i][j]);
@@ -189,6 +205,16 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
           sum.add_(g);
         }
       }
+      if (path == GradPath::kSetGrad) {
+        // result[j] stays undefined. What AccumulateGrad would store: the sum itself when
+        // nobody else can see it and it is laid out like the parameter, else a copy. Detached,
+        // as AccumulateGrad does: a view (an mm result autograd hands over transposed) would
+        // make the optimizer's zero_grad() fail on detach_().
+        if (sum.defined()) {
+          params_[j].mutable_grad() = owned && sum.is_contiguous() ? sum.detach() : sum.clone(at::MemoryFormat::Contiguous);
+        }
+        continue;
+      }
       result[j] = std::move(sum);
     }
   };
@@ -197,8 +223,8 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
   // tasks: one hand-off fewer per step (Note [Spin before sleeping] in device_workers.cc).
   const bool fused = all_cpu && n > 1 && num_params > 0 && workers_->runs_concurrently();
   if (fused && !at::GradMode::is_enabled()) {
-    into_grad.resize(num_params);
-    for (size_t j = 0; j < num_params; ++j) into_grad[j] = sums_into_grad(params_[j]);
+    paths.resize(num_params);
+    for (size_t j = 0; j < num_params; ++j) paths[j] = grad_path(params_[j]);
   }
   const std::vector<size_t> ends = fused ? split_by_size(params_, n) : std::vector<size_t>{};
 

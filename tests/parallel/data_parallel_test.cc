@@ -7,6 +7,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/version.h>
 
+#include <set>
 #include <thread>
 
 #include "datapar/error.h"
@@ -311,6 +312,48 @@ TEST(DataParallel, AccumulatorHooksFireOnThePathThatSumsIntoGrad) {
 #endif
   const auto want = reference->parameters();
   for (size_t j = 0; j < params.size(); ++j) EXPECT_LT(relative_error(params[j].grad(), want[j].grad()), 1e-5) << j;
+}
+
+// libtorch 2.x's zero_grad() sets .grad to none: the device threads then store each summed
+// gradient as .grad themselves, as AccumulateGrad would (its own tensor, contiguous, no
+// history), and never into memory the caller still holds.
+TEST(DataParallel, GradientsIntoUnsetGradsAreFreshTensors) {
+  torch::manual_seed(8);
+  ConvNet model;
+  ConvNet reference = copy_of(model);
+  DataParallel dp(model, cpu_devices(2));
+  std::vector<at::Tensor> kept, kept_values;
+  for (int step = 0; step < 2; ++step) {
+    for (ConvNet* m : {&model, &reference}) {
+      for (auto& p : (*m)->parameters()) p.mutable_grad() = at::Tensor();
+    }
+    const auto x = at::randn({10, 1, 12, 12});
+    dp(x).sum().backward();
+    reference(x).sum().backward();
+    const auto got = model->parameters();
+    const auto want = reference->parameters();
+    std::set<const void*> storages;
+    for (size_t j = 0; j < got.size(); ++j) {
+      const at::Tensor& grad = got[j].grad();
+      ASSERT_TRUE(grad.defined()) << j;
+      EXPECT_TRUE(grad.is_contiguous()) << j;
+      EXPECT_FALSE(grad.requires_grad()) << j;
+      EXPECT_TRUE(storages.insert(grad.storage().data()).second) << "parameter " << j << " shares its .grad";
+      EXPECT_LT(relative_error(grad, want[j].grad()), 1e-5) << "step " << step << ", parameter " << j;
+    }
+    if (step == 0) {
+      for (const auto& p : got) {  // the caller keeps step 0's gradients
+        kept.push_back(p.grad());
+        kept_values.push_back(p.grad().clone());
+      }
+    }
+  }
+  // Step 1 wrote new tensors, not into step 0's that the caller kept.
+  const auto params = model->parameters();
+  for (size_t j = 0; j < params.size(); ++j) {
+    EXPECT_NE(kept[j].data_ptr(), params[j].grad().data_ptr()) << j;
+    EXPECT_TRUE(at::equal(kept[j], kept_values[j])) << j;
+  }
 }
 
 TEST(DataParallel, RejectsBadConfigurations) {
