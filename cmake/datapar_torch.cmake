@@ -13,7 +13,7 @@
 #
 # Sets, besides what TorchConfig sets:
 #   DATAPAR_TORCH_VERSION      e.g. 2.15.0
-#   DATAPAR_TORCH_ROOT         the Torch's install prefix (holds lib/ and include/)
+#   DATAPAR_TORCH_ROOT         the Torch's install prefix (holds lib/ and include/; zip, pip)
 #   DATAPAR_TORCH_HAS_CUDA     1 when the Torch was built with CUDA
 #   DATAPAR_TORCH_CARRIES_GLOO 1 when libtorch_cpu holds its own copy of gloo (pip, zip)
 #   DATAPAR_TORCH_CXX_STANDARD 20 where the Torch requires it, else 17; also CMAKE_CXX_STANDARD
@@ -59,7 +59,6 @@ endfunction()
 # the toolkit. A zip or Debian Torch has no wheels beside it and uses the toolkit's.
 function(_datapar_use_wheel_cuda torch_root)
   get_filename_component(wheels "${torch_root}/../nvidia" ABSOLUTE)
-  set(DATAPAR_CUDA_WHEELS "" CACHE INTERNAL "")
   if(NOT IS_DIRECTORY "${wheels}")
     return()
   endif()
@@ -80,7 +79,6 @@ function(_datapar_use_wheel_cuda torch_root)
     set(NCCL_LIBRARY "${nccl}" CACHE FILEPATH "NCCL of torch's nvidia wheel" FORCE)
     set(NCCL_INCLUDE_DIR "${wheels}/nccl/include" CACHE PATH "NCCL of torch's nvidia wheel" FORCE)
   endif()
-  set(DATAPAR_CUDA_WHEELS "${wheels}" CACHE INTERNAL "")
 endfunction()
 
 macro(datapar_find_torch)
@@ -96,18 +94,17 @@ macro(datapar_find_torch)
     # <root>/share/cmake/Torch (zip, pip): the libraries are in <root>/lib. Pin them there.
     get_filename_component(_datapar_root "${_datapar_torch_dir}/../../.." ABSOLUTE)
     if(EXISTS "${_datapar_root}/lib")
-      foreach(_lib c10 c10_cuda torch torch_cpu kineto)
-        unset(_datapar_found_${_lib} CACHE)
-        find_library(_datapar_found_${_lib} ${_lib} PATHS "${_datapar_root}/lib" NO_DEFAULT_PATH)
-        if(_datapar_found_${_lib})
-          # The cache names TorchConfig's find_library calls use.
-          set(${_lib}_LIBRARY "${_datapar_found_${_lib}}" CACHE FILEPATH "" FORCE)
-          if(_lib STREQUAL "c10_cuda")
-            set(C10_CUDA_LIBRARY "${_datapar_found_${_lib}}" CACHE FILEPATH "" FORCE)
-          elseif(_lib STREQUAL "torch")
-            set(TORCH_LIBRARY "${_datapar_found_${_lib}}" CACHE FILEPATH "" FORCE)
-          endif()
+      # library:the cache variable TorchConfig's find_library call fills.
+      foreach(_pin c10:c10_LIBRARY c10_cuda:C10_CUDA_LIBRARY torch:TORCH_LIBRARY kineto:kineto_LIBRARY)
+        string(REPLACE ":" ";" _pin "${_pin}")
+        list(GET _pin 0 _lib)
+        list(GET _pin 1 _var)
+        unset(_datapar_lib CACHE)
+        find_library(_datapar_lib ${_lib} PATHS "${_datapar_root}/lib" NO_DEFAULT_PATH)
+        if(_datapar_lib)
+          set(${_var} "${_datapar_lib}" CACHE FILEPATH "" FORCE)
         endif()
+        unset(_datapar_lib CACHE)
       endforeach()
       # A CUDA Torch's own config needs the CUDA toolkit; say so before it fails in its own words.
       if(EXISTS "${_datapar_root}/lib/libc10_cuda.so")
@@ -151,10 +148,6 @@ macro(datapar_find_torch)
       "Download the cxx11 ABI build instead (pytorch.org: 'libtorch-cxx11-abi-shared-with-deps-...zip').")
   endif()
   get_filename_component(DATAPAR_TORCH_ROOT "${Torch_DIR}/../../.." ABSOLUTE)
-  if(NOT EXISTS "${DATAPAR_TORCH_ROOT}/lib")
-    get_filename_component(DATAPAR_TORCH_ROOT "${TORCH_LIBRARY}/.." ABSOLUTE)
-    get_filename_component(DATAPAR_TORCH_ROOT "${DATAPAR_TORCH_ROOT}/.." ABSOLUTE)
-  endif()
 
   set(DATAPAR_TORCH_HAS_CUDA 0)
   if(TARGET torch_cuda OR TARGET c10_cuda)
@@ -175,11 +168,11 @@ macro(datapar_find_torch)
 
   # Does libtorch_cpu define gloo's symbols itself (pip, zip), or link the system's libgloo
   # (Debian)? See Note [Two copies of gloo] in src/process_group/gloo/plugin_loader.cc.
+  # The file is the one the torch_cpu target links, as the Torch's own config names it.
   set(DATAPAR_TORCH_CARRIES_GLOO 0)
-  unset(_datapar_torch_cpu CACHE)
-  find_library(_datapar_torch_cpu torch_cpu PATHS "${DATAPAR_TORCH_ROOT}/lib" NO_DEFAULT_PATH)
-  if(NOT _datapar_torch_cpu)
-    find_library(_datapar_torch_cpu torch_cpu)
+  set(_datapar_torch_cpu "")
+  if(TARGET torch_cpu)
+    get_target_property(_datapar_torch_cpu torch_cpu LOCATION)
   endif()
   if(_datapar_torch_cpu AND CMAKE_NM)
     execute_process(COMMAND "${CMAKE_NM}" -D --defined-only "${_datapar_torch_cpu}"

@@ -15,8 +15,8 @@ std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> sto
 // The file of the gloo library whose code the backend runs (as the dynamic linker bound it).
 std::string gloo_library_of_this_backend();
 
-// Public entry: the file of the gloo library datapar's Gloo backend runs on. Loads the plugin
-// where there is one. For tests and `datapar --version`.
+// The file of the gloo library datapar's Gloo backend runs on (loads the plugin where there is
+// one), for the tests that check which gloo runs.
 std::string gloo_library();
 
 // What the plugin hands over: the two functions above. Both sides are built together, from the
