@@ -1,5 +1,6 @@
 // One training step (forward, loss, backward, SGD) at batch 256: DataParallel on CPU devices
-// against the bare module with 1 and with 2 intra-op threads, in one run.
+// (with shared and with copy replicas) against the bare module with 1 and with 2 intra-op
+// threads, in one run.
 //
 // The variants take turns, round after round, so that a noisy neighbour slows them all
 // alike; each variant's figure is the median over rounds of its mean step time. Ratios are
@@ -67,15 +68,20 @@ void bench_model(const std::string& model_name, int rounds, int steps, int batch
   const at::Tensor x = torch::randn({batch, 1, 28, 28});
   const at::Tensor y = torch::randint(0, 10, {batch});
 
-  ModuleHolder bare1, bare2, single, dual;
+  ModuleHolder bare1, bare2, single, dual, dual_copy;
   datapar::DataParallel dp1(single, datapar::cpu_devices(1));
   datapar::DataParallel dp2(dual, datapar::cpu_devices(2));
+  datapar::DataParallelOptions copy_options;
+  copy_options.devices = datapar::cpu_devices(2);
+  copy_options.replicas = datapar::ReplicaStorage::kCopy;  // the path of several GPUs
+  datapar::DataParallel dp2_copy(dual_copy, copy_options);
 
   std::vector<Variant> variants;
   variants.push_back({"module, 1 thread", 1, make_step([bare1](const at::Tensor& t) mutable { return bare1(t); }, bare1->parameters(), x, y), {}});
   variants.push_back({"module, 2 threads", 2, make_step([bare2](const at::Tensor& t) mutable { return bare2(t); }, bare2->parameters(), x, y), {}});
   variants.push_back({"DataParallel, 1 device (1 thread)", 1, make_step([&dp1](const at::Tensor& t) { return dp1(t); }, dp1.parameters(), x, y), {}});
   variants.push_back({"DataParallel, 2 CPU devices", 1, make_step([&dp2](const at::Tensor& t) { return dp2(t); }, dp2.parameters(), x, y), {}});
+  variants.push_back({"DataParallel, 2 CPU devices, copy replicas", 1, make_step([&dp2_copy](const at::Tensor& t) { return dp2_copy(t); }, dp2_copy.parameters(), x, y), {}});
 
   // The ceiling: each CPU device's thread trains a private copy on half the batch, nothing
   // shared and nothing summed: what two unsynchronised workers would reach.
@@ -116,6 +122,8 @@ void bench_model(const std::string& model_name, int rounds, int steps, int batch
               "DataParallel(1 device) / module(1 thread) time %.3f (goal <= 1.05)\n",
               one / ms["DataParallel, 2 CPU devices"], two / ms["DataParallel, 2 CPU devices"],
               ms["DataParallel, 1 device (1 thread)"] / one);
+  std::printf("copy replicas (refreshed every forward) / shared replicas time %.3f\n",
+              ms["DataParallel, 2 CPU devices, copy replicas"] / ms["DataParallel, 2 CPU devices"]);
   std::printf("ceiling (2 unsynchronised half-batch workers) vs module(1 thread) %.2fx; DataParallel reaches %.0f%% of it\n",
               one / ms["ceiling: 2 CPU devices, no gradient sum"],
               100.0 * ms["ceiling: 2 CPU devices, no gradient sum"] / ms["DataParallel, 2 CPU devices"]);

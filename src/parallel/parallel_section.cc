@@ -290,7 +290,7 @@ std::vector<c10::IValue> parallel_apply(ReplicaSet& replicas, const ReplicaForwa
   const size_t n = inputs.size();
   DATAPAR_CHECK(n >= 1 && n <= replicas.size(), "parallel_apply: ", n, " inputs for ", replicas.size(),
                 " replicas; give between 1 and ", replicas.size(), " inputs.");
-  replicas.refresh();
+  replicas.refresh_shared();  // the copies: on each replica's thread, below
 
   const std::vector<at::Tensor>& master_params = replicas.master_parameters();
   std::vector<size_t> trained;  // indices of the master parameters that require grad
@@ -319,8 +319,13 @@ std::vector<c10::IValue> parallel_apply(ReplicaSet& replicas, const ReplicaForwa
   }
 
   std::vector<c10::IValue> outputs(n);
-  replicas.workers().run(n, [&](size_t i) { outputs[i] = forward(i, replica_inputs[i]); },
-                         "parallel_apply: replica");
+  replicas.workers().run(
+      n,
+      [&](size_t i) {
+        replicas.refresh_copies(i);
+        outputs[i] = forward(i, replica_inputs[i]);
+      },
+      "parallel_apply: replica");
   if (!grad_mode || (trained.empty() && originals.empty())) return outputs;
 
   // b. One node for the whole section.

@@ -8,7 +8,8 @@
 
 #include "parallel/device_workers.h"
 
-namespace datapar::detail {
+namespace datapar {
+namespace detail {
 namespace {
 
 // Module::clone() runs reset(), which draws fresh initial weights from the global CPU
@@ -30,10 +31,26 @@ std::shared_ptr<torch::nn::Module> clone_keeping_rng(const torch::nn::Module& ma
   return copy;
 }
 
-}  // namespace
+// Copies `master`'s values into `replica` on `device`: in place where shape and dtype
+// allow (the replica keeps its memory), else into new memory of its own (never the
+// master's, even on the master's device).
+void copy_into(at::Tensor& replica, const at::Tensor& master, const c10::Device& device) {
+  if (replica.is_same_size(master) && replica.dtype() == master.dtype() && replica.data_ptr() != master.data_ptr()) {
+    replica.copy_(master, /*non_blocking=*/true);
+  } else {
+    replica.set_data(master.to(device, master.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
+  }
+}
 
-ReplicaSet::ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<Device> devices)
-    : master_(std::move(master)), devices_(std::move(devices)) {
+}  // namespace
+}  // namespace detail
+
+const char* to_string(ReplicaStorage storage) { return storage == ReplicaStorage::kShared ? "shared" : "copy"; }
+
+namespace detail {
+
+ReplicaSet::ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<Device> devices, ReplicaStorage storage)
+    : master_(std::move(master)), devices_(std::move(devices)), storage_(storage) {
   DATAPAR_CHECK(!devices_.empty(), "replicate: no devices given; list at least one device.");
   master_params_ = master_->parameters(/*recurse=*/true);
   master_buffers_ = master_->buffers();
@@ -50,7 +67,6 @@ ReplicaSet::ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<De
     replica_buffers_.push_back(replica->buffers());
     DATAPAR_INTERNAL_ASSERT(replica_params_.back().size() == master_params_.size(),
                             "clone of ", master_->name(), " has a different parameter count");
-    synced_.emplace_back(master_params_.size());
     replica_modules_.push_back(replica->modules(/*include_self=*/true));
     replicas_.push_back(std::move(replica));
   }
@@ -60,61 +76,83 @@ ReplicaSet::ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<De
 
 ReplicaSet::~ReplicaSet() = default;
 
+bool ReplicaSet::shares(size_t r, const at::Tensor& master) const {
+  return master.device() == devices_[r].torch_device() && (storage_ == ReplicaStorage::kShared || r == 0);
+}
+
+// Note [Refreshing copies every forward]
+// A copy is refreshed from the master before every forward, as PyTorch's DataParallel
+// replicates before every forward. Cheaper rules are not safe: libtorch's optimizers and
+// hand-written loops update through p.data(), which shares the master's memory but not its
+// version counter, and a user may point a parameter at new memory (set_data) or load a
+// state dict at any time. What it costs is one copy of the parameters per extra device and
+// forward, which each replica's own thread makes just before its forward (parallel_apply),
+// so that the copies of several devices run side by side: docs/benchmarks.md measures it.
 void ReplicaSet::refresh() {
+  refresh_shared();
+  for (size_t r = 0; r < replicas_.size(); ++r) refresh_copies(r);
+}
+
+void ReplicaSet::refresh_shared() {
   at::NoGradGuard no_grad;
-  DATAPAR_CHECK(master_->parameters().size() == master_params_.size(), "replicate: ", master_->name(),
-                " now has ", master_->parameters().size(), " parameters but had ", master_params_.size(),
+  // Taken again every time: parameters the user replaced must be the ones trained.
+  std::vector<at::Tensor> params = master_->parameters(/*recurse=*/true);
+  DATAPAR_CHECK(params.size() == master_params_.size(), "replicate: ", master_->name(), " now has ", params.size(),
+                " parameters but had ", master_params_.size(),
                 " when it was replicated. Replicate it again after changing its structure.");
-  const auto& master_modules = master_modules_;
+  master_params_ = std::move(params);
+  master_buffers_ = master_->buffers();
+  DATAPAR_CHECK(master_buffers_.size() == replica_buffers_.front().size(), "replicate: ", master_->name(), " now has ",
+                master_buffers_.size(), " buffers but had ", replica_buffers_.front().size(),
+                " when it was replicated. Replicate it again after changing its structure.");
   for (size_t r = 0; r < replicas_.size(); ++r) {
     // Train/eval per submodule, parents first: Module::train() recurses into children.
     const auto& replica_modules = replica_modules_[r];
-    for (size_t m = 0; m < master_modules.size() && m < replica_modules.size(); ++m) {
-      if (replica_modules[m]->is_training() != master_modules[m]->is_training()) {
-        replica_modules[m]->train(master_modules[m]->is_training());
+    for (size_t m = 0; m < master_modules_.size() && m < replica_modules.size(); ++m) {
+      if (replica_modules[m]->is_training() != master_modules_[m]->is_training()) {
+        replica_modules[m]->train(master_modules_[m]->is_training());
       }
     }
-    const c10::Device device = devices_[r].torch_device();
     for (size_t j = 0; j < master_params_.size(); ++j) {
       const at::Tensor& master = master_params_[j];
       at::Tensor& replica = replica_params_[r][j];
-      if (master.device() == device) {
-        // Same device: a separate leaf over the master's storage.
-        if (replica.data_ptr() != master.data_ptr() || !replica.is_same_size(master) ||
-            replica.strides() != master.strides() || replica.dtype() != master.dtype()) {
-          replica.set_data(master);
-        }
-      } else {
-        Synced& synced = synced_[r][j];
-        if (synced.version != static_cast<int64_t>(master._version()) || synced.data != master.data_ptr()) {
-          if (replica.is_same_size(master) && replica.dtype() == master.dtype()) {
-            replica.copy_(master, /*non_blocking=*/true);
-          } else {
-            replica.set_data(master.to(device));
-          }
-          synced.version = static_cast<int64_t>(master._version());
-          synced.data = master.data_ptr();
-          ++parameter_copies_;
-        }
+      // A separate leaf over the master's storage.
+      if (shares(r, master) && (replica.data_ptr() != master.data_ptr() || !replica.is_same_size(master) ||
+                                replica.strides() != master.strides() || replica.dtype() != master.dtype())) {
+        replica.set_data(master);
       }
       if (replica.requires_grad() != master.requires_grad()) replica.requires_grad_(master.requires_grad());
     }
     for (size_t j = 0; j < master_buffers_.size(); ++j) {
       const at::Tensor& master = master_buffers_[j];
       at::Tensor& replica = replica_buffers_[r][j];
-      if (!master.defined() || !replica.defined()) continue;
-      if (r == 0 && master.device() == device) {
-        if (replica.data_ptr() != master.data_ptr()) replica.set_data(master);
-      } else {
-        // Other replicas update their own copy (their running statistics are discarded).
-        if (replica.is_same_size(master) && replica.dtype() == master.dtype()) {
-          replica.copy_(master, /*non_blocking=*/true);
-        } else {
-          replica.set_data(master.to(device));
-        }
+      if (r == 0 && master.defined() && replica.defined() && shares(r, master) &&
+          replica.data_ptr() != master.data_ptr()) {
+        replica.set_data(master);
       }
     }
   }
 }
 
-}  // namespace datapar::detail
+void ReplicaSet::refresh_copies(size_t r) {
+  at::NoGradGuard no_grad;  // thread-local: this may run on replica r's thread
+  const c10::Device device = devices_[r].torch_device();
+  int64_t copies = 0;
+  for (size_t j = 0; j < master_params_.size(); ++j) {
+    const at::Tensor& master = master_params_[j];
+    if (shares(r, master)) continue;
+    copy_into(replica_params_[r][j], master, device);  // Note [Refreshing copies every forward]
+    ++copies;
+  }
+  for (size_t j = 0; j < master_buffers_.size(); ++j) {
+    const at::Tensor& master = master_buffers_[j];
+    at::Tensor& replica = replica_buffers_[r][j];
+    if (!master.defined() || !replica.defined() || (r == 0 && shares(r, master))) continue;
+    // Other replicas update their own copy (their running statistics are discarded).
+    copy_into(replica, master, device);
+  }
+  parameter_copies_.fetch_add(copies, std::memory_order_relaxed);
+}
+
+}  // namespace detail
+}  // namespace datapar

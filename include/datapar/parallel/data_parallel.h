@@ -57,6 +57,9 @@ struct DataParallelOptions {
   // Relative share of each device (one weight per device); empty: torch.chunk's equal
   // split. E.g. {0.5, 1, 1, 1} gives the first device, which also gathers, half a share.
   std::vector<double> device_weights;
+  // Whether replicas on the module's own device share its parameters (the default: no
+  // copies) or hold copies, as replicas on other GPUs must (replicate.h).
+  ReplicaStorage replicas = ReplicaStorage::kShared;
 };
 
 namespace detail {
@@ -75,7 +78,7 @@ class DataParallel {
     if (!options_.output_device) options_.output_device = options_.devices.front();
     detail::check_data_parallel_options(options_);
     if (options_.devices.size() > 1) {
-      replicas_ = std::make_shared<detail::ReplicaSet>(module_, options_.devices);
+      replicas_ = std::make_shared<detail::ReplicaSet>(module_, options_.devices, options_.replicas);
       for (size_t i = 0; i < replicas_->size(); ++i) {
         typed_replicas_.push_back(std::dynamic_pointer_cast<ModuleImpl>(replicas_->replica(i)));
         DATAPAR_INTERNAL_ASSERT(typed_replicas_.back() != nullptr, "replica ", i, " has the wrong type");
@@ -85,7 +88,7 @@ class DataParallel {
 
   DataParallel(std::shared_ptr<ModuleImpl> module, std::vector<Device> device_ids = {},
                std::optional<Device> output_device = std::nullopt, int64_t dim = 0)
-      : DataParallel(std::move(module), DataParallelOptions{std::move(device_ids), output_device, dim, {}}) {}
+      : DataParallel(std::move(module), DataParallelOptions{std::move(device_ids), output_device, dim, {}, {}}) {}
 
   DataParallel(const torch::nn::ModuleHolder<ModuleImpl>& module, DataParallelOptions options)
       : DataParallel(module.ptr(), std::move(options)) {}
@@ -123,6 +126,9 @@ class DataParallel {
     return forward(std::forward<Args>(args)...);
   }
 
+  // The replicas, one per device (empty with one device, where the module runs itself).
+  const std::vector<std::shared_ptr<ModuleImpl>>& replicas() const { return typed_replicas_; }
+
   // Rows each device got in the last forward, in device order (fewer entries than devices
   // when the batch had fewer rows than there are devices).
   const std::vector<int64_t>& last_chunk_sizes() const { return last_chunk_sizes_; }
@@ -151,7 +157,7 @@ class DataParallel {
   bool is_training() const { return module_->is_training(); }
   void zero_grad(bool set_to_none = true) { module_->zero_grad(set_to_none); }
 
-  // Parameter tensors copied between devices so far (0 on CPU devices: replicas share).
+  // Parameter tensors copied into replicas so far (0 with shared replicas on CPU devices).
   int64_t parameter_copies() const { return replicas_ ? replicas_->parameter_copies() : 0; }
 
  private:

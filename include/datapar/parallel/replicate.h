@@ -3,9 +3,10 @@
 // A replica's parameters are autograd leaves of its own, so replicas running side by side
 // never race on .grad; parallel_apply routes their gradients back to the master's
 // parameters. Where a replica lives on the master's device (every CPU device, or the CUDA
-// device the master sits on), its parameters share the master's storage: no copy. On other
-// CUDA devices they are copies, refreshed before a forward only when the master's
-// parameters changed since the last copy (tensor version counters), not on every forward.
+// device the master sits on), its parameters share the master's storage: no copy
+// (ReplicaStorage::kShared). On other CUDA devices, and on every device but the first with
+// ReplicaStorage::kCopy, they are copies, refreshed from the master before every forward,
+// as PyTorch replicates before every forward (Note [Refreshing copies every forward]).
 // Buffers (BatchNorm's running statistics) come from the master before every forward; the
 // first replica shares the master's buffers when it can, so running statistics are those
 // of the first replica's chunk, as in PyTorch.
@@ -17,6 +18,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -25,6 +27,15 @@
 #include "datapar/error.h"
 
 namespace datapar {
+
+// How replicas on the master's device get the master's parameters.
+enum class ReplicaStorage {
+  kShared,  // they share the master's storage: no copies (the default)
+  kCopy,    // every replica but the first holds a copy, as replicas on other GPUs must
+};
+
+const char* to_string(ReplicaStorage storage);
+
 namespace detail {
 
 class DeviceWorkers;
@@ -35,31 +46,45 @@ class ReplicaSet {
  public:
   // Clones `master` once per device (keeping the global CPU random state unchanged, so that
   // building replicas does not change what the program draws next).
-  ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<Device> devices);
+  ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<Device> devices,
+             ReplicaStorage storage = ReplicaStorage::kShared);
   ~ReplicaSet();
 
-  // Brings every replica up to date with the master: train/eval mode, parameters (shared
-  // or, on another device, copied if the master's version changed), buffers (always).
+  // Brings every replica up to date with the master: train/eval mode, parameters (shared,
+  // or copied) and buffers. Parameters the user replaced in the master are picked up.
+  // The same as refresh_shared() and then refresh_copies(r) for every replica.
   void refresh();
+  // What must happen on the calling thread first: the master's current parameters, modes,
+  // and the replicas that share the master's memory.
+  void refresh_shared();
+  // Replica r's copies of the master's parameters and buffers (none where it shares them).
+  // Safe to run for different replicas on different threads, after refresh_shared().
+  void refresh_copies(size_t r);
 
   size_t size() const { return replicas_.size(); }
   const std::vector<Device>& devices() const { return devices_; }
+  ReplicaStorage storage() const { return storage_; }
   const std::shared_ptr<torch::nn::Module>& master() const { return master_; }
   const std::shared_ptr<torch::nn::Module>& replica(size_t i) const { return replicas_.at(i); }
 
-  // All parameters, master and replica i, in the same (registration) order.
+  // All parameters, master (as of the last refresh) and replica i, in the same
+  // (registration) order.
   const std::vector<at::Tensor>& master_parameters() const { return master_params_; }
   const std::vector<at::Tensor>& replica_parameters(size_t i) const { return replica_params_.at(i); }
 
   // Parameter tensors copied between devices so far (shared parameters never count).
-  int64_t parameter_copies() const { return parameter_copies_; }
+  int64_t parameter_copies() const { return parameter_copies_.load(std::memory_order_relaxed); }
 
   DeviceWorkers& workers() const { return *workers_; }
   const std::shared_ptr<DeviceWorkers>& workers_ptr() const { return workers_; }
 
  private:
+  // Whether replica r's parameters share the master's storage.
+  bool shares(size_t r, const at::Tensor& master) const;
+
   std::shared_ptr<torch::nn::Module> master_;
   std::vector<Device> devices_;
+  ReplicaStorage storage_;
   std::vector<std::shared_ptr<torch::nn::Module>> replicas_;
   std::vector<at::Tensor> master_params_;
   std::vector<at::Tensor> master_buffers_;
@@ -69,13 +94,7 @@ class ReplicaSet {
   // (built once: the structure must not change after replication).
   std::vector<std::shared_ptr<torch::nn::Module>> master_modules_;
   std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> replica_modules_;
-  // Per replica and parameter: the master's version and storage when last copied.
-  struct Synced {
-    int64_t version = -1;
-    const void* data = nullptr;
-  };
-  std::vector<std::vector<Synced>> synced_;
-  int64_t parameter_copies_ = 0;
+  std::atomic<int64_t> parameter_copies_{0};
   std::shared_ptr<DeviceWorkers> workers_;
 };
 
@@ -110,15 +129,16 @@ class Replicas {
 // Throws InvalidArgumentError for no devices, a module that cannot be cloned, or a master
 // on another device.
 template <typename ModuleImpl>
-Replicas<ModuleImpl> replicate(const std::shared_ptr<ModuleImpl>& module, const std::vector<Device>& devices) {
+Replicas<ModuleImpl> replicate(const std::shared_ptr<ModuleImpl>& module, const std::vector<Device>& devices,
+                               ReplicaStorage storage = ReplicaStorage::kShared) {
   DATAPAR_CHECK(module != nullptr, "replicate: the module is null.");
-  return Replicas<ModuleImpl>(std::make_shared<detail::ReplicaSet>(module, devices));
+  return Replicas<ModuleImpl>(std::make_shared<detail::ReplicaSet>(module, devices, storage));
 }
 
 template <typename ModuleImpl>
-Replicas<ModuleImpl> replicate(const torch::nn::ModuleHolder<ModuleImpl>& module,
-                               const std::vector<Device>& devices) {
-  return replicate(module.ptr(), devices);
+Replicas<ModuleImpl> replicate(const torch::nn::ModuleHolder<ModuleImpl>& module, const std::vector<Device>& devices,
+                               ReplicaStorage storage = ReplicaStorage::kShared) {
+  return replicate(module.ptr(), devices, storage);
 }
 
 }  // namespace datapar

@@ -1,0 +1,187 @@
+// DataParallel with copy replicas (ReplicaStorage::kCopy): the path CUDA devices take,
+// selected on CPU devices. Whatever changes the master between steps, every replica must
+// compute with the master's current values, so that training matches one device.
+//
+// libtorch's optimizers write through p.data(), which shares the storage but not the
+// version counter: a rule that copies only when the master's version or data pointer moved
+// misses every optimizer step. These tests fail with such a rule.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "datapar/parallel/data_parallel.h"
+#include "testing/models.h"
+
+namespace datapar {
+namespace {
+
+using testing::ConvNet;
+
+constexpr int kSteps = 5;
+constexpr double kTolerance = 1e-6;
+
+// Changes a model's parameters after a step's backward: an optimizer step, or whatever a
+// user does by hand. Called with the same step index for the DataParallel master and the
+// single-device reference.
+struct Update {
+  // Made once per model, over its parameters.
+  std::function<std::function<void(ConvNet&, int)>(ConvNet&)> make;
+};
+
+ConvNet copy_of(const ConvNet& source) {
+  ConvNet copy;
+  load_state_dict(*copy, state_dict(*source));
+  return copy;
+}
+
+double max_difference(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+void expect_parameters_equal(const ConvNet& got, const ConvNet& want, const std::string& what) {
+  const auto g = got->named_parameters();
+  const auto w = want->named_parameters();
+  ASSERT_EQ(g.size(), w.size());
+  for (size_t j = 0; j < g.size(); ++j) {
+    EXPECT_LE(max_difference(g[j].value(), w[j].value()), kTolerance) << what << ": " << g[j].key();
+  }
+}
+
+// Trains a double-precision ConvNet for kSteps on cpu:0-2 with copy replicas, and the same
+// model on one device, and compares outputs every step and parameters at the end: the
+// master's, and each replica's once the next forward has refreshed them.
+void expect_training_matches_one_device(const Update& update) {
+  torch::manual_seed(11);
+  ConvNet model;
+  model->to(at::kDouble);
+  ConvNet reference = copy_of(model);
+  reference->to(at::kDouble);
+  DataParallelOptions options;
+  options.devices = cpu_devices(3);
+  options.replicas = ReplicaStorage::kCopy;
+  DataParallel dp(model, options);
+  auto step_dp = update.make(model);
+  auto step_ref = update.make(reference);
+
+  for (int step = 0; step < kSteps; ++step) {
+    const at::Tensor x = at::randn({15, 1, 12, 12}, at::kDouble);
+    const at::Tensor y = at::randint(0, 10, {15}, at::kLong);
+    model->zero_grad();
+    reference->zero_grad();
+    const at::Tensor out = dp(x);
+    const at::Tensor out_ref = reference(x);
+    ASSERT_LE(max_difference(out, out_ref), kTolerance) << "outputs of step " << step;
+    at::cross_entropy_loss(out, y).backward();
+    at::cross_entropy_loss(out_ref, y).backward();
+    step_dp(model, step);
+    step_ref(reference, step);
+  }
+  expect_parameters_equal(model, reference, "master");
+
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor x = at::randn({15, 1, 12, 12}, at::kDouble);
+    EXPECT_LE(max_difference(dp(x), reference(x)), kTolerance) << "outputs after training";
+  }
+  ASSERT_EQ(dp.replicas().size(), 3u);
+  for (size_t r = 0; r < dp.replicas().size(); ++r) {
+    expect_parameters_equal(ConvNet(dp.replicas()[r]), reference, "replica " + std::to_string(r));
+    if (r > 0) {  // a copy, not the master's memory
+      EXPECT_NE(dp.replicas()[r]->parameters()[0].data_ptr(), model->parameters()[0].data_ptr());
+    }
+  }
+  EXPECT_GT(dp.parameter_copies(), 0);
+}
+
+template <typename Optimizer, typename Options>
+Update optimizer_update(Options options) {
+  return {[options](ConvNet& model) {
+    auto optimizer = std::make_shared<Optimizer>(model->parameters(), options);
+    return std::function<void(ConvNet&, int)>([optimizer](ConvNet&, int) { optimizer->step(); });
+  }};
+}
+
+TEST(CopyReplicas, PlainSgdMatchesOneDevice) {
+  expect_training_matches_one_device(optimizer_update<torch::optim::SGD>(torch::optim::SGDOptions(0.1)));
+}
+
+TEST(CopyReplicas, SgdWithMomentumMatchesOneDevice) {
+  expect_training_matches_one_device(optimizer_update<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9)));
+}
+
+TEST(CopyReplicas, SgdWithWeightDecayMatchesOneDevice) {
+  expect_training_matches_one_device(
+      optimizer_update<torch::optim::SGD>(torch::optim::SGDOptions(0.1).weight_decay(0.01)));
+}
+
+TEST(CopyReplicas, AdamMatchesOneDevice) {
+  expect_training_matches_one_device(optimizer_update<torch::optim::Adam>(torch::optim::AdamOptions(0.01)));
+}
+
+TEST(CopyReplicas, AdamWMatchesOneDevice) {
+  expect_training_matches_one_device(
+      optimizer_update<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01).weight_decay(0.1)));
+}
+
+// What hand-written training loops do: write through .data(), no optimizer.
+TEST(CopyReplicas, HandWrittenDataUpdatesMatchOneDevice) {
+  expect_training_matches_one_device({[](ConvNet&) {
+    return std::function<void(ConvNet&, int)>([](ConvNet& model, int) {
+      for (at::Tensor& p : model->parameters()) {
+        p.data().mul_(0.9);
+        p.data().sub_(0.1 * p.grad());
+      }
+    });
+  }});
+}
+
+// A state dict loaded between steps (e.g. an averaged or restored model).
+TEST(CopyReplicas, LoadStateDictBetweenStepsMatchesOneDevice) {
+  torch::manual_seed(5);
+  ConvNet other;
+  other->to(at::kDouble);
+  const StateDict loaded = state_dict(*other);
+  expect_training_matches_one_device({[loaded](ConvNet& model) {
+    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+    return std::function<void(ConvNet&, int)>([sgd, loaded](ConvNet& m, int step) {
+      sgd->step();
+      if (step == 2) load_state_dict(*m, loaded);
+    });
+  }});
+}
+
+// Parameters whose tensors the user replaced (set_data: new memory, same parameter).
+TEST(CopyReplicas, ReplacedParametersMatchOneDevice) {
+  expect_training_matches_one_device({[](ConvNet& model) {
+    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+    return std::function<void(ConvNet&, int)>([sgd](ConvNet& m, int step) {
+      sgd->step();
+      if (step % 2 == 1) {
+        at::NoGradGuard no_grad;
+        for (at::Tensor& p : m->parameters()) p.set_data(p.detach().mul(0.5));
+      }
+    });
+  }});
+}
+
+// The shared default on CPU devices trains the same way without a single copy.
+TEST(CopyReplicas, SharedReplicasNeedNoCopies) {
+  torch::manual_seed(11);
+  ConvNet model;
+  DataParallel dp(model, cpu_devices(3));
+  EXPECT_EQ(dp.options().replicas, ReplicaStorage::kShared);
+  torch::optim::SGD sgd(dp.parameters(), 0.1);
+  for (int step = 0; step < 2; ++step) {
+    sgd.zero_grad();
+    at::cross_entropy_loss(dp(at::randn({6, 1, 12, 12})), at::randint(0, 10, {6})).backward();
+    sgd.step();
+  }
+  EXPECT_EQ(dp.parameter_copies(), 0);
+}
+
+}  // namespace
+}  // namespace datapar
