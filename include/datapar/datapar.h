@@ -17,6 +17,7 @@
 #include "datapar/parallel/parallel_apply.h"
 #include "datapar/parallel/replicate.h"
 #include "datapar/parallel/scatter_gather.h"
+#include "datapar/process_group/metadata.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/file_store.h"
 #include "datapar/rendezvous/init_method.h"

@@ -35,8 +35,11 @@ constexpr std::chrono::milliseconds kDefaultProcessGroupTimeout = std::chrono::m
 //           (default_store()) on a free port and tells the others where through MPI: at
 //           MASTER_ADDR if set, else loopback when every process runs on this machine,
 //           else this machine's hostname.
+//   "nccl"  CUDA tensors on this process's GPU (cuda:LOCAL_RANK; see
+//           datapar/process_group/nccl.h), in builds against a CUDA libtorch
+//           (DATAPAR_HAVE_NCCL). The processes meet through `init_method`, as for gloo.
 //   ""      default_backend().
-// "nccl", "mpi" in a build without MPI, and unknown names are refused with a clear error.
+// A backend this build lacks and unknown names are refused with a clear error.
 // Throws InvalidArgumentError if a default group exists already, and whatever rendezvous()
 // and the backend throw.
 void init_process_group(const std::string& backend = "", const std::string& init_method = "env://", int rank = -1,

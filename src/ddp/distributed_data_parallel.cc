@@ -2,10 +2,11 @@
 
 #include <ATen/ATen.h>
 
-#include "datapar/distributed.h"
-#include "datapar/rendezvous/prefix_store.h"
-
 #include <atomic>
+
+#include "datapar/distributed.h"
+#include "datapar/process_group/metadata.h"
+#include "datapar/rendezvous/prefix_store.h"
 #include "ddp/model_check.h"
 #include "ddp/reducer.h"
 #include "parallel/ivalue_tensors.h"
@@ -77,7 +78,7 @@ void DdpCore::pre_forward(int64_t samples) {
   const bool grad = at::GradMode::is_enabled();
   if (impl_->joining) {
     // Tell the ranks that have joined what this iteration does, so they can shadow it.
-    at::Tensor flags = at::tensor({int64_t{1}, int64_t{grad}, int64_t{grad && sync_}}, at::kLong);
+    at::Tensor flags = metadata_tensor(*group_, std::vector<int64_t>{1, grad, grad && sync_});
     group_->all_reduce(flags)->wait(options_.timeout);
     if (grad && sync_) ++impl_->iterations;
   }
@@ -116,9 +117,9 @@ void DdpCore::join(const std::function<void()>& train) {
   }
   // Out of inputs: shadow the others' iterations until every rank is here.
   for (;;) {
-    at::Tensor flags = at::zeros({3}, at::kLong);
+    at::Tensor flags = metadata_zeros(*group_, 3, at::kLong);
     group_->all_reduce(flags)->wait(options_.timeout);
-    const int64_t* f = flags.data_ptr<int64_t>();
+    const std::vector<int64_t> f = host_int64s(flags);
     if (f[0] == 0) break;
     broadcast_buffers();
     if (f[1] > 0) impl_->reducer->prepare_forward(/*sync=*/true, /*samples=*/0);
@@ -126,9 +127,9 @@ void DdpCore::join(const std::function<void()>& train) {
   }
   impl_->joining = false;
   // The rank that trained longest (the highest such rank on a tie) holds the model to keep.
-  at::Tensor key = at::full({1}, impl_->iterations * group_->size() + group_->rank(), at::kLong);
+  at::Tensor key = metadata_tensor(*group_, std::vector<int64_t>{impl_->iterations * group_->size() + group_->rank()});
   group_->all_reduce(key, ReduceOp::kMax)->wait(options_.timeout);
-  const int source = static_cast<int>(key.item<int64_t>() % group_->size());
+  const int source = static_cast<int>(host_int64s(key).front() % group_->size());
   group_->broadcast_coalesced(impl_->params_and_buffers(), source)->wait(options_.timeout);
 }
 

@@ -2,9 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "datapar/error.h"
+#include "datapar/process_group/metadata.h"
 
 namespace datapar::detail {
 namespace {
@@ -27,21 +29,18 @@ void check_same_model(ProcessGroup& group, const std::vector<std::pair<std::stri
   // Lengths first, then the texts padded to the longest.
   const int n = group.size();
   std::vector<at::Tensor> lengths;
-  for (int r = 0; r < n; ++r) lengths.push_back(at::zeros({1}, at::kLong));
-  group.all_gather(lengths, at::full({1}, static_cast<int64_t>(text.size()), at::kLong))->wait(timeout);
-  int64_t longest = 0;
-  for (const at::Tensor& l : lengths) longest = std::max(longest, l.item<int64_t>());
-  at::Tensor padded = at::zeros({longest}, at::kByte);
-  std::copy(text.begin(), text.end(), padded.data_ptr<uint8_t>());
+  for (int r = 0; r < n; ++r) lengths.push_back(metadata_zeros(group, 1, at::kLong));
+  group.all_gather(lengths, metadata_tensor(group, std::vector<int64_t>{static_cast<int64_t>(text.size())}))
+      ->wait(timeout);
+  std::vector<int64_t> length_of;
+  for (const at::Tensor& l : lengths) length_of.push_back(host_int64s(l).front());
+  const int64_t longest = *std::max_element(length_of.begin(), length_of.end());
   std::vector<at::Tensor> texts;
-  for (int r = 0; r < n; ++r) texts.push_back(at::zeros({longest}, at::kByte));
-  group.all_gather(texts, padded)->wait(timeout);
+  for (int r = 0; r < n; ++r) texts.push_back(metadata_zeros(group, longest, at::kByte));
+  group.all_gather(texts, metadata_text(group, text, longest))->wait(timeout);
 
   std::vector<std::vector<std::string>> lines;
-  for (int r = 0; r < n; ++r) {
-    const auto* bytes = texts[r].data_ptr<uint8_t>();
-    lines.push_back(split_lines(std::string(bytes, bytes + lengths[r].item<int64_t>())));
-  }
+  for (int r = 0; r < n; ++r) lines.push_back(split_lines(host_text(texts[r], length_of[r])));
   size_t first = SIZE_MAX;
   for (int r = 1; r < n; ++r) {
     size_t i = 0;

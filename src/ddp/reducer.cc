@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "datapar/error.h"
+#include "datapar/process_group/metadata.h"
 
 namespace datapar::detail {
 
@@ -170,11 +171,10 @@ at::Tensor Reducer::slice(size_t index) const {
 void Reducer::prepare_forward(bool sync, int64_t samples) {
   if (rebuild_pending_) {
     // Everyone takes rank 0's arrival order, so all ranks keep identical buckets.
-    at::Tensor order = at::empty({static_cast<int64_t>(params_.size())}, at::kLong);
-    for (size_t i = 0; i < arrival_.size(); ++i) order[static_cast<int64_t>(i)] = static_cast<int64_t>(arrival_[i]);
+    at::Tensor order = metadata_tensor(*group_, std::vector<int64_t>(arrival_.begin(), arrival_.end()));
     group_->broadcast(order, 0)->wait(options_.timeout);
     std::vector<size_t> rebuilt;
-    for (int64_t i = 0; i < order.numel(); ++i) rebuilt.push_back(static_cast<size_t>(order[i].item<int64_t>()));
+    for (int64_t i : host_int64s(order)) rebuilt.push_back(static_cast<size_t>(i));
     build_buckets(rebuilt);
     rebuild_pending_ = false;
   }
@@ -225,10 +225,9 @@ void Reducer::prepare_backward(const std::vector<at::Tensor>& outputs) {
 }
 
 void Reducer::issue_meta(double samples, const std::vector<bool>& used) {
-  meta_ = at::empty({static_cast<int64_t>(used.size()) + 1}, at::kDouble);
-  double* data = meta_.data_ptr<double>();
-  data[0] = samples;
-  for (size_t i = 0; i < used.size(); ++i) data[i + 1] = used[i] ? 1.0 : 0.0;
+  std::vector<double> values{samples};
+  for (bool u : used) values.push_back(u ? 1.0 : 0.0);
+  meta_ = metadata_tensor(*group_, values);
   meta_work_ = group_->all_reduce(meta_, ReduceOp::kSum);
 }
 
@@ -319,7 +318,7 @@ void Reducer::finalize() {
   std::vector<bool> used_anywhere(params_.size(), true);
   if (meta_work_) {
     meta_work_->wait(options_.timeout);
-    const double* data = meta_.data_ptr<double>();
+    const std::vector<double> data = host_doubles(meta_);
     total_samples = data[0];
     for (size_t i = 0; i < params_.size(); ++i) used_anywhere[i] = data[i + 1] > 0;
   }

@@ -8,6 +8,7 @@
 
 #include "datapar/distributed.h"
 #include "datapar/error.h"
+#include "datapar/process_group/metadata.h"
 
 namespace datapar {
 namespace {
@@ -41,11 +42,14 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const int64_t channels = x.size(1);
     const auto dims = reduce_dims(x);
     // [sum (C), sum of squares (C), count]: one all-reduce, in double for stable variance.
-    at::Tensor stats = at::cat({x.sum(dims).to(at::kDouble), x.pow(2).sum(dims).to(at::kDouble),
-                                at::full({1}, static_cast<double>(x.numel() / channels), at::kDouble)});
+    // On the group's device (nccl: this rank's GPU), as every tensor a group moves.
+    const at::TensorOptions on_group = group->options(at::kDouble);
+    at::Tensor stats = at::cat({x.sum(dims).to(on_group), x.pow(2).sum(dims).to(on_group),
+                                at::full({1}, static_cast<double>(x.numel() / channels), on_group)});
     group->all_reduce(stats, ReduceOp::kSum)->wait();
-    const double count = stats[2 * channels].item<double>();
+    const double count = host_doubles(stats.narrow(0, 2 * channels, 1)).front();
     DATAPAR_CHECK(count > 1, "SyncBatchNorm: ", count, " value(s) per channel over all ranks; need more than 1.");
+    stats = stats.to(x.device());
     const at::Tensor mean = stats.narrow(0, 0, channels) / count;
     const at::Tensor var = (stats.narrow(0, channels, channels) / count - mean * mean).clamp_min(0);
     const at::Tensor invstd = (var + eps).rsqrt();
@@ -78,8 +82,9 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     // of dy and dy * xhat for the input's gradient through the shared statistics.
     const at::Tensor sum_dy = dy.sum(dims);
     const at::Tensor sum_dy_xhat = (dy * xhat).sum(dims);
-    at::Tensor global = at::cat({sum_dy, sum_dy_xhat}).to(at::kDouble);
+    at::Tensor global = at::cat({sum_dy, sum_dy_xhat}).to(group->options(at::kDouble));
     group->all_reduce(global, ReduceOp::kSum)->wait();
+    global = global.to(x.device());
     const at::Tensor mean_dy = (global.narrow(0, 0, channels) / count).to(x.scalar_type()).view(shape);
     const at::Tensor mean_dy_xhat = (global.narrow(0, channels, channels) / count).to(x.scalar_type()).view(shape);
     at::Tensor scale = invstd;

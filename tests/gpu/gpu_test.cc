@@ -138,6 +138,13 @@ TEST(Gpu, DdpOnNcclEqualsSingleProcessTraining) {
   expect_all_passed(run_nccl_job("ddp", 2, 180s));
 }
 
+// DDP's metadata (model check, bucket order, unused-parameter and sample flags, join) and
+// SyncBatchNorm's statistics on NCCL, which refuses host tensors (issue "CUDA semantics").
+TEST(Gpu, DdpMetadataJoinAndSyncBatchNormRunOnNccl) {
+  DATAPAR_REQUIRE_GPUS(2);
+  expect_all_passed(run_nccl_job("metadata", 2, 180s));
+}
+
 TEST(Gpu, AKilledRankIsACommErrorWithinTheTimeout) {
   DATAPAR_REQUIRE_GPUS(2);
   const auto start = std::chrono::steady_clock::now();

@@ -3,19 +3,25 @@
 // Scenarios (exit 0 when the check holds):
 //   collectives  every collective against its closed-form value
 //   ddp          DDP over NCCL; rank 0 also trains the whole batch alone and compares
+//   metadata     DDP with find_unused_parameters, average_by_samples, join over uneven
+//                inputs and SyncBatchNorm: every metadata tensor on the GPU
 //   kill         rank 1 SIGKILLs itself before its second all_reduce; rank 0 exits 0 when its
 //                all_reduce fails with CommError (or TimeoutError) instead of hanging
 #include <signal.h>
 #include <unistd.h>
 
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
 #include <chrono>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "datapar/datapar.h"
 #include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/ddp/sync_batch_norm.h"
 #include "datapar/distributed.h"
 #include "datapar/state_dict.h"
 #include "testing/models.h"
@@ -108,12 +114,82 @@ int ddp(ProcessGroup& group, const at::Device& gpu) {
   return 0;
 }
 
+// Every path that exchanges metadata beside the gradients, on NCCL, which refuses host
+// tensors: the model check and initial broadcast, the bucket order after the first pass,
+// find_unused_parameters' and average_by_samples' flags, join's flags with uneven inputs
+// (rank 1 has one batch fewer), and SyncBatchNorm's statistics. Each must get through
+// without a hang or a host-tensor error, and every rank end with the same finite values.
+class MetaNetImpl : public torch::nn::Cloneable<MetaNetImpl> {
+ public:
+  MetaNetImpl() { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", torch::nn::Linear(6, 8));
+    bn = register_module("bn", SyncBatchNorm(8));
+    fc2 = register_module("fc2", torch::nn::Linear(8, 3));
+    unused = register_module("unused", torch::nn::Linear(3, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc2(torch::relu(bn(fc1(x)))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, unused{nullptr};
+  SyncBatchNorm bn{nullptr};
+};
+TORCH_MODULE(MetaNet);
+
+// With SyncBatchNorm every rank runs the same steps (its collectives are not shadowed by
+// join, as in PyTorch); without it, rank 1 has one batch fewer.
+int metadata_pass(ProcessGroup& group, const at::Device& gpu, bool sync_bn) {
+  const int rank = group.rank();
+  const int world = group.size();
+  torch::manual_seed(9);
+  MetaNet model;
+  model->to(gpu);
+  if (sync_bn) model->bn->set_process_group(default_group());
+  DdpOptions options;
+  options.find_unused_parameters = true;
+  options.average_by_samples = true;
+  DistributedDataParallel ddp_model(model.ptr(), nullptr, options);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  const int batches = !sync_bn && rank == 1 ? 2 : 3;
+  ddp_model.join([&] {
+    for (int step = 0; step < batches; ++step) {
+      torch::manual_seed(200 + step * world + rank);
+      const at::Tensor x = at::randn({4 + rank, 6}).to(gpu);
+      const at::Tensor y = at::randint(0, 3, {4 + rank}, at::kLong).to(gpu);
+      sgd.zero_grad();
+      at::cross_entropy_loss(ddp_model(x), y).backward();
+      sgd.step();
+    }
+  });
+  // Every rank ends with the same parameters (join broadcasts from the rank that trained
+  // longest), reached through NCCL only.
+  for (const auto& p : model->named_parameters()) {
+    at::Tensor mine = p.value().detach().clone();
+    at::Tensor rank0 = mine.clone();
+    group.broadcast(rank0, 0)->wait();
+    if (!near(mine, rank0)) return fail("rank " + std::to_string(rank) + ": " + p.key() + " differs from rank 0");
+    if (!at::isfinite(mine).all().item<bool>()) return fail(p.key() + " is not finite");
+  }
+  return 0;
+}
+
+int metadata(ProcessGroup& group, const at::Device& gpu) {
+  if (const int failed = metadata_pass(group, gpu, /*sync_bn=*/true)) return failed;
+  return metadata_pass(group, gpu, /*sync_bn=*/false);
+}
+
+// wait() does not block the host on nccl: the collective that never completes fails in
+// the group's watchdog, which aborts the group; the next call then throws CommError (or
+// wait() rethrows the failure once it is known). Bounded: at most 200 tries of 100 ms.
 int kill_scenario(ProcessGroup& group, const at::TensorOptions& on_gpu) {
   at::Tensor t = at::ones({1024}, on_gpu);
   group.all_reduce(t)->wait();
   if (group.rank() == 1) ::kill(::getpid(), SIGKILL);
   try {
-    group.all_reduce(t)->wait();
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      const auto work = group.all_reduce(t);
+      work->wait();
+      std::this_thread::sleep_for(100ms);
+      if (work->is_completed()) work->wait();  // rethrows a failure
+    }
   } catch (const CommError& e) {
     std::cerr << "rank 0: CommError as expected: " << e.what() << "\n";
     return 0;
@@ -141,6 +217,7 @@ int main(int argc, char** argv) {
     if (scenario == "collectives") return collectives(group, on_gpu);
     if (scenario == "ddp") return ddp(group, gpu);
     if (scenario == "kill") return kill_scenario(group, on_gpu);
+    if (scenario == "metadata") return metadata(group, gpu);
     return fail("unknown scenario " + scenario);
   } catch (const std::exception& e) {
     return fail(std::string("rank ") + argv[3] + ": " + e.what());

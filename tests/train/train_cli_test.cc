@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -136,6 +137,33 @@ TEST(TrainCli, DataParallelModeSplitsOverTwoCpuDevices) {
   expect_png(dir + "/p.png");
 }
 
+// --replicas copy takes the path of several GPUs (a copy of the parameters per extra
+// device, refreshed every forward); it must train exactly as shared replicas do.
+TEST(TrainCli, CopyReplicasTrainLikeSharedOnes) {
+  std::map<std::string, nlohmann::json> metrics;
+  for (const std::string kind : {"shared", "copy"}) {
+    const std::string dir = fresh_dir("dp_" + kind);
+    const CliRun r = cli(kSmall + " --epochs 2 --mode dp --devices cpu:0,cpu:1,cpu:2 --replicas " + kind +
+                         " --metrics " + dir + "/m.jsonl");
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::ifstream in(dir + "/m.jsonl");
+    std::string line;
+    while (std::getline(in, line)) metrics[kind] = nlohmann::json::parse(line);  // the last epoch's
+  }
+  for (const char* key : {"train_loss", "train_accuracy", "test_accuracy"}) {
+    EXPECT_NEAR(metrics["copy"][key].get<double>(), metrics["shared"][key].get<double>(), 1e-6) << key;
+  }
+}
+
+TEST(TrainCli, DdpBackendMustFitTheDevice) {
+  const std::string dir = fresh_dir("ddp_backend");
+  for (const auto& p : ddp_job(kSmall + " --epochs 1 --mode ddp --backend nccl", 2, dir)) {
+    EXPECT_EQ(p.exit_code, 2) << p.output;
+    EXPECT_NE(p.output.find("--backend nccl: this rank trains on cpu:"), std::string::npos) << p.output;
+    EXPECT_NE(p.output.find("nccl moves CUDA tensors only"), std::string::npos) << p.output;
+  }
+}
+
 TEST(TrainCli, DdpModeRunsAsTwoRanksAndOnlyRankZeroReports) {
   const std::string dir = fresh_dir("ddp");
   const auto results = ddp_job(kSmall + " --epochs 1 --mode ddp", 2, dir,
@@ -249,7 +277,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--resume", "--resume needs --checkpoint-dir"},
         BadOption{"--checkpoint-dir /proc/datapar-checkpoints", "--checkpoint-dir /proc/datapar-checkpoints: cannot make"},
         BadOption{"--checkpoint-dir /etc/hostname", "--checkpoint-dir /etc/hostname: cannot make this directory"},
-        BadOption{"--batch-size abc", "batch-size"}));
+        BadOption{"--batch-size abc", "batch-size"},
+        BadOption{"--mode dp --replicas mirrored", "--replicas: \"mirrored\" is not a replica kind"}));
 
 TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {
   const std::string dir = fresh_dir("ddp_errors");

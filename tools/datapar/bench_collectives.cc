@@ -1,9 +1,16 @@
 // datapar bench collectives. See bench_collectives.h.
 //
-// First 20 untimed 4 KiB all_reduces for the connections, then for each size: `warmup` untimed runs, then `iters` timed ones, each started together (a
-// barrier before it) and timed on every rank; the table shows rank 0's median. Bandwidths
-// follow nccl-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n for all_reduce,
-// algbw * (n-1)/n for all_gather (bytes = the gathered total), algbw for broadcast.
+// First 20 untimed 4 KiB all_reduces for the connections, then for each size: `warmup`
+// untimed runs, then `iters` timed ones, each started together (a barrier before it) and
+// timed on every rank; the table shows rank 0's median. Bandwidths follow nccl-tests:
+// algbw = bytes / time; busbw = algbw * 2(n-1)/n for all_reduce, algbw * (n-1)/n for
+// all_gather (bytes = the gathered total), algbw for broadcast.
+//
+// Tensors live on the group's device (ProcessGroup::device()). On a device backend (nccl)
+// Work::wait() only orders the current stream after the operation (work.h), so a timed
+// run ends when one element of the result has reached the host, which waits for it; that
+// copy adds about 10 us, which shows only at the smallest sizes. Only CPU-build libtorch
+// APIs are used here: the tool is built without CUDA too.
 #include "bench_collectives.h"
 #include "local_job.h"
 
@@ -15,6 +22,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string>
 
 #include "datapar/distributed.h"
 #include "datapar/error.h"
@@ -29,34 +38,49 @@ using Clock = std::chrono::steady_clock;
 
 // One rank's part of the benchmark.
 int run_rank(const BenchCollectivesOptions& options, const std::string& init_method, int rank, int world) {
-  init_process_group(options.backend, init_method, rank, world, std::chrono::minutes(5));
+  init_process_group(job_backend(options.backend), init_method, rank, world, std::chrono::minutes(5));
   auto group = default_group();
   const int n = group->size();
+  const at::TensorOptions on_device = at::TensorOptions().device(group->device());  // float32
+  // Returns once the operations queued before on `result` have completed. wait() already
+  // blocked the host on a CPU backend; on a device one, the copy to the host of one element
+  // waits for the current stream, which waits for the operation.
+  const bool on_gpu = !group->device().is_cpu();
+  auto settle = [&](const at::Tensor& result) {
+    if (on_gpu && result.numel() > 0) (void)result.reshape({-1}).narrow(0, 0, 1).to(at::kCPU);
+  };
   if (rank == 0) {
     std::printf("datapar bench collectives: %s, backend %s, %d processes, %d iterations (median)\n",
                 options.op.c_str(), group->backend().c_str(), n, options.iters);
     std::printf("| size | time (us) | algbw (GB/s) | busbw (GB/s) |\n|---|---|---|---|\n");
   }
   {  // Warm the connections up once before any size is timed, so the first row is not an outlier.
-    at::Tensor warm = at::ones({1024});
+    at::Tensor warm = at::ones({1024}, on_device);
     for (int i = 0; i < 20; ++i) group->all_reduce(warm)->wait();
+    settle(warm);
   }
   for (int64_t bytes : options.sizes) {
     const int64_t count = std::max<int64_t>(1, bytes / 4);  // float32 elements
-    at::Tensor tensor = at::ones({count});
+    at::Tensor tensor = at::ones({count}, on_device);
     std::vector<at::Tensor> gathered;
     if (options.op == "all_gather") {
-      for (int i = 0; i < n; ++i) gathered.push_back(at::empty({count}));
+      for (int i = 0; i < n; ++i) gathered.push_back(at::empty({count}, on_device));
     }
+    const at::Tensor& result = options.op == "all_gather" ? gathered.back() : tensor;
     auto once = [&] {
-      if (options.op == "all_reduce") return group->all_reduce(tensor)->wait();
-      if (options.op == "broadcast") return group->broadcast(tensor, 0)->wait();
-      return group->all_gather(gathered, tensor)->wait();
+      if (options.op == "all_reduce") {
+        group->all_reduce(tensor)->wait();
+      } else if (options.op == "broadcast") {
+        group->broadcast(tensor, 0)->wait();
+      } else {
+        group->all_gather(gathered, tensor)->wait();
+      }
+      settle(result);
     };
     for (int i = 0; i < options.warmup; ++i) once();
     std::vector<double> seconds;
     for (int i = 0; i < options.iters; ++i) {
-      group->barrier()->wait();
+      group->barrier()->wait();  // blocks the host on every backend (nccl.h), so ranks start together
       const auto start = Clock::now();
       once();
       seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
@@ -103,8 +127,7 @@ std::vector<int64_t> parse_sizes(const std::string& list) {
 }
 
 int bench_collectives(const BenchCollectivesOptions& given) {
-  BenchCollectivesOptions options = given;
-  if (options.backend.empty()) options.backend = default_backend();  // mpi under mpirun
+  const BenchCollectivesOptions& options = given;
   DATAPAR_CHECK(options.op == "all_reduce" || options.op == "broadcast" || options.op == "all_gather",
                 "--op: \"", options.op, "\" is not one of all_reduce, broadcast, all_gather.");
   return run_job(

@@ -8,7 +8,7 @@ namespace datapar::tools {
 
 struct BenchCollectivesOptions {
   int nproc = 2;                 // processes to start when not under a launcher
-  std::string backend;  // gloo | mpi; empty: default_backend()
+  std::string backend;  // gloo, mpi or nccl; empty: job_backend() (local_job.h)
   std::string op = "all_reduce";  // all_reduce | broadcast | all_gather
   std::vector<int64_t> sizes;     // bytes per process
   int iters = 20;

@@ -28,6 +28,7 @@
 #include "datapar/models/lenet.h"
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
+#include "datapar/process_group/metadata.h"
 #include "local_job.h"
 
 namespace datapar::tools {
@@ -52,6 +53,14 @@ struct StepParts {
 };
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Waits for the work queued on the group's device: on a GPU, kernels and collectives run
+// after the host has moved on, so a host clock read is only a time once they are done.
+// (Copying one value to the host waits for the current stream, which DDP's collectives
+// join through Work::wait.)
+void synchronize(const ProcessGroup& group) {
+  if (!group.device().is_cpu()) (void)host_doubles(metadata_zeros(group, 1, at::kDouble));
+}
 
 double cpu_seconds(clockid_t clock) {
   timespec ts{};
@@ -186,7 +195,7 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
 int run_rank(const BenchDdpOptions& o, const std::string& init, int rank, int world) {
   at::set_num_threads(o.threads);
   tune_cpu_allocator();
-  init_process_group(o.backend, init, rank, world, std::chrono::minutes(5));
+  init_process_group(job_backend(o.backend), init, rank, world, std::chrono::minutes(5));
   ProcessGroup& group = *default_group();
   int code = 1;
   if (o.model == "mlp") {
@@ -207,7 +216,6 @@ int run_rank(const BenchDdpOptions& o, const std::string& init, int rank, int wo
 
 int bench_ddp(const BenchDdpOptions& given) {
   BenchDdpOptions options = given;
-  if (options.backend.empty()) options.backend = default_backend();  // mpi under mpirun
   DATAPAR_CHECK(options.model == "mlp" || options.model == "lenet" || options.model == "resnet18", "--model: \"",
                 options.model, "\" is not one of mlp, lenet, resnet18.");
   DATAPAR_CHECK(options.batch >= 0 && options.steps >= 0 && options.threads >= 1,

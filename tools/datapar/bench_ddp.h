@@ -9,7 +9,7 @@ struct BenchDdpOptions {
   std::string model = "mlp";  // mlp | lenet | resnet18
   int nproc = 2;
   int batch = 0;              // per rank; 0: the model's default (mlp 64, lenet 128, resnet18 32)
-  std::string backend;  // gloo | mpi; empty: default_backend()
+  std::string backend;  // gloo, mpi or nccl; empty: job_backend() (local_job.h)
   int steps = 0;              // timed steps; 0: the model's default
   int warmup = 5;
   int threads = 1;            // intra-op threads per process

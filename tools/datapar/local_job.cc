@@ -10,8 +10,10 @@
 #include <fstream>
 #include <vector>
 
-#include "datapar/config.h"
+#include <torch/cuda.h>
 
+#include "datapar/config.h"
+#include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/tcp_store.h"
@@ -59,13 +61,24 @@ void exec_under_mpirun(int nproc, const std::string& tool) {
 
 }  // namespace
 
+std::string job_backend(const std::string& given) {
+  if (!given.empty()) return given;
+  if (DATAPAR_HAVE_NCCL && torch::cuda::is_available()) return "nccl";
+  return default_backend();
+}
+
 int run_job(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main,
             const std::string& backend) {
   DATAPAR_CHECK(nproc >= 1, "--nproc must be at least 1.");
   if (const auto identity = identity_from_environment()) {  // under a launcher
+    // mpirun and srun give the local rank under their own names; the nccl group reads
+    // LOCAL_RANK (datapar/process_group/nccl.h).
+    if (std::getenv("LOCAL_RANK") == nullptr && identity->local_rank >= 0) {
+      ::setenv("LOCAL_RANK", std::to_string(identity->local_rank).c_str(), 1);
+    }
     return rank_main("env://", identity->rank, identity->world_size);
   }
-  if (backend == "mpi") exec_under_mpirun(nproc, tool);
+  if ((backend.empty() ? default_backend() : backend) == "mpi") exec_under_mpirun(nproc, tool);
   uint16_t port;
   {
     TcpStore probe({"127.0.0.1", 0, true, "", std::chrono::seconds(5)});
@@ -76,6 +89,10 @@ int run_job(int nproc, const std::string& tool, const std::function<int(const st
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = ::fork();
     if (pid == 0) {
+      // As a launcher would: the rank's place on this machine, which also picks its GPU
+      // (the nccl backend takes cuda:LOCAL_RANK).
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       int code = 1;
       try {
         code = rank_main(init_method, rank, nproc);

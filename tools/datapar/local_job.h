@@ -9,9 +9,16 @@
 
 namespace datapar::tools {
 
+// The backend of a tool's job: `given` if not empty, else nccl on a machine with CUDA
+// devices (in a build with the nccl backend), else default_backend() (mpi under mpirun,
+// else gloo). Call it in a rank, after the fork: asking whether CUDA devices exist starts
+// CUDA, which a forked child could then not use.
+std::string job_backend(const std::string& given);
+
 // Calls rank_main(init_method, rank, world_size) for this process's rank or for each
-// forked one; returns 0 when every rank returned 0. With backend "mpi" and no launcher,
-// this process becomes mpirun (exec) and returns only if that fails (InvalidArgumentError).
+// forked one (which gets LOCAL_RANK and LOCAL_WORLD_SIZE, as from a launcher); returns 0 when every rank returned 0. With backend "mpi" and no launcher,
+// this process becomes mpirun (exec) and returns only if that fails (InvalidArgumentError);
+// an empty backend is default_backend() here.
 int run_job(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main,
             const std::string& backend = "gloo");
 

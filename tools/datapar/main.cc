@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       "collectives", "Time collectives over N local processes (or under a launcher), like nccl-tests");
   bench_collectives->add_option("--nproc", collectives.nproc, "Processes to start when not under a launcher (default 2)");
   bench_collectives->add_option("--backend", collectives.backend,
-                                "Process group backend: gloo, or mpi (started through mpirun) (default: mpi under mpirun, else gloo)");
+                                "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: mpi under mpirun, else gloo)");
   bench_collectives->add_option("--op", collectives.op, "all_reduce, broadcast or all_gather (default all_reduce)");
   bench_collectives->add_option("--sizes", sizes, "Bytes per process, e.g. 4KiB,1MiB,64MiB (default 4KiB..64MiB)");
   bench_collectives->add_option("--iters", collectives.iters, "Timed iterations per size (default 20)");
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   bench_ddp->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)");
   bench_ddp->add_option("--batch", ddp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)");
   bench_ddp->add_option("--backend", ddp.backend,
-                        "Process group backend: gloo, or mpi (started through mpirun) (default: mpi under mpirun, else gloo)");
+                        "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: mpi under mpirun, else gloo)");
   bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)");
   bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)");
   bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");

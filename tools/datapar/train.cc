@@ -23,6 +23,8 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <type_traits>
+#include <vector>
 
 #include "datapar/cpu_allocator.h"
 #include "datapar/data/fashion_mnist.h"
@@ -35,6 +37,7 @@
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/parallel/data_parallel.h"
+#include "datapar/process_group/metadata.h"
 #include "datapar/train/checkpoint.h"
 #include "datapar/train/metrics.h"
 #include "datapar/train/plot.h"
@@ -94,9 +97,19 @@ void xavier_init(torch::nn::Module& model) {
   }
 }
 
-// Sums (or maxima) over the job; a no-op outside ddp.
-void reduce(at::Tensor t, ReduceOp op) {
-  if (is_initialized()) default_group()->all_reduce(t, op)->wait();
+// Sums (or maxima) of `values` over the job, through the group's device (nccl: the GPU);
+// the values themselves outside ddp.
+template <typename T>
+std::vector<T> reduce(const std::vector<T>& values, ReduceOp op) {
+  if (!is_initialized()) return values;
+  const ProcessGroup& group = *default_group();
+  at::Tensor t = metadata_tensor(group, values);
+  default_group()->all_reduce(t, op)->wait();
+  if constexpr (std::is_same_v<T, int64_t>) {
+    return host_int64s(t);
+  } else {
+    return host_doubles(t);
+  }
 }
 
 // Test accuracy, exact over all ranks: returns {correct, samples} summed over the job.
@@ -114,9 +127,8 @@ std::pair<int64_t, int64_t> evaluate(const TrainPlan& plan, const Data& data, to
     correct += predicted.eq(batch->target).logical_and(real).sum().item<int64_t>();
     samples += real.sum().item<int64_t>();
   }
-  at::Tensor counts = at::tensor({correct, samples}, at::kLong);
-  reduce(counts, ReduceOp::kSum);
-  return {counts[0].item<int64_t>(), counts[1].item<int64_t>()};
+  const std::vector<int64_t> counts = reduce(std::vector<int64_t>{correct, samples}, ReduceOp::kSum);
+  return {counts[0], counts[1]};
 }
 
 // Reads the epochs before `first_epoch` back from a resumed run's metrics file, so that the
@@ -161,7 +173,10 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   std::unique_ptr<DistributedDataParallel<Impl>> ddp;
   Forward forward = [&](const at::Tensor& x) { return model->forward(x); };
   if (o.mode == "dp") {
-    dp = std::make_unique<DataParallel<Impl>>(model, plan.devices);
+    DataParallelOptions options;
+    options.devices = plan.devices;
+    options.replicas = o.replicas == "copy" ? ReplicaStorage::kCopy : ReplicaStorage::kShared;
+    dp = std::make_unique<DataParallel<Impl>>(model, options);
     forward = [&](const at::Tensor& x) { return dp->forward(x); };
   } else if (o.mode == "ddp") {
     DdpOptions options;
@@ -217,10 +232,11 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
       rows += x.size(0);
       bar.update(++steps, loss_sum / rows, rows * plan.world_size);
     }
-    at::Tensor times = at::tensor({seconds_since(start), loader.stats().wait.count() / 1e9}, at::kDouble);
-    at::Tensor sums = at::tensor({loss_sum, static_cast<double>(correct), static_cast<double>(rows)}, at::kDouble);
-    reduce(sums, ReduceOp::kSum);
-    reduce(times, ReduceOp::kMax);  // the epoch lasts as long as its slowest rank
+    const std::vector<double> sums =
+        reduce(std::vector<double>{loss_sum, static_cast<double>(correct), static_cast<double>(rows)}, ReduceOp::kSum);
+    // The epoch lasts as long as its slowest rank.
+    const std::vector<double> times =
+        reduce(std::vector<double>{seconds_since(start), loader.stats().wait.count() / 1e9}, ReduceOp::kMax);
     bar.clear();
 
     const auto eval_start = Clock::now();
@@ -236,16 +252,16 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     train::EpochMetrics m;
     m.epoch = epoch + 1;
     m.epochs = o.epochs;
-    m.train_samples = static_cast<int64_t>(sums[2].item<double>());
-    m.train_loss = sums[0].item<double>() / m.train_samples;
-    m.train_accuracy = sums[1].item<double>() / m.train_samples;
+    m.train_samples = static_cast<int64_t>(sums[2]);
+    m.train_loss = sums[0] / m.train_samples;
+    m.train_accuracy = sums[1] / m.train_samples;
     m.test_correct = test_correct;
     m.test_samples = test_samples;
     m.test_accuracy = test_samples ? static_cast<double>(test_correct) / test_samples : 0.0;
-    m.seconds = times[0].item<double>();
+    m.seconds = times[0];
     m.samples_per_second = m.train_samples / m.seconds;
     m.eval_seconds = eval_seconds;
-    m.data_wait_seconds = times[1].item<double>();
+    m.data_wait_seconds = times[1];
     m.data_wait_share = m.data_wait_seconds / m.seconds;
     m.model = o.model;
     m.mode = o.mode;

@@ -32,7 +32,8 @@ struct TrainOptions {
   double momentum = 0;
   std::string mode = "single";     // single, dp, ddp
   std::string devices;             // "" = the mode's default (see plan_training)
-  std::string backend;             // ddp only: gloo, nccl, mpi; empty: default_backend()
+  std::string backend;             // ddp only: gloo, nccl, mpi; empty: nccl on CUDA, else default_backend()
+  std::string replicas = "shared"; // dp only: shared (CPU replicas share the parameters) or copy
   bool scale_lr = false;           // N devices or ranks: N x batch, N x lr
   uint64_t seed = 0;
   std::string checkpoint_dir;      // a checkpoint per epoch (rank 0 writes)

@@ -31,7 +31,12 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--devices", o.devices,
                   "single: one device (default cpu:0); dp: the replicas' devices (default every CUDA device, "
                   "else one CPU device per core); ddp: one per local rank (default cuda:LOCAL_RANK or CPU)");
-  cmd->add_option("--backend", o.backend, "ddp process group backend: gloo, nccl or mpi (default: mpi under mpirun, as datapar launch starts single-node jobs, else gloo)");
+  cmd->add_option("--backend", o.backend,
+                  "ddp process group backend: gloo, nccl or mpi (default: nccl on CUDA devices, else mpi under "
+                  "mpirun, as datapar launch starts single-node jobs, else gloo)");
+  cmd->add_option("--replicas", o.replicas,
+                  "dp: shared (replicas on the model's device share its parameters; the default) or copy (every "
+                  "replica but the first holds a copy, refreshed every forward, as on several GPUs)");
   cmd->add_flag("--scale-lr", o.scale_lr, "Linear scaling: N devices or ranks get N x batch and N x lr");
   cmd->add_option("--seed", o.seed, "Seed of the model's initialisation, the shuffling and synthetic data (default 0)");
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
@@ -78,6 +83,24 @@ std::vector<Device> ddp_local_devices(const TrainOptions& o, int local_world_siz
   return devices;
 }
 
+// ddp: the backend for a rank on `device`: the one given, else nccl on CUDA and
+// default_backend() on CPUs; refused where backend and device cannot work together.
+std::string ddp_backend(const std::string& given, const Device& device, int local_rank) {
+  const std::string backend = !given.empty() ? given : device.is_cuda() ? "nccl" : default_backend();
+  if (backend == "nccl") {
+    DATAPAR_CHECK(device.is_cuda(), "--backend nccl: this rank trains on ", device,
+                  ", but nccl moves CUDA tensors only.\n---> HINT: use --backend gloo on CPUs.");
+    // The nccl group takes cuda:LOCAL_RANK (nccl.h), so the model must be there too.
+    DATAPAR_CHECK(device.index == local_rank, "--devices: local rank ", local_rank, " would train on ", device,
+                  ", but its nccl group uses cuda:", local_rank,
+                  ".\n---> HINT: leave out --devices (rank k takes cuda:k) and pick GPUs with CUDA_VISIBLE_DEVICES.");
+  } else {
+    DATAPAR_CHECK(!device.is_cuda(), "--backend ", backend, ": this rank trains on ", device, ", but ", backend,
+                  " moves CPU tensors only.\n---> HINT: use --backend nccl (the default on CUDA devices).");
+  }
+  return backend;
+}
+
 }  // namespace
 
 TrainPlan plan_training(const TrainOptions& o, const Environment& env, const DeviceInventory& inventory) {
@@ -87,9 +110,10 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                 "\" is not a model datapar train knows.\n---> HINT: use mlp, lenet or resnet18.");
   DATAPAR_CHECK(one_of(o.mode, {"single", "dp", "ddp"}), "--mode: \"", o.mode,
                 "\" is not a mode.\n---> HINT: use single (one device), dp (DataParallel) or ddp (one rank per process).");
-  if (o.backend.empty()) plan.options.backend = default_backend();
-  DATAPAR_CHECK(one_of(plan.options.backend, {"gloo", "nccl", "mpi"}), "--backend: \"", plan.options.backend,
+  DATAPAR_CHECK(o.backend.empty() || one_of(o.backend, {"gloo", "nccl", "mpi"}), "--backend: \"", o.backend,
                 "\" is not a backend.\n---> HINT: use gloo (CPU), nccl (CUDA) or mpi.");
+  DATAPAR_CHECK(one_of(o.replicas, {"shared", "copy"}), "--replicas: \"", o.replicas,
+                "\" is not a replica kind.\n---> HINT: use shared (the default) or copy.");
   DATAPAR_CHECK(o.evaluate || o.epochs >= 1, "--epochs ", o.epochs, ": train for at least 1 epoch.");
   DATAPAR_CHECK(o.lr > 0, "--lr ", o.lr, ": the learning rate must be positive (d2l uses 0.1).");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
@@ -145,6 +169,7 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
     for (int r = 0; r < plan.world_size; ++r) job.push_back(local[r % plan.local_world_size]);
     plan.devices_label = to_string(job);
     plan.parallelism = plan.world_size;
+    plan.options.backend = ddp_backend(o.backend, plan.devices.front(), plan.local_rank);
   }
 
   // Linear scaling (d2l, Goyal et al.): N workers, N times the batch and the learning rate.

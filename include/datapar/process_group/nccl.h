@@ -1,5 +1,5 @@
 // The NCCL backend for CUDA tensors. Declared everywhere; defined only in builds where
-// Torch has CUDA (datapar/config.h: DATAPAR_HAVE_CUDA), so call it only there.
+// Torch has CUDA and NCCL was found (datapar/config.h: DATAPAR_HAVE_NCCL), so call it only there.
 #pragma once
 
 #include <chrono>
@@ -10,18 +10,56 @@
 namespace datapar {
 
 struct NcclOptions {
-  // This rank's GPU; -1: rank % visible devices (one process per GPU on each node works
-  // when ranks are numbered node by node, as datapar launch and torchrun do).
+  // This process's GPU. -1 (default): the same rule for every group of the process, never
+  // its rank (a subgroup passes its rank within the subgroup, which says nothing about this
+  // machine's GPUs):
+  //   1. LOCAL_RANK from the environment, as datapar launch and torchrun set it; it must be
+  //      an integer in [0, visible devices), else InvalidArgumentError;
+  //   2. else the caller's current CUDA device (c10::cuda::current_device()): under a
+  //      launcher that sets no LOCAL_RANK (mpirun, srun), call c10::cuda::set_device() first.
+  // >= 0: that device, whatever the environment says. A device that does not exist is an
+  // InvalidArgumentError naming it and the number visible.
   int device = -1;
-  // Limit for joining and for every operation; an operation past it aborts the group.
+  // Limit for joining (the store check-in and NCCL's communicator init together) and for
+  // every operation, counted from its launch. An operation still running then, or one
+  // NCCL reports an error for, aborts the group (see new_nccl_process_group).
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // How Work::wait() waits; PyTorch's TORCH_NCCL_BLOCKING_WAIT.
+  // false (default): wait() makes the caller's current CUDA stream wait for the operation
+  //   and returns at once; work queued on that stream afterwards sees the results. It
+  //   throws only for an operation already known to have failed; a failure or timeout found
+  //   later aborts the group, and the next call on it throws CommError.
+  // true: wait() blocks the calling thread until the operation has completed on the GPU,
+  //   and throws its CommError or TimeoutError. Slower (the host idles while the GPU
+  //   works), but every failure surfaces at the wait() of the operation that failed.
+  // barrier()'s wait() always blocks the host, as in PyTorch.
+  bool blocking_wait = false;
 };
 
 // A NCCL process group of `size` processes meeting through `store` (rank 0 publishes the
-// NCCL id there). Operations take CUDA tensors on this rank's device; send/recv pairs that
-// cross (both ranks send first) must be issued so the receives are posted in time, as
-// NCCL requires. Throws InvalidArgumentError without a CUDA device, TimeoutError when the
-// others do not join in time.
+// NCCL id there). Blocks until every rank has joined, at most options.timeout.
+//
+// Operations take dense CUDA tensors on this process's device (device(), see
+// NcclOptions::device) and return at once. Each runs on the group's own CUDA stream after
+// the work already queued on the caller's current stream (which must have produced the
+// inputs), so it overlaps with what the caller queues next; see NcclOptions::blocking_wait
+// for what wait() does. The caller's current device and stream are never changed.
+// Tensors may be freed as soon as the call returns: the caching allocator keeps their
+// memory until the group's stream is done with it; but do not write them before wait().
+// Operations may be issued from several threads, but the order is NCCL's: every rank must
+// issue the same operations in the same order. send and recv are queued behind earlier
+// operations like collectives, so send/recv pairs that cross (both ranks send first) must
+// be issued so that the receives are posted in time, as NCCL requires.
+//
+// Failures: a watchdog thread watches every operation. When NCCL reports an error or an
+// operation runs past options.timeout, it aborts the communicator, fails that operation
+// (CommError, or TimeoutError) and every later one, and every later call on the group
+// throws CommError: make a new group. Destroying the group waits for what is in flight,
+// then finalizes the communicator together with the other ranks (at most the timeout
+// each; then it is aborted): destroy groups in the same order on every rank.
+//
+// Throws InvalidArgumentError for bad arguments or without a usable CUDA device,
+// TimeoutError when the others do not join in time, CommError when NCCL cannot connect.
 std::shared_ptr<ProcessGroup> new_nccl_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                      NcclOptions options = {});
 

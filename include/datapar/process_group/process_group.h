@@ -2,13 +2,18 @@
 // order: every process must issue the same collectives in the same order.
 //
 // Every call returns at once with a Work; the operations of one group run one after
-// another, in the order they were issued, on the group's own thread, so several may be in
-// flight without deadlock. Tensors must stay alive and untouched until their Work is done.
+// another, in the order they were issued (on the group's own thread, or for nccl on the
+// group's CUDA stream), so several may be in flight without deadlock. Tensors must stay
+// alive and untouched until their Work is done (nccl: until work queued after wait() on the
+// current stream runs; see work.h).
 // Backends: Gloo (CPU tensors over TCP), MPI (CPU tensors; shared memory within a node,
-// when datapar was built with MPI: DATAPAR_HAVE_MPI in datapar/config.h).
+// when datapar was built with MPI: DATAPAR_HAVE_MPI in datapar/config.h), NCCL (CUDA
+// tensors, in builds where Torch has CUDA: datapar/process_group/nccl.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/TensorOptions.h>
 
 #include <chrono>
 #include <memory>
@@ -32,6 +37,12 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual std::string backend() const = 0;
+
+  // Where every tensor this group moves must live: the CPU for gloo and mpi, this rank's
+  // cuda:k for nccl. Metadata for a collective (flags, counts, orders) is made with
+  // options(), or with datapar/process_group/metadata.h, never with default (CPU) options.
+  virtual c10::Device device() const { return c10::Device(c10::kCPU); }
+  at::TensorOptions options(at::ScalarType dtype) const { return at::TensorOptions().dtype(dtype).device(device()); }
 
   // Reduces `tensor` element-wise over all processes; every process gets the result in
   // `tensor`. kAvg divides the sum by size() (floating-point tensors only).

@@ -1,4 +1,10 @@
 // Work: a collective in flight. Returned by every ProcessGroup call; wait() for its result.
+//
+// Host backends (gloo, mpi) finish a Work when the data is in place: wait() blocks the
+// calling thread until then. A device backend (nccl) finishes it when the operation has
+// completed on its stream, and its wait() only makes the caller's current CUDA stream wait
+// for the operation, as PyTorch's does: work queued there afterwards sees the result, and
+// the host goes on at once (unless the group was asked to block, NcclOptions::blocking_wait).
 #pragma once
 
 #include <chrono>
@@ -12,11 +18,16 @@ namespace datapar {
 class Work {
  public:
   explicit Work(std::string what) : what_(std::move(what)), done_(promise_.get_future().share()) {}
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
 
   // Blocks until the operation finished, at most `timeout`; throws the operation's error
   // (CommError when a peer failed, TimeoutError when it ran past the group's timeout), or
-  // TimeoutError if it is still running when `timeout` ends. Thread-safe; may be called
-  // more than once.
+  // TimeoutError if it is still running when `timeout` ends. On a device backend: throws the
+  // error of an operation that already failed, else orders the caller's current stream after
+  // the operation and returns without blocking (see above). Thread-safe; may be called more
+  // than once.
   void wait(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
 
   // Whether the operation has finished (successfully or not). Never blocks.
@@ -27,6 +38,11 @@ class Work {
   // For backends: report the outcome. Exactly one of them, once.
   void finish() { promise_.set_value(); }
   void fail(std::exception_ptr error) { promise_.set_exception(std::move(error)); }
+
+ protected:
+  // Device backends: make the calling thread's current stream wait for the operation and
+  // return true, so that wait() does not block the host; false: wait() blocks.
+  virtual bool wait_on_stream() { return false; }
 
  private:
   std::string what_;

@@ -1,21 +1,45 @@
-// The NCCL backend: CUDA tensors, NCCL's collectives. Compiled only where Torch has CUDA.
+// The NCCL backend: CUDA tensors, NCCL's collectives. Compiled only where Torch has CUDA
+// and NCCL was found. This file chooses the device, joins the group, and says what each
+// operation puts on which stream; the communicator (non-blocking init, enqueue, abort) is
+// communicator.h, completing Works and catching errors and timeouts is watchdog.h.
 //
-// Streams: each group has its own CUDA stream. An operation first makes that stream wait
-// for the work already queued on the default stream (which produced the inputs), then
-// runs the NCCL call there, then records an event. Work::wait() blocks until the event has
-// completed (or the timeout ends, which aborts the communicator so nothing hangs), so the
-// results are visible to whatever runs next. Tensors are held by the Work until then,
-// which keeps the caching allocator from handing their memory to someone else.
+// Note [Streams of an operation]
+// The caller's current stream S (c10::cuda::getCurrentCUDAStream(device)) produced the
+// inputs. The group's communication stream C (one of c10's pool) runs the collectives, so
+// that they overlap with what the caller queues on S afterwards (DDP's backward). One
+// operation is:
+//   a. on S: contiguous copies of the inputs and the flat buffers the operation needs;
+//      allocated while S is current, so the caching allocator orders their memory by S;
+//   b. an event recorded on S, which C waits for: C sees the inputs, and nothing of S
+//      queued later; no other stream waits for anything at launch;
+//   c. the NCCL call(s) on C, polled until NCCL has enqueued them;
+//   d. on C, behind them: results copied into non-contiguous outputs, all_gather's flat
+//      buffer into the outputs, coalesced buffers back into their tensors;
+//   e. the end event recorded on C, after (d).
+// Every tensor of (a)-(d) is recorded on C with the caching allocator (recordStream): when
+// the host frees it (the user's tensors whenever the user drops them, the temporaries when
+// the call returns), its memory is not handed to S's next allocation until C is past it.
+// The watchdog also holds them until (e) has completed. Work::wait() makes the stream that
+// is current when it is called wait for (e) (work.h), so work queued there sees the results.
 //
-// Operations are launched by the calling thread, in call order (NCCL matches them by
-// order); a runner thread only waits for their events. Only the default stream is
-// synchronised with: code that fills tensors on other streams must synchronise first.
+// Note [One launch at a time]
+// Steps (b)-(e) and the watchdog's queue run under one mutex, so that the order of the
+// operations on C, in NCCL and in the watchdog's queue is the same when several threads
+// issue operations (DDP's hooks run on autograd's threads). Which of two threads goes first
+// is theirs to agree on across ranks: NCCL matches operations by order.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <cuda_runtime.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
 
-#include <chrono>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "datapar/error.h"
@@ -23,16 +47,15 @@
 #include "datapar/rendezvous/prefix_store.h"
 #include "process_group/checks.h"
 #include "process_group/coalesce.h"
-#include "process_group/ordered_runner.h"
+#include "process_group/nccl/communicator.h"
+#include "process_group/nccl/watchdog.h"
+#include "process_group/nccl/work.h"
 
 namespace datapar {
 namespace {
 
+using detail::NcclClock;
 using detail::str_cat;
-
-void check_cuda(cudaError_t result, const char* what) {
-  if (result != cudaSuccess) throw CommError(str_cat("nccl backend: ", what, ": ", cudaGetErrorString(result)));
-}
 
 ncclDataType_t nccl_type(at::ScalarType type) {
   switch (type) {
@@ -59,297 +82,422 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// Note [Which GPU]: the rule of NcclOptions::device, the same for every group of the
+// process. Never the rank: a subgroup passes its rank within the subgroup.
+c10::DeviceIndex choose_device(int requested) {
+  const int visible = c10::cuda::device_count();  // 0, not an error, without a GPU or driver
+  DATAPAR_CHECK(visible > 0, "ProcessGroup(nccl): no CUDA device is visible. Use the gloo or mpi backend on CPUs.");
+  if (requested >= 0) {
+    DATAPAR_CHECK(requested < visible, "ProcessGroup(nccl): NcclOptions::device asks for cuda:", requested,
+                  ", which does not exist: ", visible, " CUDA device(s) are visible (cuda:0 .. cuda:", visible - 1,
+                  ").");
+    return static_cast<c10::DeviceIndex>(requested);
+  }
+  if (const char* text = std::getenv("LOCAL_RANK")) {
+    int local_rank = -1;
+    const char* end = text + std::strlen(text);
+    const auto [stop, error] = std::from_chars(text, end, local_rank);
+    DATAPAR_CHECK(error == std::errc() && stop == end && *text != '\0' && local_rank >= 0 && local_rank < visible,
+                  "ProcessGroup(nccl): LOCAL_RANK=\"", text, "\" does not name a GPU of this machine: ", visible,
+                  " CUDA device(s) are visible, so it must be an integer in [0, ", visible,
+                  "). Start at most that many processes per machine, or unset LOCAL_RANK and choose the GPU with "
+                  "NcclOptions::device or c10::cuda::set_device().");
+    return static_cast<c10::DeviceIndex>(local_rank);
+  }
+  const int current = c10::cuda::current_device();
+  DATAPAR_CHECK(current >= 0 && current < visible, "ProcessGroup(nccl): the current device cuda:", current,
+                " does not exist: ", visible, " CUDA device(s) are visible.");
+  return static_cast<c10::DeviceIndex>(current);
+}
+
+// `t` itself when contiguous, else a contiguous tensor like it; for outputs, whose
+// contents do not matter (made on the caller's stream: Note [Streams of an operation], a).
+at::Tensor contiguous_output(const at::Tensor& t) {
+  return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
+}
+
+// Runs NCCL calls between ncclGroupStart and ncclGroupEnd. `body` gets a function to hand
+// each call's result to; returns the first error, else ncclGroupEnd's result (ncclInProgress
+// while a non-blocking communicator enqueues). The group is always closed, even after an
+// error, since NCCL's group depth is per thread.
+ncclResult_t in_group(const std::function<void(const std::function<void(ncclResult_t)>&)>& body) {
+  ncclResult_t result = ncclGroupStart();
+  if (result != ncclSuccess) return result;
+  body([&](ncclResult_t call) {
+    if (result == ncclSuccess && call != ncclSuccess && call != ncclInProgress) result = call;
+  });
+  const ncclResult_t end = ncclGroupEnd();
+  return result != ncclSuccess ? result : end;
+}
+
 class ProcessGroupNccl : public ProcessGroup {
  public:
-  ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, NcclOptions options)
-      : ProcessGroup(rank, size), options_(options) {
-    DATAPAR_CHECK(size >= 1 && rank >= 0 && rank < size, "ProcessGroup(nccl): rank ", rank, " is outside [0, ", size,
-                  ").");
-    DATAPAR_CHECK(store != nullptr, "ProcessGroup(nccl): the store is null.");
-    // c10's count is 0, not an error, on a machine without a GPU or driver.
-    const int devices = c10::cuda::device_count();
-    DATAPAR_CHECK(devices > 0, "ProcessGroup(nccl): no CUDA device is visible. Use the gloo or mpi backend on CPUs.");
-    device_ = options_.device >= 0 ? options_.device : rank % devices;
-    DATAPAR_CHECK(device_ < devices, "ProcessGroup(nccl): device cuda:", device_, " does not exist (", devices,
-                  " visible).");
-    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-
-    // Rank 0 makes the unique id; everyone checks in before ncclCommInitRank, which
-    // would otherwise block forever for a rank that never comes.
-    auto nccl_store = std::make_shared<PrefixStore>("nccl", store);
-    ncclUniqueId id;
-    if (rank == 0) {
-      if (ncclGetUniqueId(&id) != ncclSuccess) throw CommError("ProcessGroup(nccl): ncclGetUniqueId failed.");
-      nccl_store->set("id", Bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
-    }
-    const Bytes bytes = nccl_store->get("id");
-    DATAPAR_CHECK(bytes.size() == sizeof(id), "ProcessGroup(nccl): the store holds a malformed NCCL id.");
-    std::copy(bytes.begin(), bytes.end(), reinterpret_cast<uint8_t*>(&id));
-    nccl_store->add("joined", 1);
-    for (auto deadline = std::chrono::steady_clock::now() + options_.timeout;;) {
-      if (nccl_store->add("joined", 0) >= size) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        throw TimeoutError(str_cat("ProcessGroup(nccl): rank ", rank, " waited ", options_.timeout.count(),
-                                   " ms for the other ranks to join; ", nccl_store->add("joined", 0), " of ", size,
-                                   " arrived."));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    const ncclResult_t init = ncclCommInitRank(&comm_, size, id, rank);
-    if (init != ncclSuccess) {
-      throw CommError(str_cat("ProcessGroup(nccl): ncclCommInitRank failed on rank ", rank, ": ",
-                              ncclGetErrorString(init)));
-    }
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  ProcessGroupNccl(const std::shared_ptr<Store>& store, int rank, int size, c10::DeviceIndex device,
+                   NcclOptions options)
+      : ProcessGroup(rank, size),
+        options_(options),
+        device_(device),
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)) {
+    c10::cuda::CUDAGuard guard(device_);  // for NCCL's id and init; the caller's device comes back
+    const NcclClock::time_point deadline = NcclClock::now() + options_.timeout;
+    const ncclUniqueId id = meet(store, deadline);
+    comm_ = std::make_unique<detail::NcclComm>(id, rank, size, device_, deadline, options_.timeout);
+    watchdog_ = std::make_unique<detail::NcclWatchdog>(*comm_, device_, options_.timeout);
   }
 
   ~ProcessGroupNccl() override {
-    runner_.reset();  // waits for what is in flight
-    if (comm_) ncclCommDestroy(comm_);
-    if (stream_) cudaStreamDestroy(stream_);
+    watchdog_.reset();  // every Work finishes or fails first (at most the timeout)
+    comm_.reset();      // then finalize and destroy, unless aborted (Note [Abort once])
   }
 
   std::string backend() const override { return "nccl"; }
+  c10::Device device() const override { return c10::Device(c10::kCUDA, device_); }
 
   std::shared_ptr<Work> all_reduce(at::Tensor tensor, ReduceOp op) override {
     check_tensor(tensor, "all_reduce");
-    return launch(str_cat("all_reduce(", to_string(op), ")"), {tensor}, [&](const std::vector<at::Tensor>& in) {
-      return ncclAllReduce(in[0].data_ptr(), in[0].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()),
-                           nccl_op(op), comm_, stream_);
-    });
+    detail::check_avg(op, tensor, "all_reduce");
+    const ncclDataType_t type = nccl_type(tensor.scalar_type());
+    const at::Tensor buffer = tensor.contiguous();
+    return launch({str_cat("all_reduce(", to_string(op), ")"), {tensor, buffer},
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), type, nccl_op(op),
+                                          comm, stream);
+                   },
+                   copy_back({buffer}, {tensor})});
   }
 
   std::shared_ptr<Work> broadcast(at::Tensor tensor, int root) override {
     check_tensor(tensor, "broadcast");
-    check_root(root, "broadcast");
-    return launch(str_cat("broadcast(root ", root, ")"), {tensor}, [&](const std::vector<at::Tensor>& in) {
-      return ncclBroadcast(in[0].data_ptr(), in[0].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()), root,
-                           comm_, stream_);
-    });
+    detail::check_root(root, size(), "broadcast");
+    const ncclDataType_t type = nccl_type(tensor.scalar_type());
+    const at::Tensor buffer = tensor.contiguous();
+    return launch({str_cat("broadcast(root ", root, ")"), {tensor, buffer},
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return ncclBroadcast(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), type, root, comm,
+                                          stream);
+                   },
+                   copy_back({buffer}, {tensor})});
   }
 
   std::shared_ptr<Work> reduce(at::Tensor tensor, int root, ReduceOp op) override {
     check_tensor(tensor, "reduce");
-    check_root(root, "reduce");
-    return launch(str_cat("reduce(", to_string(op), ", root ", root, ")"), {tensor},
-                  [&](const std::vector<at::Tensor>& in) {
-                    return ncclReduce(in[0].data_ptr(), in[0].data_ptr(), in[0].numel(),
-                                      nccl_type(in[0].scalar_type()), nccl_op(op), root, comm_, stream_);
-                  });
+    detail::check_root(root, size(), "reduce");
+    detail::check_avg(op, tensor, "reduce");
+    const ncclDataType_t type = nccl_type(tensor.scalar_type());
+    const at::Tensor buffer = tensor.contiguous();
+    return launch({str_cat("reduce(", to_string(op), ", root ", root, ")"), {tensor, buffer},
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return ncclReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), type, nccl_op(op), root,
+                                       comm, stream);
+                   },
+                   copy_back({buffer}, {tensor})});
   }
 
   std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input) override {
     check_tensor(input, "all_gather");
-    check_like(outputs, input, "all_gather");
-    at::Tensor flat = at::empty({size() * input.numel()}, input.options());
-    auto work = launch("all_gather", {input, flat}, [&](const std::vector<at::Tensor>& in) {
-      return ncclAllGather(in[0].data_ptr(), in[1].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()), comm_,
-                           stream_);
-    });
-    copy_out_after(flat, outputs);
-    return work;
+    check_like(outputs, input, "all_gather", "outputs");
+    const ncclDataType_t type = nccl_type(input.scalar_type());
+    const at::Tensor in = input.contiguous();
+    const int64_t count = in.numel();
+    const at::Tensor flat = at::empty({size() * count}, in.options());  // (size * count), rank r's at r * count
+    std::vector<at::Tensor> used = outputs;
+    used.insert(used.end(), {input, in, flat});
+    return launch({"all_gather", std::move(used),
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return ncclAllGather(in.data_ptr(), flat.data_ptr(), count, type, comm, stream);
+                   },
+                   [&] {
+                     for (int r = 0; r < size(); ++r) {
+                       outputs[r].copy_(flat.narrow(0, r * count, count).view(outputs[r].sizes()));
+                     }
+                   }});
   }
 
   std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) override {
     check_tensor(input, "gather");
-    check_root(root, "gather");
-    if (rank() == root) check_like(outputs, input, "gather");
-    std::vector<at::Tensor> held{input};
-    for (const at::Tensor& t : outputs) held.push_back(t);
-    return launch(str_cat("gather(root ", root, ")"), held, [&](const std::vector<at::Tensor>& in) {
-      ncclGroupStart();
-      if (rank() == root) {
-        for (int r = 0; r < size(); ++r) {
-          ncclRecv(in[r + 1].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()), r, comm_, stream_);
-        }
-      }
-      ncclSend(in[0].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()), root, comm_, stream_);
-      return ncclGroupEnd();
-    });
+    detail::check_root(root, size(), "gather");
+    if (rank() != root) outputs.clear();  // elsewhere they are not used
+    if (rank() == root) check_like(outputs, input, "gather", "outputs");
+    const ncclDataType_t type = nccl_type(input.scalar_type());
+    const at::Tensor in = input.contiguous();
+    std::vector<at::Tensor> buffers;
+    for (const at::Tensor& t : outputs) buffers.push_back(contiguous_output(t));
+    std::vector<at::Tensor> used = outputs;
+    used.insert(used.end(), buffers.begin(), buffers.end());
+    used.insert(used.end(), {input, in});
+    return launch({str_cat("gather(root ", root, ")"), std::move(used),
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return in_group([&](const auto& keep) {
+                       for (int r = 0; r < static_cast<int>(buffers.size()); ++r) {
+                         keep(ncclRecv(buffers[r].data_ptr(), in.numel(), type, r, comm, stream));
+                       }
+                       keep(ncclSend(in.data_ptr(), in.numel(), type, root, comm, stream));
+                     });
+                   },
+                   copy_back(buffers, outputs)});
   }
 
   std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) override {
     check_tensor(output, "scatter");
-    check_root(root, "scatter");
-    if (rank() == root) check_like(inputs, output, "scatter");
-    std::vector<at::Tensor> held{output};
-    for (const at::Tensor& t : inputs) held.push_back(t);
-    return launch(str_cat("scatter(root ", root, ")"), held, [&](const std::vector<at::Tensor>& in) {
-      ncclGroupStart();
-      if (rank() == root) {
-        for (int r = 0; r < size(); ++r) {
-          ncclSend(in[r + 1].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()), r, comm_, stream_);
-        }
-      }
-      ncclRecv(in[0].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()), root, comm_, stream_);
-      return ncclGroupEnd();
-    });
+    detail::check_root(root, size(), "scatter");
+    if (rank() != root) inputs.clear();  // elsewhere they are not used
+    if (rank() == root) check_like(inputs, output, "scatter", "inputs");
+    const ncclDataType_t type = nccl_type(output.scalar_type());
+    std::vector<at::Tensor> ins;
+    for (const at::Tensor& t : inputs) ins.push_back(t.contiguous());
+    const at::Tensor out = contiguous_output(output);
+    std::vector<at::Tensor> used = inputs;
+    used.insert(used.end(), ins.begin(), ins.end());
+    used.insert(used.end(), {output, out});
+    return launch({str_cat("scatter(root ", root, ")"), std::move(used),
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return in_group([&](const auto& keep) {
+                       for (int r = 0; r < static_cast<int>(ins.size()); ++r) {
+                         keep(ncclSend(ins[r].data_ptr(), out.numel(), type, r, comm, stream));
+                       }
+                       keep(ncclRecv(out.data_ptr(), out.numel(), type, root, comm, stream));
+                     });
+                   },
+                   copy_back({out}, {output})});
   }
 
   std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) override {
     check_tensor(output, "reduce_scatter");
-    check_like(inputs, output, "reduce_scatter");
-    at::Tensor flat = at::cat(flattened(inputs));
-    return launch(str_cat("reduce_scatter(", to_string(op), ")"), {output, flat},
-                  [&](const std::vector<at::Tensor>& in) {
-                    return ncclReduceScatter(in[1].data_ptr(), in[0].data_ptr(), in[0].numel(),
-                                             nccl_type(in[0].scalar_type()), nccl_op(op), comm_, stream_);
-                  });
+    check_like(inputs, output, "reduce_scatter", "inputs");
+    detail::check_avg(op, output, "reduce_scatter");
+    const ncclDataType_t type = nccl_type(output.scalar_type());
+    std::vector<at::Tensor> pieces;
+    for (const at::Tensor& t : inputs) pieces.push_back(t.reshape({-1}));
+    const at::Tensor flat = at::cat(pieces);  // (size * numel), process r's part at r * numel
+    const at::Tensor out = contiguous_output(output);
+    return launch({str_cat("reduce_scatter(", to_string(op), ")"), {output, out, flat},
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return ncclReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), type, nccl_op(op), comm,
+                                              stream);
+                   },
+                   copy_back({out}, {output})});
   }
 
   std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) override {
     check_tensor(input, "all_to_all");
     check_tensor(output, "all_to_all");
     detail::check_all_to_all(output, input, size());
-    return launch("all_to_all", {input, output}, [&](const std::vector<at::Tensor>& in) {
-      const int64_t chunk = in[0].numel() / size();
-      const size_t bytes = static_cast<size_t>(chunk) * in[0].element_size();
-      ncclGroupStart();
-      for (int r = 0; r < size(); ++r) {
-        ncclSend(static_cast<char*>(in[0].data_ptr()) + r * bytes, chunk, nccl_type(in[0].scalar_type()), r, comm_,
-                 stream_);
-        ncclRecv(static_cast<char*>(in[1].data_ptr()) + r * bytes, chunk, nccl_type(in[0].scalar_type()), r, comm_,
-                 stream_);
-      }
-      return ncclGroupEnd();
-    });
+    const ncclDataType_t type = nccl_type(input.scalar_type());
+    const at::Tensor in = input.contiguous();
+    const at::Tensor out = contiguous_output(output);
+    return launch({"all_to_all", {input, in, output, out},
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     const int64_t chunk = in.numel() / size();
+                     const size_t bytes = static_cast<size_t>(chunk) * in.element_size();
+                     return in_group([&](const auto& keep) {
+                       for (int r = 0; r < size(); ++r) {
+                         keep(ncclSend(static_cast<const char*>(in.data_ptr()) + r * bytes, chunk, type, r, comm,
+                                       stream));
+                         keep(ncclRecv(static_cast<char*>(out.data_ptr()) + r * bytes, chunk, type, r, comm, stream));
+                       }
+                     });
+                   },
+                   copy_back({out}, {output})});
   }
 
+  // Its wait() blocks the host, as PyTorch's does: code calls barrier() to line processes
+  // up, not streams.
   std::shared_ptr<Work> barrier() override {
-    at::Tensor one = at::ones({1}, at::TensorOptions().device(at::kCUDA, device_));
-    return all_reduce(one, ReduceOp::kSum);
+    const at::Tensor one = at::ones({1}, at::TensorOptions().device(device()).dtype(at::kFloat));
+    return launch({"barrier", {one},
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm, stream);
+                   },
+                   nullptr, /*blocking=*/true});
   }
 
+  // One NCCL group call for all dtypes: one Work, one end event.
   std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op) override {
-    for (const at::Tensor& t : tensors) check_tensor(t, "all_reduce_coalesced");
-    std::shared_ptr<Work> last;
-    for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
-      last = all_reduce(group.flat, op);
-      detail::unflatten_into(group, group.flat, tensors);  // queued behind the collective
+    for (const at::Tensor& t : tensors) {
+      check_tensor(t, "all_reduce_coalesced");
+      detail::check_avg(op, t, "all_reduce_coalesced", /*plural=*/true);
     }
-    return last ? last : barrier();
+    return coalesced(str_cat("all_reduce_coalesced(", to_string(op), ")"), std::move(tensors),
+                     [op](const at::Tensor& flat, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
+                       return ncclAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), type, nccl_op(op), comm,
+                                            stream);
+                     });
   }
 
   std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root) override {
     for (const at::Tensor& t : tensors) check_tensor(t, "broadcast_coalesced");
-    std::shared_ptr<Work> last;
-    for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
-      last = broadcast(group.flat, root);
-      detail::unflatten_into(group, group.flat, tensors);  // queued behind the collective
-    }
-    return last ? last : barrier();
+    detail::check_root(root, size(), "broadcast_coalesced");
+    return coalesced(str_cat("broadcast_coalesced(root ", root, ")"), std::move(tensors),
+                     [root](const at::Tensor& flat, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
+                       return ncclBroadcast(flat.data_ptr(), flat.data_ptr(), flat.numel(), type, root, comm, stream);
+                     });
   }
 
   std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag) override {
     check_tensor(tensor, "send");
     detail::check_peer(dst, rank(), size(), tag, "send");
-    return launch(str_cat("send(to ", dst, ")"), {tensor}, [&](const std::vector<at::Tensor>& in) {
-      return ncclSend(in[0].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()), dst, comm_, stream_);
-    });
+    const ncclDataType_t type = nccl_type(tensor.scalar_type());
+    const at::Tensor in = tensor.contiguous();
+    return launch({str_cat("send(to ", dst, ")"), {tensor, in},
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return ncclSend(in.data_ptr(), in.numel(), type, dst, comm, stream);
+                   },
+                   nullptr});
   }
 
   std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag) override {
     check_tensor(tensor, "recv");
     detail::check_peer(src, rank(), size(), tag, "recv");
-    return launch(str_cat("recv(from ", src, ")"), {tensor}, [&](const std::vector<at::Tensor>& in) {
-      return ncclRecv(in[0].data_ptr(), in[0].numel(), nccl_type(in[0].scalar_type()), src, comm_, stream_);
-    });
+    const ncclDataType_t type = nccl_type(tensor.scalar_type());
+    const at::Tensor out = contiguous_output(tensor);
+    return launch({str_cat("recv(from ", src, ")"), {tensor, out},
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return ncclRecv(out.data_ptr(), out.numel(), type, src, comm, stream);
+                   },
+                   copy_back({out}, {tensor})});
   }
 
  private:
-  // Runs `call` on contiguous versions of `tensors` on the group's stream, after the
-  // default stream's work; copies non-contiguous ones back after it; returns its Work.
-  template <typename Call>
-  std::shared_ptr<Work> launch(const std::string& what, const std::vector<at::Tensor>& tensors, Call&& call) {
-    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-    std::vector<at::Tensor> contiguous;
-    for (const at::Tensor& t : tensors) contiguous.push_back(t.contiguous());
-    cudaEvent_t ready = nullptr, done = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(ready, cudaStreamLegacy), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
-    const ncclResult_t result = call(contiguous);
-    if (result != ncclSuccess) {
-      cudaEventDestroy(ready);
-      cudaEventDestroy(done);
-      throw CommError(str_cat(what, " on rank ", rank(), " of ", size(), " (nccl) failed: ", ncclGetErrorString(result),
-                              " ", ncclGetLastError(comm_)));
+  // One operation, as the methods above describe it to launch().
+  struct Launch {
+    std::string op;                   // "all_reduce(sum)", for messages
+    std::vector<at::Tensor> tensors;  // every tensor used on the communication stream
+    std::function<ncclResult_t(ncclComm_t, cudaStream_t)> calls;  // the NCCL call(s)
+    std::function<void()> after;      // ATen copies for (d); may be empty
+    bool blocking = false;            // wait() blocks the host whatever blocking_wait says
+  };
+
+  // Steps (b)-(e) of Note [Streams of an operation]; the caller did (a).
+  std::shared_ptr<Work> launch(Launch operation) {
+    std::lock_guard<std::mutex> lock(launch_mutex_);  // Note [One launch at a time]
+    comm_->check_alive(operation.op);
+    const NcclClock::time_point deadline = NcclClock::now() + options_.timeout;
+    c10::cuda::CUDAGuard guard(device_);
+    ready_.record(c10::cuda::getCurrentCUDAStream(device_));  // (b)
+    ready_.block(stream_);
+    for (const at::Tensor& t : operation.tensors) {
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
     }
-    check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
-    // Results reach non-contiguous tensors by copies queued behind the collective.
-    check_cuda(cudaStreamWaitEvent(cudaStreamLegacy, done, 0), "cudaStreamWaitEvent");
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      if (!contiguous[i].is_same(tensors[i])) tensors[i].copy_(contiguous[i]);
+    comm_->enqueue(  // (c)
+        operation.op, [&](ncclComm_t comm) { return operation.calls(comm, stream_.stream()); }, deadline);
+    if (operation.after) {  // (d): ATen queues on the current stream, C for this scope
+      c10::cuda::CUDAStreamGuard on_comm_stream(stream_);
+      operation.after();
     }
-    const auto timeout = options_.timeout;
-    ncclComm_t comm = comm_;
-    return runner_->push(str_cat(what, " on rank ", rank(), " of ", size(), " (nccl)"),
-                         [contiguous, ready, done, timeout, comm] {
-                           const auto deadline = std::chrono::steady_clock::now() + timeout;
-                           cudaError_t state;
-                           while ((state = cudaEventQuery(done)) == cudaErrorNotReady) {
-                             ncclResult_t async = ncclSuccess;
-                             ncclCommGetAsyncError(comm, &async);
-                             if (async != ncclSuccess || std::chrono::steady_clock::now() > deadline) {
-                               ncclCommAbort(comm);  // unblocks the stream; the group is unusable now
-                               throw TimeoutError(str_cat("did not complete within ", timeout.count(),
-                                                          " ms (", ncclGetErrorString(async),
-                                                          "); a peer is missing or failed. The group was aborted."));
-                             }
-                             std::this_thread::sleep_for(std::chrono::microseconds(50));
-                           }
-                           cudaEventDestroy(ready);
-                           cudaEventDestroy(done);
-                           check_cuda(state, "cudaEventQuery");
-                         });
+    auto end = std::make_shared<at::cuda::CUDAEvent>();  // (e); cudaEventDisableTiming
+    end->record(stream_);
+    auto work = std::make_shared<detail::NcclWork>(comm_->describe(operation.op), device_, end,
+                                                   options_.blocking_wait || operation.blocking);
+    watchdog_->push({work, operation.op, std::move(end), std::move(operation.tensors), deadline});
+    return work;
   }
 
-  void copy_out_after(const at::Tensor& flat, std::vector<at::Tensor>& outputs) {
-    int64_t offset = 0;
-    for (at::Tensor& out : outputs) {
-      out.copy_(flat.narrow(0, offset, out.numel()).view(out.sizes()));
-      offset += out.numel();
+  // The *_coalesced operations: one flat buffer per dtype (made on the caller's stream),
+  // `call` on each inside one NCCL group, the buffers copied back behind it.
+  std::shared_ptr<Work> coalesced(
+      const std::string& op, std::vector<at::Tensor> tensors,
+      const std::function<ncclResult_t(const at::Tensor&, ncclDataType_t, ncclComm_t, cudaStream_t)>& call) {
+    if (tensors.empty()) return barrier();  // still one operation, as on every other rank
+    std::vector<detail::FlatGroup> groups = detail::flatten_by_dtype(tensors);
+    std::vector<ncclDataType_t> types;
+    std::vector<at::Tensor> used = tensors;
+    for (const detail::FlatGroup& g : groups) {
+      types.push_back(nccl_type(g.flat.scalar_type()));
+      used.push_back(g.flat);
     }
+    return launch({op, std::move(used),
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return in_group([&](const auto& keep) {
+                       for (size_t g = 0; g < groups.size(); ++g) keep(call(groups[g].flat, types[g], comm, stream));
+                     });
+                   },
+                   [&] {
+                     for (const detail::FlatGroup& g : groups) detail::unflatten_into(g, g.flat, tensors);
+                   }});
   }
 
-  static std::vector<at::Tensor> flattened(const std::vector<at::Tensor>& list) {
-    std::vector<at::Tensor> out;
-    for (const at::Tensor& t : list) out.push_back(t.reshape({-1}));
-    return out;
+  // (d) for outputs that went through a contiguous buffer; empty when none did.
+  static std::function<void()> copy_back(std::vector<at::Tensor> buffers, std::vector<at::Tensor> outputs) {
+    bool any = false;
+    for (size_t i = 0; i < buffers.size(); ++i) any = any || !buffers[i].is_same(outputs[i]);
+    if (!any) return nullptr;
+    return [buffers = std::move(buffers), outputs = std::move(outputs)] {
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        if (!buffers[i].is_same(outputs[i])) outputs[i].copy_(buffers[i]);
+      }
+    };
+  }
+
+  ncclUniqueId meet(const std::shared_ptr<Store>& store, NcclClock::time_point deadline) const {
+    // Rank 0 makes the unique id; everyone checks in before the init, so that a rank that
+    // never comes shows as a count of arrivals rather than as a silent NCCL init.
+    auto nccl_store = std::make_shared<PrefixStore>("nccl", store);
+    ncclUniqueId id;
+    if (rank() == 0) {
+      const ncclResult_t made = ncclGetUniqueId(&id);
+      if (made != ncclSuccess) {
+        throw CommError(str_cat("ProcessGroup(nccl): ncclGetUniqueId failed on rank 0: ", ncclGetErrorString(made),
+                                ". Run with NCCL_DEBUG=INFO for details."));
+      }
+      nccl_store->set("id", Bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
+    }
+    const Bytes bytes = nccl_store->get("id");
+    DATAPAR_CHECK(bytes.size() == sizeof(id), "ProcessGroup(nccl): the store holds a malformed NCCL id.");
+    std::copy(bytes.begin(), bytes.end(), reinterpret_cast<uint8_t*>(&id));
+    nccl_store->add("joined", 1);
+    for (;;) {
+      const int64_t joined = nccl_store->add("joined", 0);
+      if (joined >= size()) break;
+      if (NcclClock::now() > deadline) {
+        throw TimeoutError(str_cat("ProcessGroup(nccl): rank ", rank(), " waited ",
+                                   std::chrono::duration<double>(options_.timeout).count(),
+                                   " s for the other ranks to join; ", joined, " of ", size(),
+                                   " arrived. Start every rank, or raise the timeout."));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return id;
   }
 
   void check_tensor(const at::Tensor& tensor, const char* what) const {
     DATAPAR_CHECK(tensor.defined(), what, ": the tensor is undefined.");
     DATAPAR_CHECK(tensor.is_cuda() && tensor.device().index() == device_, what,
-                  ": the nccl backend takes tensors on this rank's device cuda:", device_, ", not ", tensor.device(),
+                  ": the nccl backend takes tensors on this rank's device ", device(), ", not ", tensor.device(),
                   ". Use the gloo or mpi backend for CPU tensors.");
+    DATAPAR_CHECK(tensor.layout() == at::kStrided, what, ": the nccl backend takes dense tensors, not ",
+                  tensor.layout(), " ones.");
   }
 
-  void check_root(int root, const char* what) const { detail::check_root(root, size(), what); }
-
-  void check_like(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* what) const {
-    DATAPAR_CHECK(static_cast<int>(list.size()) == size(), what, ": ", list.size(), " tensors for ", size(),
+  void check_like(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* what,
+                  const char* name) const {
+    DATAPAR_CHECK(static_cast<int>(list.size()) == size(), what, ": ", list.size(), " ", name, " for ", size(),
                   " processes; give one per process.");
-    for (const at::Tensor& t : list) {
-      check_tensor(t, what);
-      DATAPAR_CHECK(t.sizes() == like.sizes() && t.scalar_type() == like.scalar_type(), what,
-                    ": every tensor must have shape ", like.sizes(), " and type ", like.scalar_type(), ".");
+    for (size_t i = 0; i < list.size(); ++i) {
+      check_tensor(list[i], what);
+      DATAPAR_CHECK(list[i].sizes() == like.sizes() && list[i].scalar_type() == like.scalar_type(), what, ": ",
+                    name, "[", i, "] must have shape ", like.sizes(), " and type ", like.scalar_type(), ", not ",
+                    list[i].sizes(), " ", list[i].scalar_type(), ".");
     }
   }
 
-  NcclOptions options_;
-  int device_ = 0;
-  ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<detail::OrderedRunner> runner_ = std::make_unique<detail::OrderedRunner>("nccl");
+  const NcclOptions options_;
+  const c10::DeviceIndex device_;
+  const c10::cuda::CUDAStream stream_;  // C of Note [Streams of an operation]
+  std::mutex launch_mutex_;             // Note [One launch at a time]
+  at::cuda::CUDAEvent ready_;           // (b); re-recorded by each launch, under launch_mutex_
+  std::unique_ptr<detail::NcclComm> comm_;
+  std::unique_ptr<detail::NcclWatchdog> watchdog_;
 };
 
 }  // namespace
 
 std::shared_ptr<ProcessGroup> new_nccl_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                      NcclOptions options) {
-  return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options);
+  DATAPAR_CHECK(size >= 1 && rank >= 0 && rank < size, "ProcessGroup(nccl): rank ", rank, " is outside [0, ", size,
+                ").");
+  DATAPAR_CHECK(store != nullptr, "ProcessGroup(nccl): the store is null.");
+  const c10::DeviceIndex device = choose_device(options.device);
+  return std::make_shared<ProcessGroupNccl>(store, rank, size, device, options);
 }
 
 }  // namespace datapar
