@@ -118,7 +118,7 @@ void DdpCore::join(const std::function<void()>& train) {
   // Out of inputs: shadow the others' iterations until every rank is here.
   for (;;) {
     at::Tensor flags = metadata_zeros(*group_, 3, at::kLong);
-    group_->all_reduce(flags)->wait(options_.timeout);
+    group_->all_reduce(flags)->synchronize(options_.timeout);  // read on the host
     const std::vector<int64_t> f = host_int64s(flags);
     if (f[0] == 0) break;
     broadcast_buffers();
@@ -128,7 +128,7 @@ void DdpCore::join(const std::function<void()>& train) {
   impl_->joining = false;
   // The rank that trained longest (the highest such rank on a tie) holds the model to keep.
   at::Tensor key = metadata_tensor(*group_, std::vector<int64_t>{impl_->iterations * group_->size() + group_->rank()});
-  group_->all_reduce(key, ReduceOp::kMax)->wait(options_.timeout);
+  group_->all_reduce(key, ReduceOp::kMax)->synchronize(options_.timeout);
   const int source = static_cast<int>(host_int64s(key).front() % group_->size());
   group_->broadcast_coalesced(impl_->params_and_buffers(), source)->wait(options_.timeout);
 }

@@ -172,7 +172,7 @@ void Reducer::prepare_forward(bool sync, int64_t samples) {
   if (rebuild_pending_) {
     // Everyone takes rank 0's arrival order, so all ranks keep identical buckets.
     at::Tensor order = metadata_tensor(*group_, std::vector<int64_t>(arrival_.begin(), arrival_.end()));
-    group_->broadcast(order, 0)->wait(options_.timeout);
+    group_->broadcast(order, 0)->synchronize(options_.timeout);  // read on the host
     std::vector<size_t> rebuilt;
     for (int64_t i : host_int64s(order)) rebuilt.push_back(static_cast<size_t>(i));
     build_buckets(rebuilt);
@@ -317,7 +317,7 @@ void Reducer::finalize() {
   double total_samples = samples_;
   std::vector<bool> used_anywhere(params_.size(), true);
   if (meta_work_) {
-    meta_work_->wait(options_.timeout);
+    meta_work_->synchronize(options_.timeout);  // read on the host
     const std::vector<double> data = host_doubles(meta_);
     total_samples = data[0];
     for (size_t i = 0; i < params_.size(); ++i) used_anywhere[i] = data[i + 1] > 0;

@@ -46,7 +46,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const at::TensorOptions on_group = group->options(at::kDouble);
     at::Tensor stats = at::cat({x.sum(dims).to(on_group), x.pow(2).sum(dims).to(on_group),
                                 at::full({1}, static_cast<double>(x.numel() / channels), on_group)});
-    group->all_reduce(stats, ReduceOp::kSum)->wait();
+    group->all_reduce(stats, ReduceOp::kSum)->synchronize();  // the count is read on the host
     const double count = host_doubles(stats.narrow(0, 2 * channels, 1)).front();
     DATAPAR_CHECK(count > 1, "SyncBatchNorm: ", count, " value(s) per channel over all ranks; need more than 1.");
     stats = stats.to(x.device());

@@ -11,6 +11,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <sched.h>
@@ -88,8 +90,27 @@ struct DeviceWorkers::Shared {
   bool stopping = false;
   const std::function<void(size_t)>* task = nullptr;
   const at::ThreadLocalState* state = nullptr;
+  const std::vector<c10::Stream>* streams = nullptr;  // the caller's current CUDA streams
   std::vector<std::exception_ptr> errors;
 };
+
+// Note [The caller's streams]
+// CUDA's current stream is per thread and per device, and at::ThreadLocalState does not
+// carry it. A worker runs its task on the streams that are current in the thread that
+// called run(), on every CUDA device of the pool, as PyTorch's parallel_apply does: the
+// replica's kernels, and the copies that refresh it from the master (whose source lives
+// on the master's device), are then ordered after what the caller queued, e.g. its
+// optimizer step on a stream of its own.
+std::vector<c10::Stream> DeviceWorkers::callers_cuda_streams() const {
+  std::vector<c10::Stream> streams;
+  for (const Device& device : devices_) {
+    if (!device.is_cuda()) continue;
+    const c10::Device d = device.torch_device();
+    if (std::any_of(streams.begin(), streams.end(), [&](const c10::Stream& s) { return s.device() == d; })) continue;
+    streams.push_back(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(d));
+  }
+  return streams;
+}
 
 std::shared_ptr<DeviceWorkers> DeviceWorkers::for_devices(const std::vector<Device>& devices) {
   static std::mutex mutex;
@@ -194,12 +215,15 @@ void DeviceWorkers::loop(size_t index) {
     seen = s.generation;
     const auto* task = s.task;
     const auto* state = s.state;
+    const auto* streams = s.streams;
     lock.unlock();
 
     std::exception_ptr error;
     try {
       at::ThreadLocalStateGuard tls(*state);
       if (device.is_cuda()) {
+        // Note [The caller's streams]
+        c10::MultiStreamGuard on_callers_streams(*streams);
         c10::DeviceGuard guard(device.torch_device());
         (*task)(index);
       } else {
@@ -234,10 +258,12 @@ void DeviceWorkers::run(size_t n, const std::function<void(size_t)>& task, const
   } else {
     std::lock_guard<std::mutex> one_at_a_time(shared_->run_mutex);
     const at::ThreadLocalState state;
+    const std::vector<c10::Stream> streams = callers_cuda_streams();
     {
       std::lock_guard<std::mutex> lock(shared_->mutex);
       shared_->task = &task;
       shared_->state = &state;
+      shared_->streams = &streams;
       shared_->active = n;
       shared_->skip = on_caller;
       shared_->pending = on_caller < n ? n - 1 : n;

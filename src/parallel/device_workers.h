@@ -7,6 +7,8 @@
 // always runs on the thread of devices[i].
 #pragma once
 
+#include <c10/core/Stream.h>
+
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -57,6 +59,8 @@ class DeviceWorkers {
  private:
   struct Worker;
   void loop(size_t index);
+  // The calling thread's current stream on each CUDA device of the pool (none on CPUs).
+  std::vector<c10::Stream> callers_cuda_streams() const;
 
   std::vector<Device> devices_;
   std::vector<std::unique_ptr<Worker>> workers_;

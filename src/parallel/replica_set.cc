@@ -34,9 +34,13 @@ std::shared_ptr<torch::nn::Module> clone_keeping_rng(const torch::nn::Module& ma
 // Copies `master`'s values into `replica` on `device`: in place where shape and dtype
 // allow (the replica keeps its memory), else into new memory of its own (never the
 // master's, even on the master's device).
+// Written through variable_data(), which shares the memory but not the version counter:
+// the graph of an earlier forward that saved this replica's parameters (two forwards
+// before one backward, retain_graph) must stay usable, as with shared replicas, which
+// the optimizer also writes through p.data().
 void copy_into(at::Tensor& replica, const at::Tensor& master, const c10::Device& device) {
   if (replica.is_same_size(master) && replica.dtype() == master.dtype() && replica.data_ptr() != master.data_ptr()) {
-    replica.copy_(master, /*non_blocking=*/true);
+    replica.variable_data().copy_(master, /*non_blocking=*/true);
   } else {
     replica.set_data(master.to(device, master.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
   }
@@ -123,12 +127,18 @@ void ReplicaSet::refresh_shared() {
       }
       if (replica.requires_grad() != master.requires_grad()) replica.requires_grad_(master.requires_grad());
     }
+    // Buffers here, not on the replicas' threads: replica 0's forward updates the master's
+    // buffers it shares (BatchNorm's running statistics) while the others would read them.
+    const c10::Device device = devices_[r].torch_device();
     for (size_t j = 0; j < master_buffers_.size(); ++j) {
       const at::Tensor& master = master_buffers_[j];
       at::Tensor& replica = replica_buffers_[r][j];
-      if (r == 0 && master.defined() && replica.defined() && shares(r, master) &&
-          replica.data_ptr() != master.data_ptr()) {
-        replica.set_data(master);
+      if (!master.defined() || !replica.defined()) continue;
+      if (r == 0 && shares(r, master)) {
+        if (replica.data_ptr() != master.data_ptr()) replica.set_data(master);
+      } else {
+        // Other replicas update their own copy (their running statistics are discarded).
+        copy_into(replica, master, device);
       }
     }
   }
@@ -143,13 +153,6 @@ void ReplicaSet::refresh_copies(size_t r) {
     if (shares(r, master)) continue;
     copy_into(replica_params_[r][j], master, device);  // Note [Refreshing copies every forward]
     ++copies;
-  }
-  for (size_t j = 0; j < master_buffers_.size(); ++j) {
-    const at::Tensor& master = master_buffers_[j];
-    at::Tensor& replica = replica_buffers_[r][j];
-    if (!master.defined() || !replica.defined() || (r == 0 && shares(r, master))) continue;
-    // Other replicas update their own copy (their running statistics are discarded).
-    copy_into(replica, master, device);
   }
   parameter_copies_.fetch_add(copies, std::memory_order_relaxed);
 }

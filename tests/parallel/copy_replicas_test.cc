@@ -168,6 +168,29 @@ TEST(CopyReplicas, ReplacedParametersMatchOneDevice) {
   }});
 }
 
+// Refreshing a copy must not invalidate the graph of an earlier forward that saved it: two
+// forwards, then one backward over both (gradient accumulation written as one loss).
+TEST(CopyReplicas, TwoForwardsThenOneBackward) {
+  torch::manual_seed(13);
+  ConvNet model;
+  model->to(at::kDouble);
+  ConvNet reference = copy_of(model);
+  reference->to(at::kDouble);
+  DataParallelOptions options;
+  options.devices = cpu_devices(2);
+  options.replicas = ReplicaStorage::kCopy;
+  DataParallel dp(model, options);
+  const at::Tensor x1 = at::randn({6, 1, 12, 12}, at::kDouble), x2 = at::randn({6, 1, 12, 12}, at::kDouble);
+  const at::Tensor y1 = at::randint(0, 10, {6}), y2 = at::randint(0, 10, {6});
+  (at::cross_entropy_loss(dp(x1), y1) + at::cross_entropy_loss(dp(x2), y2)).backward();
+  (at::cross_entropy_loss(reference(x1), y1) + at::cross_entropy_loss(reference(x2), y2)).backward();
+  const auto got = model->named_parameters();
+  const auto want = reference->named_parameters();
+  for (size_t j = 0; j < got.size(); ++j) {
+    EXPECT_LE(max_difference(got[j].value().grad(), want[j].value().grad()), kTolerance) << got[j].key();
+  }
+}
+
 // The shared default on CPU devices trains the same way without a single copy.
 TEST(CopyReplicas, SharedReplicasNeedNoCopies) {
   torch::manual_seed(11);

@@ -57,7 +57,8 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 // Waits for the work queued on the group's device: on a GPU, kernels and collectives run
 // after the host has moved on, so a host clock read is only a time once they are done.
 // (Copying one value to the host waits for the current stream, which DDP's collectives
-// join through Work::wait.)
+// join through Work::wait.) On a GPU the step parts (forward, backward, optimizer) time
+// what the host queued, not what the device ran; the step times are exact.
 void synchronize(const ProcessGroup& group) {
   if (!group.device().is_cpu()) (void)host_doubles(metadata_zeros(group, 1, at::kDouble));
 }
@@ -80,19 +81,21 @@ PhaseTimes time_steps(ProcessGroup& group, int warmup, int steps, Step&& step, S
   for (int i = 0; i < warmup; ++i) step(i);
   if (parts) *parts = StepParts{};
   group.barrier()->wait();
+  synchronize(group);
   const double thread_start = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
   const double process_start = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
   const auto start = Clock::now();
   for (int i = 0; i < steps; ++i) step(i);
+  synchronize(group);
   const double elapsed = seconds_since(start);
   const double thread_cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - thread_start;
   const double process_cpu = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - process_start;
-  at::Tensor t = at::tensor({elapsed / steps, parts ? median(parts->forward) : 0.0,
-                             parts ? median(parts->backward) : 0.0, parts ? median(parts->optimizer) : 0.0,
-                             thread_cpu / steps, (process_cpu - thread_cpu) / steps},
-                            at::kDouble);
-  group.all_reduce(t, ReduceOp::kMax)->wait();
-  const double* v = t.data_ptr<double>();
+  at::Tensor t = metadata_tensor(group, std::vector<double>{elapsed / steps, parts ? median(parts->forward) : 0.0,
+                                                            parts ? median(parts->backward) : 0.0,
+                                                            parts ? median(parts->optimizer) : 0.0, thread_cpu / steps,
+                                                            (process_cpu - thread_cpu) / steps});
+  group.all_reduce(t, ReduceOp::kMax)->synchronize();
+  const std::vector<double> v = host_doubles(t);
   return {v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 
@@ -100,10 +103,12 @@ template <typename Module>
 int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& group,
               const std::function<Module()>& make) {
   const int rank = group.rank(), world = group.size();
+  const c10::Device device = group.device();  // nccl: cuda:LOCAL_RANK
   std::vector<Batch> batches;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + rank);
   for (int i = 0; i < 4; ++i) {
-    batches.push_back({at::randn({batch, 1, 28, 28}, gen, at::kFloat), at::randint(10, {batch}, gen, at::kLong)});
+    batches.push_back({at::randn({batch, 1, 28, 28}, gen, at::kFloat).to(device),
+                       at::randint(10, {batch}, gen, at::kLong).to(device)});
   }
   StepParts local_parts, ddp_parts;
   auto train_step = [&](auto& forward, torch::optim::SGD& sgd, StepParts& parts, int i) {
@@ -122,6 +127,7 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
 
   torch::manual_seed(0);
   Module local = make();
+  local->to(device);
   torch::optim::SGD local_sgd(local->parameters(), 0.01);
   auto local_forward = [&](const at::Tensor& x) { return local->forward(x); };
   const PhaseTimes local_times = time_steps(
@@ -129,6 +135,7 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
 
   torch::manual_seed(0);
   Module model = make();
+  model->to(device);
   DdpOptions ddp_options;
   ddp_options.gradient_as_bucket_view = o.gradient_as_bucket_view;
   DistributedDataParallel ddp(model.ptr(), nullptr, ddp_options);
@@ -138,7 +145,7 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   // that finished backward first also waits for the other ranks to catch up; the one that
   // finished last waits for communication only: the step's minimum over ranks is the
   // communication backward did not hide.
-  at::Tensor waits = at::zeros({o.warmup + steps}, at::kDouble);
+  std::vector<double> waits(o.warmup + steps);
   int64_t taken = 0;  // warmup steps first, then the timed ones
   const PhaseTimes ddp_times = time_steps(
       group, o.warmup, steps,
@@ -148,8 +155,11 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
         waits[taken++] = std::chrono::duration<double>(ddp.communication_stats().exposed_wait - before).count();
       },
       &ddp_parts);
-  group.all_reduce(waits, ReduceOp::kMin)->wait();
-  const double t_exposed = waits.narrow(0, o.warmup, steps).mean().item<double>();
+  at::Tensor min_waits = metadata_tensor(group, waits);
+  group.all_reduce(min_waits, ReduceOp::kMin)->synchronize();
+  const std::vector<double> min_wait = host_doubles(min_waits);
+  double t_exposed = 0;
+  for (int i = o.warmup; i < o.warmup + steps; ++i) t_exposed += min_wait[i] / steps;
 
   // The same bytes in the same buckets, all-reduced with nothing else running.
   std::vector<at::Tensor> flats;
@@ -158,7 +168,7 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   for (const auto& bucket : ddp.bucket_indices()) {
     int64_t numel = 0;
     for (size_t i : bucket) numel += params[i].numel();
-    flats.push_back(at::zeros({numel}));
+    flats.push_back(at::zeros({numel}, group.options(at::kFloat)));
     bytes += numel * 4;
   }
   const double t_comm = time_steps(group, o.warmup, steps, [&](int) {

@@ -102,9 +102,9 @@ void xavier_init(torch::nn::Module& model) {
 template <typename T>
 std::vector<T> reduce(const std::vector<T>& values, ReduceOp op) {
   if (!is_initialized()) return values;
-  const ProcessGroup& group = *default_group();
+  ProcessGroup& group = *default_group();
   at::Tensor t = metadata_tensor(group, values);
-  default_group()->all_reduce(t, op)->wait();
+  group.all_reduce(t, op)->synchronize();
   if constexpr (std::is_same_v<T, int64_t>) {
     return host_int64s(t);
   } else {
@@ -299,7 +299,12 @@ int run_plan(const TrainPlan& plan) {
   tune_cpu_allocator();
 
   // 2. Join the job before loading data, so that a rank that cannot join fails fast.
-  if (o.mode == "ddp") init_process_group(o.backend, "env://", plan.rank, plan.world_size, std::chrono::minutes(5));
+  if (o.mode == "ddp") {
+    // The nccl group takes cuda:LOCAL_RANK (nccl.h), where plan_training put this rank's
+    // model; mpirun and srun give the local rank under other names.
+    ::setenv("LOCAL_RANK", std::to_string(plan.local_rank).c_str(), /*overwrite=*/0);
+    init_process_group(o.backend, "env://", plan.rank, plan.world_size, std::chrono::minutes(5));
+  }
 
   // 3. Data (FashionMnist names any missing or damaged file here, still before training).
   const Data data = load_data(plan);

@@ -85,14 +85,16 @@ std::vector<Device> ddp_local_devices(const TrainOptions& o, int local_world_siz
 
 // ddp: the backend for a rank on `device`: the one given, else nccl on CUDA and
 // default_backend() on CPUs; refused where backend and device cannot work together.
-std::string ddp_backend(const std::string& given, const Device& device, int local_rank) {
+std::string ddp_backend(const std::string& given, const Device& device, int local_rank, int cuda_count) {
   const std::string backend = !given.empty() ? given : device.is_cuda() ? "nccl" : default_backend();
   if (backend == "nccl") {
     DATAPAR_CHECK(device.is_cuda(), "--backend nccl: this rank trains on ", device,
                   ", but nccl moves CUDA tensors only.\n---> HINT: use --backend gloo on CPUs.");
-    // The nccl group takes cuda:LOCAL_RANK (nccl.h), so the model must be there too.
-    DATAPAR_CHECK(device.index == local_rank, "--devices: local rank ", local_rank, " would train on ", device,
-                  ", but its nccl group uses cuda:", local_rank,
+    // The nccl group takes cuda:LOCAL_RANK, or the one GPU a process sees (nccl.h), so the
+    // model must be there too.
+    const int group_device = cuda_count == 1 ? 0 : local_rank;
+    DATAPAR_CHECK(device.index == group_device, "--devices: local rank ", local_rank, " would train on ", device,
+                  ", but its nccl group uses cuda:", group_device,
                   ".\n---> HINT: leave out --devices (rank k takes cuda:k) and pick GPUs with CUDA_VISIBLE_DEVICES.");
   } else {
     DATAPAR_CHECK(!device.is_cuda(), "--backend ", backend, ": this rank trains on ", device, ", but ", backend,
@@ -169,7 +171,7 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
     for (int r = 0; r < plan.world_size; ++r) job.push_back(local[r % plan.local_world_size]);
     plan.devices_label = to_string(job);
     plan.parallelism = plan.world_size;
-    plan.options.backend = ddp_backend(o.backend, plan.devices.front(), plan.local_rank);
+    plan.options.backend = ddp_backend(o.backend, plan.devices.front(), plan.local_rank, inventory.cuda_count);
   }
 
   // Linear scaling (d2l, Goyal et al.): N workers, N times the batch and the learning rate.

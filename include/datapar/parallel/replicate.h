@@ -55,9 +55,9 @@ class ReplicaSet {
   // The same as refresh_shared() and then refresh_copies(r) for every replica.
   void refresh();
   // What must happen on the calling thread first: the master's current parameters, modes,
-  // and the replicas that share the master's memory.
+  // the replicas that share the master's memory, and every replica's buffers.
   void refresh_shared();
-  // Replica r's copies of the master's parameters and buffers (none where it shares them).
+  // Replica r's copies of the master's parameters (none where it shares them).
   // Safe to run for different replicas on different threads, after refresh_shared().
   void refresh_copies(size_t r);
 

@@ -30,6 +30,12 @@ class Work {
   // than once.
   void wait(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
 
+  // Blocks the calling thread until the operation has finished, on every backend, at most
+  // `timeout`, and throws its error as wait() does; on a device backend also orders the
+  // current stream after it. For results the host reads and acts on (metadata.h): after a
+  // non-blocking wait() a failed collective would leave the host reading partial data.
+  void synchronize(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
+
   // Whether the operation has finished (successfully or not). Never blocks.
   bool is_completed() const;
 

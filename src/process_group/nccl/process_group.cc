@@ -93,6 +93,9 @@ c10::DeviceIndex choose_device(int requested) {
                   ").");
     return static_cast<c10::DeviceIndex>(requested);
   }
+  // One visible GPU (CUDA_VISIBLE_DEVICES narrowed per process, as Slurm does): that one,
+  // whatever the local rank.
+  if (visible == 1) return 0;
   if (const char* text = std::getenv("LOCAL_RANK")) {
     int local_rank = -1;
     const char* end = text + std::strlen(text);

@@ -47,6 +47,8 @@ void NcclWatchdog::fail_queued() {
   }
   // Their tensors may still be in use by kernels the abort did not stop: recordStream
   // (Note [Streams of an operation] in process_group.cc) keeps the memory from reuse.
+  // All of them fail, even those whose end event has completed: after the abort, an event
+  // also completes for kernels the abort cut short, so a completion says nothing of the data.
   for (Entry& entry : failed) entry.work->fail(std::make_exception_ptr(CommError(comm_.dead_message(entry.op))));
 }
 
