@@ -65,6 +65,9 @@ struct DdpOptions {
   // Weigh each rank's gradient by its sample count instead of dividing by world size.
   bool average_by_samples = false;
   // A bucket whose all-reduce has not completed after this long prints a warning naming it.
+  // Host backends only: on nccl backward does not wait on the host for its buckets (the
+  // current stream waits); there the group's watchdog turns a stalled bucket into a
+  // TimeoutError at the group's timeout, and the next step's first collective throws.
   std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
   // Limit for every collective DDP waits for.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
