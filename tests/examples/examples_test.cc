@@ -2,6 +2,8 @@
 // data-parallel tutorial and of the functional data_parallel.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -139,6 +141,31 @@ TEST(Cli, BenchCollectivesPrintsATable) {
   const ProgramRun bad = run(bin("datapar") + " bench collectives --sizes 4XB");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("unknown unit \"XB\""), std::string::npos) << bad.output;
+}
+
+// Bad numbers are refused before any process starts, with exit code 2: no crash, no abort.
+TEST(Cli, BenchCollectivesRefusesBadNumbers) {
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--iters 0", "--iters 0: time at least 1 iteration per size."},
+           {"--warmup -1", "--warmup -1: must not be negative."},
+           {"--sizes 99999999999999999999", "\"99999999999999999999\" is more than 16 GiB per process"},
+           {"--sizes 99999999GiB", "\"99999999GiB\" is more than 16 GiB per process"},
+           {"--sizes 17GiB", "\"17GiB\" is more than 16 GiB per process"}}) {
+    const ProgramRun r = run(bin("datapar") + " bench collectives --nproc 2 " + args);
+    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+  }
+}
+
+TEST(Cli, LaunchRefusesAGracePeriodThatIsNotANumberOfSeconds) {
+  for (const std::string value : {"nan", "-1", "inf"}) {
+    const ProgramRun r = run(bin("datapar") + " launch --grace-period " + value + " -- true");
+    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << value << ": " << r.output;
+    // Ours ("launch: --grace-period nan: give the seconds ..."), or CLI11's for a value it
+    // does not take as a number; both name the option.
+    EXPECT_NE(r.output.find("--grace-period"), std::string::npos) << value << ": " << r.output;
+    EXPECT_EQ(r.output.find("still running"), std::string::npos) << value << ": " << r.output;
+  }
 }
 
 TEST(Cli, BenchCollectivesOnMpiStartsItselfThroughMpirun) {

@@ -119,7 +119,13 @@ std::vector<int64_t> parse_sizes(const std::string& list) {
       if (unit == name) scale = value;
     }
     DATAPAR_CHECK(scale > 0, "--sizes: unknown unit \"", unit, "\" in \"", item, "\"; use B, KiB, MiB or GiB.");
-    sizes.push_back(std::stoll(item.substr(0, digits)) * scale);
+    // Bounded before it is multiplied or allocated: every process holds the tensor (and
+    // all_gather n of them).
+    constexpr int64_t kLargest = int64_t{16} << 30;
+    const std::string number = item.substr(0, digits);
+    const bool fits = number.size() <= 12 && std::stoll(number) <= kLargest / scale;
+    DATAPAR_CHECK(fits, "--sizes: \"", item, "\" is more than 16 GiB per process; give at most 16GiB.");
+    sizes.push_back(std::stoll(number) * scale);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
@@ -130,6 +136,9 @@ int bench_collectives(const BenchCollectivesOptions& given) {
   const BenchCollectivesOptions& options = given;
   DATAPAR_CHECK(options.op == "all_reduce" || options.op == "broadcast" || options.op == "all_gather",
                 "--op: \"", options.op, "\" is not one of all_reduce, broadcast, all_gather.");
+  DATAPAR_CHECK(options.iters >= 1, "--iters ", options.iters, ": time at least 1 iteration per size.");
+  DATAPAR_CHECK(options.warmup >= 0, "--warmup ", options.warmup, ": must not be negative.");
+  DATAPAR_CHECK(!options.sizes.empty(), "--sizes: no size given; write e.g. 4KiB,1MiB,64MiB.");
   return run_job(
       options.nproc, "datapar bench collectives",
       [&](const std::string& init, int rank, int world) { return run_rank(options, init, rank, world); },

@@ -2,6 +2,7 @@
 // bench ddp. Bad usage exits 2.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <iostream>
 #include <string>
 
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
       "collectives", "Time collectives over N local processes (or under a launcher), like nccl-tests");
   bench_collectives->add_option("--nproc", collectives.nproc, "Processes to start when not under a launcher (default 2)");
   bench_collectives->add_option("--backend", collectives.backend,
-                                "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: mpi under mpirun, else gloo)");
+                                "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
   bench_collectives->add_option("--op", collectives.op, "all_reduce, broadcast or all_gather (default all_reduce)");
   bench_collectives->add_option("--sizes", sizes, "Bytes per process, e.g. 4KiB,1MiB,64MiB (default 4KiB..64MiB)");
   bench_collectives->add_option("--iters", collectives.iters, "Timed iterations per size (default 20)");
@@ -74,7 +75,7 @@ int main(int argc, char** argv) {
   bench_ddp->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)");
   bench_ddp->add_option("--batch", ddp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)");
   bench_ddp->add_option("--backend", ddp.backend,
-                        "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: mpi under mpirun, else gloo)");
+                        "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
   bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)");
   bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)");
   bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
@@ -123,6 +124,10 @@ int main(int argc, char** argv) {
     if (*devices) return list_devices(spec);
     if (*launch_rank) return datapar::tools::run_mpirun_rank(rank_dir, rank_program);
     if (*launch) {
+      // NaN compares false with everything: it would pass a sign check and become any
+      // number of milliseconds.
+      DATAPAR_CHECK(std::isfinite(grace_s) && grace_s >= 0 && grace_s <= 24 * 3600, "launch: --grace-period ", grace_s,
+                    ": give the seconds between SIGTERM and SIGKILL, a number from 0 to 86400.");
       launch_options.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
       return datapar::tools::launch(launch_options);
     }
