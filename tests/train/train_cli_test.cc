@@ -278,7 +278,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--checkpoint-dir /proc/datapar-checkpoints", "--checkpoint-dir /proc/datapar-checkpoints: cannot make"},
         BadOption{"--checkpoint-dir /etc/hostname", "--checkpoint-dir /etc/hostname: cannot make this directory"},
         BadOption{"--batch-size abc", "batch-size"},
-        BadOption{"--mode dp --replicas mirrored", "--replicas: \"mirrored\" is not a replica kind"}));
+        BadOption{"--mode dp --replicas mirrored", "--replicas: \"mirrored\" is not a replica kind"},
+        BadOption{"--plot /nonexistent/plots/p.png", "--plot /nonexistent/plots/p.png: the directory /nonexistent/plots does not exist"},
+        BadOption{"--metrics /nonexistent/m.jsonl", "--metrics /nonexistent/m.jsonl: the directory /nonexistent does not exist"}));
 
 TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {
   const std::string dir = fresh_dir("ddp_errors");

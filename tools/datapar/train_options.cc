@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <utility>
 
 #include "datapar/data/fashion_mnist.h"
 #include "datapar/distributed.h"
@@ -172,6 +173,15 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
     plan.devices_label = to_string(job);
     plan.parallelism = plan.world_size;
     plan.options.backend = ddp_backend(o.backend, plan.devices.front(), plan.local_rank, inventory.cuda_count);
+  }
+
+  // Report files go into directories that exist: found now, not after the first epoch.
+  // Only rank 0 writes them (its machine's file system).
+  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--plot", o.plot}, {"--metrics", o.metrics}}) {
+    if (path.empty() || plan.rank != 0) continue;
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    DATAPAR_CHECK(parent.empty() || std::filesystem::is_directory(parent), flag, " ", path, ": the directory ",
+                  parent.string(), " does not exist.\n---> HINT: create it first, or write the file elsewhere.");
   }
 
   // Linear scaling (d2l, Goyal et al.): N workers, N times the batch and the learning rate.
