@@ -40,6 +40,23 @@ ConvNet copy_of(const ConvNet& source) {
   return copy;
 }
 
+// A double-precision ConvNet and its single-device twin, and DataParallel over `devices`
+// CPU devices with copy replicas.
+struct CopyTraining {
+  explicit CopyTraining(uint64_t seed, int devices) : model((torch::manual_seed(seed), ConvNet())) {
+    model->to(at::kDouble);
+    reference = copy_of(model);
+    reference->to(at::kDouble);
+    DataParallelOptions options;
+    options.devices = cpu_devices(devices);
+    options.replicas = ReplicaStorage::kCopy;
+    dp = std::make_unique<DataParallel<testing::ConvNetImpl>>(model.ptr(), options);
+  }
+  ConvNet model;
+  ConvNet reference{nullptr};
+  std::unique_ptr<DataParallel<testing::ConvNetImpl>> dp;
+};
+
 double max_difference(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 void expect_parameters_equal(const ConvNet& got, const ConvNet& want, const std::string& what) {
@@ -55,15 +72,10 @@ void expect_parameters_equal(const ConvNet& got, const ConvNet& want, const std:
 // model on one device, and compares outputs every step and parameters at the end: the
 // master's, and each replica's once the next forward has refreshed them.
 void expect_training_matches_one_device(const Update& update) {
-  torch::manual_seed(11);
-  ConvNet model;
-  model->to(at::kDouble);
-  ConvNet reference = copy_of(model);
-  reference->to(at::kDouble);
-  DataParallelOptions options;
-  options.devices = cpu_devices(3);
-  options.replicas = ReplicaStorage::kCopy;
-  DataParallel dp(model, options);
+  CopyTraining t(/*seed=*/11, /*devices=*/3);
+  ConvNet& model = t.model;
+  ConvNet& reference = t.reference;
+  DataParallel<testing::ConvNetImpl>& dp = *t.dp;
   auto step_dp = update.make(model);
   auto step_ref = update.make(reference);
 
@@ -171,15 +183,10 @@ TEST(CopyReplicas, ReplacedParametersMatchOneDevice) {
 // Refreshing a copy must not invalidate the graph of an earlier forward that saved it: two
 // forwards, then one backward over both (gradient accumulation written as one loss).
 TEST(CopyReplicas, TwoForwardsThenOneBackward) {
-  torch::manual_seed(13);
-  ConvNet model;
-  model->to(at::kDouble);
-  ConvNet reference = copy_of(model);
-  reference->to(at::kDouble);
-  DataParallelOptions options;
-  options.devices = cpu_devices(2);
-  options.replicas = ReplicaStorage::kCopy;
-  DataParallel dp(model, options);
+  CopyTraining t(/*seed=*/13, /*devices=*/2);
+  ConvNet& model = t.model;
+  ConvNet& reference = t.reference;
+  DataParallel<testing::ConvNetImpl>& dp = *t.dp;
   const at::Tensor x1 = at::randn({6, 1, 12, 12}, at::kDouble), x2 = at::randn({6, 1, 12, 12}, at::kDouble);
   const at::Tensor y1 = at::randint(0, 10, {6}), y2 = at::randint(0, 10, {6});
   (at::cross_entropy_loss(dp(x1), y1) + at::cross_entropy_loss(dp(x2), y2)).backward();
