@@ -7,6 +7,9 @@
 //                             (CODE < 0: kills itself with signal -CODE)
 //   allreduce                 init_process_group("gloo") from env://, all-reduces its rank,
 //                             prints "sum S over W ranks"
+//   hang                      init_process_group() (the launcher's backend) with a 3 s timeout;
+//                             the last rank stops itself (SIGSTOP) instead of all-reducing,
+//                             the others all-reduce, time out, print the error and exit 1
 //   train DIR EPOCHS FAIL_AT  a small model trained with gradients all-reduced, a checkpoint
 //                             in DIR after each epoch, resumed from the latest one at start;
 //                             on the first attempt (DATAPAR_RESTART_COUNT=0) the last rank
@@ -140,12 +143,22 @@ int main(int argc, char** argv) {
       datapar::destroy_process_group();
       return 0;
     }
+    if (mode == "hang") {
+      datapar::init_process_group("", "env://", -1, -1, std::chrono::seconds(3));
+      if (datapar::get_rank() == datapar::get_world_size() - 1) {
+        std::cout << "rank " << datapar::get_rank() << " hangs now" << std::endl;
+        ::raise(SIGSTOP);
+      }
+      at::Tensor t = torch::ones({1});
+      datapar::default_group()->all_reduce(t)->wait();
+      return 0;
+    }
     if (mode == "train" && argc == 5) return train(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
   } catch (const std::exception& e) {
     std::cerr << "launch_probe: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: launch_probe env | sleep DIR [ignore-term] | fail DIR RANK CODE | allreduce | "
+  std::cerr << "usage: launch_probe env | sleep DIR [ignore-term] | fail DIR RANK CODE | allreduce | hang | "
                "train DIR EPOCHS FAIL_AT\n";
   return 2;
 }
