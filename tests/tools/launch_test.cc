@@ -490,6 +490,58 @@ TEST(LaunchUsage, BadUsageExitsWithTwoAndSaysWhy) {
 
 // One launcher per "host" (network namespace), two workers each: the four ranks form one
 // Gloo group across the veth link and all-reduce their ranks: 0 + 1 + 2 + 3 = 6.
+// A network partition (the link between the two hosts goes down: every packet is lost, no
+// connection is reset) during a collective: each rank fails with an error naming the rank it
+// cannot reach, within the group's timeout (5 s) plus slack, instead of hanging.
+TEST(TwoHosts, PartitionFailsBothRanksNamingThePeerWithinTheTimeout) {
+  const std::string skip = datapar::testing::namespace_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  datapar::testing::NamespacePair hosts;
+  ASSERT_TRUE(hosts.ok()) << "could not set up the namespaces:\n" << hosts.setup_output();
+  const std::string dir = temp_dir();
+  auto rank = [&](const std::string& ns, const std::string& address, int r) {
+    return "ip netns exec " + ns + " env RANK=" + std::to_string(r) + " WORLD_SIZE=2 MASTER_ADDR=" +
+           hosts.address_a() + " MASTER_PORT=29500 DATAPAR_STORE_TOKEN=partition DATAPAR_GLOO_HOSTNAME=" + address +
+           " timeout 60 " + bin("launch_probe") + " partition " + dir + " > " + dir + "/" + std::to_string(r) +
+           ".log 2>&1; echo $? > " + dir + "/" + std::to_string(r) + ".exit";
+  };
+  const std::string command = "(" + rank(hosts.b(), hosts.address_b(), 1) + ") & (" +
+                              rank(hosts.a(), hosts.address_a(), 0) + ") & wait";
+  std::thread job([&] {
+    int status = -1;
+    datapar::testing::run_shell("sh -c '" + command + "'", &status);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline &&
+         !(std::filesystem::exists(dir + "/ready-0") && std::filesystem::exists(dir + "/ready-1"))) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(std::filesystem::exists(dir + "/ready-0") && std::filesystem::exists(dir + "/ready-1"))
+      << read_file(dir + "/0.log") << read_file(dir + "/1.log");
+  int status = -1;
+  const std::string cut = datapar::testing::run_shell(
+      "ip -n " + hosts.a() + " link set dev $(ip -n " + hosts.a() + " -o link show type veth | cut -d: -f2 | cut -d@ -f1) down",
+      &status);
+  ASSERT_EQ(status, 0) << cut;
+  std::ofstream(dir + "/partitioned") << "now\n";
+  job.join();
+  for (int r : {0, 1}) {
+    const std::string log = read_file(dir + "/" + std::to_string(r) + ".log");
+    EXPECT_EQ(read_file(dir + "/" + std::to_string(r) + ".exit"), "1\n") << "rank " << r << ":\n" << log;
+    std::string lower = log;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    EXPECT_NE(lower.find("rank " + std::to_string(1 - r)), std::string::npos)
+        << "rank " << r << "'s error does not name rank " << 1 - r << ":\n" << log;
+    const std::smatch waited = [&] {
+      std::smatch m;
+      std::regex_search(log, m, std::regex("after ([0-9.]+) s"));
+      return m;
+    }();
+    ASSERT_FALSE(waited.empty()) << log;
+    EXPECT_LT(std::stod(waited[1]), 5 + 10) << "rank " << r << " took too long to fail:\n" << log;
+  }
+}
+
 TEST(TwoHosts, LaunchAcrossANetworkNamespacePair) {
   const std::string skip = datapar::testing::namespace_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
