@@ -3,13 +3,17 @@
 // run; bad options fail before any work with exit code 2. ddp jobs are started here the way
 // a launcher would: two processes with torchrun's variables.
 #include <gtest/gtest.h>
+#include <spawn.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <map>
 #include <regex>
@@ -18,6 +22,7 @@
 
 #include "datapar/train/checkpoint.h"
 #include "datapar/train/plot.h"
+#include "testing/idx.h"
 #include "testing/ports.h"
 #include "testing/processes.h"
 
@@ -288,6 +293,54 @@ TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {
     EXPECT_EQ(p.exit_code, 2) << p.output;
     EXPECT_NE(p.output.find("--batch-size 1 is smaller than the 2 ranks"), std::string::npos) << p.output;
   }
+}
+
+// ---- data: --limit bounds the memory; an empty split is an error (issue 13) ----
+
+// Runs `datapar <args>` with its output to `log`; returns the exit code and sets the peak
+// resident memory of the process (bytes).
+int cli_peak_memory(const std::string& args, const std::string& log, int64_t* peak) {
+  const std::string command = "exec " + kCli + " " + args + " >'" + log + "' 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) return -1;
+  int status = 0;
+  struct rusage usage {};
+  ::wait4(pid, &status, 0, &usage);
+  *peak = int64_t{usage.ru_maxrss} * 1024;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// 300,000 images (235 MB of pixels, a few hundred KB of gzip): --limit 64 used to read
+// and convert all of them first (1.28 GB). Now it reads 64, so the run costs what the same
+// run on the small shipped subset costs.
+TEST(TrainCli, LimitReadsOnlyTheSamplesItUses) {
+  const std::string dir = fresh_dir("big_data");
+  datapar::testing::write_zero_idx_gz(dir + "/train-images-idx3-ubyte.gz", 0x803, {300000, 28, 28});
+  datapar::testing::write_zero_idx_gz(dir + "/train-labels-idx1-ubyte.gz", 0x801, {300000});
+  datapar::testing::write_zero_idx_gz(dir + "/t10k-images-idx3-ubyte.gz", 0x803, {300000, 28, 28});
+  datapar::testing::write_zero_idx_gz(dir + "/t10k-labels-idx1-ubyte.gz", 0x801, {300000});
+  const std::string args = "train --model mlp --limit 64 --batch-size 32 --epochs 1 --workers 1 --threads 1 --data ";
+  int64_t small = 0, big = 0;
+  ASSERT_EQ(cli_peak_memory(args + DATAPAR_SOURCE_DIR "/data/fashion-mnist", dir + "/small.log", &small), 0);
+  ASSERT_EQ(cli_peak_memory(args + dir, dir + "/big.log", &big), 0);
+  std::ifstream log(dir + "/big.log");
+  const std::string output((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(output.find("64 train / 64 test samples"), std::string::npos) << output;
+  EXPECT_LT(big, small + (int64_t{128} << 20)) << "peak " << (big >> 20) << " MB vs " << (small >> 20)
+                                               << " MB on the shipped subset";
+}
+
+TEST(TrainCli, AnEmptyDatasetIsAnError) {
+  const std::string dir = fresh_dir("empty_data");
+  for (const std::string split : {"train", "t10k"}) {
+    datapar::testing::write_zero_idx_gz(dir + "/" + split + "-images-idx3-ubyte.gz", 0x803, {0, 28, 28});
+    datapar::testing::write_zero_idx_gz(dir + "/" + split + "-labels-idx1-ubyte.gz", 0x801, {0});
+  }
+  const CliRun r = cli("train --model mlp --epochs 1 --workers 1 --data " + dir);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(dir + "/train-images-idx3-ubyte.gz: holds 0 samples"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("loss"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -73,6 +73,7 @@ Data load_data(const TrainPlan& plan) {
   }
   FashionMnistOptions f;
   f.root = plan.data_dir;
+  f.limit = o.limit;  // read no more than is used: memory follows --limit, not the files
   const FashionMnist train(f);
   f.train = false;
   return {take(train, o.limit), take(FashionMnist(f), o.limit)};
