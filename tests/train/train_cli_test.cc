@@ -2,6 +2,7 @@
 // metrics, PNG); ddp's test accuracy is exact over ranks; resuming equals an uninterrupted
 // run; bad options fail before any work with exit code 2. ddp jobs are started here the way
 // a launcher would: two processes with torchrun's variables.
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -341,6 +342,85 @@ TEST(TrainCli, AnEmptyDatasetIsAnError) {
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find(dir + "/train-images-idx3-ubyte.gz: holds 0 samples"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("loss"), std::string::npos) << r.output;
+}
+
+// ---- damaged checkpoints: reported, moved aside, never overwritten (issue 13) ----
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Flips one bit inside the first tensor of a checkpoint: the zip directory still reads
+// (the cheap check passes), the record's CRC-32 does not.
+std::string flip_a_tensor_bit(const std::string& path) {
+  const size_t offset = caffe2::serialize::PyTorchStreamReader(path).getRecordOffset("data/0");
+  std::string bytes = read_file(path);
+  bytes[offset + 3] ^= 0x10;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  return bytes;
+}
+
+TEST(TrainCli, ResumeMovesADamagedNewestCheckpointAsideAndUsesTheOneBefore) {
+  const std::string dir = fresh_dir("damaged_newest");
+  const std::string args = kSmall + " --checkpoint-dir " + dir;
+  ASSERT_EQ(cli(args + " --epochs 2").code, 0);
+  const std::string damaged = flip_a_tensor_bit(dir + "/checkpoint-epoch-2.pt");
+  const CliRun r = cli(args + " --epochs 3 --resume");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(dir + "/checkpoint-epoch-2.pt: record data/0 is damaged"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("moved it to " + dir + "/checkpoint-epoch-2.pt.damaged"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(1 epochs done)"), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(dir + "/checkpoint-epoch-2.pt.damaged"), damaged);  // kept as it was
+  EXPECT_EQ(datapar::train::load_checkpoint(dir + "/checkpoint-epoch-2.pt").epoch, 2);  // written afresh
+  EXPECT_EQ(datapar::train::load_checkpoint(dir + "/checkpoint-epoch-3.pt").epoch, 3);
+}
+
+TEST(TrainCli, ResumeWithEveryCheckpointDamagedDoesNotStartOverUnlessTold) {
+  const std::string dir = fresh_dir("all_damaged");
+  const std::string args = kSmall + " --checkpoint-dir " + dir;
+  ASSERT_EQ(cli(args + " --epochs 1").code, 0);
+  ::truncate((dir + "/checkpoint-epoch-1.pt").c_str(), 100);
+  const std::string damaged = read_file(dir + "/checkpoint-epoch-1.pt");
+  CliRun r = cli(args + " --epochs 2 --resume");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(dir + "/checkpoint-epoch-1.pt: cannot read"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--start-over"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("epoch 1/2"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint-epoch-1.pt"));
+  EXPECT_EQ(read_file(dir + "/checkpoint-epoch-1.pt.damaged"), damaged);
+
+  // A launcher's restart finds only the damaged file now: still not a fresh start.
+  ::setenv("DATAPAR_RESTART_COUNT", "1", 1);
+  r = cli(args + " --epochs 2");
+  ::unsetenv("DATAPAR_RESTART_COUNT");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--start-over"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint-epoch-1.pt"));
+
+  r = cli(args + " --epochs 2 --resume --start-over");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("starting from epoch 1"), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(dir + "/checkpoint-epoch-1.pt.damaged"), damaged);  // still there
+  EXPECT_EQ(datapar::train::load_checkpoint(dir + "/checkpoint-epoch-2.pt").epoch, 2);
+}
+
+TEST(TrainCli, ResumeWithNoCheckpointYet) {
+  const std::string dir = fresh_dir("no_checkpoint_yet");
+  const std::string args = kSmall + " --epochs 1 --checkpoint-dir " + dir;
+  // A restart before the first checkpoint was written: the run starts from epoch 1.
+  ::setenv("DATAPAR_RESTART_COUNT", "1", 1);
+  CliRun r = cli(args);
+  ::unsetenv("DATAPAR_RESTART_COUNT");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("starting from epoch 1"), std::string::npos) << r.output;
+  // An explicit --resume with nothing to resume from is a mistake, unless told to start over.
+  const std::string empty = fresh_dir("no_checkpoint_at_all");
+  r = cli(kSmall + " --epochs 1 --resume --checkpoint-dir " + empty);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--resume: no checkpoint in " + empty), std::string::npos) << r.output;
+  r = cli(kSmall + " --epochs 1 --resume --start-over --checkpoint-dir " + empty);
+  EXPECT_EQ(r.code, 0) << r.output;
 }
 
 }  // namespace
