@@ -27,6 +27,10 @@ StateDict state_dict(const torch::nn::Module& module);
 // "module." prefix (Python DataParallel/DDP checkpoints); it is removed when every key has it.
 // strict: every key must match and none may be missing. Throws InvalidArgumentError listing
 // missing and unexpected keys, or naming the first tensor whose shape differs.
+// A tensor of another dtype is converted to the parameter's, as PyTorch's load_state_dict
+// does (param.copy_(saved)): loading float64 weights into a float32 model, or the reverse,
+// is how models change precision. train::restore_checkpoint, which resumes a run and
+// must continue it exactly, refuses a dtype mismatch instead.
 void load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true);
 
 // Writes `state` to `path` atomically (temporary file in the same directory, fsync, rename,

@@ -64,8 +64,17 @@ FashionMnist::FashionMnist(const FashionMnistOptions& options) : FashionMnist([&
   Loaded out;
   out.images_path = find_file(root, split + "-images-idx3-ubyte");
   out.labels_path = find_file(root, split + "-labels-idx1-ubyte");
-  const at::Tensor pixels = read_idx_file(out.images_path, 3);  // (N, 28, 28) uint8
-  const at::Tensor labels = read_idx_file(out.labels_path, 1);  // (N,) uint8
+  DATAPAR_CHECK(options.limit >= 0, "FashionMnist: limit is ", options.limit, "; use 0 (every sample) or a positive count.");
+  if (options.limit > 0) {  // the counts, from the headers: the files are not read to the end
+    const int64_t images = read_idx_dims(out.images_path, 3)[0];
+    const int64_t labels = read_idx_dims(out.labels_path, 1)[0];
+    if (images != labels) {
+      throw Error(detail::str_cat("FashionMnist: ", out.images_path, " has ", images, " images but ", out.labels_path,
+                                  " has ", labels, " labels. Use the images and labels of the same release and split."));
+    }
+  }
+  const at::Tensor pixels = read_idx_file(out.images_path, 3, options.limit);  // (N, 28, 28) uint8
+  const at::Tensor labels = read_idx_file(out.labels_path, 1, options.limit);  // (N,) uint8
   if (pixels.size(1) != kSide || pixels.size(2) != kSide) {
     throw Error(detail::str_cat(out.images_path, ": images are ", pixels.size(1), "x", pixels.size(2),
                                 ", expected 28x28. Is it an MNIST-family file?"));

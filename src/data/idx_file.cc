@@ -80,11 +80,9 @@ uint32_t big_endian(const unsigned char* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-}  // namespace
-
-at::Tensor read_idx_file(const std::string& path, int ndims) {
+// Reads and checks the magic number and the dimensions, leaving `reader` at the data.
+std::vector<int64_t> read_header(GzReader& reader, const std::string& path, int ndims) {
   DATAPAR_CHECK(ndims >= 1 && ndims <= 255, "read_idx_file: ndims is ", ndims, "; IDX files have 1 to 255 dimensions.");
-  GzReader reader(path);
   const uint32_t want_magic = 0x00000800u + static_cast<uint32_t>(ndims);
 
   unsigned char magic_bytes[4];
@@ -116,15 +114,46 @@ at::Tensor read_idx_file(const std::string& path, int ndims) {
     }
     payload *= dims[d];
   }
-
-  at::Tensor out = at::empty(dims, at::TensorOptions(at::kByte));
-  const int64_t header_bytes = 4 + static_cast<int64_t>(header.size());
-  const int64_t got = reader.read(out.data_ptr<uint8_t>(), payload);
-  if (got < payload) {
-    throw Error(detail::str_cat(path, ": ends early: ", header_bytes + got, " of ", header_bytes + payload,
-                                " bytes (the header announces ", dims[0], " samples", reader.end_note(),
-                                "; truncated file?)."));
+  // An empty split trains to a loss of nan and tests nothing.
+  if (dims[0] == 0) {
+    throw Error(detail::str_cat(path, ": holds 0 samples (its header says so); a dataset needs at least one. Is it the ",
+                                "right file, and complete?"));
   }
+  return dims;
+}
+
+}  // namespace
+
+std::vector<int64_t> read_idx_dims(const std::string& path, int ndims) {
+  GzReader reader(path);
+  return read_header(reader, path, ndims);
+}
+
+at::Tensor read_idx_file(const std::string& path, int ndims, int64_t max_samples) {
+  DATAPAR_CHECK(max_samples >= 0, "read_idx_file: max_samples is ", max_samples,
+                "; use 0 (every sample) or a positive count.");
+  GzReader reader(path);
+  const std::vector<int64_t> dims = read_header(reader, path, ndims);
+  const int64_t header_bytes = 4 + 4 * static_cast<int64_t>(ndims);
+  int64_t sample_bytes = 1;
+  for (int d = 1; d < ndims; ++d) sample_bytes *= dims[d];
+  const int64_t payload = dims[0] * sample_bytes;
+
+  // Only the samples asked for are read, straight into the result: memory follows the
+  // limit, not the file (a few hundred KB of gzip can hold GBs of pixels).
+  const bool limited = max_samples > 0 && max_samples < dims[0];
+  std::vector<int64_t> out_dims = dims;
+  if (limited) out_dims[0] = max_samples;
+  const int64_t wanted = out_dims[0] * sample_bytes;
+  at::Tensor out = at::empty(out_dims, at::TensorOptions(at::kByte));
+  const int64_t got = reader.read(out.data_ptr<uint8_t>(), wanted);
+  if (got < wanted) {
+    throw Error(detail::str_cat(path, ": ends early: ", header_bytes + got, " of ", header_bytes + wanted,
+                                " bytes (the header announces ", dims[0], " samples",
+                                limited ? detail::str_cat(", of which the first ", max_samples, " are read") : "",
+                                reader.end_note(), "; truncated file?)."));
+  }
+  if (limited) return out;  // the rest is not read, so not checked
   unsigned char extra = 0;
   if (reader.read(&extra, 1) != 0) {
     throw Error(detail::str_cat(path, ": goes on past the ", header_bytes + payload,

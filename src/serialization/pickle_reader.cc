@@ -1,15 +1,38 @@
 // read_pickle. See pickle_reader.h; the format is in docs/checkpoint_format.md.
+//
+// Note [Pickle budget]
+// A pickle is a program, and a short one can describe a huge or endless object: a million
+// nested lists in 2 MB, 2^34 tuples in 250 bytes through the memo, a list inside itself.
+// The machine keeps every file's cost bounded (limits in pickle_limits.h):
+//  1. Nothing is copied deeply. Values are IValues, whose copies share (DUP and the memo
+//     cost O(1)); the few tuples that cannot be IValues (they hold a class) share their
+//     elements through a shared_ptr and nest at most kMaxPickleGlobalTupleDepth.
+//  2. Every dict, list and tuple built has an entry in `containers_`: its depth and its
+//     size as a walk over it would count it (values, string bytes; a shared value counts
+//     at every reference). A container put into another, or into a tuple, is sealed, and
+//     APPEND or SETITEM on a sealed one is refused. Python's pickler never does that: it
+//     fills a container before it nests it (in batches of 1000 while it is the top of the
+//     stack). Sealing makes the bookkeeping exact and cycles impossible: a container
+//     still being filled is inside nothing, so adding a child changes only its own depth
+//     and size, and no child can contain it, except itself, which is refused.
+//  3. So the result nests at most kMaxPickleDepth levels and holds at most
+//     kMaxPickleValues values and kMaxPickleStringBytes of strings however it is walked,
+//     and destroying it recurses at most kMaxPickleDepth levels. What is not inside the
+//     result (the stack, the memo) grows by O(1) per opcode, so with the pickle's size.
 #include "serialization/pickle_reader.h"
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "datapar/error.h"
+#include "serialization/pickle_limits.h"
 #include "serialization/pickle_opcodes.h"
 
 namespace datapar::detail {
@@ -19,14 +42,25 @@ namespace op = pickle;
 
 // A value on the machine's stack. Most are IValues; a class or function named by GLOBAL
 // and a tuple holding one (torch.save's persistent ids hold torch.FloatStorage) have no
-// IValue form, so they stay Items until a call consumes them.
+// IValue form, so they stay Items until a call consumes them. Copies share everything
+// (Note [Pickle budget], 1).
 struct Item {
   enum class Kind { kValue, kGlobal, kTuple };
   Kind kind = Kind::kValue;
-  c10::IValue value;
-  std::string name;            // kGlobal: "module.name"
-  std::vector<Item> elements;  // kTuple
+  c10::IValue value;  // kValue; kGlobal: the name "module.name" as a string
+  std::shared_ptr<const std::vector<Item>> elements;  // kTuple
+  int depth = 0;      // kTuple: 1 + the depth of the deepest tuple item inside
+  const std::string& name() const { return value.toStringRef(); }
 };
+
+// A container's depth and size, as a walk over it would see them.
+struct Size {
+  int depth = 0;       // 0 for a leaf, 1 for a container of leaves
+  int64_t values = 1;  // itself and everything inside, shared values counted at each reference
+  int64_t bytes = 0;   // of the strings counted in `values`
+};
+
+bool is_container(const c10::IValue& v) { return v.isList() || v.isGenericDict() || v.isTuple(); }
 
 Item value_item(c10::IValue v) {
   Item item;
@@ -50,13 +84,21 @@ class Machine {
       step(code, at);
     }
     if (stack_.size() != 1) fail("the program ends with ", stack_.size(), " values on the stack instead of 1");
-    return to_ivalue(stack_.back());
+    return value_of(stack_.back());
   }
 
  private:
   template <typename... Args>
   [[noreturn]] void fail(const Args&... args) const {
     throw CheckpointError(str_cat("data.pkl: ", args..., " at byte ", pos_, " of ", size_));
+  }
+
+  // A limit of pickle_limits.h was passed: `what` is "more than <limit> <things>".
+  [[noreturn]] void over_limit(const std::string& what, const char* note = nullptr) const {
+    throw CheckpointError(str_cat("data.pkl: ", what, " (", note ? note : "", note ? "; " : "",
+                                  "datapar's limit for a checkpoint) at byte ", pos_, " of ", size_,
+                                  ". State dicts and checkpoints stay far inside it: the file is damaged or was not "
+                                  "written by torch.save"));
   }
 
   template <typename T>
@@ -105,50 +147,142 @@ class Machine {
     return items;
   }
 
-  c10::IValue to_ivalue(const Item& item) const {
-    switch (item.kind) {
-      case Item::Kind::kValue:
-        return item.value;
-      case Item::Kind::kTuple: {
-        std::vector<c10::IValue> elements;
-        for (const Item& e : item.elements) elements.push_back(to_ivalue(e));
-        return c10::ivalue::Tuple::create(std::move(elements));
-      }
-      case Item::Kind::kGlobal:
-        break;
+  // The IValue of an item. An Item tuple always holds a class (else it would be an
+  // IValue tuple), which is not data: the message names it.
+  c10::IValue value_of(const Item& item) const {
+    const Item* global = &item;
+    while (global->kind == Item::Kind::kTuple) {  // at most kMaxPickleGlobalTupleDepth levels
+      const auto& e = *global->elements;
+      global = &*std::find_if(e.begin(), e.end(), [](const Item& i) { return i.kind != Item::Kind::kValue; });
     }
-    fail("the Python object ", item.name, " is stored as data; datapar reads only dicts, lists, tuples, numbers, strings and tensors");
+    if (global->kind == Item::Kind::kValue) return global->value;
+    fail("the Python object ", global->name(), " is stored as data; datapar reads only dicts, lists, tuples, numbers, strings and tensors");
+  }
+
+  // ---- containers: Note [Pickle budget], 2 ----
+
+  struct Container {
+    c10::IValue value;  // holds it, so that its address is never reused for another
+    Size size;
+    bool sealed = false;
+  };
+
+  void check(const Size& size) const {
+    const char* shared = "counting each reference to a shared one";
+    if (size.depth > kMaxPickleDepth) over_limit(str_cat("nesting deeper than ", kMaxPickleDepth, " levels"));
+    if (size.values > kMaxPickleValues) over_limit(str_cat("more than ", kMaxPickleValues, " values"), shared);
+    if (size.bytes > kMaxPickleStringBytes) {
+      over_limit(str_cat("more than ", kMaxPickleStringBytes, " bytes of strings"), shared);
+    }
+  }
+
+  void track(const c10::IValue& container, const Size& size) {
+    check(size);
+    if (containers_.size() >= 2 * swept_size_) {  // amortized O(1) per container
+      // An entry that is the last reference to its container: nothing can reach the
+      // container again, so it may go (and its address be reused for a new one).
+      for (auto it = containers_.begin(); it != containers_.end();) {
+        it = it->second.value.use_count() == 1 ? containers_.erase(it) : std::next(it);
+      }
+      swept_size_ = std::max<size_t>(containers_.size(), 1024);
+    }
+    containers_[container.internalToPointer()] = Container{container, size, false};
+  }
+
+  Size size_of(const c10::IValue& v) const {
+    if (!is_container(v)) return Size{0, 1, v.isString() ? static_cast<int64_t>(v.toStringRef().size()) : 0};
+    const auto it = containers_.find(v.internalToPointer());
+    DATAPAR_INTERNAL_ASSERT(it != containers_.end());  // every container is built here
+    return it->second.size;
+  }
+
+  // `child` goes into a container or tuple of size `parent`: grows `parent` and seals the
+  // child. `parent_value` (a dict or list being filled) must not be the child itself.
+  c10::IValue nest(const Item& child, Size& parent, const c10::IValue* parent_value = nullptr) {
+    c10::IValue v = value_of(child);
+    if (is_container(v)) {
+      if (parent_value != nullptr && v.isSameIdentity(*parent_value)) {
+        fail("a ", v.isList() ? "list" : "dict", " is put inside itself (a cycle; no state dict or checkpoint has one)");
+      }
+      containers_.at(v.internalToPointer()).sealed = true;
+    }
+    const Size s = size_of(v);
+    parent.depth = std::max(parent.depth, s.depth + 1);
+    parent.values += s.values;
+    parent.bytes += s.bytes;
+    check(parent);
+    return v;
+  }
+
+  // The dict or list on top of the stack, which APPEND(S) or SETITEM(S) fills.
+  Container& open_container(bool dict, const char* opcode) {
+    Item& target = top();
+    if (target.kind != Item::Kind::kValue || !(dict ? target.value.isGenericDict() : target.value.isList())) {
+      fail(opcode, " on something that is not a ", dict ? "dict" : "list");
+    }
+    Container& c = containers_.at(target.value.internalToPointer());
+    if (c.sealed) {
+      fail(opcode, " on a ", dict ? "dict" : "list", " that is already inside another container (Python's pickler fills "
+           "a container before it nests it; not a torch.save file)");
+    }
+    return c;
   }
 
   Item tuple_item(std::vector<Item> elements) {
+    const bool values = std::all_of(elements.begin(), elements.end(), [](const Item& e) { return e.kind == Item::Kind::kValue; });
+    if (values) {  // the usual case: an IValue tuple at once
+      Size size{1, 1, 0};
+      std::vector<c10::IValue> ivalues;
+      ivalues.reserve(elements.size());
+      for (const Item& e : elements) ivalues.push_back(nest(e, size));
+      Item item = value_item(c10::ivalue::Tuple::create(std::move(ivalues)));
+      track(item.value, size);
+      return item;
+    }
     Item item;
     item.kind = Item::Kind::kTuple;
-    item.elements = std::move(elements);
+    item.depth = 1;
+    for (const Item& e : elements) {
+      if (e.kind == Item::Kind::kTuple) item.depth = std::max(item.depth, e.depth + 1);
+      if (e.kind == Item::Kind::kValue && is_container(e.value)) containers_.at(e.value.internalToPointer()).sealed = true;
+    }
+    if (item.depth > kMaxPickleGlobalTupleDepth) {
+      over_limit(str_cat("tuples that hold a Python class nest deeper than ", kMaxPickleGlobalTupleDepth, " levels"));
+    }
+    item.elements = std::make_shared<const std::vector<Item>>(std::move(elements));
     return item;
   }
 
-  c10::impl::GenericDict dict_at(Item& item, const char* opcode) {
-    if (item.kind != Item::Kind::kValue || !item.value.isGenericDict()) fail(opcode, " on something that is not a dict");
-    return item.value.toGenericDict();
+  Item new_dict() {
+    Item item = value_item(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
+    track(item.value, Size{1, 1, 0});
+    return item;
+  }
+
+  Item new_list() {
+    Item item = value_item(c10::impl::GenericList(c10::AnyType::get()));
+    track(item.value, Size{1, 1, 0});
+    return item;
   }
 
   void set_items(std::vector<Item> kv, const char* opcode) {
     if (kv.size() % 2 != 0) fail(opcode, " with an odd number of keys and values");
-    auto dict = dict_at(top(), opcode);
+    Container& c = open_container(/*dict=*/true, opcode);
+    auto dict = c.value.toGenericDict();
     for (size_t i = 0; i < kv.size(); i += 2) {
-      c10::IValue key = to_ivalue(kv[i]);
+      c10::IValue key = value_of(kv[i]);
       if (!key.isString() && !key.isInt() && !key.isBool() && !key.isDouble()) {
         fail("a dict key is a ", key.tagKind(), "; only str, int, float and bool keys are read");
       }
-      dict.insert_or_assign(std::move(key), to_ivalue(kv[i + 1]));
+      nest(kv[i], c.size);
+      dict.insert_or_assign(std::move(key), nest(kv[i + 1], c.size, &c.value));
     }
   }
 
   void append(std::vector<Item> items, const char* opcode) {
-    Item& target = top();
-    if (target.kind != Item::Kind::kValue || !target.value.isList()) fail(opcode, " on something that is not a list");
-    auto list = target.value.toList();
-    for (const Item& item : items) list.push_back(to_ivalue(item));
+    Container& c = open_container(/*dict=*/false, opcode);
+    auto list = c.value.toList();
+    for (const Item& item : items) list.push_back(nest(item, c.size, &c.value));
   }
 
   int64_t int_arg(const Item& item, const char* what) {
@@ -157,13 +291,15 @@ class Machine {
   }
 
   std::vector<int64_t> ints_arg(const Item& item, const char* what) {
+    if (item.kind != Item::Kind::kValue || !item.value.isTuple()) fail(what, " is not a tuple of ints");
+    const auto& elements = item.value.toTupleRef().elements();
+    if (elements.size() > kMaxPickleTensorDims) {
+      over_limit(str_cat(what, " has ", elements.size(), " dimensions, more than ", kMaxPickleTensorDims));
+    }
     std::vector<int64_t> out;
-    if (item.kind == Item::Kind::kTuple) {
-      for (const Item& e : item.elements) out.push_back(int_arg(e, what));
-    } else if (item.kind == Item::Kind::kValue && item.value.isTuple()) {
-      for (const auto& e : item.value.toTupleRef().elements()) out.push_back(int_arg(value_item(e), what));
-    } else {
-      fail(what, " is not a tuple of ints");
+    for (const auto& e : elements) {
+      if (!e.isInt()) fail(what, " is not a tuple of ints");
+      out.push_back(e.toInt());
     }
     return out;
   }
@@ -193,7 +329,7 @@ class Machine {
   Item call(const std::string& fn, std::vector<Item> args) {
     if (fn == "collections.OrderedDict") {
       if (!args.empty()) fail("OrderedDict built from arguments");
-      return value_item(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
+      return new_dict();
     }
     if (fn == "torch._utils._rebuild_tensor_v2" || fn == "torch._utils._rebuild_tensor") {
       return value_item(rebuild_tensor(args));  // requires_grad and hooks are dropped
@@ -214,13 +350,14 @@ class Machine {
 
   // torch.save's persistent id: ('storage', torch.<Type>Storage, key, location, numel).
   Item persistent_load(const Item& pid) {
-    const auto& e = pid.elements;
-    if (pid.kind != Item::Kind::kTuple || e.size() != 5 || e[0].kind != Item::Kind::kValue ||
+    if (pid.kind != Item::Kind::kTuple) fail("a persistent id that is not ('storage', type, key, location, numel)");
+    const auto& e = *pid.elements;
+    if (e.size() != 5 || e[0].kind != Item::Kind::kValue ||
         !e[0].value.isString() || e[0].value.toStringRef() != "storage" || e[1].kind != Item::Kind::kGlobal ||
         e[2].kind != Item::Kind::kValue || !e[2].value.isString()) {
       fail("a persistent id that is not ('storage', type, key, location, numel)");
     }
-    const std::string& type_name = e[1].name;
+    const std::string& type_name = e[1].name();
     const std::string prefix = "torch.";
     const std::string suffix = "Storage";
     at::ScalarType dtype = at::kByte;
@@ -273,8 +410,8 @@ class Machine {
       }
       case op::kBinUnicode: stack_.push_back(value_item(read_bytes(read<uint32_t>()))); break;
       case op::kShortBinUnicode: stack_.push_back(value_item(read_bytes(read<uint8_t>()))); break;
-      case op::kEmptyDict: stack_.push_back(value_item(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()))); break;
-      case op::kEmptyList: stack_.push_back(value_item(c10::impl::GenericList(c10::AnyType::get()))); break;
+      case op::kEmptyDict: stack_.push_back(new_dict()); break;
+      case op::kEmptyList: stack_.push_back(new_list()); break;
       case op::kEmptyTuple: stack_.push_back(tuple_item({})); break;
       case op::kTuple: stack_.push_back(tuple_item(pop_to_mark())); break;
       case op::kTuple1:
@@ -300,28 +437,34 @@ class Machine {
       case op::kBinGet: push_memo(read<uint8_t>()); break;
       case op::kLongBinGet: push_memo(read<uint32_t>()); break;
       case op::kGlobal: {
-        Item item;
-        item.kind = Item::Kind::kGlobal;
         const std::string module = read_line();
-        item.name = module + "." + read_line();
-        stack_.push_back(std::move(item));
+        stack_.push_back(global_item(module, read_line()));
         break;
       }
       case op::kStackGlobal: {
         Item name = pop();
         Item module = pop();
-        if (!module.value.isString() || !name.value.isString()) fail("STACK_GLOBAL without two strings");
-        Item item;
-        item.kind = Item::Kind::kGlobal;
-        item.name = module.value.toStringRef() + "." + name.value.toStringRef();
-        stack_.push_back(std::move(item));
+        if (module.kind != Item::Kind::kValue || name.kind != Item::Kind::kValue || !module.value.isString() ||
+            !name.value.isString()) {
+          fail("STACK_GLOBAL without two strings");
+        }
+        stack_.push_back(global_item(module.value.toStringRef(), name.value.toStringRef()));
         break;
       }
       case op::kReduce: {
         Item args = pop();
         Item fn = pop();
-        if (fn.kind != Item::Kind::kGlobal || args.kind != Item::Kind::kTuple) fail("REDUCE without a function and an argument tuple");
-        stack_.push_back(call(fn.name, std::move(args.elements)));
+        const bool tuple = args.kind == Item::Kind::kTuple || (args.kind == Item::Kind::kValue && args.value.isTuple());
+        if (fn.kind != Item::Kind::kGlobal || !tuple) fail("REDUCE without a function and an argument tuple");
+        const size_t n = args.kind == Item::Kind::kTuple ? args.elements->size() : args.value.toTupleRef().elements().size();
+        if (n > kMaxPickleCallArguments) over_limit(str_cat("a call with ", n, " arguments, more than ", kMaxPickleCallArguments));
+        std::vector<Item> arguments;
+        if (args.kind == Item::Kind::kTuple) {
+          arguments = *args.elements;
+        } else {
+          for (const c10::IValue& e : args.value.toTupleRef().elements()) arguments.push_back(value_item(e));
+        }
+        stack_.push_back(call(fn.name(), std::move(arguments)));
         break;
       }
       case op::kBuild: {
@@ -344,6 +487,17 @@ class Machine {
     }
   }
 
+  Item global_item(const std::string& module, const std::string& name) {
+    if (module.size() + name.size() >= kMaxPickleGlobalName) {
+      over_limit(str_cat("a class or function name of ", module.size() + 1 + name.size(), " bytes, more than ",
+                         kMaxPickleGlobalName));
+    }
+    Item item;
+    item.kind = Item::Kind::kGlobal;
+    item.value = module + "." + name;
+    return item;
+  }
+
   void push_memo(uint32_t index) {
     auto it = memo_.find(index);
     if (it == memo_.end()) fail("memo entry ", index, " is read before it is written");
@@ -358,6 +512,8 @@ class Machine {
   std::vector<size_t> marks_;  // stack heights at each MARK
   std::unordered_map<uint32_t, Item> memo_;
   std::unordered_map<std::string, at::Tensor> storages_;  // by key: views share a storage
+  std::unordered_map<const void*, Container> containers_;  // by internalToPointer()
+  size_t swept_size_ = 1024;  // containers_.size() after the last sweep (see track)
 };
 
 }  // namespace

@@ -31,9 +31,13 @@ namespace datapar::detail {
 // another size.
 using StorageLoader = std::function<at::Tensor(const std::string& key, at::ScalarType dtype, int64_t numel)>;
 
-// Runs the pickle in data[0, size). Throws CheckpointError("data.pkl: <problem> at byte N")
-// for a malformed or truncated program or an object outside the subset above; the caller
-// adds the file name.
+// Runs the pickle in data[0, size). Throws CheckpointError("data.pkl: <problem> at byte N of M")
+// for a malformed or truncated program, an object outside the subset above, or one past a
+// limit of pickle_limits.h (nesting, values counted at each reference, string bytes; see
+// Note [Pickle budget] in the .cc), and for a dict or list inside itself or changed after
+// it was put into another (Python's pickler never writes either). The caller adds the
+// file name. Memory and time grow with `size`, whatever the program says; the result
+// nests at most kMaxPickleDepth levels and has no cycles.
 c10::IValue read_pickle(const char* data, size_t size, const StorageLoader& load_storage);
 
 // "Float" -> kFloat, as in the names torch.FloatStorage ... torch.BoolStorage; false if the

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "datapar/error.h"
+#include "serialization/pickle_limits.h"
 #include "serialization/pickle_opcodes.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -113,6 +114,18 @@ class Writer {
     put(op::kReduce);
   }
 
+  // Entered for each dict, list and tuple. What the reader would refuse is not written, and
+  // a container inside itself (possible in C++) ends here instead of in a stack overflow.
+  struct Nested {
+    explicit Nested(int& depth) : depth_(depth) {
+      DATAPAR_CHECK(++depth_ <= kMaxPickleDepth, "torch_save: nesting deeper than ", kMaxPickleDepth,
+                    " levels (datapar's limit for a checkpoint): is a dict or list inside itself? Save a value "
+                    "without cycles, nested at most ", kMaxPickleDepth, " levels.");
+    }
+    ~Nested() { --depth_; }
+    int& depth_;
+  };
+
   void value(const c10::IValue& v) {
     if (v.isNone()) {
       put(op::kNone);
@@ -127,6 +140,7 @@ class Writer {
     } else if (v.isTensor()) {
       tensor(v.toTensor());
     } else if (v.isGenericDict()) {
+      Nested nested(depth_);
       put(op::kEmptyDict);
       const auto dict = v.toGenericDict();
       if (dict.empty()) return;
@@ -140,6 +154,7 @@ class Writer {
       }
       put(op::kSetItems);
     } else if (v.isList()) {
+      Nested nested(depth_);
       put(op::kEmptyList);
       const auto list = v.toListRef();
       if (list.empty()) return;
@@ -147,6 +162,7 @@ class Writer {
       for (const c10::IValue& item : list) value(item);
       put(op::kAppends);
     } else if (v.isTuple()) {
+      Nested nested(depth_);
       put(op::kMark);
       for (const c10::IValue& item : v.toTupleRef().elements()) value(item);
       put(op::kTuple);
@@ -158,6 +174,7 @@ class Writer {
 
   std::vector<at::Tensor>* storages_;
   std::string out_;
+  int depth_ = 0;  // containers entered
 };
 
 }  // namespace

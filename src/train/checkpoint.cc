@@ -3,14 +3,21 @@
 
 #include <ATen/ATen.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <memory>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "datapar/error.h"
 #include "serialization/atomic_file.h"
+#include "serialization/pickle_limits.h"
 #include "serialization/torch_file.h"
 
 namespace datapar::train {
@@ -23,6 +30,7 @@ using detail::str_cat;
 
 const char kPrefix[] = "checkpoint-epoch-";
 const char kSuffix[] = ".pt";
+const char kDamaged[] = ".damaged";  // checkpoint-epoch-3.pt.damaged[.1, .2, ...]
 
 Dict new_dict() { return Dict(c10::AnyType::get(), c10::AnyType::get()); }
 
@@ -58,21 +66,104 @@ void check_format(const Dict& root, const std::string& path) {
                     ours ? ". It was written by another datapar version; load it with that one." : "; not a datapar checkpoint."));
 }
 
-// Tensors of a (possibly nested) optimizer state, moved to `device`. Dicts and lists are
-// copied, since the loaded ones are shared with nothing and we must not alias.
-IValue to_device(const IValue& v, const c10::Device& device) {
-  if (v.isTensor()) return v.toTensor().to(device);
-  if (v.isGenericDict()) {
-    Dict out = new_dict();
-    for (const auto& e : v.toGenericDict()) out.insert(e.key(), to_device(e.value(), device));
-    return out;
+bool is_container(const IValue& v) { return v.isGenericDict() || v.isList() || v.isTuple(); }
+
+// Note [Copying a state tree]
+// A copy of the dicts, lists and tuples of `root` (an optimizer state), with its tensors
+// moved to `device` (left as they are without one), so that the result aliases no
+// container of the original. The original may come from a user's C++ rather than from a
+// file, and then hold anything, a dict inside itself included: so the walk keeps its own
+// stack instead of recursing, refuses nesting past kMaxPickleDepth (what a file may hold)
+// and a container inside itself, and copies a container that is referenced twice once,
+// keeping it shared (a DAG costs its size, not its number of paths). Errors name `path`
+// and `what`.
+IValue copy_tree(const IValue& root, const std::optional<c10::Device>& device, const std::string& path, const char* what) {
+  auto leaf = [&device](const IValue& v) { return v.isTensor() && device ? IValue(v.toTensor().to(*device)) : v; };
+  if (!is_container(root)) return leaf(root);
+  struct Frame {
+    IValue source;
+    std::vector<IValue> keys;      // a dict's keys
+    std::vector<IValue> children;  // its values, or the list's or tuple's elements
+    std::vector<IValue> copies;    // of children[0, copies.size())
+  };
+  std::vector<Frame> stack;
+  std::unordered_set<const void*> open;                // containers on the path from the root
+  std::unordered_map<const void*, IValue> copied;      // finished ones, by their original
+  auto enter = [&](const IValue& v) {
+    if (static_cast<int>(stack.size()) >= detail::kMaxPickleDepth) {
+      bad(path, str_cat(what, ": nesting deeper than ", detail::kMaxPickleDepth, " levels (datapar's limit for a ",
+                        "checkpoint). PyTorch's optimizers nest 4; keep it a few levels deep."));
+    }
+    Frame f;
+    f.source = v;
+    if (v.isGenericDict()) {
+      for (const auto& e : v.toGenericDict()) {
+        f.keys.push_back(e.key());
+        f.children.push_back(e.value());
+      }
+    } else if (v.isList()) {
+      f.children = v.toListRef().vec();
+    } else {
+      f.children = v.toTupleRef().elements().vec();
+    }
+    open.insert(v.internalToPointer());
+    stack.push_back(std::move(f));
+  };
+  auto build = [](Frame& f) -> IValue {
+    if (f.source.isGenericDict()) {
+      Dict out = new_dict();
+      for (size_t i = 0; i < f.keys.size(); ++i) out.insert(f.keys[i], f.copies[i]);
+      return out;
+    }
+    if (f.source.isList()) {
+      c10::impl::GenericList out(c10::AnyType::get());
+      for (IValue& c : f.copies) out.push_back(std::move(c));
+      return out;
+    }
+    return c10::ivalue::Tuple::create(std::move(f.copies));
+  };
+
+  enter(root);
+  while (true) {
+    Frame& f = stack.back();
+    if (f.copies.size() < f.children.size()) {
+      const IValue child = f.children[f.copies.size()];
+      if (!is_container(child)) {
+        f.copies.push_back(leaf(child));
+      } else if (open.count(child.internalToPointer()) != 0) {
+        bad(path, str_cat(what, ": a dict or list contains itself (a cycle), which no checkpoint file can hold. ",
+                          "Build the state without cycles."));
+      } else if (auto done = copied.find(child.internalToPointer()); done != copied.end()) {
+        f.copies.push_back(done->second);
+      } else {
+        enter(child);  // `f` is invalid from here
+      }
+      continue;
+    }
+    IValue out = build(f);
+    open.erase(f.source.internalToPointer());
+    copied.emplace(f.source.internalToPointer(), out);
+    stack.pop_back();
+    if (stack.empty()) return out;
+    stack.back().copies.push_back(std::move(out));
   }
-  if (v.isList()) {
-    c10::impl::GenericList out(c10::AnyType::get());
-    for (const IValue& e : v.toListRef()) out.push_back(to_device(e, device));
-    return out;
+}
+
+// "float32", "int64": the names PyTorch users know (torch.float32).
+std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    default: return c10::toString(type);
   }
-  return v;
 }
 
 // ---- restoring ----
@@ -94,6 +185,13 @@ void check_model(const torch::nn::Module& model, const StateDict& saved, const s
     if (dst->sizes() != item.value().sizes()) {
       bad(path, str_cat("model: ", name, " has shape ", item.value().sizes(), " in the checkpoint but ", dst->sizes(), " in ",
                         model.name(), ". Restore it into the model it was saved from."));
+    }
+    // load_state_dict would convert (as PyTorch's does); a resumed run must continue the
+    // saved one exactly, so a float64 or int64 tensor for a float32 parameter is an error.
+    if (dst->scalar_type() != item.value().scalar_type()) {
+      bad(path, str_cat("model: ", name, " is ", dtype_name(item.value().scalar_type()), " in the checkpoint but ",
+                        dtype_name(dst->scalar_type()), " in ", model.name(), ". Restore it into the model it was saved ",
+                        "from, with the same dtype (e.g. model->to(torch::kFloat64) before restoring a float64 run)."));
     }
     ++matched;
   }
@@ -137,7 +235,8 @@ bool save_checkpoint(const Checkpoint& checkpoint, const std::string& path, int6
   Dict root = new_dict();
   root.insert("format", kCheckpointFormat);
   root.insert("model", model);
-  root.insert("optimizer", checkpoint.optimizer.empty() ? new_dict() : checkpoint.optimizer);
+  // Checked (no cycle, not too deep) before the writer sees it; the tensors stay where they are.
+  root.insert("optimizer", copy_tree(checkpoint.optimizer, std::nullopt, path, "optimizer state"));
   root.insert("epoch", checkpoint.epoch);
   root.insert("progress", progress);
   root.insert("rng", rng);
@@ -145,8 +244,10 @@ bool save_checkpoint(const Checkpoint& checkpoint, const std::string& path, int6
   return true;
 }
 
-Checkpoint load_checkpoint(const std::string& path, const c10::Device& device) {
-  const IValue value = detail::torch_load(path);
+namespace {
+
+// A checkpoint from the object of a file that loaded (torch_load) at `path`.
+Checkpoint parse_checkpoint(const IValue& value, const std::string& path, const c10::Device& device) {
   if (!value.isGenericDict()) bad(path, str_cat("holds a ", python_type_name(value), ", not a checkpoint dict."));
   const Dict root = value.toGenericDict();
   check_format(root, path);
@@ -162,7 +263,7 @@ Checkpoint load_checkpoint(const std::string& path, const c10::Device& device) {
   }
   const IValue& optimizer = field(root, "optimizer", path);
   expect(optimizer.isGenericDict(), path, "\"optimizer\"", optimizer, "a dict");
-  c.optimizer = to_device(optimizer, device).toGenericDict();
+  c.optimizer = copy_tree(optimizer, device, path, "\"optimizer\"").toGenericDict();
   const IValue& epoch = field(root, "epoch", path);
   expect(epoch.isInt(), path, "\"epoch\"", epoch, "an int");
   c.epoch = epoch.toInt();
@@ -189,10 +290,17 @@ Checkpoint load_checkpoint(const std::string& path, const c10::Device& device) {
   return c;
 }
 
+}  // namespace
+
+Checkpoint load_checkpoint(const std::string& path, const c10::Device& device) {
+  return parse_checkpoint(detail::torch_load(path), path, device);
+}
+
 void restore_checkpoint(const Checkpoint& checkpoint, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                         bool restore_rng) {
   const std::string path = checkpoint.path.empty() ? "checkpoint" : checkpoint.path;
   check_model(model, checkpoint.model, path);
+  const IValue optimizer_state = copy_tree(checkpoint.optimizer, std::nullopt, path, "optimizer state");
   if (restore_rng) {
     // The state's size is fixed per generator; compare it with ours now so that
     // set_rng_state below cannot fail after the model and optimizer were changed.
@@ -205,7 +313,7 @@ void restore_checkpoint(const Checkpoint& checkpoint, torch::nn::Module& model, 
   // All-or-nothing by itself, so it goes first; the model cannot fail after check_model.
   if (!checkpoint.optimizer.empty()) {
     try {
-      load_optimizer_state_dict(optimizer, checkpoint.optimizer);
+      load_optimizer_state_dict(optimizer, optimizer_state.toGenericDict());
     } catch (const InvalidArgumentError& e) {
       bad(path, e.what());
     }
@@ -218,27 +326,99 @@ std::string checkpoint_path(const std::string& dir, int64_t epoch) {
   return str_cat(dir, dir.empty() || dir.back() == '/' ? "" : "/", kPrefix, epoch, kSuffix);
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& dir) {
+namespace {
+
+// The checkpoint-epoch-<N>.pt files of `dir`, newest first, and how many files there are
+// that were moved aside as damaged (checkpoint-epoch-<N>.pt.damaged[.K]).
+struct Listing {
+  std::vector<std::pair<int64_t, std::string>> checkpoints;  // (epoch, path)
+  int64_t damaged = 0;
+};
+
+Listing list_checkpoints(const std::string& dir) {
+  Listing out;
   std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
-  if (!d) return std::nullopt;
-  std::vector<std::pair<int64_t, std::string>> found;  // (epoch, path)
+  if (!d) return out;
   const size_t prefix = sizeof(kPrefix) - 1;
   const size_t suffix = sizeof(kSuffix) - 1;
   while (const dirent* e = ::readdir(d.get())) {
     const std::string name = e->d_name;
-    if (name.size() <= prefix + suffix || name.compare(0, prefix, kPrefix) != 0 ||
-        name.compare(name.size() - suffix, suffix, kSuffix) != 0 || detail::is_atomic_temp_name(name)) {
+    if (name.size() <= prefix + suffix || name.compare(0, prefix, kPrefix) != 0 || detail::is_atomic_temp_name(name)) {
       continue;
     }
+    if (name.find(str_cat(kSuffix, kDamaged)) != std::string::npos) {
+      ++out.damaged;
+      continue;
+    }
+    if (name.compare(name.size() - suffix, suffix, kSuffix) != 0) continue;
     const std::string digits = name.substr(prefix, name.size() - prefix - suffix);
     if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    found.emplace_back(std::stoll(digits), str_cat(dir, dir.back() == '/' ? "" : "/", name));
+    out.checkpoints.emplace_back(std::stoll(digits), str_cat(dir, dir.back() == '/' ? "" : "/", name));
   }
-  std::sort(found.rbegin(), found.rend());
-  for (const auto& [epoch, path] : found) {
+  std::sort(out.checkpoints.rbegin(), out.checkpoints.rend());
+  return out;
+}
+
+// Renames `path` to <path>.damaged, or .damaged.1, .damaged.2, ...: the first name not
+// taken, so that no earlier damaged file is replaced. Returns the new name.
+std::string move_aside(const std::string& path, const std::string& problem) {
+  for (int k = 0; k < 1000; ++k) {
+    const std::string target = str_cat(path, kDamaged, k == 0 ? "" : str_cat(".", k));
+    // link() fails if `target` exists, where rename() would replace it.
+    if (::link(path.c_str(), target.c_str()) == 0) {
+      ::unlink(path.c_str());
+      return target;
+    }
+    if (errno == EEXIST) continue;
+    const int link_error = errno;
+    if ((link_error == EPERM || link_error == EOPNOTSUPP || link_error == EMLINK) && ::access(target.c_str(), F_OK) != 0 &&
+        ::rename(path.c_str(), target.c_str()) == 0) {
+      return target;  // a file system without hard links; rank 0 is the only renamer
+    }
+    throw CheckpointError(str_cat(problem, " It cannot be moved aside to ", target, " (", std::strerror(link_error),
+                                  "), and resuming past it would overwrite it. Move it away yourself, then resume."));
+  }
+  throw CheckpointError(str_cat(problem, " It cannot be moved aside: ", path, kDamaged,
+                                " .. .999 exist. Clear them away, then resume."));
+}
+
+}  // namespace
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  for (const auto& [epoch, path] : list_checkpoints(dir).checkpoints) {
     if (detail::torch_file_is_intact(path)) return path;
   }
   return std::nullopt;
+}
+
+LatestCheckpoint load_latest_checkpoint(const std::string& dir, int64_t rank, const c10::Device& device) {
+  LatestCheckpoint out;
+  for (const auto& [epoch, path] : list_checkpoints(dir).checkpoints) {
+    // Unreadable is not damaged: a file that cannot be opened is left alone and is an error.
+    // One that is gone was moved aside by rank 0 while this rank listed the directory.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) continue;
+      throw CheckpointError(str_cat(path, ": cannot open (", std::strerror(errno), "). Make it readable, or move it away, ",
+                                    "then resume."));
+    }
+    ::close(fd);
+    IValue value;
+    try {
+      value = detail::torch_load(path);  // every record against its CRC-32, and the whole data.pkl
+    } catch (const CheckpointError& e) {
+      if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) continue;  // moved aside by rank 0 meanwhile
+      DamagedCheckpoint damaged{path, e.what(), ""};
+      if (rank == 0) damaged.moved_to = move_aside(path, damaged.problem);
+      out.damaged.push_back(std::move(damaged));
+      continue;
+    }
+    // A whole file of another layout or version is not damage: that error is for the user.
+    out.checkpoint = parse_checkpoint(value, path, device);
+    break;
+  }
+  out.set_aside = list_checkpoints(dir).damaged;
+  return out;
 }
 
 }  // namespace datapar::train

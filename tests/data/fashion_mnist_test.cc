@@ -154,5 +154,39 @@ TEST(FashionMnist, PlainFilesWinOverGzipped) {
   EXPECT_TRUE(at::equal(test.target(), at::full({3}, 7, at::kLong)));
 }
 
+TEST(FashionMnist, LimitReadsTheFirstSamplesOnly) {
+  FashionMnistOptions o = options_for(kShipped);
+  o.limit = 100;
+  const FashionMnist first(o);
+  const FashionMnist all(options_for(kShipped));
+  EXPECT_EQ(first.size(), 100);
+  EXPECT_TRUE(at::equal(first.data(), all.data().slice(0, 0, 100)));
+  EXPECT_TRUE(at::equal(first.target(), all.target().slice(0, 0, 100)));
+  o.limit = 100000;  // more than the split has: all of it
+  EXPECT_EQ(FashionMnist(o).size(), 6000);
+  o.limit = -1;
+  EXPECT_THROW_MSG(FashionMnist(o), InvalidArgumentError, "FashionMnist: limit is -1");
+
+  // The counts are still compared, from the headers, and a file past the limit is not read.
+  const std::string dir = testing::make_temp_dir("fmnist_limit");
+  write_idx(dir + "/train-images-idx3-ubyte.gz", 0x803, {5, 28, 28}, 28 * 28 * 3);  // 3 of 5 present
+  write_idx(dir + "/train-labels-idx1-ubyte.gz", 0x801, {5});
+  o = options_for(dir);
+  o.limit = 3;
+  EXPECT_EQ(FashionMnist(o).size(), 3);
+  o.limit = 4;
+  EXPECT_THROW_MSG(FashionMnist(o), Error, "ends early");
+  write_idx(dir + "/train-labels-idx1-ubyte.gz", 0x801, {4});
+  o.limit = 2;
+  EXPECT_THROW_MSG(FashionMnist(o), Error, "has 5 images but " + dir + "/train-labels-idx1-ubyte.gz has 4 labels");
+}
+
+TEST(FashionMnist, AnEmptySplitIsAnError) {
+  const std::string dir = testing::make_temp_dir("fmnist_empty");
+  write_idx(dir + "/t10k-images-idx3-ubyte.gz", 0x803, {0, 28, 28});
+  write_idx(dir + "/t10k-labels-idx1-ubyte.gz", 0x801, {0});
+  EXPECT_THROW_MSG(FashionMnist(options_for(dir, false)), Error, dir + "/t10k-images-idx3-ubyte.gz: holds 0 samples");
+}
+
 }  // namespace
 }  // namespace datapar

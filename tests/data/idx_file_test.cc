@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "datapar/error.h"
+#include "testing/child.h"
 #include "testing/expect_throw.h"
+#include "testing/idx.h"
 #include "testing/python.h"
 
 namespace datapar {
@@ -69,8 +71,15 @@ TEST_F(IdxFile, ReadsPlainAndGzippedFilesAlike) {
 
   write_gz(dir_ + "/labels.gz", idx_bytes(kIdxLabelsMagic, {7}));
   EXPECT_TRUE(at::equal(read_idx_file(dir_ + "/labels.gz", 1), at::arange(7, at::kByte)));
+}
+
+// An empty split used to train to "loss -nan" and exit 0.
+TEST_F(IdxFile, ZeroSamplesAreAnError) {
   write_gz(dir_ + "/none.gz", idx_bytes(kIdxLabelsMagic, {0}));
-  EXPECT_EQ(read_idx_file(dir_ + "/none.gz", 1).numel(), 0);
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/none.gz", 1), Error,
+                   dir_ + "/none.gz: holds 0 samples (its header says so); a dataset needs at least one.");
+  write_plain(dir_ + "/none", idx_bytes(kIdxImagesMagic, {0, 28, 28}));
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/none", 3), Error, "none: holds 0 samples");
 }
 
 TEST_F(IdxFile, WrongMagicNamesTheFileAndBothNumbers) {
@@ -112,6 +121,48 @@ TEST_F(IdxFile, ExtraBytesAndMissingFilesAreErrors) {
   bytes[bytes.size() - 6] ^= 0x5a;  // inside the CRC-32 trailer
   write_plain(dir_ + "/flip.gz", bytes);
   EXPECT_THROW_MSG(read_idx_file(dir_ + "/flip.gz", 1), Error, "corrupt gzip data");
+}
+
+// A few hundred KB of gzip announcing (and holding) 300,000 images: a limit reads only
+// what it asks for, so memory and time follow the limit, not the file.
+TEST_F(IdxFile, MaxSamplesReadsOnlyTheFirstSamples) {
+  const std::string big = dir_ + "/big.gz";
+  testing::write_zero_idx_gz(big, kIdxImagesMagic, {300000, 28, 28});
+  const testing::ChildOutcome r = testing::run_in_child(
+      [&] {
+        const at::Tensor t = read_idx_file(big, 3, 64);
+        return std::to_string(t.size(0)) + "x" + std::to_string(t.size(1)) + "x" + std::to_string(t.size(2));
+      },
+      /*limit_seconds=*/20);
+  ASSERT_TRUE(r.exited) << "signal " << r.signal;
+  EXPECT_EQ(r.message, "64x28x28");
+  EXPECT_LT(r.seconds, 2);
+  EXPECT_LT(r.memory_growth, int64_t{32} << 20);  // the whole file would be 235 MB
+
+  // The first samples are the file's first samples, and a limit past the count reads all.
+  const std::string bytes = idx_bytes(kIdxImagesMagic, {5, 2, 3});
+  write_gz(dir_ + "/five.gz", bytes);
+  const at::Tensor all = read_idx_file(dir_ + "/five.gz", 3);
+  EXPECT_TRUE(at::equal(read_idx_file(dir_ + "/five.gz", 3, 2), all.slice(0, 0, 2)));
+  EXPECT_TRUE(at::equal(read_idx_file(dir_ + "/five.gz", 3, 5), all));
+  EXPECT_TRUE(at::equal(read_idx_file(dir_ + "/five.gz", 3, 1000), all));
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/five.gz", 3, -1), InvalidArgumentError, "max_samples is -1");
+  EXPECT_EQ(read_idx_dims(dir_ + "/five.gz", 3), (std::vector<int64_t>{5, 2, 3}));
+}
+
+TEST_F(IdxFile, MaxSamplesChecksWhatItReads) {
+  // 4 samples announced, 2.5 present: the first 2 read; 3 end early.
+  write_plain(dir_ + "/short", idx_bytes(kIdxImagesMagic, {4, 2, 2}, 10));
+  EXPECT_EQ(read_idx_file(dir_ + "/short", 3, 2).size(0), 2);
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/short", 3, 3), Error,
+                   "ends early: 26 of 28 bytes (the header announces 4 samples, of which the first 3 are read");
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/short", 3), Error, "ends early: 26 of 32 bytes");
+  // Bytes after the samples read are not looked at; with every sample read (a limit of the
+  // count or more), a byte past the data is an error as without a limit.
+  write_plain(dir_ + "/long", idx_bytes(kIdxLabelsMagic, {5}, 6));
+  EXPECT_EQ(read_idx_file(dir_ + "/long", 1, 4).size(0), 4);
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/long", 1, 5), Error, "goes on past the 13 bytes");
+  EXPECT_THROW_MSG(read_idx_file(dir_ + "/long", 1, 6), Error, "goes on past the 13 bytes");
 }
 
 }  // namespace

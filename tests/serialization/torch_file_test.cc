@@ -19,6 +19,7 @@
 #include "serialization/pickle_reader.h"
 #include "serialization/pickle_writer.h"
 #include "serialization/zip_crc.h"
+#include "testing/child.h"
 #include "testing/expect_throw.h"
 
 namespace datapar::detail {
@@ -225,6 +226,113 @@ TEST(CheckpointFile, AtomicFileKeepsTheOldFileWhenTheWriterDies) {
   EXPECT_EQ(torch_load(path).toStringRef(), "new");
   EXPECT_FALSE(is_atomic_temp_name(path));
   EXPECT_THROW_MSG(AtomicFile("/nonexistent-dir/x.pt"), CheckpointError, "cannot create");
+}
+
+// ---- Budgets (issue 13): hostile data.pkl programs fail with a CheckpointError naming the
+// limit, quickly and in bounded memory, never crash ----
+
+const std::string kProto("\x80\x02", 2);
+
+IValue run_pickle(const std::string& program) {
+  StorageLoader none = [](const std::string&, at::ScalarType, int64_t) -> at::Tensor { throw CheckpointError("no storage"); };
+  return read_pickle(program.data(), program.size(), none);
+}
+
+// The bytes of a string literal, NULs included.
+template <size_t N>
+std::string bytes(const char (&literal)[N]) {
+  return std::string(literal, N - 1);
+}
+
+std::string repeat(const std::string& s, size_t n) {
+  std::string out;
+  out.reserve(s.size() * n);
+  for (size_t i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+// Each program nests a million containers, which used to end in SIGSEGV (recursion per
+// level while building, and when the IValues were destroyed).
+TEST(TorchFileLimits, AMillionNestedContainersAreRefusedNotACrash) {
+  const size_t n = 1000000;
+  const std::string lists = kProto + std::string(n, ']') + std::string(n - 1, 'a') + ".";       // [[[...]]]
+  const std::string tuples = kProto + ")" + std::string(n, '\x85') + ".";                        // ((((),),),)
+  const std::string marked = kProto + std::string(n, '(') + ")" + std::string(n, 't') + ".";     // MARK ... TUPLE
+  const std::string dicts = kProto + repeat(bytes("}K\x00"), n) + "N" + std::string(n, 's') + ".";  // {0: {0: ...}}
+  for (const std::string* program : {&lists, &tuples, &marked, &dicts}) {
+    EXPECT_THROW_MSG(run_pickle(*program), CheckpointError,
+                     "data.pkl: nesting deeper than 200 levels (datapar's limit for a checkpoint) at byte ");
+  }
+}
+
+TEST(TorchFileLimits, NestingUpToTheLimitLoads) {
+  IValue v = run_pickle(kProto + std::string(200, ']') + std::string(199, 'a') + ".");
+  int depth = 0;
+  for (; v.isList(); ++depth) v = v.toListRef().empty() ? IValue() : v.toListRef()[0];
+  EXPECT_EQ(depth, 200);
+  EXPECT_THROW_MSG(run_pickle(kProto + std::string(201, ']') + std::string(200, 'a') + "."), CheckpointError,
+                   "nesting deeper than 200 levels");
+  EXPECT_EQ(run_pickle(kProto + ")" + std::string(199, '\x85') + ".").toTupleRef().elements().size(), 1u);
+}
+
+// t0 = (); t_k = (t_{k-1}, t_{k-1}), each through the memo: 244 bytes that describe 2^35
+// tuples. The reader used to copy each memo entry whole and grew by ~250 MB/s.
+TEST(TorchFileLimits, MemoisedTupleBombFailsFastInBoundedMemory) {
+  std::string program = kProto + ")\x94";
+  for (int k = 1; k <= 34; ++k) {
+    const std::string get = std::string("h") + static_cast<char>(k - 1);
+    program += get + get + "\x86\x94" + (k < 34 ? "0" : "");  // BINGET BINGET TUPLE2 MEMOIZE [POP]
+  }
+  program += ".";
+  EXPECT_LT(program.size(), 250u);
+  const testing::ChildOutcome r = testing::run_in_child(
+      [&] {
+        try {
+          run_pickle(program);
+          return std::string("loaded");
+        } catch (const CheckpointError& e) {
+          return std::string(e.what());
+        }
+      },
+      /*limit_seconds=*/20);
+  ASSERT_TRUE(r.exited) << "ended by signal " << r.signal << " after " << r.seconds << " s";
+  EXPECT_NE(r.message.find("data.pkl: more than 4194304 values (counting each reference to a shared one; datapar's "
+                           "limit for a checkpoint)"),
+            std::string::npos)
+      << r.message;
+  EXPECT_LT(r.seconds, 5);
+  EXPECT_LT(r.memory_growth, int64_t{256} << 20);
+}
+
+// A list or dict inside itself (Python's pickler writes one for l = []; l.append(l)):
+// refused, since no state dict has one and every walk over it would never end.
+TEST(TorchFileLimits, ContainersInsideThemselvesAreRefused) {
+  const std::string programs[] = {
+      bytes("]\x94h\x00" "a."),       // EMPTY_LIST MEMOIZE BINGET 0 APPEND
+      bytes("]\x94(h\x00" "e."),      // EMPTY_LIST MEMOIZE MARK BINGET 0 APPENDS
+      bytes("}\x94K\x01h\x00s."),     // EMPTY_DICT MEMOIZE BININT1 1 BINGET 0 SETITEM
+  };
+  for (const std::string& program : programs) {
+    EXPECT_THROW_MSG(run_pickle(kProto + program), CheckpointError, "inside itself");
+  }
+}
+
+// Python's pickler fills a list or dict before it puts it into another: changing one
+// afterwards is not a torch.save file (and is how a cycle would be built).
+TEST(TorchFileLimits, ChangingAContainerAfterNestingItIsRefused) {
+  // L0 = []; [L0]; then L0.append(1)
+  EXPECT_THROW_MSG(run_pickle(kProto + bytes("]\x94]h\x00" "a0K\x01" "a.")), CheckpointError,
+                   "APPEND on a list that is already inside another container");
+  // L0 = []; (L0,); then L0.append(1)
+  EXPECT_THROW_MSG(run_pickle(kProto + bytes("]\x94h\x00\x85" "0K\x01" "a.")), CheckpointError,
+                   "APPEND on a list that is already inside another container");
+  // D0 = {}; [D0]; then D0[1] = 2
+  EXPECT_THROW_MSG(run_pickle(kProto + bytes("}\x94]h\x00" "a0K\x01K\x02s.")), CheckpointError,
+                   "SETITEM on a dict that is already inside another container");
+  // Shared, but filled first: fine, and both references are one list.
+  const IValue ok = run_pickle(kProto + bytes("]\x94K\x07" "a0(h\x00h\x00t."));
+  EXPECT_EQ(ok.toTupleRef().elements()[0].toListRef()[0].toInt(), 7);
+  EXPECT_TRUE(ok.toTupleRef().elements()[0].isSameIdentity(ok.toTupleRef().elements()[1]));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "datapar/train/checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -283,6 +284,115 @@ TEST_F(CheckpointErrors, WrongShapesChangeNothing) {
   Mlp other = mlp({8, 9, 3});
   auto other_opt = make_optimizer(other, false);
   EXPECT_THROW_MSG(restore_checkpoint(load_checkpoint(path_), *other, *other_opt), CheckpointError, "has shape [6, 8] in the checkpoint but [9, 8]");
+}
+
+// An int64 tensor used to load silently into a float parameter (copy_ converts).
+TEST_F(CheckpointErrors, WrongDtypeChangesNothing) {
+  const at::Tensor before = model_->named_parameters()["layers.0.weight"].clone();
+  Checkpoint c = load_checkpoint(path_);
+  c.model["layers.0.weight"] = c.model["layers.0.weight"].to(at::kLong);
+  save_checkpoint(c, dir_ + "/dtype.pt", 0);
+  EXPECT_THROW_MSG(restore_checkpoint(load_checkpoint(dir_ + "/dtype.pt"), *model_, *opt_), CheckpointError,
+                   "dtype.pt: model: layers.0.weight is int64 in the checkpoint but float32 in datapar::models::MlpImpl");
+  EXPECT_TRUE(at::equal(model_->named_parameters()["layers.0.weight"], before));
+  c.path.clear();  // built in C++: named "checkpoint"
+  EXPECT_THROW_MSG(restore_checkpoint(c, *model_, *opt_), CheckpointError, "checkpoint: model: layers.0.weight is int64");
+}
+
+// A Checkpoint built in C++ can hold a dict inside itself, which no file can: walking it
+// used to recurse until the stack ran out.
+TEST_F(CheckpointErrors, OptimizerStateInsideItselfIsRefused) {
+  Checkpoint c = load_checkpoint(path_);
+  auto state = c.optimizer.at("state").toGenericDict();
+  state.at(int64_t{0}).toGenericDict().insert("loop", state);  // state[0]["loop"] is state
+  EXPECT_THROW_MSG(save_checkpoint(c, dir_ + "/loop.pt", 0), CheckpointError,
+                   "loop.pt: optimizer state: a dict or list contains itself");
+  EXPECT_THROW_MSG(restore_checkpoint(c, *model_, *opt_), CheckpointError,
+                   "optimizer state: a dict or list contains itself");
+  state.at(int64_t{0}).toGenericDict().erase("loop");  // break the cycle: no leak
+
+  // As deep as a file may be (200 levels): refused before anything is written.
+  c = load_checkpoint(path_);
+  c10::impl::GenericList deep(c10::AnyType::get());
+  for (int i = 0; i < 250; ++i) {
+    c10::impl::GenericList outer(c10::AnyType::get());
+    outer.push_back(deep);
+    deep = outer;
+  }
+  c.optimizer.insert("deep", deep);
+  EXPECT_THROW_MSG(save_checkpoint(c, dir_ + "/deep.pt", 0), CheckpointError,
+                   "deep.pt: optimizer state: nesting deeper than 200 levels");
+  EXPECT_FALSE(std::ifstream(dir_ + "/deep.pt").good());
+}
+
+// Note [Damaged checkpoints]: the newest checkpoint that loads whole is used; each newer one
+// is reported, and rank 0 renames it without replacing anything.
+TEST(Checkpoint, LoadLatestMovesDamagedCheckpointsAsideAndFallsBack) {
+  const std::string dir = temp_dir("load_latest");
+  EXPECT_FALSE(load_latest_checkpoint(dir + "/missing", 0).checkpoint.has_value());
+  Mlp model = mlp({4, 5, 2});
+  auto opt = make_optimizer(model, false);
+  for (int64_t epoch : {1, 2, 3}) save_checkpoint(make_checkpoint(*model, *opt, epoch), checkpoint_path(dir, epoch), 0);
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  // Epoch 3: one flipped bit in a tensor (the zip directory still reads: latest_checkpoint's
+  // cheap check passes). Epoch 2: truncated.
+  std::string three = read(checkpoint_path(dir, 3));
+  three[caffe2::serialize::PyTorchStreamReader(checkpoint_path(dir, 3)).getRecordOffset("data/0") + 2] ^= 0x01;
+  std::ofstream(checkpoint_path(dir, 3), std::ios::binary | std::ios::trunc) << three;
+  ::truncate(checkpoint_path(dir, 2).c_str(), 100);
+  const std::string two = read(checkpoint_path(dir, 2));
+  EXPECT_EQ(latest_checkpoint(dir), checkpoint_path(dir, 3));
+
+  // Another rank: same answer, nothing moved.
+  LatestCheckpoint other = load_latest_checkpoint(dir, 1);
+  ASSERT_TRUE(other.checkpoint.has_value());
+  EXPECT_EQ(other.checkpoint->epoch, 1);
+  ASSERT_EQ(other.damaged.size(), 2u);
+  EXPECT_EQ(other.damaged[0].path, checkpoint_path(dir, 3));
+  EXPECT_EQ(other.damaged[0].moved_to, "");
+  EXPECT_EQ(other.set_aside, 0);
+  EXPECT_EQ(read(checkpoint_path(dir, 3)), three);
+
+  // Rank 0 moves both aside, naming why.
+  LatestCheckpoint found = load_latest_checkpoint(dir, 0);
+  ASSERT_TRUE(found.checkpoint.has_value());
+  EXPECT_EQ(found.checkpoint->epoch, 1);
+  EXPECT_EQ(found.checkpoint->path, checkpoint_path(dir, 1));
+  ASSERT_EQ(found.damaged.size(), 2u);
+  EXPECT_NE(found.damaged[0].problem.find(checkpoint_path(dir, 3) + ": "), std::string::npos) << found.damaged[0].problem;
+  EXPECT_NE(found.damaged[1].problem.find(checkpoint_path(dir, 2) + ": cannot read"), std::string::npos);
+  EXPECT_EQ(found.damaged[0].moved_to, checkpoint_path(dir, 3) + ".damaged");
+  EXPECT_EQ(found.damaged[1].moved_to, checkpoint_path(dir, 2) + ".damaged");
+  EXPECT_EQ(found.set_aside, 2);
+  EXPECT_EQ(read(checkpoint_path(dir, 3) + ".damaged"), three);
+  EXPECT_EQ(read(checkpoint_path(dir, 2) + ".damaged"), two);
+  EXPECT_FALSE(std::ifstream(checkpoint_path(dir, 3)).good());
+  EXPECT_EQ(latest_checkpoint(dir), checkpoint_path(dir, 1));  // *.damaged is not a checkpoint
+
+  // Damaged again at the same epoch: the earlier evidence is kept.
+  std::ofstream(checkpoint_path(dir, 3), std::ios::binary) << "not a zip";
+  found = load_latest_checkpoint(dir, 0);
+  ASSERT_EQ(found.damaged.size(), 1u);
+  EXPECT_EQ(found.damaged[0].moved_to, checkpoint_path(dir, 3) + ".damaged.1");
+  EXPECT_EQ(read(checkpoint_path(dir, 3) + ".damaged"), three);
+  EXPECT_EQ(found.set_aside, 3);
+
+  // Nothing intact: no checkpoint, but set_aside says the run had some.
+  ::truncate(checkpoint_path(dir, 1).c_str(), 10);
+  found = load_latest_checkpoint(dir, 0);
+  EXPECT_FALSE(found.checkpoint.has_value());
+  EXPECT_EQ(found.set_aside, 4);
+}
+
+// A file that loads but is not a checkpoint of this format is not damage: an error, left alone.
+TEST(Checkpoint, LoadLatestLeavesForeignFilesAlone) {
+  const std::string dir = temp_dir("load_latest_foreign");
+  save_state_dict(state_dict(*mlp({4, 5, 2})), checkpoint_path(dir, 1));
+  EXPECT_THROW_MSG(load_latest_checkpoint(dir, 0), CheckpointError, "is a state dict, not a checkpoint");
+  EXPECT_TRUE(std::ifstream(checkpoint_path(dir, 1)).good());
 }
 
 }  // namespace

@@ -2,14 +2,19 @@
 // metrics, PNG); ddp's test accuracy is exact over ranks; resuming equals an uninterrupted
 // run; bad options fail before any work with exit code 2. ddp jobs are started here the way
 // a launcher would: two processes with torchrun's variables.
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <map>
 #include <regex>
@@ -18,6 +23,7 @@
 
 #include "datapar/train/checkpoint.h"
 #include "datapar/train/plot.h"
+#include "testing/idx.h"
 #include "testing/ports.h"
 #include "testing/processes.h"
 
@@ -288,6 +294,133 @@ TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {
     EXPECT_EQ(p.exit_code, 2) << p.output;
     EXPECT_NE(p.output.find("--batch-size 1 is smaller than the 2 ranks"), std::string::npos) << p.output;
   }
+}
+
+// ---- data: --limit bounds the memory; an empty split is an error (issue 13) ----
+
+// Runs `datapar <args>` with its output to `log`; returns the exit code and sets the peak
+// resident memory of the process (bytes).
+int cli_peak_memory(const std::string& args, const std::string& log, int64_t* peak) {
+  const std::string command = "exec " + kCli + " " + args + " >'" + log + "' 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) return -1;
+  int status = 0;
+  struct rusage usage {};
+  ::wait4(pid, &status, 0, &usage);
+  *peak = int64_t{usage.ru_maxrss} * 1024;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// 300,000 images (235 MB of pixels, a few hundred KB of gzip): --limit 64 used to read
+// and convert all of them first (1.28 GB). Now it reads 64, so the run costs what the same
+// run on the small shipped subset costs.
+TEST(TrainCli, LimitReadsOnlyTheSamplesItUses) {
+  const std::string dir = fresh_dir("big_data");
+  datapar::testing::write_zero_idx_gz(dir + "/train-images-idx3-ubyte.gz", 0x803, {300000, 28, 28});
+  datapar::testing::write_zero_idx_gz(dir + "/train-labels-idx1-ubyte.gz", 0x801, {300000});
+  datapar::testing::write_zero_idx_gz(dir + "/t10k-images-idx3-ubyte.gz", 0x803, {300000, 28, 28});
+  datapar::testing::write_zero_idx_gz(dir + "/t10k-labels-idx1-ubyte.gz", 0x801, {300000});
+  const std::string args = "train --model mlp --limit 64 --batch-size 32 --epochs 1 --workers 1 --threads 1 --data ";
+  int64_t small = 0, big = 0;
+  ASSERT_EQ(cli_peak_memory(args + DATAPAR_SOURCE_DIR "/data/fashion-mnist", dir + "/small.log", &small), 0);
+  ASSERT_EQ(cli_peak_memory(args + dir, dir + "/big.log", &big), 0);
+  std::ifstream log(dir + "/big.log");
+  const std::string output((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(output.find("64 train / 64 test samples"), std::string::npos) << output;
+  EXPECT_LT(big, small + (int64_t{128} << 20)) << "peak " << (big >> 20) << " MB vs " << (small >> 20)
+                                               << " MB on the shipped subset";
+}
+
+TEST(TrainCli, AnEmptyDatasetIsAnError) {
+  const std::string dir = fresh_dir("empty_data");
+  for (const std::string split : {"train", "t10k"}) {
+    datapar::testing::write_zero_idx_gz(dir + "/" + split + "-images-idx3-ubyte.gz", 0x803, {0, 28, 28});
+    datapar::testing::write_zero_idx_gz(dir + "/" + split + "-labels-idx1-ubyte.gz", 0x801, {0});
+  }
+  const CliRun r = cli("train --model mlp --epochs 1 --workers 1 --data " + dir);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(dir + "/train-images-idx3-ubyte.gz: holds 0 samples"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("loss"), std::string::npos) << r.output;
+}
+
+// ---- damaged checkpoints: reported, moved aside, never overwritten (issue 13) ----
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Flips one bit inside the first tensor of a checkpoint: the zip directory still reads
+// (the cheap check passes), the record's CRC-32 does not.
+std::string flip_a_tensor_bit(const std::string& path) {
+  const size_t offset = caffe2::serialize::PyTorchStreamReader(path).getRecordOffset("data/0");
+  std::string bytes = read_file(path);
+  bytes[offset + 3] ^= 0x10;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  return bytes;
+}
+
+TEST(TrainCli, ResumeMovesADamagedNewestCheckpointAsideAndUsesTheOneBefore) {
+  const std::string dir = fresh_dir("damaged_newest");
+  const std::string args = kSmall + " --checkpoint-dir " + dir;
+  ASSERT_EQ(cli(args + " --epochs 2").code, 0);
+  const std::string damaged = flip_a_tensor_bit(dir + "/checkpoint-epoch-2.pt");
+  const CliRun r = cli(args + " --epochs 3 --resume");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(dir + "/checkpoint-epoch-2.pt: record data/0 is damaged"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("moved it to " + dir + "/checkpoint-epoch-2.pt.damaged"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(1 epochs done)"), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(dir + "/checkpoint-epoch-2.pt.damaged"), damaged);  // kept as it was
+  EXPECT_EQ(datapar::train::load_checkpoint(dir + "/checkpoint-epoch-2.pt").epoch, 2);  // written afresh
+  EXPECT_EQ(datapar::train::load_checkpoint(dir + "/checkpoint-epoch-3.pt").epoch, 3);
+}
+
+TEST(TrainCli, ResumeWithEveryCheckpointDamagedDoesNotStartOverUnlessTold) {
+  const std::string dir = fresh_dir("all_damaged");
+  const std::string args = kSmall + " --checkpoint-dir " + dir;
+  ASSERT_EQ(cli(args + " --epochs 1").code, 0);
+  ::truncate((dir + "/checkpoint-epoch-1.pt").c_str(), 100);
+  const std::string damaged = read_file(dir + "/checkpoint-epoch-1.pt");
+  CliRun r = cli(args + " --epochs 2 --resume");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(dir + "/checkpoint-epoch-1.pt: cannot read"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--start-over"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("epoch 1/2"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint-epoch-1.pt"));
+  EXPECT_EQ(read_file(dir + "/checkpoint-epoch-1.pt.damaged"), damaged);
+
+  // A launcher's restart finds only the damaged file now: still not a fresh start.
+  ::setenv("DATAPAR_RESTART_COUNT", "1", 1);
+  r = cli(args + " --epochs 2");
+  ::unsetenv("DATAPAR_RESTART_COUNT");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--start-over"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint-epoch-1.pt"));
+
+  r = cli(args + " --epochs 2 --resume --start-over");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("starting from epoch 1"), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(dir + "/checkpoint-epoch-1.pt.damaged"), damaged);  // still there
+  EXPECT_EQ(datapar::train::load_checkpoint(dir + "/checkpoint-epoch-2.pt").epoch, 2);
+}
+
+TEST(TrainCli, ResumeWithNoCheckpointYet) {
+  const std::string dir = fresh_dir("no_checkpoint_yet");
+  const std::string args = kSmall + " --epochs 1 --checkpoint-dir " + dir;
+  // A restart before the first checkpoint was written: the run starts from epoch 1.
+  ::setenv("DATAPAR_RESTART_COUNT", "1", 1);
+  CliRun r = cli(args);
+  ::unsetenv("DATAPAR_RESTART_COUNT");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("starting from epoch 1"), std::string::npos) << r.output;
+  // An explicit --resume with nothing to resume from is a mistake, unless told to start over.
+  const std::string empty = fresh_dir("no_checkpoint_at_all");
+  r = cli(kSmall + " --epochs 1 --resume --checkpoint-dir " + empty);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--resume: no checkpoint in " + empty), std::string::npos) << r.output;
+  r = cli(kSmall + " --epochs 1 --resume --start-over --checkpoint-dir " + empty);
+  EXPECT_EQ(r.code, 0) << r.output;
 }
 
 }  // namespace

@@ -73,6 +73,7 @@ Data load_data(const TrainPlan& plan) {
   }
   FashionMnistOptions f;
   f.root = plan.data_dir;
+  f.limit = o.limit;  // read no more than is used: memory follows --limit, not the files
   const FashionMnist train(f);
   f.train = false;
   return {take(train, o.limit), take(FashionMnist(f), o.limit)};
@@ -152,18 +153,46 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   model->to(device);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum));
 
-  // 5. Resume (or evaluate) from the latest checkpoint; every rank loads onto its device.
+  // 5. Resume (or evaluate) from the newest checkpoint that loads; every rank loads onto its
+  // device. Note [Damaged checkpoints] (checkpoint.h): rank 0 moves damaged ones aside, so
+  // that this run, which writes those epochs again, cannot overwrite them (--evaluate moves
+  // nothing). With none intact, a run that had checkpoints (damaged ones, or ones moved
+  // aside before) stops unless --start-over, and so does an explicit --resume with none at
+  // all; only a launcher's restart before the first checkpoint starts from epoch 1 by itself.
   int64_t first_epoch = 0;
   if (plan.resume || o.evaluate) {
-    const std::optional<std::string> last = train::latest_checkpoint(o.checkpoint_dir);
-    DATAPAR_CHECK(last || !o.evaluate, "--evaluate: no checkpoint in ", o.checkpoint_dir, ".");
-    if (last) {
-      const train::Checkpoint c = train::load_checkpoint(*last, device);
+    const train::LatestCheckpoint found =
+        train::load_latest_checkpoint(o.checkpoint_dir, o.evaluate ? -1 : plan.rank, device);
+    for (const auto& d : found.damaged) {
+      if (!leader) continue;
+      std::fprintf(stderr, "datapar train: skipping a damaged checkpoint: %s\n", d.problem.c_str());
+      if (!d.moved_to.empty()) {
+        std::fprintf(stderr, "  moved it to %s (kept for inspection; no run overwrites it)\n", d.moved_to.c_str());
+      }
+    }
+    if (found.checkpoint) {
+      const train::Checkpoint& c = *found.checkpoint;
       train::restore_checkpoint(c, *model, sgd);
       first_epoch = c.epoch;
-      if (leader && !o.evaluate) std::printf("resuming from %s (%ld epochs done)\n", last->c_str(), (long)c.epoch);
-    } else if (leader) {
-      std::printf("no checkpoint in %s: starting from epoch 1\n", o.checkpoint_dir.c_str());
+      if (leader && !o.evaluate) std::printf("resuming from %s (%ld epochs done)\n", c.path.c_str(), (long)c.epoch);
+    } else {
+      const int64_t damaged = std::max<int64_t>(static_cast<int64_t>(found.damaged.size()), found.set_aside);
+      const std::string why = o.evaluate ? "--evaluate" : o.resume ? "--resume" : "restart (DATAPAR_RESTART_COUNT > 0)";
+      if (damaged > 0 && (o.evaluate || !o.start_over)) {
+        throw CheckpointError(detail::str_cat(
+            why, ": no intact checkpoint in ", o.checkpoint_dir, ": ", damaged, " damaged one",
+            damaged == 1 ? " is" : "s are", " set aside there (*.pt.damaged), and starting from epoch 1 would silently ",
+            "lose the run.\n---> HINT: copy an intact checkpoint back from elsewhere, or add --start-over to train from ",
+            "epoch 1 (the damaged files stay)."));
+      }
+      DATAPAR_CHECK(!o.evaluate, "--evaluate: no checkpoint in ", o.checkpoint_dir, ".");
+      DATAPAR_CHECK(!o.resume || o.start_over, "--resume: no checkpoint in ", o.checkpoint_dir,
+                    " to resume from.\n---> HINT: leave out --resume to start a new run, or add --start-over to start "
+                    "from epoch 1 when there is none.");
+      if (leader) {
+        std::printf("no %scheckpoint in %s: starting from epoch 1%s\n", damaged > 0 ? "intact " : "",
+                    o.checkpoint_dir.c_str(), o.start_over ? " (--start-over)" : "");
+      }
     }
   }
 

@@ -38,6 +38,7 @@ struct TrainOptions {
   uint64_t seed = 0;
   std::string checkpoint_dir;      // a checkpoint per epoch (rank 0 writes)
   bool resume = false;             // continue from the latest checkpoint in checkpoint_dir
+  bool start_over = false;         // resume: start from epoch 1 when no checkpoint is intact
   bool evaluate = false;           // only evaluate the latest checkpoint on the test set
   std::string metrics;             // JSON lines, one per epoch
   std::string plot;                // PNG of loss and accuracy per epoch

@@ -42,7 +42,11 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--seed", o.seed, "Seed of the model's initialisation, the shuffling and synthetic data (default 0)");
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
                   "Write a checkpoint after each epoch here (rank 0); created if missing");
-  cmd->add_flag("--resume", o.resume, "Continue from the latest checkpoint in --checkpoint-dir");
+  cmd->add_flag("--resume", o.resume,
+                "Continue from the newest intact checkpoint in --checkpoint-dir (damaged ones are reported and "
+                "renamed *.damaged); an error if there is none");
+  cmd->add_flag("--start-over", o.start_over,
+                "With --resume or a restart: start from epoch 1 when --checkpoint-dir holds no intact checkpoint");
   cmd->add_flag("--evaluate", o.evaluate, "Only evaluate the latest checkpoint in --checkpoint-dir on the test set");
   cmd->add_option("--metrics", o.metrics, "Write per-epoch metrics here as JSON lines");
   cmd->add_option("--plot", o.plot, "Draw loss and accuracy per epoch into this PNG (needs gnuplot)");
@@ -123,7 +127,8 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   DATAPAR_CHECK(o.batch_size >= 1, "--batch-size ", o.batch_size, ": the batch must hold at least 1 sample.");
   DATAPAR_CHECK(o.limit >= 0, "--limit ", o.limit, ": use 0 (all samples) or a positive count.");
   DATAPAR_CHECK(o.workers >= 0 && o.threads >= 0, "--workers and --threads must not be negative.");
-  DATAPAR_CHECK(!(o.resume || o.evaluate) || !o.checkpoint_dir.empty(), o.resume ? "--resume" : "--evaluate",
+  DATAPAR_CHECK(!(o.resume || o.evaluate || o.start_over) || !o.checkpoint_dir.empty(),
+                o.resume ? "--resume" : o.evaluate ? "--evaluate" : "--start-over",
                 " needs --checkpoint-dir: the directory that holds the checkpoints.");
 
   // Data: "synthetic", or a directory that must exist now, not after the rendezvous.

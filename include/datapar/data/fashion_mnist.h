@@ -10,6 +10,8 @@
 //
 // Loading reads and checks everything up front (magic numbers, 28x28, equal counts, exact
 // file lengths), so a bad file fails at construction with its name, never mid-training.
+// With a limit, only the first `limit` samples are read (and checked), so memory follows
+// the limit; the counts are still compared, from the headers.
 #pragma once
 
 #include <array>
@@ -37,12 +39,16 @@ struct FashionMnistOptions {
   bool normalize = false;
   double mean = 0.2860;
   double std = 0.3530;
+  // Read only the first `limit` samples of the split (all of them if it has fewer); 0: all.
+  // The rest of each file is not read, so memory and loading time follow the limit.
+  int64_t limit = 0;
 };
 
 class FashionMnist : public TensorDataset {
  public:
   // Reads the split. Throws InvalidArgumentError when the directory or a file is missing
-  // (naming what is missing), Error when a file is corrupt or the files disagree.
+  // (naming what is missing) or limit < 0, Error when a file is corrupt, holds no samples,
+  // or the files disagree.
   explicit FashionMnist(const FashionMnistOptions& options = {});
 
   // The two files that were read (with ".gz" where that was the one found).

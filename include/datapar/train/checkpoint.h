@@ -15,12 +15,14 @@
 //
 // Typical use with DistributedDataParallel (every rank runs the same code):
 //
-//   auto last = train::latest_checkpoint(dir);                  // nullopt on a fresh start
+//   auto last = train::load_latest_checkpoint(dir, rank, device);  // every rank, own device
+//   for (const auto& d : last.damaged) std::cerr << d.problem << " Moved to " << d.moved_to << "\n";
 //   int64_t first_epoch = 0;
-//   if (last) {
-//     train::Checkpoint c = train::load_checkpoint(*last, device);  // every rank, own device
-//     train::restore_checkpoint(c, *model, optimizer);
-//     first_epoch = c.epoch;
+//   if (last.checkpoint) {
+//     train::restore_checkpoint(*last.checkpoint, *model, optimizer);
+//     first_epoch = last.checkpoint->epoch;
+//   } else if (!last.damaged.empty() || last.set_aside > 0) {
+//     ... every checkpoint is damaged: stop, or start over only if the user said so
 //   }
 //   for (int64_t epoch = first_epoch; epoch < epochs; ++epoch) {
 //     ... train one epoch ...
@@ -43,6 +45,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "datapar/state_dict.h"
 #include "datapar/train/optimizer_state.h"
@@ -80,7 +83,9 @@ Checkpoint make_checkpoint(const torch::nn::Module& model, const torch::optim::O
 // The write is atomic (temporary file in the same directory, fsync, rename, fsync of the
 // directory): a crash or kill at any moment leaves the previous file at `path`, or none,
 // never a torn one. Blocks for the write; tensors may be on any device (copied to the CPU
-// one at a time). Throws CheckpointError on I/O failure (the previous file is unchanged).
+// one at a time). Throws CheckpointError on I/O failure (the previous file is unchanged),
+// and, before writing anything, for an optimizer state that holds a dict or list inside
+// itself or nests more than 200 levels (what a file may hold).
 bool save_checkpoint(const Checkpoint& checkpoint, const std::string& path, int64_t rank);
 
 // Reads a checkpoint from save_checkpoint (or one Python wrote in the same layout), checks
@@ -90,11 +95,13 @@ bool save_checkpoint(const Checkpoint& checkpoint, const std::string& path, int6
 // entry of the wrong type.
 Checkpoint load_checkpoint(const std::string& path, const c10::Device& device = c10::Device(c10::kCPU));
 
-// Copies a loaded checkpoint into `model` (strict: same names and shapes; a "module."
-// prefix is removed) and `optimizer` (left as it is if the checkpoint has no optimizer
-// state), and sets the RNG state if `restore_rng`. Checks everything first: if it throws
-// CheckpointError (naming the file and the first mismatch, e.g. a tensor's shape), model,
-// optimizer and RNG are unchanged.
+// Copies a loaded checkpoint into `model` (strict: same names, shapes and dtypes; a
+// "module." prefix is removed) and `optimizer` (left as it is if the checkpoint has no
+// optimizer state), and sets the RNG state if `restore_rng`. Checks everything first: if
+// it throws CheckpointError (naming the file and the first mismatch, e.g. a tensor's shape
+// or dtype, or an optimizer state with a cycle), model, optimizer and RNG are unchanged.
+// Unlike load_state_dict, which converts as PyTorch's does, a dtype mismatch is an error:
+// a resumed run must continue the saved one exactly.
 void restore_checkpoint(const Checkpoint& checkpoint, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                         bool restore_rng = true);
 
@@ -104,7 +111,37 @@ std::string checkpoint_path(const std::string& dir, int64_t epoch);
 // The checkpoint in `dir` with the highest epoch whose archive is intact (its zip directory
 // reads back; this catches truncated and foreign files cheaply, without reading tensors),
 // or nullopt if there is none or `dir` does not exist. Skips temporary files of
-// interrupted writes. Safe to call on every rank.
+// interrupted writes and files moved aside as damaged. Safe to call on every rank. To
+// resume, prefer load_latest_checkpoint, which reads every byte and falls back.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
+
+// A checkpoint file that did not load.
+struct DamagedCheckpoint {
+  std::string path;      // where it was
+  std::string problem;   // why: torch_load's message, "<path>: <problem>. <hint>"
+  std::string moved_to;  // its new name; empty where this call left it (rank != 0)
+};
+
+struct LatestCheckpoint {
+  std::optional<Checkpoint> checkpoint;    // the newest one that loads; nullopt if none does
+  std::vector<DamagedCheckpoint> damaged;  // the newer ones that did not, newest first
+  // Files in `dir` moved aside as damaged, by this call or an earlier run's: if nothing
+  // loads but this is > 0, the run had checkpoints, and starting over would lose it.
+  int64_t set_aside = 0;
+};
+
+// Loads the newest checkpoint of `dir` that loads whole (load_checkpoint: every record
+// against its CRC-32, the whole data.pkl), trying the next older one after each that does
+// not. Note [Damaged checkpoints]: a checkpoint that does not load is damaged; it is
+// reported in `damaged` and, by rank 0 only, renamed to "<path>.damaged" (".damaged.1",
+// ... if taken; never replacing a file), so that the resumed run, which writes that epoch
+// again, cannot overwrite it, and no later search tries it again. Other ranks leave files
+// as they are (one renamer, no races) and skip a file that rank 0 moved meanwhile, so
+// every rank loads the same checkpoint. Blocks for the reads; tensors go onto `device`.
+// Throws CheckpointError for a file that cannot be opened (permissions: not damage, left
+// alone), one that loads but is not a checkpoint of this format (another datapar
+// version), and one rank 0 cannot rename. A missing `dir` has no checkpoints.
+LatestCheckpoint load_latest_checkpoint(const std::string& dir, int64_t rank,
+                                        const c10::Device& device = c10::Device(c10::kCPU));
 
 }  // namespace datapar::train
