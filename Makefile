@@ -9,11 +9,16 @@
 # One line alone: make test-debian, make test-torch2. On a GPU machine: make test-gpu.
 BUILD_DIR ?= build
 TORCH2_BUILD_DIR ?= build-torch2
+ASAN_BUILD_DIR ?= build-asan
+TSAN_BUILD_DIR ?= build-tsan
+FUZZ_SECONDS ?= 30
 TORCH_VERSION ?= 2.15.0
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all setup build build-torch2 demo test test-debian test-torch2 test-gpu bench clean
+.PHONY: all setup build build-torch2 demo test test-debian test-torch2 test-asan test-tsan test-gpu fuzz bench clean
+
+include tests/sanitizers/sanitizers.mk
 
 all: build
 
@@ -45,6 +50,28 @@ test-torch2: build-torch2
 	$(TORCH2_BUILD_DIR)/bin/datapar --version
 	cd $(TORCH2_BUILD_DIR) && ctest --output-on-failure -j 1
 
+# Debian's libtorch under clang with AddressSanitizer + UndefinedBehaviorSanitizer: the whole
+# suite, and each fuzz target (fuzz/) for FUZZ_SECONDS under libFuzzer.
+test-asan: setup
+	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) \
+	  -DDATAPAR_SANITIZE=address,undefined -DDATAPAR_FUZZ=ON -DDATAPAR_FUZZ_SECONDS=$(FUZZ_SECONDS)
+	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
+	cd $(ASAN_BUILD_DIR) && $(ASAN_ENV) ctest --output-on-failure -j 1
+
+# ThreadSanitizer over the threaded parts (tests/CMakeLists.txt: datapar_thread_tests).
+test-tsan: setup
+	CC=clang CXX=clang++ cmake -S . -B $(TSAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) -DDATAPAR_SANITIZE=thread \
+	  -DDATAPAR_BUILD_EXAMPLES=OFF -DDATAPAR_BUILD_BENCH=OFF
+	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS) --target datapar_thread_tests
+	$(TSAN_ENV) $(TSAN_BUILD_DIR)/bin/datapar_thread_tests
+
+# A longer fuzzing run of every target (docs/fuzzing.md), e.g. make fuzz FUZZ_SECONDS=3600.
+fuzz: setup
+	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) \
+	  -DDATAPAR_SANITIZE=address,undefined -DDATAPAR_FUZZ=ON -DDATAPAR_FUZZ_SECONDS=$(FUZZ_SECONDS)
+	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
+	cd $(ASAN_BUILD_DIR) && $(ASAN_ENV) ctest --output-on-failure -L fuzz -j $(JOBS)
+
 # The tests that need CUDA devices (CTest label gpu), on pip's CUDA torch.
 test-gpu: build-torch2
 	cd $(TORCH2_BUILD_DIR) && ctest --output-on-failure -j 1 -L gpu
@@ -53,4 +80,4 @@ bench: build
 	$(BUILD_DIR)/bin/dp_step_bench
 
 clean:
-	rm -rf $(BUILD_DIR) $(TORCH2_BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(TORCH2_BUILD_DIR) $(ASAN_BUILD_DIR) $(TSAN_BUILD_DIR)

@@ -7,6 +7,12 @@
 //                             (CODE < 0: kills itself with signal -CODE)
 //   allreduce                 init_process_group("gloo") from env://, all-reduces its rank,
 //                             prints "sum S over W ranks"
+//   hang                      init_process_group() (the launcher's backend) with a 3 s timeout;
+//                             the last rank stops itself (SIGSTOP) instead of all-reducing,
+//                             the others all-reduce, time out, print the error and exit 1
+//   partition DIR             init_process_group("gloo") with a 5 s timeout, one all-reduce,
+//                             then DIR/ready-RANK; once DIR/partitioned exists, another
+//                             all-reduce, which must fail: prints the error and exits 1
 //   train DIR EPOCHS FAIL_AT  a small model trained with gradients all-reduced, a checkpoint
 //                             in DIR after each epoch, resumed from the latest one at start;
 //                             on the first attempt (DATAPAR_RESTART_COUNT=0) the last rank
@@ -140,12 +146,40 @@ int main(int argc, char** argv) {
       datapar::destroy_process_group();
       return 0;
     }
+    if (mode == "hang") {
+      datapar::init_process_group("", "env://", -1, -1, std::chrono::seconds(3));
+      if (datapar::get_rank() == datapar::get_world_size() - 1) {
+        std::cout << "rank " << datapar::get_rank() << " hangs now" << std::endl;
+        ::raise(SIGSTOP);
+      }
+      at::Tensor t = torch::ones({1});
+      datapar::default_group()->all_reduce(t)->wait();
+      return 0;
+    }
+    if (mode == "partition" && argc == 3) {
+      const std::string dir = argv[2];
+      datapar::init_process_group("gloo", "env://", -1, -1, std::chrono::seconds(5));
+      at::Tensor t = torch::ones({1});
+      datapar::default_group()->all_reduce(t)->wait();
+      std::ofstream(dir + "/ready-" + std::to_string(rank)) << t.item<double>() << "\n";
+      while (!std::ifstream(dir + "/partitioned")) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        datapar::default_group()->all_reduce(t)->wait();
+      } catch (const std::exception& e) {
+        const auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::cerr << "launch_probe: after " << waited << " s: " << e.what() << "\n";
+        std::_Exit(1);  // the group is broken; do not wait for peers on the way out
+      }
+      std::cout << "all_reduce across the partition succeeded\n";
+      return 0;
+    }
     if (mode == "train" && argc == 5) return train(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
   } catch (const std::exception& e) {
     std::cerr << "launch_probe: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: launch_probe env | sleep DIR [ignore-term] | fail DIR RANK CODE | allreduce | "
+  std::cerr << "usage: launch_probe env | sleep DIR [ignore-term] | fail DIR RANK CODE | allreduce | hang | partition DIR | "
                "train DIR EPOCHS FAIL_AT\n";
   return 2;
 }

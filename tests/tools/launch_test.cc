@@ -1,5 +1,6 @@
 // `datapar launch` with real processes: the CLI runs tests/testing/launch_probe as its
 // workers. Every wait has a deadline, so a launcher that hangs fails the test instead.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -8,6 +9,8 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <map>
+#include <random>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -19,12 +22,14 @@
 #include <vector>
 
 #include "datapar/config.h"
+#include "datapar/train/checkpoint.h"
 #include "testing/namespaces.h"
 #include "testing/processes.h"
 
 namespace {
 
 using namespace std::chrono_literals;
+namespace train = datapar::train;
 using datapar::testing::ProcessResult;
 using datapar::testing::run_processes;
 
@@ -281,6 +286,17 @@ TEST_P(Launch, FailingWorkerStopsTheOthers) {
   EXPECT_TRUE(all_die(pids, 1s));
 }
 
+// A rank that stops responding (SIGSTOP: alive, holding its sockets) ends the job within the
+// group's timeout (3 s) plus the launcher's grace period, with the collective's error; under
+// mpirun, rank 0's MPI_Finalize used to wait for the stopped peer forever (Note [Finalizing
+// without a hung peer] in src/process_group/mpi/runtime.cc).
+TEST_P(Launch, HungRankEndsTheJobWithinTheTimeout) {
+  const ProcessResult r = launch({"--nproc-per-node", "2", "--grace-period", "2", "--", bin("launch_probe"), "hang"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 hangs now"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("launch_probe: "), std::string::npos) << "no error from the waiting rank:\n" << r.output;
+}
+
 TEST_P(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
   const std::string dir = temp_dir();
   const ProcessResult r = launch({"--nproc-per-node", "2", "--", bin("launch_probe"), "fail", dir, "0", "-9"});
@@ -326,6 +342,131 @@ TEST_P(Launch, NoOrphansAfterTheLauncherIsKilled) {
   ::kill(b.pid, SIGKILL);  // no chance to clean up: the workers must die by themselves
   EXPECT_EQ(wait_exit(b.pid, 10s), 128 + SIGKILL);
   EXPECT_TRUE(all_die(pids, 5s)) << "workers outlived a SIGKILLed launcher";
+}
+
+// The workers of `launcher`'s attempt `restart` (its children whose environment has
+// DATAPAR_RESTART_COUNT=restart), by RANK.
+std::map<int, pid_t> workers_of(pid_t launcher, int restart) {
+  std::map<int, pid_t> out;
+  std::error_code ignored;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ignored)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file("/proc/" + name + "/stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream fields(stat.substr(paren + 2));
+    char state = 0;
+    pid_t parent = 0;
+    fields >> state >> parent;
+    if (parent != launcher || state == 'Z') continue;
+    std::string environment = read_file("/proc/" + name + "/environ");
+    std::replace(environment.begin(), environment.end(), '\0', '\n');
+    std::smatch rank, attempt;
+    static const std::regex rank_line("(^|\n)RANK=(\\d+)"), restart_line("(^|\n)DATAPAR_RESTART_COUNT=(\\d+)");
+    if (std::regex_search(environment, rank, rank_line) && std::regex_search(environment, attempt, restart_line) &&
+        std::stoi(attempt[2]) == restart) {
+      out[std::stoi(rank[2])] = static_cast<pid_t>(std::stol(name));
+    }
+  }
+  return out;
+}
+
+// The highest epoch of the checkpoints in `dir` (0: none yet).
+int latest_epoch(const std::string& dir) {
+  int latest = 0;
+  std::error_code ignored;
+  static const std::regex checkpoint("checkpoint-epoch-(\\d+)\\.pt");
+  for (const auto& e : std::filesystem::directory_iterator(dir, ignored)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, checkpoint)) latest = std::max(latest, std::stoi(m[1]));
+  }
+  return latest;
+}
+
+// Chaos: a DDP job under --max-restarts 3 whose workers are SIGKILLed three times, each time
+// a random rank at a random moment (seeded) of a random epoch, ends with exactly the
+// parameters of a job that was never interrupted: every restart resumes from the last
+// checkpoint and replays the same batches.
+TEST(LaunchChaos, ThreeRandomKillsEndWithTheParametersOfAnUninterruptedRun) {
+  const auto train = [](const std::string& checkpoints) {
+    return std::vector<std::string>{"--nproc-per-node", "2", "--max-restarts", "3", "--", bin("datapar"), "train",
+                                    "--mode", "ddp", "--backend", "gloo", "--model", "mlp", "--epochs", "8",
+                                    "--batch-size", "64", "--limit", "3000", "--threads", "1", "--workers", "1",
+                                    "--checkpoint-dir", checkpoints};
+  };
+  const std::string straight_dir = temp_dir();
+  const ProcessResult straight = launch("fork", train(straight_dir));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+
+  const std::string chaos_dir = temp_dir(), logs = temp_dir();
+  const Background b = start_launch("fork", train(chaos_dir), logs);
+  ASSERT_GT(b.pid, 0);
+  std::mt19937 random(20261124);
+  int epoch_seen = 0;
+  for (int kill = 0; kill < 3; ++kill) {
+    // Wait for this attempt's workers and for a checkpoint newer than the last kill's, then
+    // a random moment within the next epoch.
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    const int after = epoch_seen + 1 + static_cast<int>(random() % 2);
+    std::map<int, pid_t> workers;
+    while (std::chrono::steady_clock::now() < deadline) {
+      workers = workers_of(b.pid, kill);
+      if (workers.size() == 2 && latest_epoch(chaos_dir) >= after) break;
+      std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_EQ(workers.size(), 2u) << "attempt " << kill << " has no two workers:\n" << read_file(b.log);
+    ASSERT_GE(latest_epoch(chaos_dir), after) << read_file(b.log);
+    epoch_seen = latest_epoch(chaos_dir);
+    std::this_thread::sleep_for(std::chrono::milliseconds(random() % 300));
+    const int victim = static_cast<int>(random() % 2);
+    ASSERT_EQ(::kill(workers[victim], SIGKILL), 0) << "rank " << victim << " of attempt " << kill;
+  }
+  EXPECT_EQ(wait_exit(b.pid, 180s), 0) << read_file(b.log);
+  const std::string log = read_file(b.log);
+  EXPECT_NE(log.find("restart 3 of 3"), std::string::npos) << log;
+
+  const train::Checkpoint expected = train::load_checkpoint(train::checkpoint_path(straight_dir, 8));
+  const train::Checkpoint got = train::load_checkpoint(train::checkpoint_path(chaos_dir, 8));
+  ASSERT_EQ(got.model.size(), expected.model.size());
+  for (const auto& item : expected.model) {
+    const at::Tensor* other = got.model.find(item.key());
+    ASSERT_NE(other, nullptr) << item.key();
+    EXPECT_TRUE(at::equal(*other, item.value())) << item.key() << " differs from the uninterrupted run";
+  }
+}
+
+// True if `dir` has an entry whose name starts with `prefix`.
+bool has_entry(const std::string& dir, const std::string& prefix) {
+  std::error_code ignored;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ignored)) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+// A launcher killed with SIGKILL cannot remove its directories (FIFOs in $TMPDIR, Open MPI's
+// shared-memory segments in /dev/shm); the next launcher removes them.
+TEST(LaunchLeftovers, NextLauncherRemovesWhatAKilledOneLeft) {
+  if (!DATAPAR_HAVE_MPI) GTEST_SKIP() << "this build has no MPI: forked workers leave no directories";
+  const std::string dir = temp_dir();
+  const Background b = start_launch("mpirun", {"--nproc-per-node", "2", "--", bin("launch_probe"), "sleep", dir}, dir);
+  ASSERT_GT(b.pid, 0);
+  const std::vector<pid_t> pids = worker_pids(dir, 2);
+  ASSERT_EQ(pids.size(), 2u);
+  ::kill(b.pid, SIGKILL);
+  EXPECT_EQ(wait_exit(b.pid, 10s), 128 + SIGKILL);
+  EXPECT_TRUE(all_die(pids, 5s));
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string tmp_dir = tmp && *tmp ? tmp : "/tmp";
+  const std::string left = "datapar-launch-" + std::to_string(b.pid) + "-";
+  ASSERT_TRUE(has_entry(tmp_dir, left)) << "the killed launcher left nothing in " << tmp_dir << " to clean up";
+  ASSERT_TRUE(has_entry("/dev/shm", left)) << "the killed launcher left nothing in /dev/shm to clean up";
+  const ProcessResult r = launch("mpirun", {"--nproc-per-node", "1", "--", bin("launch_probe"), "env"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(has_entry(tmp_dir, left));
+  EXPECT_FALSE(has_entry("/dev/shm", left));
 }
 
 // The final weights a `train` run printed.
@@ -382,6 +523,58 @@ TEST(LaunchUsage, BadUsageExitsWithTwoAndSaysWhy) {
 
 // One launcher per "host" (network namespace), two workers each: the four ranks form one
 // Gloo group across the veth link and all-reduce their ranks: 0 + 1 + 2 + 3 = 6.
+// A network partition (the link between the two hosts goes down: every packet is lost, no
+// connection is reset) during a collective: each rank fails with an error naming the rank it
+// cannot reach, within the group's timeout (5 s) plus slack, instead of hanging.
+TEST(TwoHosts, PartitionFailsBothRanksNamingThePeerWithinTheTimeout) {
+  const std::string skip = datapar::testing::namespace_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  datapar::testing::NamespacePair hosts;
+  ASSERT_TRUE(hosts.ok()) << "could not set up the namespaces:\n" << hosts.setup_output();
+  const std::string dir = temp_dir();
+  auto rank = [&](const std::string& ns, const std::string& address, int r) {
+    return "ip netns exec " + ns + " env RANK=" + std::to_string(r) + " WORLD_SIZE=2 MASTER_ADDR=" +
+           hosts.address_a() + " MASTER_PORT=29500 DATAPAR_STORE_TOKEN=partition DATAPAR_GLOO_HOSTNAME=" + address +
+           " timeout 60 " + bin("launch_probe") + " partition " + dir + " > " + dir + "/" + std::to_string(r) +
+           ".log 2>&1; echo $? > " + dir + "/" + std::to_string(r) + ".exit";
+  };
+  const std::string command = "(" + rank(hosts.b(), hosts.address_b(), 1) + ") & (" +
+                              rank(hosts.a(), hosts.address_a(), 0) + ") & wait";
+  std::thread job([&] {
+    int status = -1;
+    datapar::testing::run_shell("sh -c '" + command + "'", &status);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline &&
+         !(std::filesystem::exists(dir + "/ready-0") && std::filesystem::exists(dir + "/ready-1"))) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(std::filesystem::exists(dir + "/ready-0") && std::filesystem::exists(dir + "/ready-1"))
+      << read_file(dir + "/0.log") << read_file(dir + "/1.log");
+  int status = -1;
+  const std::string cut = datapar::testing::run_shell(
+      "ip -n " + hosts.a() + " link set dev $(ip -n " + hosts.a() + " -o link show type veth | cut -d: -f2 | cut -d@ -f1) down",
+      &status);
+  ASSERT_EQ(status, 0) << cut;
+  std::ofstream(dir + "/partitioned") << "now\n";
+  job.join();
+  for (int r : {0, 1}) {
+    const std::string log = read_file(dir + "/" + std::to_string(r) + ".log");
+    EXPECT_EQ(read_file(dir + "/" + std::to_string(r) + ".exit"), "1\n") << "rank " << r << ":\n" << log;
+    std::string lower = log;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    EXPECT_NE(lower.find("rank " + std::to_string(1 - r)), std::string::npos)
+        << "rank " << r << "'s error does not name rank " << 1 - r << ":\n" << log;
+    const std::smatch waited = [&] {
+      std::smatch m;
+      std::regex_search(log, m, std::regex("after ([0-9.]+) s"));
+      return m;
+    }();
+    ASSERT_FALSE(waited.empty()) << log;
+    EXPECT_LT(std::stod(waited[1]), 5 + 10) << "rank " << r << " took too long to fail:\n" << log;
+  }
+}
+
 TEST(TwoHosts, LaunchAcrossANetworkNamespacePair) {
   const std::string skip = datapar::testing::namespace_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;

@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "datapar/error.h"
+#include "stale_files.h"
 
 extern char** environ;
 
@@ -88,17 +89,29 @@ void allow_mpirun_as_asked() {
 MpirunGroup::MpirunGroup(const std::string& mpirun, const std::vector<std::string>& argv, int nproc,
                          const std::vector<std::string>& environment)
     : ranks_(nproc) {
+  // Named after our pid, so that the next launcher removes them if we are SIGKILLed
+  // (stale_files.h); Open MPI's own segments go into shm_dir_ instead of /dev/shm's top.
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = str_cat(tmp && *tmp ? tmp : "/tmp", "/datapar-launch-XXXXXX");
+  const std::string tmp_dir = tmp && *tmp ? tmp : "/tmp";
+  detail::remove_stale_entries(tmp_dir, "datapar-launch-");
+  detail::remove_stale_entries("/dev/shm", "datapar-launch-");
+  const std::string name = str_cat("datapar-launch-", ::getpid(), "-XXXXXX");
+  std::string pattern = str_cat(tmp_dir, "/", name);
   if (::mkdtemp(pattern.data()) == nullptr) {
     throw Error(str_cat("launch: cannot make a directory like ", pattern, ": ", std::strerror(errno),
                         ". Set TMPDIR to a writable directory."));
   }
   dir_ = pattern;
+  std::string shm_pattern = "/dev/shm/" + name;
+  if (!std::getenv("OMPI_MCA_btl_vader_backing_directory") && ::mkdtemp(shm_pattern.data()) != nullptr) {
+    shm_dir_ = shm_pattern;
+  }
   std::vector<std::pair<int, std::string>> outputs;  // read ends, opened before mpirun starts
   auto clean_up = [&] {
     for (auto& [fd, label] : outputs) ::close(fd);
-    std::filesystem::remove_all(dir_);
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+    if (!shm_dir_.empty()) std::filesystem::remove_all(shm_dir_, ignored);
   };
   auto give_up = [&](const std::string& what) {
     const Error error(str_cat("launch: ", what, ": ", std::strerror(errno)));
@@ -118,8 +131,10 @@ MpirunGroup::MpirunGroup(const std::string& mpirun, const std::vector<std::strin
   std::vector<std::string> command = {mpirun, "-n", std::to_string(nproc), "--bind-to", "none", self_executable(),
                                       "launch-rank", dir_, "--"};
   command.insert(command.end(), argv.begin(), argv.end());
+  std::vector<std::string> mpirun_environment = environment;
+  if (!shm_dir_.empty()) mpirun_environment.push_back("OMPI_MCA_btl_vader_backing_directory=" + shm_dir_);
   try {
-    mpirun_ = std::make_unique<WorkerGroup>(command, std::vector<WorkerSpec>{{0, 0, environment, "mpirun"}});
+    mpirun_ = std::make_unique<WorkerGroup>(command, std::vector<WorkerSpec>{{0, 0, mpirun_environment, "mpirun"}});
   } catch (const Error&) {
     clean_up();
     throw;
@@ -134,6 +149,7 @@ MpirunGroup::~MpirunGroup() {
   mpirun_.reset();  // SIGKILLs and reaps mpirun; launch-rank and PROGRAM die with it
   std::error_code ignored;
   std::filesystem::remove_all(dir_, ignored);
+  if (!shm_dir_.empty()) std::filesystem::remove_all(shm_dir_, ignored);
 }
 
 std::string MpirunGroup::path(int rank, const char* suffix) const { return str_cat(dir_, "/", rank, suffix); }

@@ -54,6 +54,7 @@ class MpirunGroup : public Workers {
   std::string path(int rank, const char* suffix) const;
 
   std::string dir_;
+  std::string shm_dir_;  // Open MPI's shared-memory segments (vader): removed with the job
   std::unique_ptr<WorkerGroup> mpirun_;  // one "worker": mpirun, its own output "[mpirun] "
   std::vector<Rank> ranks_;
   bool mpirun_ended_ = false;

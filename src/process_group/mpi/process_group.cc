@@ -84,7 +84,9 @@ class ProcessGroupMpi : public ProcessGroup {
         ring_comm_(ring_comm),
         ring_(ring_comm),
         shm_(std::move(shm)),
-        timeout_(timeout) {}
+        timeout_(timeout) {
+    mpi::note_group_timeout(timeout);
+  }
 
   std::string backend() const override { return "mpi"; }
 

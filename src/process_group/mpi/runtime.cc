@@ -1,6 +1,8 @@
 // See runtime.h.
 #include "process_group/mpi/runtime.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -41,7 +43,8 @@ struct State {
   bool initialized = false;      // checked (and initialised if needed) by initialize()
   std::atomic<bool> finalizing{false};
   std::mutex kept_mutex;
-  std::vector<at::Tensor> kept;  // buffers of abandoned requests
+  std::vector<at::Tensor> kept;  // buffers of abandoned requests: a peer failed or hangs
+  std::atomic<int64_t> longest_timeout_ms{0};  // of the groups made: how long a peer may lag
 };
 
 State& state() {
@@ -59,6 +62,18 @@ const char* thread_level_name(int level) {
   return "an unknown thread level";
 }
 
+// Note [Finalizing without a hung peer]
+// Open MPI's MPI_Finalize waits for every process of the job (a fence), so a rank whose peer
+// hangs (SIGSTOP, a deadlock, a lost node) would wait in it forever after reporting the
+// error, and mpirun, which ends a job when a process exits without finalizing, would never
+// exit either. So finalizing is skipped when this process abandoned a request at its
+// deadline (the peer is known to be gone or stuck): the process exits, mpirun sees it leave
+// without MPI_Finalize and ends the whole job. And when no request was abandoned, a peer may
+// still hang after its last collective, so MPI_Finalize runs under a deadline: the longest
+// timeout of the groups made (a peer may legitimately lag that long, e.g. writing a
+// checkpoint) plus kFinalizeGrace; past it the process exits with status 1, saying why.
+constexpr auto kFinalizeGrace = 10s;
+
 // Runs at exit when datapar initialised MPI. Operations still polling see `finalizing`
 // and leave MPI at once; one stuck inside a blocking MPI call (e.g. a subgroup's
 // construction) would hold us forever, so the wait for them is bounded.
@@ -69,9 +84,23 @@ void finalize_at_exit() {
   s.idle.wait_for(lock, 5s, [&] { return s.users == 0; });
   int done = 0;
   MPI_Finalized(&done);
-  if (!done) MPI_Finalize();
+  if (done) return;
+  bool abandoned = false;
+  {
+    std::lock_guard<std::mutex> kept(s.kept_mutex);
+    abandoned = !s.kept.empty();
+  }
+  if (abandoned) return;  // Note [Finalizing without a hung peer]
+  const auto deadline = std::chrono::milliseconds(s.longest_timeout_ms.load()) + kFinalizeGrace;
+  std::thread([deadline] {
+    std::this_thread::sleep_for(deadline);
+    static const char message[] =
+        "datapar: MPI_Finalize did not return: a peer process is hung or gone; exiting without it.\n";
+    (void)!::write(2, message, sizeof message - 1);
+    ::_exit(1);
+  }).detach();
+  MPI_Finalize();
 }
-
 }  // namespace
 
 void initialize() {
@@ -187,6 +216,13 @@ bool wait(MPI_Request& request, Clock::time_point deadline, const std::string& w
         return done != 0;
       },
       deadline, what);
+}
+
+void note_group_timeout(std::chrono::milliseconds timeout) {
+  std::atomic<int64_t>& longest = state().longest_timeout_ms;
+  int64_t seen = longest.load();
+  while (timeout.count() > seen && !longest.compare_exchange_weak(seen, timeout.count())) {
+  }
 }
 
 void keep_alive(const at::Tensor& buffer) {

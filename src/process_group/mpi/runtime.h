@@ -65,8 +65,13 @@ bool poll_until(const std::function<bool()>& done, Clock::time_point deadline, c
 // finalised. REQUIRES: an MpiUse held by the caller.
 bool wait(MPI_Request& request, Clock::time_point deadline, const std::string& what, MPI_Status* status = nullptr);
 
+// Records a group's timeout: MPI_Finalize at exit waits at most the longest one (plus a
+// grace) for peers, Note [Finalizing without a hung peer] in runtime.cc.
+void note_group_timeout(std::chrono::milliseconds timeout);
+
 // Keeps `buffer` alive until the process ends: an abandoned (timed-out) request may still
-// read or write it.
+// read or write it. It also means a peer failed: MPI_Finalize is skipped at exit (Note
+// [Finalizing without a hung peer] in runtime.cc).
 void keep_alive(const at::Tensor& buffer);
 
 // MPI's largest tag (MPI_TAG_UB, at least 32767).

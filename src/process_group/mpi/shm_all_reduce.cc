@@ -50,6 +50,7 @@
 
 #include "datapar/error.h"
 #include "process_group/mpi/types.h"
+#include "stale_files.h"
 
 namespace datapar::detail::mpi {
 namespace {
@@ -91,6 +92,9 @@ void* map(int fd, size_t bytes) {
 
 // Rank 0: a new region, its name in `invitation`; nullptr and an empty name if impossible.
 void* make_region(size_t bytes, Invitation& invitation) {
+  // A region has a name only until every member mapped it; a rank 0 killed before that
+  // left one behind (stale_files.h). POSIX shared memory lives in /dev/shm on Linux.
+  remove_stale_entries("/dev/shm", "datapar-mpi-");
   std::random_device random;
   invitation.nonce = (static_cast<uint64_t>(random()) << 32) ^ random();
   std::snprintf(invitation.name, sizeof invitation.name, "/datapar-mpi-%d-%016llx", static_cast<int>(::getpid()),

@@ -1,0 +1,51 @@
+// remove_stale_entries: what a SIGKILLed process left under its pid goes; what a live one
+// holds stays.
+#include "stale_files.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace datapar::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The pid of a process that has ended (and was reaped), so no process has it now.
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+TEST(StaleFiles, RemovesEntriesOfDeadProcessesOnly) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("stale-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string dead = std::to_string(dead_pid());
+  const std::string live = std::to_string(::getpid());
+  fs::create_directories(dir / ("datapar-launch-" + dead + "-abc/inner"));
+  std::ofstream(dir / ("datapar-launch-" + dead + "-abc/inner/file")) << "x";
+  std::ofstream(dir / ("datapar-mpi-" + dead + "-0123")) << "region";
+  fs::create_directories(dir / ("datapar-launch-" + live + "-def"));
+  fs::create_directories(dir / "datapar-launch-notapid-x");
+  fs::create_directories(dir / ("other-" + dead + "-x"));
+
+  EXPECT_EQ(remove_stale_entries(dir, "datapar-launch-"), 1);
+  EXPECT_EQ(remove_stale_entries(dir, "datapar-mpi-"), 1);
+  EXPECT_FALSE(fs::exists(dir / ("datapar-launch-" + dead + "-abc")));
+  EXPECT_FALSE(fs::exists(dir / ("datapar-mpi-" + dead + "-0123")));
+  EXPECT_TRUE(fs::exists(dir / ("datapar-launch-" + live + "-def")));
+  EXPECT_TRUE(fs::exists(dir / "datapar-launch-notapid-x"));
+  EXPECT_TRUE(fs::exists(dir / ("other-" + dead + "-x")));
+  EXPECT_EQ(remove_stale_entries((dir / "missing").string(), "datapar-"), 0);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace datapar::detail

@@ -1,0 +1,80 @@
+// A checkpoint write that runs out of disk: a clear error naming the file and the cause, the
+// earlier checkpoints intact and nothing half-written left behind. The disk is a small tmpfs
+// (needs root for mount; skipped with the reason otherwise).
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include "datapar/error.h"
+#include "datapar/train/checkpoint.h"
+
+namespace datapar::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A tmpfs of `bytes` mounted on a fresh directory for the test's lifetime.
+class SmallDisk {
+ public:
+  explicit SmallDisk(size_t bytes) : dir_(fs::path(::testing::TempDir()) / ("small-disk-" + std::to_string(::getpid()))) {
+    fs::create_directories(dir_);
+    const std::string options = "size=" + std::to_string(bytes);
+    if (::mount("tmpfs", dir_.c_str(), "tmpfs", 0, options.c_str()) != 0) {
+      problem_ = std::string("cannot mount a tmpfs (") + std::strerror(errno) + "): needs root (CAP_SYS_ADMIN)";
+    }
+  }
+  ~SmallDisk() {
+    if (problem_.empty()) ::umount2(dir_.c_str(), MNT_DETACH);
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+  const std::string& problem() const { return problem_; }
+  std::string dir() const { return dir_.string(); }
+
+ private:
+  fs::path dir_;
+  std::string problem_;
+};
+
+TEST(CheckpointDiskFull, ClearErrorAndTheEarlierCheckpointsIntact) {
+  SmallDisk disk(256 << 10);
+  if (!disk.problem().empty()) GTEST_SKIP() << disk.problem();
+  torch::nn::Linear model(100, 100);  // ~40 KB of parameters: a few checkpoints fill 256 KiB
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  int64_t written = 0;
+  std::string error;
+  for (int64_t epoch = 1; epoch <= 20 && error.empty(); ++epoch) {
+    try {
+      save_checkpoint(make_checkpoint(*model, sgd, epoch), checkpoint_path(disk.dir(), epoch), 0);
+      written = epoch;
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+  }
+  ASSERT_FALSE(error.empty()) << "20 checkpoints fit into 256 KiB?";
+  ASSERT_GE(written, 1);
+  EXPECT_NE(error.find(checkpoint_path(disk.dir(), written + 1)), std::string::npos) << error;
+  EXPECT_NE(error.find(std::strerror(ENOSPC)), std::string::npos) << error;
+  // The newest complete checkpoint is the latest one, and it loads; no temporary is left.
+  ASSERT_EQ(latest_checkpoint(disk.dir()), checkpoint_path(disk.dir(), written));
+  const Checkpoint last = load_checkpoint(checkpoint_path(disk.dir(), written));
+  EXPECT_EQ(last.epoch, written);
+  EXPECT_FALSE(fs::exists(checkpoint_path(disk.dir(), written + 1)));
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(disk.dir())) {
+    ++files;
+    EXPECT_EQ(e.path().filename().string().rfind("checkpoint-epoch-", 0), 0u) << "left behind: " << e.path();
+  }
+  EXPECT_EQ(files, written);
+}
+
+}  // namespace
+}  // namespace datapar::train
