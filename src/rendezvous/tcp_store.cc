@@ -113,7 +113,7 @@ std::string TcpStore::where() const { return host_ + ":" + std::to_string(port_)
 
 TcpStore::Exchange TcpStore::exchange(const Bytes& request, Op op, Clock::time_point deadline, Reply* reply) {
   if (!detail::send_all(fd_, request.data(), request.size())) return Exchange::kClosed;
-  detail::wire::FrameCollector frame;
+  detail::wire::FrameCollector frame(op == Op::kHello ? detail::wire::kMaxHelloBytes : detail::wire::kMaxFrameBytes);
   uint8_t buffer[64 << 10];
   while (!frame.complete()) {
     const ssize_t n = detail::recv_some(fd_, buffer, std::min(sizeof(buffer), frame.missing()), deadline);

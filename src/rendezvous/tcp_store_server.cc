@@ -47,11 +47,16 @@ int poll_timeout(Clock::time_point now, Clock::time_point until) {
 TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::string token, bool publish)
     : token_(std::move(token)) {
   DATAPAR_INTERNAL_ASSERT(!token_.empty(), "a store server without a token");
-  listen_fd_ = listen_tcp(host, port, &port_, [&](uint16_t bound) {
-    // Before listening: a client that connects finds the token already there.
-    if (publish) publish_local_token(bound, token_);
-    published_ = publish;
-  });
+  try {
+    listen_fd_ = listen_tcp(host, port, &port_, [&](uint16_t bound) {
+      // Before listening: a client that connects finds the token already there.
+      if (publish) publish_local_token(bound, token_);
+      published_ = publish;
+    });
+  } catch (...) {
+    if (published_) remove_local_token(port_, token_);
+    throw;
+  }
   if (::pipe2(stop_fds_, O_CLOEXEC) != 0) {
     if (published_) remove_local_token(port_, token_);
     ::close(listen_fd_);
