@@ -157,9 +157,7 @@ std::optional<StoreService::Clock::time_point> StoreService::expire(Clock::time_
   }
   run_ready();
   std::optional<Clock::time_point> next;
-  if (!stranger_order_.empty()) next = connections_.count(stranger_order_.front())
-                                           ? connections_.at(stranger_order_.front()).hello_deadline
-                                           : now;
+  if (!stranger_order_.empty()) next = connections_.at(stranger_order_.front()).hello_deadline;
   if (!waits_.empty() && (!next || waits_.begin()->first < *next)) next = waits_.begin()->first;
   return next;
 }
@@ -219,6 +217,8 @@ void StoreService::wake_waiters() {
   }
 }
 
+// A hello that decodes is answered, either way, so the connection stops being a stranger;
+// a refused one is closed once its answer is out.
 bool StoreService::serve_hello(Connection& c, const uint8_t* body, uint32_t size) {
   Reader r(body, size);
   char magic[4];
@@ -226,7 +226,7 @@ bool StoreService::serve_hello(Connection& c, const uint8_t* body, uint32_t size
   const uint8_t version = r.u8();
   const std::string presented = r.str();
   if (!r.done() || std::memcmp(magic, wire::kMagic, 4) != 0 || version != wire::kVersion) return false;
-  --strangers_;  // answered either way: no longer waiting on its hello
+  --strangers_;
   c.greeted = true;
   if (!constant_time_equal(presented, token_)) {
     reply(c, status(Status::kRefused).str("the store token does not match this job's").frame());

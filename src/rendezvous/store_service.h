@@ -73,7 +73,7 @@ class StoreService {
  private:
   enum class Fate { kOpen, kCloseAfterOutput, kClose };
   struct Connection {
-    bool greeted = false;
+    bool greeted = false;  // its hello was answered (a refused one is closing)
     Fate fate = Fate::kOpen;
     Bytes in;              // received, not served yet (at most one frame plus one read)
     size_t in_used = 0;    // bytes of `in` already served
