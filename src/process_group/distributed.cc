@@ -70,24 +70,32 @@ std::string store_host(int world_size) {
 }
 
 // The job's store for a backend whose processes met without one (mpirun started them):
-// rank 0 serves a TcpStore on a free port and tells the others where through `group`.
+// rank 0 serves a TcpStore on a free port and tells the others where, and its token,
+// through `group` (a channel only the job's processes share, across machines too).
 std::shared_ptr<Store> store_through(ProcessGroup& group, std::chrono::milliseconds timeout) {
-  at::Tensor address = at::zeros({256}, at::kByte);  // "host port", NUL-padded
+  constexpr int64_t kSize = 1024;
+  at::Tensor address = at::zeros({kSize}, at::kByte);  // "host port token", NUL-padded
   std::shared_ptr<Store> store;
   if (group.rank() == 0) {
     const std::string host = store_host(group.size());
-    auto server = std::make_shared<TcpStore>(TcpStoreOptions{host, 0, true, "", timeout});
-    const std::string text = host + " " + std::to_string(server->port());
-    DATAPAR_CHECK(text.size() < 256, "init_process_group: the store's address ", text, " is too long.");
+    const char* given = std::getenv("DATAPAR_STORE_TOKEN");
+    const std::string token = given != nullptr && *given != '\0' ? given : make_store_token();
+    auto server = std::make_shared<TcpStore>(TcpStoreOptions{host, 0, true, token, timeout});
+    const std::string text = host + " " + std::to_string(server->port()) + " " + token;
+    DATAPAR_CHECK(text.size() < kSize && token.find(' ') == std::string::npos, "init_process_group: the store's ",
+                  "address ", host, ":", server->port(), " and DATAPAR_STORE_TOKEN make ", text.size(),
+                  " bytes or the token has a space: use a token of letters and digits.");
     std::memcpy(address.data_ptr(), text.data(), text.size());
     store = server;
   }
   group.broadcast(address, 0)->wait(timeout);
   if (group.rank() != 0) {
     const std::string text(static_cast<const char*>(address.data_ptr()));
-    const size_t space = text.rfind(' ');
-    store = std::make_shared<TcpStore>(TcpStoreOptions{
-        text.substr(0, space), static_cast<uint16_t>(std::stoi(text.substr(space + 1))), false, "", timeout});
+    const size_t token_at = text.rfind(' ');
+    const size_t port_at = text.rfind(' ', token_at - 1);
+    store = std::make_shared<TcpStore>(TcpStoreOptions{text.substr(0, port_at),
+                                                       static_cast<uint16_t>(std::stoi(text.substr(port_at + 1))),
+                                                       false, text.substr(token_at + 1), timeout});
   }
   return store;
 }

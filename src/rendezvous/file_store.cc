@@ -30,6 +30,7 @@ using detail::str_cat;
 constexpr uint8_t kHeader = 0;
 constexpr uint8_t kSetRecord = 1;
 constexpr uint8_t kDeleteRecord = 2;
+constexpr uint32_t kMaxRunId = 4096;  // longer: not a header of ours
 const std::string kReserved = "__datapar/";
 const std::string kJoined = kReserved + "joined";
 const std::string kFinished = kReserved + "finished";
@@ -94,7 +95,30 @@ FileStore::FileStore(std::string path, FileStoreOptions options)
   DATAPAR_CHECK(fd_ >= 0, "FileStore: cannot open ", path_, " (", std::strerror(errno),
                 "). Check that the directory exists and every process can write to it.");
   std::lock_guard<std::mutex> guard(mutex_);
-  Lock lock(fd_, /*exclusive=*/true);
+  try {
+    Lock lock(fd_, /*exclusive=*/true);
+    // Before anything is read or written: a file that is not a store is someone's data.
+    DATAPAR_CHECK(is_store_file(fd_), "FileStore: ", path_, " is not a datapar store (it holds other data), so it ",
+                  "was left as it is. Check the file:// path, or give a new or empty file.");
+    join_locked();
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+bool FileStore::is_store_file(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw CommError(str_cat("FileStore: cannot stat store file: ", std::strerror(errno)));
+  if (st.st_size == 0) return true;  // new, or reset: ours to use
+  // The header record: type 0, the key "run_id", then the run id's length.
+  const std::string expected = std::string(1, static_cast<char>(kHeader)) + std::string("\x06\0\0\0", 4) + "run_id";
+  char head[15];
+  if (st.st_size < static_cast<off_t>(sizeof(head)) || ::pread(fd, head, sizeof(head), 0) != sizeof(head)) return false;
+  return std::string(head, expected.size()) == expected && get_u32(reinterpret_cast<uint8_t*>(head) + 11) <= kMaxRunId;
+}
+
+void FileStore::join_locked() {
   refresh();
   const auto joined = table_.find(kJoined);
   const bool complete_earlier_run = options_.world_size > 0 && joined != table_.end() &&

@@ -58,6 +58,29 @@ std::string process_id() {
   return str_cat(host, ":", ::getpid(), ":", random());
 }
 
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// Without a token, the store makes one that only this machine's processes can read (Note
+// [Token] in store_token.h). A job whose launcher says it spans machines cannot use that:
+// every rank refuses at once, rather than the remote ones failing and rank 0 timing out.
+void refuse_across_machines(const std::string& host, int world_size, const Environment& env) {
+  if (is_loopback(host)) return;
+  std::optional<ProcessIdentity> identity;
+  try {
+    identity = identity_from_environment(env);
+  } catch (const InvalidArgumentError&) {
+    return;  // unknown: the store itself refuses a client on another machine
+  }
+  if (!identity || identity->local_world_size <= 0 || identity->local_world_size >= world_size) return;
+  throw InvalidArgumentError(str_cat(
+      "rendezvous: this job runs on several machines (", identity->source, " says ", identity->local_world_size,
+      " of its ", world_size, " processes run here) but has no store token, and a token made here could not reach ",
+      "the others. Give every process the same secret: export DATAPAR_STORE_TOKEN=$(openssl rand -hex 16) on every ",
+      "node before starting it, or start it with datapar launch --token-file FILE."));
+}
+
 }  // namespace
 
 InitMethod parse_init_method(const std::string& url) {
@@ -169,6 +192,8 @@ Rendezvous rendezvous(const std::string& init_method, int rank, int world_size, 
     options.port = method.port;
     options.is_server = rank == 0;
     options.timeout = timeout;
+    options.token = env("DATAPAR_STORE_TOKEN").value_or("");
+    if (options.token.empty()) refuse_across_machines(method.host, world_size, env);
     result.store = std::make_shared<TcpStore>(options);
   }
   Store& store = *result.store;

@@ -44,7 +44,8 @@ void set_nonblocking(int fd, bool on) {
   fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
 }
 
-int listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port) {
+int listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port,
+               const std::function<void(uint16_t port)>& before_listen) {
   AddrInfo info;
   const int rc = resolve(host, port, /*passive=*/true, &info);
   DATAPAR_CHECK(rc == 0, "TcpStore: cannot listen on ", address(host, port), ": ", gai_strerror(rc),
@@ -55,14 +56,22 @@ int listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port) {
     if (fd < 0) continue;
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
       sockaddr_storage bound{};
       socklen_t len = sizeof(bound);
       getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
       *bound_port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-      set_nonblocking(fd, true);
-      return fd;
+      try {
+        if (before_listen) before_listen(*bound_port);
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      if (listen(fd, 1024) == 0) {
+        set_nonblocking(fd, true);
+        return fd;
+      }
     }
     last_error = std::strerror(errno);
     ::close(fd);
@@ -120,6 +129,22 @@ int connect_tcp(const std::string& host, uint16_t port, std::chrono::millisecond
   throw TimeoutError(str_cat(who, ": no reply from ", address(host, port), " after ",
                              std::chrono::duration<double>(timeout).count(), " s (", last_error,
                              "). Is the store server (rank 0) running? Start it first or raise the timeout."));
+}
+
+ssize_t recv_some(int fd, uint8_t* data, size_t size, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) return -2;
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return -1;
+    if (ready == 0) return -2;
+    const ssize_t n = ::recv(fd, data, size, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    return n;
+  }
 }
 
 bool send_all(int fd, const uint8_t* data, size_t size) {

@@ -3,13 +3,18 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include <sys/types.h>
 
 namespace datapar::detail {
 
-// A listening TCP socket on host:port (port 0: any free port), non-blocking.
+// A listening TCP socket on host:port (port 0: any free port), non-blocking. `before_listen`
+// runs once the port is bound and before anyone can connect (it may throw).
 // Throws InvalidArgumentError saying why it could not listen (port in use, bad address).
-int listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port);
+int listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port,
+               const std::function<void(uint16_t port)>& before_listen = {});
 
 // Connects to host:port, retrying with backoff until `timeout` passes. Returns a blocking
 // socket with TCP_NODELAY. Throws TimeoutError naming the address and the last error.
@@ -24,5 +29,9 @@ bool send_all(int fd, const uint8_t* data, size_t size);
 // Reads exactly size bytes, waiting at most until deadline. Returns 1 on success, 0 when
 // the peer closed the connection, -1 on error, -2 on timeout.
 int recv_exact(int fd, uint8_t* data, size_t size, std::chrono::steady_clock::time_point deadline);
+
+// Reads at most size bytes (at least 1), waiting at most until deadline. Returns the count,
+// or 0 when the peer closed the connection, -1 on error, -2 on timeout.
+ssize_t recv_some(int fd, uint8_t* data, size_t size, std::chrono::steady_clock::time_point deadline);
 
 }  // namespace datapar::detail

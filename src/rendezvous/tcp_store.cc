@@ -1,13 +1,17 @@
-// TcpStore, the client side. See tcp_store.h, and tcp_wire.h for the format.
+// TcpStore, the client side. See tcp_store.h, tcp_wire.h for the format and tcp_reply.h
+// for how replies are read.
 #include "datapar/rendezvous/tcp_store.h"
 
 #include <unistd.h>
 
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 
 #include "datapar/error.h"
 #include "rendezvous/socket.h"
+#include "rendezvous/store_token.h"
+#include "rendezvous/tcp_reply.h"
 #include "rendezvous/tcp_store_server.h"
 #include "rendezvous/tcp_wire.h"
 
@@ -15,21 +19,20 @@ namespace datapar {
 
 using detail::str_cat;
 using detail::wire::Op;
-using detail::wire::Reader;
+using detail::wire::Reply;
 using detail::wire::Status;
 using detail::wire::Writer;
 
-// A reply frame: its status and the rest of its body.
-struct TcpStore::Reply {
-  Status status;
-  Bytes body;
-  Reader fields() const { return Reader(body.data() + 1, body.size() - 1); }
-};
-
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 // Time the server gets beyond a wait's own timeout to send its kTimeout reply.
 constexpr auto kReplyGrace = std::chrono::seconds(10);
+
+const char kTokenHint[] =
+    "Give every process of the job the same token: export DATAPAR_STORE_TOKEN=$(openssl rand -hex 16) on every "
+    "node, or start them with datapar launch --token-file FILE.";
 
 std::string resolve_token(const std::string& given) {
   if (!given.empty()) return given;
@@ -45,27 +48,59 @@ std::string join(const std::vector<std::string>& keys) {
 
 }  // namespace
 
+std::string make_store_token() { return detail::random_token(); }
+
 TcpStore::TcpStore(TcpStoreOptions options)
     : Store(options.timeout), host_(options.host), port_(options.port) {
-  const std::string token = resolve_token(options.token);
-  if (options.is_server) {
-    server_ = std::make_unique<detail::TcpStoreServer>(host_, port_, token);
-    port_ = server_->port();
-  }
+  const auto deadline = Clock::now() + timeout();
+  std::string token = resolve_token(options.token);
+  DATAPAR_CHECK(token.size() <= detail::wire::kMaxTokenBytes, "TcpStore: the store token has ", token.size(),
+                " bytes; it may have at most ", detail::wire::kMaxTokenBytes, " bytes.");
+  const bool generated = token.empty();  // Note [Token] in store_token.h
   const std::string connect_host = options.is_server && (host_ == "0.0.0.0" || host_ == "::") ? "127.0.0.1" : host_;
-  fd_ = detail::connect_tcp(connect_host, port_, timeout(), "TcpStore");
-  Writer hello;
-  for (char m : detail::wire::kMagic) hello.u8(static_cast<uint8_t>(m));
-  hello.u8(detail::wire::kVersion).str(token);
-  const Reply reply = call(hello.frame(), timeout());
-  if (reply.status != Status::kOk) {
-    Reader r = reply.fields();
-    const std::string reason = r.str();
-    ::close(fd_);
-    fd_ = -1;
-    throw InvalidArgumentError(str_cat("TcpStore: ", where(), " refused this process: ", reason,
-                                       ". Give every process of the job the same token (DATAPAR_STORE_TOKEN;",
-                                       " datapar launch sets it)."));
+  if (options.is_server) {
+    if (generated) token = detail::random_token();
+    server_ = std::make_unique<detail::TcpStoreServer>(host_, port_, token, /*publish=*/generated);
+    port_ = server_->port();
+  } else if (generated) {
+    DATAPAR_CHECK(detail::is_local_address(connect_host), "TcpStore: this process has no store token, and the ",
+                  "store at ", where(), " is on another machine, where a generated token cannot be read. ", kTokenHint);
+  }
+  auto backoff = std::chrono::milliseconds(10);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    fd_ = detail::connect_tcp(connect_host, port_, std::max(left, std::chrono::milliseconds(1)), "TcpStore");
+    if (generated && !options.is_server) {
+      // The server published its token before it listened, so it is there now.
+      const auto published = detail::read_local_token(port_);
+      if (!published) {
+        ::close(fd_);
+        fd_ = -1;
+        throw InvalidArgumentError(str_cat("TcpStore: this process has no store token, and the store at ", where(),
+                                           " published none on this machine (", detail::local_token_path(port_),
+                                           "): it was given one. ", kTokenHint));
+      }
+      token = *published;
+    }
+    Reply reply;
+    const Exchange result = exchange(detail::wire::hello_frame(token), Op::kHello, deadline, &reply);
+    if (result == Exchange::kOk && reply.status == Status::kOk) return;
+    if (result == Exchange::kOk) {
+      ::close(fd_);
+      fd_ = -1;
+      throw InvalidArgumentError(str_cat("TcpStore: ", where(), " refused this process: ", reply.message, ". ",
+                                         kTokenHint));
+    }
+    // Closed before it answered: a server busy with a flood of strangers drops the oldest
+    // ones, and this may have been one. Try again while there is time.
+    if (result == Exchange::kClosed && Clock::now() + backoff < deadline) {
+      ::close(fd_);
+      fd_ = -1;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+      continue;
+    }
+    fail(result, "the hello", timeout());
   }
 }
 
@@ -76,93 +111,107 @@ TcpStore::~TcpStore() {
 
 std::string TcpStore::where() const { return host_ + ":" + std::to_string(port_); }
 
-TcpStore::Reply TcpStore::call(const Bytes& request, std::chrono::milliseconds reply_timeout) {
+TcpStore::Exchange TcpStore::exchange(const Bytes& request, Op op, Clock::time_point deadline, Reply* reply) {
+  if (!detail::send_all(fd_, request.data(), request.size())) return Exchange::kClosed;
+  detail::wire::FrameCollector frame(op == Op::kHello ? detail::wire::kMaxHelloBytes : detail::wire::kMaxFrameBytes);
+  uint8_t buffer[64 << 10];
+  while (!frame.complete()) {
+    const ssize_t n = detail::recv_some(fd_, buffer, std::min(sizeof(buffer), frame.missing()), deadline);
+    if (n == 0) return Exchange::kClosed;
+    if (n == -1) return errno == ECONNRESET ? Exchange::kClosed : Exchange::kBroken;
+    if (n == -2) return Exchange::kTimeout;
+    if (!frame.add(buffer, static_cast<size_t>(n))) return Exchange::kMalformed;
+  }
+  auto decoded = detail::wire::decode_reply(op, frame.body().data(), frame.body().size());
+  if (!decoded) return Exchange::kMalformed;
+  *reply = std::move(*decoded);
+  return Exchange::kOk;
+}
+
+void TcpStore::fail(Exchange result, const char* what, std::chrono::milliseconds reply_timeout) {
+  ::close(fd_);  // after any failure a late reply would put the connection out of step
+  fd_ = -1;
+  switch (result) {
+    case Exchange::kTimeout:
+      throw TimeoutError(str_cat("TcpStore: no reply from ", where(), " to ", what, " within ",
+                                 std::chrono::duration<double>(reply_timeout).count(),
+                                 " s. Is the server overloaded or stopped?"));
+    case Exchange::kMalformed:
+      throw CommError(str_cat("TcpStore: ", where(), " answered ", what,
+                              " with something that is not a datapar store reply. Is the address right ",
+                              "(MASTER_ADDR, MASTER_PORT), and every process running the same datapar?"));
+    default:
+      throw CommError(str_cat("TcpStore: lost the connection to the store at ", where(), " (",
+                              result == Exchange::kClosed ? "the server closed it" : "receive failed",
+                              "). The server (rank 0) has probably exited; restart the job."));
+  }
+}
+
+Reply TcpStore::call(const Bytes& request, Op op, std::chrono::milliseconds reply_timeout) {
   if (fd_ < 0) throw CommError(str_cat("TcpStore: the connection to ", where(), " is closed (it broke earlier)."));
-  const auto deadline = std::chrono::steady_clock::now() + reply_timeout;
-  auto broken = [&](const char* what) {
-    ::close(fd_);
-    fd_ = -1;
-    return CommError(str_cat("TcpStore: lost the connection to the store at ", where(), " (", what,
-                             "). The server (rank 0) has probably exited; restart the job."));
-  };
-  if (!detail::send_all(fd_, request.data(), request.size())) throw broken("send failed");
-  uint8_t header[4];
-  int rc = detail::recv_exact(fd_, header, 4, deadline);
-  Bytes body;
-  if (rc == 1) {
-    body.resize(detail::wire::frame_length(header));
-    if (body.empty() || body.size() > detail::wire::kMaxFrameBytes) throw broken("malformed reply");
-    rc = detail::recv_exact(fd_, body.data(), body.size(), deadline);
-  }
-  if (rc == 0) throw broken("the server closed it");
-  if (rc == -1) throw broken("receive failed");
-  if (rc == -2) {
-    ::close(fd_);  // a late reply would leave the connection out of step
-    fd_ = -1;
-    throw TimeoutError(str_cat("TcpStore: no reply from ", where(), " within ",
-                               std::chrono::duration<double>(reply_timeout).count(), " s. Is the server overloaded or stopped?"));
-  }
-  return Reply{static_cast<Status>(body[0]), std::move(body)};
+  Reply reply;
+  const Exchange result = exchange(request, op, Clock::now() + reply_timeout, &reply);
+  if (result != Exchange::kOk) fail(result, "a request", reply_timeout);
+  return reply;
 }
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
   std::lock_guard<std::mutex> lock(mutex_);
-  call(Writer().u8(static_cast<uint8_t>(Op::kSet)).str(key).bytes(value).frame(), timeout());
+  call(Writer().u8(static_cast<uint8_t>(Op::kSet)).str(key).bytes(value).frame(), Op::kSet, timeout());
 }
 
 Bytes TcpStore::get(const std::string& key) {
   wait({key}, timeout());
   std::lock_guard<std::mutex> lock(mutex_);
-  const Reply reply = call(Writer().u8(static_cast<uint8_t>(Op::kGet)).str(key).frame(), timeout());
+  Reply reply = call(Writer().u8(static_cast<uint8_t>(Op::kGet)).str(key).frame(), Op::kGet, timeout());
   if (reply.status == Status::kNotFound) {
     throw TimeoutError(str_cat("TcpStore: key \"", key, "\" at ", where(), " was deleted while being read."));
   }
-  return reply.fields().bytes();
+  return std::move(reply.value);
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const Reply reply = call(Writer().u8(static_cast<uint8_t>(Op::kAdd)).str(key).i64(delta).frame(), timeout());
+  const Reply reply = call(Writer().u8(static_cast<uint8_t>(Op::kAdd)).str(key).i64(delta).frame(), Op::kAdd, timeout());
   if (reply.status != Status::kOk) {
-    throw InvalidArgumentError(str_cat("TcpStore: add to ", key, " failed: ", reply.fields().str(), "."));
+    throw InvalidArgumentError(str_cat("TcpStore: add to ", key, " failed: ", reply.message, "."));
   }
-  return reply.fields().i64();
+  return reply.number;
 }
 
 Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
   std::lock_guard<std::mutex> lock(mutex_);
   return call(Writer().u8(static_cast<uint8_t>(Op::kCompareSet)).str(key).bytes(expected).bytes(desired).frame(),
-              timeout())
-      .fields()
-      .bytes();
+              Op::kCompareSet, timeout())
+      .value;
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds wait_timeout) {
+  // Past 2^40 ms (35 years) is forever, and adding the grace must not overflow.
+  const auto limit = std::min(wait_timeout, std::chrono::milliseconds(int64_t{1} << 40));
   std::lock_guard<std::mutex> lock(mutex_);
-  const Reply reply = call(
-      Writer().u8(static_cast<uint8_t>(Op::kWait)).strs(keys).i64(wait_timeout.count()).frame(),
-      wait_timeout + kReplyGrace);
+  const Reply reply = call(Writer().u8(static_cast<uint8_t>(Op::kWait)).strs(keys).i64(limit.count()).frame(),
+                           Op::kWait, limit + kReplyGrace);
   if (reply.status == Status::kTimeout) {
-    Reader r = reply.fields();
     throw TimeoutError(str_cat("TcpStore: waited ", std::chrono::duration<double>(wait_timeout).count(),
-                               " s at ", where(), " for ", join(keys), "; still missing: ", join(r.strs()),
+                               " s at ", where(), " for ", join(keys), "; still missing: ", join(reply.keys),
                                ". Did every process start and reach this point? Raise the timeout if they are slow."));
   }
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return call(Writer().u8(static_cast<uint8_t>(Op::kCheck)).strs(keys).frame(), timeout()).fields().u8() != 0;
+  return call(Writer().u8(static_cast<uint8_t>(Op::kCheck)).strs(keys).frame(), Op::kCheck, timeout()).flag;
 }
 
 bool TcpStore::delete_key(const std::string& key) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return call(Writer().u8(static_cast<uint8_t>(Op::kDelete)).str(key).frame(), timeout()).fields().u8() != 0;
+  return call(Writer().u8(static_cast<uint8_t>(Op::kDelete)).str(key).frame(), Op::kDelete, timeout()).flag;
 }
 
 int64_t TcpStore::num_keys() {
   std::lock_guard<std::mutex> lock(mutex_);
-  return call(Writer().u8(static_cast<uint8_t>(Op::kNumKeys)).frame(), timeout()).fields().i64();
+  return call(Writer().u8(static_cast<uint8_t>(Op::kNumKeys)).frame(), Op::kNumKeys, timeout()).number;
 }
 
 }  // namespace datapar

@@ -1,10 +1,12 @@
-// The TcpStore server: the key-value table and the loop that serves it over TCP.
+// The TcpStore server: the poll() loop that serves a StoreService (store_service.h) over TCP.
 //
-// One thread, one poll() loop over non-blocking sockets, so no client can stall another:
-// a client that sends half a frame and goes quiet just holds its own buffer, and one that
-// sends garbage (bad hello, wrong token, oversized or malformed frame) is disconnected.
-// Waits are kept on the server with their deadlines, so a waiting client gets a kTimeout
-// reply on time and the connection stays in step.
+// One thread, one poll() loop over non-blocking sockets, so no client can stall another.
+// The service decides what each connection may send and what it is answered; this loop
+// only moves bytes: it reads from a connection no more than the service wants (a stranger:
+// one hello at most), sends what it queued, and closes what it is done with. Waits are
+// kept with their deadlines, so a waiting client gets a kTimeout reply on time.
+// Out of descriptors (accept4 fails with EMFILE), it stops accepting for a moment rather
+// than spin on a listening socket that stays readable.
 #pragma once
 
 #include <cstdint>
@@ -17,9 +19,11 @@ namespace datapar::detail {
 class TcpStoreServer {
  public:
   // Listens on host:port (port 0: a free port, see port()) and serves on a thread of its
-  // own until destroyed. Clients must present `token` (empty: any client is accepted).
+  // own until destroyed. Clients must present `token`, which must not be empty. With
+  // `publish`, the token is written where this user's processes find it (store_token.h)
+  // before the server listens, and removed when it stops.
   // Throws InvalidArgumentError when it cannot listen.
-  TcpStoreServer(const std::string& host, uint16_t port, std::string token);
+  TcpStoreServer(const std::string& host, uint16_t port, std::string token, bool publish = false);
   ~TcpStoreServer();
 
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -28,16 +32,13 @@ class TcpStoreServer {
   uint16_t port() const { return port_; }
 
  private:
-  struct State;
   void loop();
-  // Sends what it can of every connection's pending output, without blocking; marks the
-  // connections whose send failed for closing.
-  void flush_all();
 
+  std::string token_;
+  bool published_ = false;
   uint16_t port_ = 0;
   int listen_fd_ = -1;
   int stop_fds_[2] = {-1, -1};  // a pipe: the destructor writes to wake the loop
-  std::unique_ptr<State> state_;
   std::thread thread_;
 };
 

@@ -1,11 +1,13 @@
 // The TcpStore wire format: framing, encoders and a bounds-checked decoder.
 //
-// Every message is a frame: a little-endian u32 body length, then the body; a body longer
-// than kMaxFrameBytes is refused and the connection closed. In a body, a string or byte
+// Every message is a frame: a little-endian u32 body length, then the body; an empty body,
+// or one longer than kMaxFrameBytes (kMaxHelloBytes for the hello), is refused and the
+// connection closed, on the length alone. In a body, a string or byte
 // value is a u32 length and the bytes; an integer is 8 bytes, little-endian, two's
 // complement; a list is a u32 count and its items. docs/store_protocol.md describes the
 // exchange:
-//   1. The client sends a hello: "DPST", u8 version (1), string token.
+//   1. The client sends a hello: "DPST", u8 version (1), string token (at most
+//      kMaxTokenBytes).
 //   2. The server answers u8 status (kOk, or kRefused and a string reason, then closes).
 //   3. Then request/reply pairs, one at a time per connection. A request is u8 op and its
 //      fields; a reply is u8 status and its fields (see Op below).
@@ -25,8 +27,15 @@ namespace datapar::detail::wire {
 constexpr char kMagic[4] = {'D', 'P', 'S', 'T'};
 constexpr uint8_t kVersion = 1;
 constexpr uint32_t kMaxFrameBytes = 64u << 20;
+constexpr uint32_t kMaxTokenBytes = 256;
+// Keys in one list (a wait or check): a frame of empty keys would otherwise cost 8 times
+// its size in string objects.
+constexpr uint32_t kMaxListItems = 1u << 20;
+// The longest hello body: magic, version, token length, token.
+constexpr uint32_t kMaxHelloBytes = 4 + 1 + 4 + kMaxTokenBytes;
 
 enum class Op : uint8_t {
+  kHello = 0,       // not sent as an op: names the hello's reply in decode_reply()
   kSet = 1,         // key, value                  -> kOk
   kGet = 2,         // key                         -> kOk value | kNotFound
   kAdd = 3,         // key, i64 delta              -> kOk i64 new value
@@ -116,6 +125,7 @@ class Reader {
   std::vector<std::string> strs() {
     const uint32_t n = u32();
     std::vector<std::string> out;
+    if (n > kMaxListItems) ok_ = false;
     for (uint32_t i = 0; i < n && ok_; ++i) out.push_back(str());
     return out;
   }
@@ -134,6 +144,13 @@ class Reader {
   const uint8_t* end_;
   bool ok_ = true;
 };
+
+// The hello frame presenting `token`.
+inline Bytes hello_frame(const std::string& token) {
+  Writer w;
+  for (char m : kMagic) w.u8(static_cast<uint8_t>(m));
+  return w.u8(kVersion).str(token).frame();
+}
 
 // The length prefix of a frame starting at data (at least 4 bytes).
 inline uint32_t frame_length(const uint8_t* data) {

@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -135,6 +137,32 @@ TEST(FileStore, AStaleFileFromAnEarlierRunDoesNotLeakIntoANewOne) {
     FileStore later(path, {0, "run-b", 10s});
     EXPECT_FALSE(later.check({"old"}));
   }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Finding: a file:// path naming a file that is not a store (a typo, a checkpoint) was
+// truncated, written to and deleted at the end. Now it is refused and left as it was.
+TEST(FileStore, RefusesAFileThatIsNotAStoreAndLeavesItAlone) {
+  const std::string dir = temp_dir();
+  const std::string precious(100, 'p');
+  for (const std::string& content : {precious, std::string("\0\x06\0\0\0run_ix", 11), std::string(1, '\0')}) {
+    const std::string path = dir + "/precious";
+    std::ofstream(path, std::ios::binary) << content;
+    EXPECT_THROW_MSG(FileStore(path, world(1)), InvalidArgumentError, path + " is not a datapar store");
+    EXPECT_EQ(read_file(path), content);
+  }
+  // An empty file is fine to use, and so is a store left by an earlier run.
+  const std::string empty = dir + "/empty";
+  std::ofstream(empty).close();
+  {
+    FileStore store(empty, world(1));
+    store.set("k", "v");
+  }
+  EXPECT_FALSE(exists(empty));
 }
 
 TEST(FileStore, MissingDirectoryIsAClearError) {

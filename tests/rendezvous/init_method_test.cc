@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <thread>
 
@@ -12,6 +13,7 @@
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
 #include "testing/ports.h"
+#include "testing/processes.h"
 
 namespace datapar {
 namespace {
@@ -153,6 +155,46 @@ TEST(Rendezvous, MissingRanksAreNamedWhenTheTimeoutEnds) {
   EXPECT_TRUE(errors[1].find("2 of 4 ranks never arrived (1, 3)") != std::string::npos ||
               errors[1].find("lost the connection") != std::string::npos)
       << errors[1];
+}
+
+// Finding (file://): a foreign file was truncated, written to and deleted.
+TEST(InitMethod, FileUrlNamingAForeignFileIsRefusedAndLeftAlone) {
+  std::string dir = ::testing::TempDir() + "/rdzv_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/model.pt";
+  std::ofstream(path) << "not a store";
+  EXPECT_THROW_MSG(rendezvous("file://" + path, 0, 1, 1s, fake_env({})), InvalidArgumentError,
+                   path + " is not a datapar store");
+  std::ifstream in(path);
+  std::string content;
+  std::getline(in, content);
+  EXPECT_EQ(content, "not a store");
+}
+
+// Finding: a job without a token ran its store open to anyone. Across machines, where no
+// generated token can reach the other ranks, it refuses to start and says what to do.
+TEST(InitMethod, JobAcrossMachinesWithoutATokenRefusesToStart) {
+  for (int rank : {0, 1}) {
+    const auto env = fake_env({{"MASTER_ADDR", "10.255.255.1"}, {"MASTER_PORT", "29500"}, {"RANK", std::to_string(rank)},
+                               {"WORLD_SIZE", "4"}, {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", "2"}});
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_THROW_MSG(rendezvous("env://", -1, -1, 3s, env), InvalidArgumentError, "DATAPAR_STORE_TOKEN");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  }
+}
+
+// torchrun, mpirun or srun on one machine without DATAPAR_STORE_TOKEN: rank 0's store
+// makes a token and the other ranks, separate processes, find it.
+TEST(InitMethod, ProcessesOfOneMachineShareAGeneratedToken) {
+  ::unsetenv("DATAPAR_STORE_TOKEN");
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  std::string dir = ::testing::TempDir() + "/rdzv_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string probe = std::string(DATAPAR_BIN_DIR) + "/store_probe";
+  // Rank 0 last: the others wait for its server, and its token.
+  const auto results = testing::run_processes({{probe, url, "2", "3"}, {probe, url, "1", "3"}, {probe, url, "0", "3"}},
+                                              dir, std::chrono::seconds(60));
+  for (const auto& r : results) EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(Rendezvous, UnreachableMasterTimesOut) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <thread>
 
@@ -115,7 +116,8 @@ TEST(TcpStore, SixtyFourClientsAddAtOnce) {
 TEST(TcpStore, ClientWithoutTheTokenIsRefused) {
   TcpStore server = make_server("s3cret");
   EXPECT_THROW_MSG(TcpStore(client_of(server, "wrong")), InvalidArgumentError, "token does not match");
-  EXPECT_THROW_MSG(TcpStore(client_of(server, "")), InvalidArgumentError, "token does not match");
+  // Without one, a client of this machine looks for a generated token: this server has none.
+  EXPECT_THROW_MSG(TcpStore(client_of(server, "")), InvalidArgumentError, "published none");
   TcpStore good(client_of(server, "s3cret"));
   good.set("k", "v");
   EXPECT_EQ(server.get_string("k"), "v");
@@ -133,7 +135,9 @@ TEST(TcpStore, GarbageAndHalfFramesNeverStallTheServer) {
     const int fd = raw_connect(server.port());
     ASSERT_EQ(::send(fd, junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));
     char buffer[16];
-    EXPECT_EQ(::recv(fd, buffer, sizeof(buffer), 0), 0) << "server should close on: " << junk;
+    // Closed with the rest unread: a reset rather than an orderly end.
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    EXPECT_TRUE(n == 0 || (n < 0 && errno == ECONNRESET)) << "server should close on: " << junk;
     ::close(fd);
   }
   // Real clients are still served, promptly.

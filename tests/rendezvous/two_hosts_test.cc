@@ -21,7 +21,8 @@ TEST(TwoHosts, RendezvousAcrossANetworkNamespacePair) {
 
   // Each namespace is fresh and private, so a fixed port cannot collide with anything.
   const std::string url = "tcp://" + hosts.address_a() + ":29500";
-  const std::string probe = std::string(DATAPAR_BIN_DIR) + "/store_probe";
+  // Across machines a job needs a token that every process is given.
+  const std::string probe = "env DATAPAR_STORE_TOKEN=twohosts " + std::string(DATAPAR_BIN_DIR) + "/store_probe";
   // Rank 1 starts first: it must retry until rank 0's server is up on the other "host".
   const std::string command = "ip netns exec " + hosts.b() + " " + probe + " " + url + " 1 2 & b=$!; sleep 0.2; " +
                               "ip netns exec " + hosts.a() + " " + probe + " " + url + " 0 2; a=$?; wait $b; " +
@@ -30,6 +31,13 @@ TEST(TwoHosts, RendezvousAcrossANetworkNamespacePair) {
   EXPECT_NE(output.find("rank 0 of 2 ok"), std::string::npos) << output;
   EXPECT_NE(output.find("rank 1 of 2 ok"), std::string::npos) << output;
   EXPECT_NE(output.find("exit codes 0 0"), std::string::npos) << output;
+
+  // Without one, a rank on the other "host" refuses at once (a token generated there could
+  // not reach it) and says how to give one.
+  const std::string bare = "env -u DATAPAR_STORE_TOKEN " + std::string(DATAPAR_BIN_DIR) + "/store_probe";
+  const std::string refused = run_shell("ip netns exec " + hosts.b() + " timeout 20 " + bare + " " + url + " 1 2 2>&1",
+                                        &status);
+  EXPECT_NE(refused.find("export DATAPAR_STORE_TOKEN="), std::string::npos) << refused;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -198,6 +199,38 @@ TEST(LaunchNodes, SecondNodeOfTwoGetsItsRanksTokenAndPort) {
   expect_environment(r.output, 2, 2, 1);
   EXPECT_NE(r.output.find("MASTER_PORT=29999 TOKEN=secret "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("BACKEND=- MPI_WORLD=-"), std::string::npos) << "several nodes: forked, Gloo:\n" << r.output;
+}
+
+// Finding: --token puts the secret in argv, where `ps` shows it to every user. --token-file
+// reads it from a file instead; --token still works, with a warning.
+TEST(LaunchNodes, TokenFileKeepsTheTokenOutOfArgv) {
+  const std::string dir = temp_dir();
+  const std::string file = dir + "/token";
+  std::ofstream(file) << "from-a-file\n";
+  ::chmod(file.c_str(), 0600);
+  const std::vector<std::string> two_nodes = {"--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
+                                              "--master-port", "29999"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = two_nodes;
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--", bin("launch_probe"), "env"});
+    return launch("", args);
+  };
+  ::unsetenv("DATAPAR_STORE_TOKEN");
+  ProcessResult r = with({"--token-file", file});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("TOKEN=from-a-file "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("visible"), std::string::npos) << r.output;
+  r = with({"--token", "on-the-command-line"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("TOKEN=on-the-command-line "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--token is visible to every user of this machine"), std::string::npos) << r.output;
+  r = with({"--token-file", dir + "/missing"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir + "/missing"), std::string::npos) << r.output;
+  r = with({"--token-file", file, "--token", "both"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  std::filesystem::remove_all(dir);
 }
 
 // The default single-node CPU path: `datapar launch` without flags starts the

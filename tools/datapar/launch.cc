@@ -10,9 +10,12 @@
 
 #include <signal.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -44,14 +47,21 @@ void check_program(const std::string& program) {
                                      "\" is not found on PATH. Give its path, e.g. ./", program, "."));
 }
 
-std::string random_token() {
-  unsigned char bytes[16] = {};
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
-  DATAPAR_INTERNAL_ASSERT(urandom.gcount() == sizeof(bytes), "cannot read /dev/urandom");
-  static const char* hex = "0123456789abcdef";
+// The token in `path`: its first line, without surrounding whitespace.
+std::string read_token_file(const std::string& path) {
+  std::ifstream in(path);
+  DATAPAR_CHECK(in.good(), "launch: --token-file ", path, " cannot be read (", std::strerror(errno), ").");
   std::string token;
-  for (unsigned char b : bytes) token += hex[b >> 4], token += hex[b & 15];
+  std::getline(in, token);
+  const size_t first = token.find_first_not_of(" \t\r");
+  token = first == std::string::npos ? "" : token.substr(first, token.find_last_not_of(" \t\r") - first + 1);
+  DATAPAR_CHECK(!token.empty(), "launch: --token-file ", path, " is empty. Put the token on its first line, e.g. ",
+                "openssl rand -hex 16 > ", path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    std::cerr << "datapar launch: warning: --token-file " << path << " can be read by other users; chmod 600 it"
+              << std::endl;
+  }
   return token;
 }
 
@@ -149,14 +159,19 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
   DATAPAR_CHECK(o.grace_period.count() >= 0, "launch: --grace-period must not be negative.");
   DATAPAR_CHECK(!o.master_addr.empty(), "launch: --master-addr is empty.");
   check_program(o.program.front());
+  DATAPAR_CHECK(o.token.empty() || o.token_file.empty(), "launch: give --token or --token-file, not both.");
+  if (!o.token_file.empty()) o.token = read_token_file(o.token_file);
   if (o.token.empty()) {
     if (const char* env = std::getenv("DATAPAR_STORE_TOKEN")) o.token = env;
   }
+  DATAPAR_CHECK(o.token.size() <= 256, "launch: the store token has ", o.token.size(),
+                " bytes; it may have at most 256 (openssl rand -hex 16 gives 32).");
   if (o.nnodes > 1) {
     DATAPAR_CHECK(o.master_port != 0, "launch: --nnodes ", o.nnodes, " needs --master-port: every node must ",
                   "know the port of node 0's store in advance, e.g. --master-port 29500.");
     DATAPAR_CHECK(!o.token.empty(), "launch: --nnodes ", o.nnodes, " needs the same store token on every node. ",
-                  "Pass --token SECRET (or set DATAPAR_STORE_TOKEN) to each launcher, e.g. T=$(openssl rand -hex 16).");
+                  "Give each launcher --token-file FILE (or DATAPAR_STORE_TOKEN in its environment), e.g. a file ",
+                  "made with openssl rand -hex 16 > FILE and copied to every node.");
   }
   DATAPAR_CHECK(o.runner == "auto" || o.runner == "mpirun" || o.runner == "fork", "launch: --runner \"", o.runner,
                 "\" is not one of auto, mpirun, fork.");
@@ -171,9 +186,9 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
     DATAPAR_CHECK(mpirun_found, "launch: --runner mpirun: mpirun is not installed (not on PATH). ",
                   "Install openmpi-bin, or use --runner fork.");
   }
-  if (o.token.empty()) o.token = random_token();
+  if (o.token.empty()) o.token = make_store_token();
   if (o.master_port == 0) {  // single node: a port free now on the master address
-    TcpStore probe({o.master_addr, 0, true, "", std::chrono::seconds(5)});
+    TcpStore probe({o.master_addr, 0, true, o.token, std::chrono::seconds(5)});
     o.master_port = probe.port();
   }
   return o;
@@ -210,6 +225,10 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
 }
 
 int launch(const LaunchOptions& given) {
+  if (given.token_on_command_line) {
+    say("warning: --token is visible to every user of this machine (ps, /proc/PID/cmdline); "
+        "prefer --token-file FILE or DATAPAR_STORE_TOKEN in the environment");
+  }
   LaunchOptions options = resolve_launch_options(given);
   if (options.runner == "mpirun") allow_mpirun_as_asked();  // before the environment is copied
   WorkerGroup::catch_signals();

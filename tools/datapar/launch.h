@@ -40,9 +40,13 @@ struct LaunchOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port on this node (single node only)
-  // The store token shared by every worker of the job. Empty: DATAPAR_STORE_TOKEN from the
-  // launcher's environment, else (single node only) a fresh random one.
+  // The store token shared by every worker of the job. Empty: read from token_file, else
+  // DATAPAR_STORE_TOKEN from the launcher's environment, else (single node only) a fresh
+  // random one. Workers get it in their environment, which only this user can read; a
+  // --token on the command line is visible to every user in `ps`, so it draws a warning.
   std::string token;
+  std::string token_file;
+  bool token_on_command_line = false;  // --token was given: warn
   int max_restarts = 0;
   std::string runner = "auto";  // auto | mpirun | fork; resolved to mpirun or fork
   std::string mpirun;           // resolved: mpirun's path, when this build has MPI
@@ -54,7 +58,7 @@ struct LaunchOptions {
 
 // Checks the options and resolves the defaults (free port, token). Throws
 // InvalidArgumentError naming the option for a bad value, a missing program or one that
-// is not found or not executable.
+// is not found or not executable, or a token file that cannot be read.
 LaunchOptions resolve_launch_options(LaunchOptions options);
 
 // The environment of one worker: the launcher's own, with the variables above set.

@@ -79,9 +79,11 @@ int run_job(int nproc, const std::string& tool, const std::function<int(const st
     return rank_main("env://", identity->rank, identity->world_size);
   }
   if ((backend.empty() ? default_backend() : backend) == "mpi") exec_under_mpirun(nproc, tool);
+  // As a launcher would: one token for the ranks forked below.
+  if (std::getenv("DATAPAR_STORE_TOKEN") == nullptr) ::setenv("DATAPAR_STORE_TOKEN", make_store_token().c_str(), 1);
   uint16_t port;
   {
-    TcpStore probe({"127.0.0.1", 0, true, "", std::chrono::seconds(5)});
+    TcpStore probe({"127.0.0.1", 0, true, std::getenv("DATAPAR_STORE_TOKEN"), std::chrono::seconds(5)});
     port = probe.port();
   }
   const std::string init_method = "tcp://127.0.0.1:" + std::to_string(port);

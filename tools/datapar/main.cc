@@ -94,8 +94,11 @@ int main(int argc, char** argv) {
                      "Address of node 0, where rank 0 serves the store (default 127.0.0.1)");
   launch->add_option("--master-port", launch_options.master_port,
                      "Port of the store on node 0 (default 0: a free port; required with --nnodes > 1)");
-  launch->add_option("--token", launch_options.token,
-                     "Store token, the same on every node (default: DATAPAR_STORE_TOKEN, else random on one node)");
+  auto* token = launch->add_option("--token", launch_options.token,
+                                   "Store token, the same on every node; visible to other users in ps, so prefer "
+                                   "--token-file (default: DATAPAR_STORE_TOKEN, else random on one node)");
+  launch->add_option("--token-file", launch_options.token_file,
+                     "File whose first line is the store token, the same on every node (chmod 600)");
   launch->add_option("--max-restarts", launch_options.max_restarts,
                      "Restart the whole group up to K times after a failure (default 0)");
   launch->add_option("--grace-period", grace_s,
@@ -129,6 +132,7 @@ int main(int argc, char** argv) {
       DATAPAR_CHECK(std::isfinite(grace_s) && grace_s >= 0 && grace_s <= 24 * 3600, "launch: --grace-period ", grace_s,
                     ": give the seconds between SIGTERM and SIGKILL, a number from 0 to 86400.");
       launch_options.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+      launch_options.token_on_command_line = token->count() > 0;
       return datapar::tools::launch(launch_options);
     }
     if (*bench_ddp) return datapar::tools::bench_ddp(ddp);

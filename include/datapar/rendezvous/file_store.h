@@ -37,7 +37,8 @@ struct FileStoreOptions {
 class FileStore : public Store {
  public:
   // Opens (or creates) the store file at path. Throws InvalidArgumentError if the file
-  // cannot be created there (say, its directory does not exist).
+  // cannot be created there (say, its directory does not exist), or if it exists, is not
+  // empty and is not a store (then nothing is written to it).
   FileStore(std::string path, FileStoreOptions options = {});
   // Counts this process out; the last one removes the file. Never throws.
   ~FileStore() override;
@@ -61,6 +62,8 @@ class FileStore : public Store {
 
  private:
   class Lock;
+  static bool is_store_file(int fd);  // REQUIRES: the file lock held
+  void join_locked();                 // REQUIRES: exclusive lock
   void refresh();  // REQUIRES: the file lock held
   void append(uint8_t type, const std::string& key, const Bytes& value);  // REQUIRES: exclusive lock
   int64_t add_locked(const std::string& key, int64_t delta);

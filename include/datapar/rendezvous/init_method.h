@@ -57,12 +57,14 @@ struct Rendezvous {
   int world_size = -1;
 };
 
-// Joins the job: makes the store (rank 0 hosts the TCP server), checks that the rank lies
+// Joins the job: makes the store (rank 0 hosts the TCP server, with the token in
+// DATAPAR_STORE_TOKEN, or one generated for a job on one machine), checks that the rank lies
 // in [0, world_size), that no other process claims the same rank and that every process
 // agrees on the world size, and waits until all world_size processes have joined.
 // rank / world_size < 0: from identity_from_environment(). Throws InvalidArgumentError
 // for a bad URL, rank or world size, a rank claimed twice, world sizes that disagree, a
-// file:// directory that does not exist or a port in use; TimeoutError naming the ranks
+// file:// directory that does not exist or a file that is not a store, a port in use, or
+// a job across machines without DATAPAR_STORE_TOKEN; TimeoutError naming the ranks
 // that never arrived, or when rank 0's server does not answer within the timeout.
 Rendezvous rendezvous(const std::string& init_method, int rank = -1, int world_size = -1,
                       std::chrono::milliseconds timeout = kDefaultStoreTimeout,

@@ -3,8 +3,9 @@
 // One process hosts the server (rank 0, with is_server, or a standalone one); every
 // process, the host included, talks to it as a client. Clients retry connecting with
 // backoff until the timeout, so start order does not matter. A shared token (from the
-// launcher, or DATAPAR_STORE_TOKEN) is checked on connect: a client without it is refused
-// with InvalidArgumentError. The wire format is in docs/store_protocol.md.
+// launcher, or DATAPAR_STORE_TOKEN, or generated for a job on one machine) is checked on
+// connect: a client without it is refused with InvalidArgumentError. Strangers cost the
+// server little: see the limits in docs/store_protocol.md, which has the wire format.
 //
 //   datapar::TcpStore store({.host = "10.0.0.1", .port = 29500, .is_server = rank == 0});
 //   store.set("ready/" + std::to_string(rank), "1");
@@ -23,7 +24,11 @@
 namespace datapar {
 namespace detail {
 class TcpStoreServer;
-}
+namespace wire {
+enum class Op : uint8_t;
+struct Reply;
+}  // namespace wire
+}  // namespace detail
 
 struct TcpStoreOptions {
   // The server's address. With is_server, the address the server listens on.
@@ -32,12 +37,17 @@ struct TcpStoreOptions {
   uint16_t port = 0;
   // Host the server in this process (it stops when this TcpStore is destroyed).
   bool is_server = false;
-  // Shared secret every client must present. Empty: the DATAPAR_STORE_TOKEN environment
-  // variable, or no token when that is unset too.
+  // Shared secret every client must present (at most 256 bytes). Empty: the
+  // DATAPAR_STORE_TOKEN environment variable; when that is unset too, the server makes a
+  // random one and shares it with the processes of this machine and user only, through a
+  // file only they can read; a client on another machine is then refused at once.
   std::string token;
   // Limit for connecting and for every wait.
   std::chrono::milliseconds timeout = kDefaultStoreTimeout;
 };
+
+// A fresh random store token (32 hex digits), for launchers that hand one to their workers.
+std::string make_store_token();
 
 class TcpStore : public Store {
  public:
@@ -66,8 +76,13 @@ class TcpStore : public Store {
   const std::string& host() const { return host_; }
 
  private:
-  struct Reply;
-  Reply call(const Bytes& request, std::chrono::milliseconds reply_timeout);
+  enum class Exchange { kOk, kClosed, kBroken, kMalformed, kTimeout };
+  // Sends a request and reads its reply, without throwing.
+  Exchange exchange(const Bytes& request, detail::wire::Op op, std::chrono::steady_clock::time_point deadline,
+                    detail::wire::Reply* reply);
+  // exchange() that throws CommError or TimeoutError when it fails.
+  detail::wire::Reply call(const Bytes& request, detail::wire::Op op, std::chrono::milliseconds reply_timeout);
+  [[noreturn]] void fail(Exchange result, const char* what, std::chrono::milliseconds reply_timeout);
   std::string where() const;
 
   std::string host_;
