@@ -2,16 +2,22 @@
 #   make demo   the main job: PyTorch's data-parallel tutorial on DataParallel, then LeNet
 #               trained by 2 DDP processes on the shipped Fashion-MNIST subset (test
 #               accuracy per epoch; plot in build/demo.png, metrics in build/demo.jsonl)
-#   make test   the whole test suite (GoogleTest through CTest) on both libtorch lines:
-#               Debian's libtorch 1.13 (CPU) in build/, then pip's torch 2.x (CUDA: the CUDA
-#               sources compile and link; the CPU suite runs, the `gpu` tests skip without a
-#               GPU) in build-torch2/
-# One line alone: make test-debian, make test-torch2. On a GPU machine: make test-gpu.
+#   make test   the whole test suite (GoogleTest through CTest) on both libtorch lines, each
+#               leg on the line it fits: Debian's libtorch 1.13 built by clang with
+#               AddressSanitizer + UndefinedBehaviorSanitizer, every test and each fuzz target
+#               for FUZZ_SECONDS (build-asan/); pip's torch 2.x (CUDA: the CUDA sources compile
+#               and link; the CPU suite runs, the `gpu` tests skip without a GPU) in
+#               build-torch2/; and the threaded suites under ThreadSanitizer (build-tsan/).
+#               Sanitizers run on Debian's line: pip's libtorch carries its own gloo, which
+#               datapar's gloo module shadows with RTLD_DEEPBIND, and the sanitizers' runtimes
+#               do not support DEEPBIND.
+# One leg alone: make test-asan, make test-torch2, make test-tsan; the plain Debian build:
+# make test-debian. On a GPU machine: make test-gpu. Longer fuzzing: make fuzz.
 BUILD_DIR ?= build
 TORCH2_BUILD_DIR ?= build-torch2
 ASAN_BUILD_DIR ?= build-asan
 TSAN_BUILD_DIR ?= build-tsan
-FUZZ_SECONDS ?= 30
+FUZZ_SECONDS ?= 20
 TORCH_VERSION ?= 2.15.0
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
@@ -40,7 +46,7 @@ demo: build
 	$(BUILD_DIR)/bin/datapar launch --nproc-per-node 2 -- $(BUILD_DIR)/bin/datapar train --mode ddp \
 	  --model lenet --epochs 15 --batch-size 64 --lr 0.9 --plot $(BUILD_DIR)/demo.png --metrics $(BUILD_DIR)/demo.jsonl
 
-test: test-debian test-torch2
+test: test-asan test-torch2 test-tsan
 
 test-debian: build
 	$(BUILD_DIR)/bin/datapar --version
@@ -48,7 +54,7 @@ test-debian: build
 
 test-torch2: build-torch2
 	$(TORCH2_BUILD_DIR)/bin/datapar --version
-	cd $(TORCH2_BUILD_DIR) && ctest --output-on-failure -j 1
+	cd $(TORCH2_BUILD_DIR) && ctest --output-on-failure -j 2
 
 # Debian's libtorch under clang with AddressSanitizer + UndefinedBehaviorSanitizer: the whole
 # suite, and each fuzz target (fuzz/) for FUZZ_SECONDS under libFuzzer.
@@ -56,12 +62,11 @@ test-asan: setup
 	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) \
 	  -DDATAPAR_SANITIZE=address,undefined -DDATAPAR_FUZZ=ON -DDATAPAR_FUZZ_SECONDS=$(FUZZ_SECONDS)
 	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
-	cd $(ASAN_BUILD_DIR) && $(ASAN_ENV) ctest --output-on-failure -j 1
+	cd $(ASAN_BUILD_DIR) && $(ASAN_ENV) ctest --output-on-failure -j 2
 
 # ThreadSanitizer over the threaded parts (tests/CMakeLists.txt: datapar_thread_tests).
 test-tsan: setup
-	CC=clang CXX=clang++ cmake -S . -B $(TSAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) -DDATAPAR_SANITIZE=thread \
-	  -DDATAPAR_BUILD_EXAMPLES=OFF -DDATAPAR_BUILD_BENCH=OFF
+	CC=clang CXX=clang++ cmake -S . -B $(TSAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) -DDATAPAR_SANITIZE=thread
 	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS) --target datapar_thread_tests
 	$(TSAN_ENV) $(TSAN_BUILD_DIR)/bin/datapar_thread_tests
 

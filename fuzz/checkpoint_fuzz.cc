@@ -54,8 +54,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     path = file.hold(data + 1, size - 1);
   }
-  torch::nn::Linear model(3, 2);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  // One model for every run: a restore replaces all of its state, or (refused) none of it.
+  static torch::nn::Linear model(3, 2);
+  static torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   try {
     const datapar::train::Checkpoint c = datapar::train::load_checkpoint(path, at::kCPU);
     datapar::train::restore_checkpoint(c, *model, optimizer, /*restore_rng=*/false);

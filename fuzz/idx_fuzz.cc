@@ -13,10 +13,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   static datapar::fuzz::MemoryFile file;
   const int ndims = (data[0] & 1) ? 3 : 1;
-  const int64_t limit = 0;  // TODO(issue 13): (data[0] >> 1) & 7 once read_idx_file takes a limit
+  const int64_t limit = (data[0] >> 1) & 7;  // 0: every sample
   const std::string path = file.hold(data + 1, size - 1);
   try {
-    const at::Tensor t = datapar::read_idx_file(path, ndims);
+    const at::Tensor t = datapar::read_idx_file(path, ndims, limit);
     if (t.dim() != ndims) __builtin_trap();
     if (limit > 0 && t.size(0) > limit) __builtin_trap();
   } catch (const datapar::Error&) {
