@@ -160,18 +160,8 @@ bool send_all(int fd, const uint8_t* data, size_t size) {
 
 int recv_exact(int fd, uint8_t* data, size_t size, std::chrono::steady_clock::time_point deadline) {
   while (size > 0) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) return -2;
-    pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) return -1;
-    if (ready == 0) return -2;
-    const ssize_t n = ::recv(fd, data, size, 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n < 0) return -1;
-    if (n == 0) return 0;
+    const ssize_t n = recv_some(fd, data, size, deadline);
+    if (n <= 0) return n == 0 ? 0 : (n == -2 ? -2 : -1);
     data += n;
     size -= static_cast<size_t>(n);
   }

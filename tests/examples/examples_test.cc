@@ -155,6 +155,9 @@ TEST(Cli, BenchCollectivesRefusesBadNumbers) {
     EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << args << ": " << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
   }
+  const ProgramRun r = run(bin("datapar") + " bench collectives --nproc 5000");
+  EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << r.output;
+  EXPECT_NE(r.output.find("--nproc 5000: use 1 .. 1024 processes."), std::string::npos) << r.output;
 }
 
 TEST(Cli, LaunchRefusesAGracePeriodThatIsNotANumberOfSeconds) {

@@ -503,6 +503,7 @@ TEST(LaunchUsage, BadUsageExitsWithTwoAndSaysWhy) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--nproc-per-node", "2"}, "launch: no program to run. Put it after --"},
       {{"--nproc-per-node", "0", "--", probe, "env"}, "--nproc-per-node must be at least 1, not 0"},
+      {{"--nproc-per-node", "5000", "--", probe, "env"}, "--nproc-per-node 5000 is more than 1024 workers"},
       {{"--nnodes", "2", "--node-rank", "2", "--master-port", "29500", "--token", "t", "--", probe, "env"},
        "--node-rank 2 is outside [0, 2)"},
       {{"--nnodes", "2", "--token", "t", "--", probe, "env"}, "--nnodes 2 needs --master-port"},

@@ -228,8 +228,8 @@ int bench_ddp(const BenchDdpOptions& given) {
   BenchDdpOptions options = given;
   DATAPAR_CHECK(options.model == "mlp" || options.model == "lenet" || options.model == "resnet18", "--model: \"",
                 options.model, "\" is not one of mlp, lenet, resnet18.");
-  DATAPAR_CHECK(options.batch >= 0 && options.steps >= 0 && options.threads >= 1,
-                "--batch, --steps and --threads must not be negative (threads at least 1).");
+  DATAPAR_CHECK(options.batch >= 0 && options.steps >= 0 && options.threads >= 1 && options.threads <= 1024,
+                "--batch and --steps must not be negative; --threads takes 1 .. 1024.");
   return run_job(
       options.nproc, "datapar bench ddp",
       [&](const std::string& init, int rank, int world) { return run_rank(options, init, rank, world); },

@@ -25,6 +25,7 @@
 #include "datapar/config.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/tcp_store.h"
+#include "local_job.h"
 #include "mpirun_group.h"
 #include "worker_group.h"
 
@@ -150,6 +151,8 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
   DATAPAR_CHECK(!o.program.empty(), "launch: no program to run. Put it after --, e.g. ",
                 "datapar launch --nproc-per-node 2 -- ./train --epochs 3");
   DATAPAR_CHECK(o.nproc_per_node >= 1, "launch: --nproc-per-node must be at least 1, not ", o.nproc_per_node, ".");
+  DATAPAR_CHECK(o.nproc_per_node <= kMaxProcesses, "launch: --nproc-per-node ", o.nproc_per_node, " is more than ",
+                kMaxProcesses, " workers on one node; use 1 .. ", kMaxProcesses, ".");
   DATAPAR_CHECK(o.nnodes >= 1, "launch: --nnodes must be at least 1, not ", o.nnodes, ".");
   DATAPAR_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "launch: --node-rank ", o.node_rank,
                 " is outside [0, ", o.nnodes, "). Number the nodes 0 .. ", o.nnodes - 1, " (0 hosts the store).");

@@ -69,7 +69,7 @@ std::string job_backend(const std::string& given) {
 
 int run_job(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main,
             const std::string& backend) {
-  DATAPAR_CHECK(nproc >= 1, "--nproc must be at least 1.");
+  DATAPAR_CHECK(nproc >= 1 && nproc <= kMaxProcesses, "--nproc ", nproc, ": use 1 .. ", kMaxProcesses, " processes.");
   if (const auto identity = identity_from_environment()) {  // under a launcher
     // mpirun and srun give the local rank under their own names; the nccl group reads
     // LOCAL_RANK (datapar/process_group/nccl.h).

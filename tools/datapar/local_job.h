@@ -9,6 +9,11 @@
 
 namespace datapar::tools {
 
+// The most processes a tool starts on one machine for one job (launch --nproc-per-node,
+// bench --nproc): far above any machine's cores, low enough that a typo is an error rather
+// than a fork bomb.
+inline constexpr int kMaxProcesses = 1024;
+
 // The backend of a tool's job: `given` if not empty, else nccl on a machine with CUDA
 // devices (in a build with the nccl backend), else default_backend() (mpi under mpirun,
 // else gloo). Call it in a rank, after the fork: asking whether CUDA devices exist starts

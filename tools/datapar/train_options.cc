@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <utility>
@@ -57,6 +58,11 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
 }
 
 namespace {
+
+// Upper bounds of the thread-count flags: far above any machine's cores, low enough that a
+// typo (--workers 100000) is an error instead of a process that exhausts its threads.
+constexpr int kMaxLoaderWorkers = 256;
+constexpr int kMaxIntraOpThreads = 1024;
 
 bool one_of(const std::string& value, std::initializer_list<const char*> names) {
   for (const char* n : names) {
@@ -122,11 +128,15 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   DATAPAR_CHECK(one_of(o.replicas, {"shared", "copy"}), "--replicas: \"", o.replicas,
                 "\" is not a replica kind.\n---> HINT: use shared (the default) or copy.");
   DATAPAR_CHECK(o.evaluate || o.epochs >= 1, "--epochs ", o.epochs, ": train for at least 1 epoch.");
-  DATAPAR_CHECK(o.lr > 0, "--lr ", o.lr, ": the learning rate must be positive (d2l uses 0.1).");
+  DATAPAR_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr ", o.lr,
+                ": the learning rate must be positive and finite (d2l uses 0.1).");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
   DATAPAR_CHECK(o.batch_size >= 1, "--batch-size ", o.batch_size, ": the batch must hold at least 1 sample.");
   DATAPAR_CHECK(o.limit >= 0, "--limit ", o.limit, ": use 0 (all samples) or a positive count.");
-  DATAPAR_CHECK(o.workers >= 0 && o.threads >= 0, "--workers and --threads must not be negative.");
+  DATAPAR_CHECK(o.workers >= 0 && o.workers <= kMaxLoaderWorkers, "--workers ", o.workers, ": use 0 .. ",
+                kMaxLoaderWorkers, " data loader threads per process.");
+  DATAPAR_CHECK(o.threads >= 0 && o.threads <= kMaxIntraOpThreads, "--threads ", o.threads, ": use 0 (default) .. ",
+                kMaxIntraOpThreads, " intra-op threads per process.");
   DATAPAR_CHECK(!(o.resume || o.evaluate || o.start_over) || !o.checkpoint_dir.empty(),
                 o.resume ? "--resume" : o.evaluate ? "--evaluate" : "--start-over",
                 " needs --checkpoint-dir: the directory that holds the checkpoints.");

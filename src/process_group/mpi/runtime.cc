@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -65,14 +66,15 @@ const char* thread_level_name(int level) {
 // Note [Finalizing without a hung peer]
 // Open MPI's MPI_Finalize waits for every process of the job (a fence), so a rank whose peer
 // hangs (SIGSTOP, a deadlock, a lost node) would wait in it forever after reporting the
-// error, and mpirun, which ends a job when a process exits without finalizing, would never
-// exit either. So finalizing is skipped when this process abandoned a request at its
-// deadline (the peer is known to be gone or stuck): the process exits, mpirun sees it leave
-// without MPI_Finalize and ends the whole job. And when no request was abandoned, a peer may
-// still hang after its last collective, so MPI_Finalize runs under a deadline: the longest
-// timeout of the groups made (a peer may legitimately lag that long, e.g. writing a
-// checkpoint) plus kFinalizeGrace; past it the process exits with status 1, saying why.
-constexpr auto kFinalizeGrace = 10s;
+// error, and mpirun, which ends a job only when a process exits without finalizing or with
+// an error, would never exit either. So MPI_Finalize runs under a deadline; past it the
+// process exits with status 1, saying why, and mpirun ends the whole job. The deadline is
+// the longest timeout of the groups made (a live peer may lag that long, e.g. writing a
+// checkpoint) plus kFinalizeGrace; when this process abandoned a request at its deadline,
+// a peer is known to be gone or stuck, so it is at most kAbandonedFinalizeWait plus the
+// grace. Live peers reach their own MPI_Finalize soon after the error they saw too.
+constexpr auto kFinalizeGrace = std::chrono::seconds(5);
+constexpr auto kAbandonedFinalizeWait = std::chrono::seconds(30);
 
 // Runs at exit when datapar initialised MPI. Operations still polling see `finalizing`
 // and leave MPI at once; one stuck inside a blocking MPI call (e.g. a subgroup's
@@ -90,9 +92,9 @@ void finalize_at_exit() {
     std::lock_guard<std::mutex> kept(s.kept_mutex);
     abandoned = !s.kept.empty();
   }
-  if (abandoned) return;  // Note [Finalizing without a hung peer]
-  const auto deadline = std::chrono::milliseconds(s.longest_timeout_ms.load()) + kFinalizeGrace;
-  std::thread([deadline] {
+  std::chrono::milliseconds wait(s.longest_timeout_ms.load());
+  if (abandoned) wait = std::min<std::chrono::milliseconds>(wait, kAbandonedFinalizeWait);
+  std::thread([deadline = wait + kFinalizeGrace] {  // Note [Finalizing without a hung peer]
     std::this_thread::sleep_for(deadline);
     static const char message[] =
         "datapar: MPI_Finalize did not return: a peer process is hung or gone; exiting without it.\n";
@@ -101,6 +103,7 @@ void finalize_at_exit() {
   }).detach();
   MPI_Finalize();
 }
+
 }  // namespace
 
 void initialize() {

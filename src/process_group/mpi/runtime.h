@@ -70,8 +70,8 @@ bool wait(MPI_Request& request, Clock::time_point deadline, const std::string& w
 void note_group_timeout(std::chrono::milliseconds timeout);
 
 // Keeps `buffer` alive until the process ends: an abandoned (timed-out) request may still
-// read or write it. It also means a peer failed: MPI_Finalize is skipped at exit (Note
-// [Finalizing without a hung peer] in runtime.cc).
+// read or write it. It also means a peer failed: MPI_Finalize at exit waits less for it
+// (Note [Finalizing without a hung peer] in runtime.cc).
 void keep_alive(const at::Tensor& buffer);
 
 // MPI's largest tag (MPI_TAG_UB, at least 32767).
