@@ -13,7 +13,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   iproute2
   gnuplot-nox
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev llvm-14
 )
 
 missing=()

@@ -122,6 +122,30 @@ std::vector<int64_t> read_header(GzReader& reader, const std::string& path, int 
   return dims;
 }
 
+// Reads `wanted` bytes into *out, shaped `dims`, and returns how many arrived. Memory
+// follows the bytes that arrive, not the header: 24 bytes of header can announce 16 GiB, so
+// past kReadChunk the data is read in chunks and joined only once it is all there.
+constexpr int64_t kReadChunk = int64_t{64} << 20;
+
+int64_t read_growing(GzReader& reader, const std::vector<int64_t>& dims, int64_t wanted, at::Tensor* out) {
+  const auto bytes = at::TensorOptions(at::kByte);
+  if (wanted <= kReadChunk) {
+    *out = at::empty(dims, bytes);
+    return reader.read(out->data_ptr<uint8_t>(), wanted);
+  }
+  std::vector<at::Tensor> chunks;
+  int64_t got = 0;
+  while (got < wanted) {
+    at::Tensor chunk = at::empty({std::min(kReadChunk, wanted - got)}, bytes);
+    const int64_t n = reader.read(chunk.data_ptr<uint8_t>(), chunk.numel());
+    got += n;
+    if (n < chunk.numel()) return got;  // ends early: the caller reports it
+    chunks.push_back(std::move(chunk));
+  }
+  *out = at::cat(chunks).view(dims);
+  return got;
+}
+
 }  // namespace
 
 std::vector<int64_t> read_idx_dims(const std::string& path, int ndims) {
@@ -145,8 +169,8 @@ at::Tensor read_idx_file(const std::string& path, int ndims, int64_t max_samples
   std::vector<int64_t> out_dims = dims;
   if (limited) out_dims[0] = max_samples;
   const int64_t wanted = out_dims[0] * sample_bytes;
-  at::Tensor out = at::empty(out_dims, at::TensorOptions(at::kByte));
-  const int64_t got = reader.read(out.data_ptr<uint8_t>(), wanted);
+  at::Tensor out;
+  const int64_t got = read_growing(reader, out_dims, wanted, &out);
   if (got < wanted) {
     throw Error(detail::str_cat(path, ": ends early: ", header_bytes + got, " of ", header_bytes + wanted,
                                 " bytes (the header announces ", dims[0], " samples",

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <zlib.h>
 
 #include <cstdint>
@@ -148,6 +149,34 @@ TEST_F(IdxFile, MaxSamplesReadsOnlyTheFirstSamples) {
   EXPECT_TRUE(at::equal(read_idx_file(dir_ + "/five.gz", 3, 1000), all));
   EXPECT_THROW_MSG(read_idx_file(dir_ + "/five.gz", 3, -1), InvalidArgumentError, "max_samples is -1");
   EXPECT_EQ(read_idx_dims(dir_ + "/five.gz", 3), (std::vector<int64_t>{5, 2, 3}));
+}
+
+// A header alone can announce 16 GiB; memory must follow the bytes that are there (found by
+// idx_fuzz: a 45-byte file asked for a 4 GiB allocation). The child may map only 256 MiB
+// more than it has, so an allocation of what the header says fails the test.
+TEST_F(IdxFile, AHugeHeaderOverFewBytesCostsOnlyTheBytes) {
+  const std::string path = dir_ + "/huge-header";
+  write_gz(path, idx_bytes(kIdxImagesMagic, {4, 16384, 16384}, /*payload=*/100));
+  const testing::ChildOutcome r = testing::run_in_child(
+      [&] {
+        std::ifstream status("/proc/self/status");
+        std::string line;
+        int64_t vm_kb = 0;
+        while (std::getline(status, line)) {
+          if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoll(line.substr(7));
+        }
+        const rlimit limit{static_cast<rlim_t>((vm_kb << 10) + (int64_t{256} << 20)), RLIM_INFINITY};
+        ::setrlimit(RLIMIT_AS, &limit);
+        try {
+          read_idx_file(path, 3);
+          return std::string("read");
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      },
+      /*limit_seconds=*/20);
+  ASSERT_TRUE(r.exited) << "signal " << r.signal;
+  EXPECT_NE(r.message.find("ends early"), std::string::npos) << r.message;
 }
 
 TEST_F(IdxFile, MaxSamplesChecksWhatItReads) {
