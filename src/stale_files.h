@@ -1,6 +1,6 @@
-// Files and directories a process names after its pid (datapar-launch-<pid>-*, the MPI
-// backend's /datapar-mpi-<pid>-* shared-memory regions) are removed by that process when it
-// ends; a process killed with SIGKILL cannot, so the next process that makes such a name
+// Files and directories a process names after its pid (datapar-launch-<pid>-*, the
+// shared-memory collectives' regions /datapar-shm-<pid>-*) are removed by that process when
+// it ends; a process killed with SIGKILL cannot, so the next process that makes such a name
 // removes those of processes that no longer exist.
 #pragma once
 

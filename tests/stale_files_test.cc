@@ -31,15 +31,15 @@ TEST(StaleFiles, RemovesEntriesOfDeadProcessesOnly) {
   const std::string live = std::to_string(::getpid());
   fs::create_directories(dir / ("datapar-launch-" + dead + "-abc/inner"));
   std::ofstream(dir / ("datapar-launch-" + dead + "-abc/inner/file")) << "x";
-  std::ofstream(dir / ("datapar-mpi-" + dead + "-0123")) << "region";
+  std::ofstream(dir / ("datapar-shm-" + dead + "-0123")) << "region";
   fs::create_directories(dir / ("datapar-launch-" + live + "-def"));
   fs::create_directories(dir / "datapar-launch-notapid-x");
   fs::create_directories(dir / ("other-" + dead + "-x"));
 
   EXPECT_EQ(remove_stale_entries(dir, "datapar-launch-"), 1);
-  EXPECT_EQ(remove_stale_entries(dir, "datapar-mpi-"), 1);
+  EXPECT_EQ(remove_stale_entries(dir, "datapar-shm-"), 1);
   EXPECT_FALSE(fs::exists(dir / ("datapar-launch-" + dead + "-abc")));
-  EXPECT_FALSE(fs::exists(dir / ("datapar-mpi-" + dead + "-0123")));
+  EXPECT_FALSE(fs::exists(dir / ("datapar-shm-" + dead + "-0123")));
   EXPECT_TRUE(fs::exists(dir / ("datapar-launch-" + live + "-def")));
   EXPECT_TRUE(fs::exists(dir / "datapar-launch-notapid-x"));
   EXPECT_TRUE(fs::exists(dir / ("other-" + dead + "-x")));

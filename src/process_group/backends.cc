@@ -19,7 +19,7 @@ std::vector<Backend> compiled_in() {
   list.push_back({"gloo", nullptr,
                   [](std::shared_ptr<Store> store, int rank, const std::vector<int>& ranks, const BackendSettings& s) {
                     return new_gloo_process_group(std::move(store), rank, static_cast<int>(ranks.size()),
-                                                  GlooOptions{s.gloo_hostname, s.timeout});
+                                                  GlooOptions{s.gloo_hostname, s.timeout, s.shared_memory});
                   }});
 #if DATAPAR_HAVE_MPI
   list.push_back({"mpi",

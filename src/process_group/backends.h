@@ -19,6 +19,7 @@ namespace datapar::detail {
 struct BackendSettings {
   std::chrono::milliseconds timeout{};
   std::string gloo_hostname;  // the address other processes reach this one on (gloo)
+  bool shared_memory = true;  // gloo: collectives through shared memory within a machine
 };
 
 // This process's place in a job whose launcher already told the backend (mpi).

@@ -34,4 +34,12 @@ void unflatten_into(const FlatGroup& group, const at::Tensor& flat, std::vector<
   }
 }
 
+void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& outputs) {
+  int64_t offset = 0;
+  for (at::Tensor& out : outputs) {
+    out.copy_(flat.narrow(0, offset, out.numel()).view(out.sizes()));
+    offset += out.numel();
+  }
+}
+
 }  // namespace datapar::detail

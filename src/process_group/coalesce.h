@@ -20,4 +20,8 @@ std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors);
 // as a widened copy) back into its tensor.
 void unflatten_into(const FlatGroup& group, const at::Tensor& flat, std::vector<at::Tensor>& tensors);
 
+// Copies consecutive numel-sized pieces of `flat` into `outputs` (an all_gather's or a
+// gather's result, rank by rank).
+void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& outputs);
+
 }  // namespace datapar::detail

@@ -121,6 +121,7 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   const std::string name = backend.empty() ? default_backend() : backend;
   s->backend = &detail::find_backend(name);  // refuse before joining the job
   s->settings.timeout = timeout;
+  if (const char* shm = std::getenv("DATAPAR_SHM")) s->settings.shared_memory = std::string(shm) != "0";
   if (s->backend->job_shape) {
     // The launcher (mpirun) connected the processes already, and the backend knows rank
     // and world size: given ones must agree with it. The store comes after the group.

@@ -258,8 +258,8 @@ TEST(GlooProcessGroup, RejectsWhatItCannotDo) {
 }
 
 // A peer killed mid-job makes the others fail within the timeout, naming the operation and
-// the peer.
-TEST(GlooProcessGroup, AKilledPeerFailsTheOthersInsteadOfHanging) {
+// the peer (`names_it`: how the survivors' error names rank 2).
+void kill_a_peer_mid_job(bool shared_memory, const std::string& names_it) {
   const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
   std::vector<pid_t> pids;
   for (int rank = 0; rank < 3; ++rank) {
@@ -268,7 +268,7 @@ TEST(GlooProcessGroup, AKilledPeerFailsTheOthersInsteadOfHanging) {
       int code = 0;
       try {
         Rendezvous rdzv = rendezvous(url, rank, 3, 30s, no_env);
-        auto group = new_gloo_process_group(rdzv.store, rank, 3, {"127.0.0.1", 20s});
+        auto group = new_gloo_process_group(rdzv.store, rank, 3, {"127.0.0.1", 20s, shared_memory});
         at::Tensor t = at::ones({16});
         group->all_reduce(t)->wait();  // all three together once
         if (rank == 2) ::raise(SIGKILL);
@@ -279,7 +279,7 @@ TEST(GlooProcessGroup, AKilledPeerFailsTheOthersInsteadOfHanging) {
           // The operation and the dead peer, by rank.
           const std::string what = e.what();
           code = what.find("all_reduce(sum) on rank") != std::string::npos &&
-                         what.find("Rank 2 did not report this failure") != std::string::npos
+                         what.find(names_it) != std::string::npos
                      ? 0
                      : 11;
           if (code != 0) std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
@@ -302,6 +302,16 @@ TEST(GlooProcessGroup, AKilledPeerFailsTheOthersInsteadOfHanging) {
     ASSERT_TRUE(WIFEXITED(status[i])) << "rank " << i;
     EXPECT_EQ(WEXITSTATUS(status[i]), 0) << "rank " << i << " (10: succeeded, 11: unclear message, 12: timeout, 13: other)";
   }
+}
+
+// Over TCP, the survivors learn which rank is gone by a roll call through the store.
+TEST(GlooProcessGroup, AKilledPeerFailsTheOthersInsteadOfHanging) {
+  kill_a_peer_mid_job(/*shared_memory=*/false, "Rank 2 did not report this failure");
+}
+
+// In shared memory, the survivors see its process exit while they wait for it.
+TEST(GlooProcessGroup, AKilledPeerFailsTheOthersInSharedMemoryToo) {
+  kill_a_peer_mid_job(/*shared_memory=*/true, "Rank 2 (process ");
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ TEST(MpiProcessGroup, EveryReduceOp) {
   }
 }
 
-// Past 256 KiB an all_reduce goes through shared memory (shm_all_reduce.cc), or around the
+// Past 256 KiB an all_reduce goes through shared memory (shm/shm_collectives.cc), or around the
 // ring (ring.cc) where the processes share none; CTest runs this file both ways
 // (DATAPAR_MPI_SHM=0 for the ring). Sizes not divisible by the world size, the ring's
 // segment or the shared memory's round, every reducible dtype and op, values that differ by
@@ -128,7 +128,7 @@ std::vector<std::string> shared_memory_mappings() {
   std::ifstream maps("/proc/self/maps");
   std::vector<std::string> mapped;
   for (std::string line; std::getline(maps, line);) {
-    if (line.find("/dev/shm/datapar-mpi-") != std::string::npos) mapped.push_back(line);
+    if (line.find("/dev/shm/datapar-shm-") != std::string::npos) mapped.push_back(line);
   }
   return mapped;
 }

@@ -107,6 +107,11 @@ struct GlooOptions {
   std::string hostname;
   // Limit for connecting and for every collective.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // When every member runs on this machine, all_reduce, reduce_scatter, all_gather,
+  // broadcast and barrier go through one shared-memory region instead of TCP (several times
+  // faster; Note [Shared-memory collectives] in src/process_group/shm/shm_collectives.cc).
+  // false on any member: TCP for everything. init_process_group: $DATAPAR_SHM=0 turns it off.
+  bool shared_memory = true;
 };
 
 // A Gloo process group of `size` processes, this one being `rank`, meeting through `store`

@@ -9,6 +9,11 @@
 
 namespace datapar::detail {
 
+// Gloo's TCP transport alone: the group new_gloo_process_group() wraps in shared memory
+// (shm/shared_memory_group.h). Defined in linked.cc or plugin_loader.cc.
+std::shared_ptr<ProcessGroup> new_gloo_tcp_group(std::shared_ptr<Store> store, int rank, int size,
+                                                 GlooOptions options);
+
 // Defined in process_group.cc, next to the backend itself.
 std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                       GlooOptions options);

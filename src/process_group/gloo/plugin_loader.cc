@@ -63,11 +63,11 @@ const GlooPluginApi& plugin() {
 
 std::string gloo_library() { return plugin().library(); }
 
-}  // namespace detail
-
-std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
-                                                     GlooOptions options) {
-  return detail::plugin().make_process_group(std::move(store), rank, size, std::move(options));
+std::shared_ptr<ProcessGroup> new_gloo_tcp_group(std::shared_ptr<Store> store, int rank, int size,
+                                                 GlooOptions options) {
+  return plugin().make_process_group(std::move(store), rank, size, std::move(options));
 }
+
+}  // namespace detail
 
 }  // namespace datapar

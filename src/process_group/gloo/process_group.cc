@@ -46,6 +46,7 @@ using detail::check_peer;
 using detail::check_root;
 using detail::check_tensor;
 using detail::str_cat;
+using detail::unflatten;
 
 // Gloo's rendezvous talks to our Store through this.
 class GlooStore : public gloo::rendezvous::Store {
@@ -347,15 +348,6 @@ class ProcessGroupGloo : public ProcessGroup {
       case at::kBFloat16: return run(buffer.data_ptr<c10::BFloat16>(), n, reducer<c10::BFloat16>(op));
       default:
         throw InvalidArgumentError(str_cat("reductions of ", buffer.scalar_type(), " tensors are not supported."));
-    }
-  }
-
-  // Copies consecutive numel-sized pieces of `flat` into `outputs`.
-  static void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& outputs) {
-    int64_t offset = 0;
-    for (at::Tensor& out : outputs) {
-      out.copy_(flat.narrow(0, offset, out.numel()).view(out.sizes()));
-      offset += out.numel();
     }
   }
 

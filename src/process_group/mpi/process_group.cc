@@ -13,10 +13,14 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
@@ -24,9 +28,9 @@
 #include "process_group/coalesce.h"
 #include "process_group/mpi/ring.h"
 #include "process_group/mpi/runtime.h"
-#include "process_group/mpi/shm_all_reduce.h"
 #include "process_group/mpi/types.h"
 #include "process_group/ordered_runner.h"
+#include "process_group/shm/shm_collectives.h"
 
 namespace datapar {
 namespace {
@@ -46,7 +50,7 @@ using detail::mpi::mpi_count;
 using detail::mpi::reduce_op;
 using detail::mpi::reduce_type;
 using detail::mpi::reducible;
-using detail::mpi::unflatten;
+using detail::unflatten;
 namespace mpi = detail::mpi;
 
 double seconds(std::chrono::milliseconds d) { return std::chrono::duration<double>(d).count(); }
@@ -77,7 +81,7 @@ class ProcessGroupMpi : public ProcessGroup {
  public:
   // `comm`: the group's communicator; `ring_comm`: a duplicate for the ring all-reduce;
   // `shm`: the members' shared memory, where they all run on one machine (else null).
-  ProcessGroupMpi(MPI_Comm comm, MPI_Comm ring_comm, std::unique_ptr<mpi::ShmAllReduce> shm, int rank, int size,
+  ProcessGroupMpi(MPI_Comm comm, MPI_Comm ring_comm, std::unique_ptr<detail::shm::ShmCollectives> shm, int rank, int size,
                   std::chrono::milliseconds timeout)
       : ProcessGroup(rank, size),
         comm_(comm),
@@ -347,15 +351,22 @@ class ProcessGroupMpi : public ProcessGroup {
   }
 
   // Large buffers go through shared memory within a machine (Note [Shared-memory
-  // all-reduce] in shm_all_reduce.cc), around the ring otherwise (Note [Ring all-reduce] in
+  // collectives] in shm/shm_collectives.cc), around the ring otherwise (Note [Ring all-reduce] in
   // ring.cc); small ones through MPI_Iallreduce, which has the lower latency.
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
     const int count = mpi_count(buffer.numel(), what);
     if (size() > 1 && static_cast<int64_t>(buffer.nbytes()) >= mpi::kRingMinBytes) {
       at::Tensor flat = buffer.view({-1});
-      const mpi::Clock::time_point deadline = mpi::Clock::now() + timeout_;
-      const bool done = shm_ ? shm_->all_reduce(flat, op, deadline, what) : ring_.all_reduce(flat, op, deadline, what);
-      if (!done) abandon(what, {buffer, ring_.scratch()});
+      if (shm_) {
+        try {
+          shm_->all_reduce(flat.data_ptr(), flat.numel(), flat.scalar_type(), op, what);
+        } catch (const datapar::Error&) {
+          broken_ = what;
+          throw;
+        }
+      } else if (!ring_.all_reduce(flat, op, mpi::Clock::now() + timeout_, what)) {
+        abandon(what, {buffer, ring_.scratch()});
+      }
     } else {
       run(what, {buffer}, [&](MPI_Request* request) {
         return MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), count, reduce_type(buffer), reduce_op(op), comm(),
@@ -396,13 +407,45 @@ class ProcessGroupMpi : public ProcessGroup {
   Communicator comm_;
   Communicator ring_comm_;
   mpi::Ring ring_;                          // only the runner thread uses it
-  std::unique_ptr<mpi::ShmAllReduce> shm_;  // likewise; null: the ring takes large buffers
+  std::unique_ptr<detail::shm::ShmCollectives> shm_;  // likewise; null: the ring takes large buffers
   std::chrono::milliseconds timeout_;
   std::string broken_;  // the collective that timed out; only the runner thread uses it
   // Declared last: stopped first, so queued operations finish while the communicator lives.
   detail::OrderedRunner collectives_{"mpi"};
   // Point-to-point operations are posted at once; this thread only waits for them, in order.
   detail::OrderedRunner p2p_{"mpi"};
+};
+
+// The shared-memory collectives' setup over MPI itself (an MPI group may have no store).
+class MpiExchange final : public detail::shm::Exchange {
+ public:
+  MpiExchange(MPI_Comm comm, std::string what) : comm_(comm), what_(std::move(what)) {}
+
+  std::vector<std::string> all_gather(const std::string& mine, detail::shm::Clock::time_point deadline) override {
+    int size = 0;
+    MPI_Comm_size(comm_, &size);
+    // On the heap: a collective abandoned at the deadline may still write into it.
+    auto blocks = std::make_unique<std::vector<char>>(static_cast<size_t>(size + 1) * kBlock, '\0');
+    DATAPAR_INTERNAL_ASSERT(mine.size() < kBlock);
+    std::memcpy(blocks->data(), mine.data(), mine.size());
+    MPI_Request request = MPI_REQUEST_NULL;
+    mpi::check(MPI_Iallgather(blocks->data(), kBlock, MPI_CHAR, blocks->data() + kBlock, kBlock, MPI_CHAR, comm_,
+                              &request),
+               what_);
+    if (!mpi::wait(request, deadline, what_)) {
+      static_cast<void>(blocks.release());  // leaked: the abandoned collective may still write into it
+      throw TimeoutError(str_cat(what_, ": the other members stopped answering while their shared memory was set up."));
+    }
+    std::vector<std::string> texts;
+    for (int r = 0; r < size; ++r) texts.emplace_back(blocks->data() + (r + 1) * kBlock);
+    return texts;
+  }
+
+ private:
+  static constexpr int kBlock = 256;
+  static_assert(detail::shm::Exchange::kMaxText < kBlock, "a text and its terminating zero fit a block");
+  MPI_Comm comm_;
+  std::string what_;
 };
 
 // Members of one MPI_Comm_create_group call share this tag; they call it in the same
@@ -471,8 +514,13 @@ std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& rank
   int size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  std::unique_ptr<mpi::ShmAllReduce> shm;
-  if (size > 1) shm = mpi::ShmAllReduce::create(ring_comm, mpi::Clock::now() + options.timeout, what);
+  std::unique_ptr<detail::shm::ShmCollectives> shm;
+  if (size > 1) {
+    MpiExchange exchange(ring_comm, what);
+    const char* wanted = std::getenv("DATAPAR_MPI_SHM");
+    shm = detail::shm::ShmCollectives::create(exchange, rank, size, wanted == nullptr || std::strcmp(wanted, "0") != 0,
+                                              options.timeout, [](const std::string& w) { mpi::throw_if_finalizing(w); });
+  }
   return std::make_shared<ProcessGroupMpi>(comm, ring_comm, std::move(shm), rank, size, options.timeout);
 }
 

@@ -11,23 +11,18 @@
 
 #include "datapar/process_group/process_group.h"
 #include "process_group/mpi/runtime.h"  // <mpi.h>, C API only
+#include "process_group/reduce.h"
 
 namespace datapar::detail::mpi {
 
-// Throws InvalidArgumentError naming `what` unless the tensor's dtype can be reduced.
-void check_reducible(const at::Tensor& tensor, const char* what);
-
-// A contiguous tensor MPI can reduce: float16 and bfloat16 widened to float32, others
-// contiguous (the tensor itself when it is contiguous already).
-at::Tensor reducible(const at::Tensor& tensor);
+// Reductions on the host: process_group/reduce.h.
+using detail::check_reducible;
+using detail::reduce_into;
+using detail::reducible;
 
 // MPI's type for a reducible buffer's dtype, and MPI's op (kAvg: sum, divided afterwards).
 MPI_Datatype reduce_type(const at::Tensor& buffer);
 MPI_Op reduce_op(ReduceOp op);
-
-// dst[0, n) op= src[0, n) for n elements of `type`, which must be float32/64 or int32/64
-// (kAvg: the sum; the caller divides).
-void reduce_into(void* dst, const void* src, int64_t n, at::ScalarType type, ReduceOp op);
 
 // `count` as an MPI count. Throws InvalidArgumentError naming `what` past INT_MAX.
 int mpi_count(int64_t count, const std::string& what);
@@ -38,8 +33,5 @@ struct Moved {
   int count;
 };
 Moved moved(const at::Tensor& buffer, int64_t numel, const std::string& what);
-
-// Copies consecutive numel-sized pieces of `flat` into `outputs`.
-void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& outputs);
 
 }  // namespace datapar::detail::mpi

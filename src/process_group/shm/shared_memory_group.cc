@@ -1,0 +1,189 @@
+// See shared_memory_group.h.
+#include "process_group/shm/shared_memory_group.h"
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "datapar/error.h"
+#include "process_group/checks.h"
+#include "process_group/coalesce.h"
+#include "process_group/ordered_runner.h"
+#include "process_group/reduce.h"
+#include "process_group/shm/shm_collectives.h"
+#include "process_group/shm/store_exchange.h"
+
+namespace datapar::detail {
+namespace {
+
+using shm::ShmCollectives;
+
+class SharedMemoryGroup final : public ProcessGroup {
+ public:
+  SharedMemoryGroup(std::shared_ptr<ProcessGroup> transport, std::unique_ptr<ShmCollectives> shm)
+      : ProcessGroup(transport->rank(), transport->size()),
+        transport_(std::move(transport)),
+        shm_(std::move(shm)),
+        backend_(transport_->backend()),
+        collectives_(backend_) {}
+
+  std::string backend() const override { return backend_; }
+
+  std::shared_ptr<Work> all_reduce(at::Tensor tensor, ReduceOp op) override {
+    check(tensor, "all_reduce");
+    check_reducible(tensor, "all_reduce");
+    check_avg(op, tensor, "all_reduce");
+    const std::string what = describe(str_cat("all_reduce(", to_string(op), ")"));
+    return collectives_.push(what, [this, tensor, op, what]() mutable {
+      at::Tensor buffer = reducible(tensor);
+      all_reduce_in_place(buffer, op, what);
+      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+    });
+  }
+
+  std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op) override {
+    for (const at::Tensor& t : tensors) {
+      check(t, "all_reduce_coalesced");
+      check_reducible(t, "all_reduce_coalesced");
+      check_avg(op, t, "all_reduce_coalesced", /*plural=*/true);
+    }
+    const std::string what =
+        describe(str_cat("all_reduce_coalesced(", to_string(op), ", ", tensors.size(), " tensors)"));
+    return collectives_.push(what, [this, tensors, op, what]() mutable {
+      for (const FlatGroup& group : flatten_by_dtype(tensors)) {
+        at::Tensor buffer = reducible(group.flat);
+        all_reduce_in_place(buffer, op, what);
+        unflatten_into(group, buffer, tensors);
+      }
+    });
+  }
+
+  std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) override {
+    check(output, "reduce_scatter");
+    check_like(inputs, output, size(), "reduce_scatter", "inputs");
+    check_reducible(output, "reduce_scatter");
+    check_avg(op, output, "reduce_scatter");
+    const std::string what = describe(str_cat("reduce_scatter(", to_string(op), ")"));
+    return collectives_.push(what, [this, output, inputs, op, what]() mutable {
+      std::vector<at::Tensor> flat_inputs;
+      for (const at::Tensor& t : inputs) flat_inputs.push_back(t.reshape({-1}));
+      const at::Tensor in = reducible(at::cat(flat_inputs));  // (size * numel,), rank order
+      at::Tensor out = at::empty({output.numel()}, in.options());
+      shm_->reduce_scatter(in.data_ptr(), out.data_ptr(), out.numel(), out.scalar_type(), op, what);
+      if (op == ReduceOp::kAvg) out.div_(size());
+      output.copy_(out.view_as(output));
+    });
+  }
+
+  std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input) override {
+    check(input, "all_gather");
+    check_like(outputs, input, size(), "all_gather", "outputs");
+    const std::string what = describe("all_gather");
+    return collectives_.push(what, [this, outputs, input, what]() mutable {
+      const at::Tensor in = input.contiguous();
+      at::Tensor flat = at::empty({size() * in.numel()}, in.options());  // (size * numel,), rank order
+      shm_->all_gather(in.data_ptr(), flat.data_ptr(), in.nbytes(), what);
+      unflatten(flat, outputs);
+    });
+  }
+
+  std::shared_ptr<Work> broadcast(at::Tensor tensor, int root) override {
+    check(tensor, "broadcast");
+    check_root(root, size(), "broadcast");
+    const std::string what = describe(str_cat("broadcast(root ", root, ")"));
+    return collectives_.push(what, [this, tensor, root, what]() mutable {
+      at::Tensor buffer = tensor.contiguous();
+      shm_->broadcast(buffer.data_ptr(), buffer.nbytes(), root, what);
+      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+    });
+  }
+
+  std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root) override {
+    for (const at::Tensor& t : tensors) check(t, "broadcast_coalesced");
+    check_root(root, size(), "broadcast_coalesced");
+    const std::string what = describe(str_cat("broadcast_coalesced(root ", root, ", ", tensors.size(), " tensors)"));
+    return collectives_.push(what, [this, tensors, root, what]() mutable {
+      for (const FlatGroup& group : flatten_by_dtype(tensors)) {
+        shm_->broadcast(group.flat.data_ptr(), group.flat.nbytes(), root, what);
+        if (rank() != root) unflatten_into(group, group.flat, tensors);
+      }
+    });
+  }
+
+  std::shared_ptr<Work> barrier() override {
+    const std::string what = describe("barrier");
+    return collectives_.push(what, [this, what] { shm_->barrier(what); });
+  }
+
+  // No shared-memory algorithm: the transport's, started when its turn comes in this
+  // group's order. The arguments are checked here, so that a bad call fails at once.
+  std::shared_ptr<Work> reduce(at::Tensor tensor, int root, ReduceOp op) override {
+    check(tensor, "reduce");
+    check_root(root, size(), "reduce");
+    check_avg(op, tensor, "reduce");
+    return through_transport(str_cat("reduce(", to_string(op), ", root ", root, ")"),
+                             [=] { return transport_->reduce(tensor, root, op); });
+  }
+  std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) override {
+    check(input, "gather");
+    check_root(root, size(), "gather");
+    if (rank() == root) check_like(outputs, input, size(), "gather", "outputs on the root");
+    return through_transport(str_cat("gather(root ", root, ")"),
+                             [=] { return transport_->gather(outputs, input, root); });
+  }
+  std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) override {
+    check(output, "scatter");
+    check_root(root, size(), "scatter");
+    if (rank() == root) check_like(inputs, output, size(), "scatter", "inputs on the root");
+    return through_transport(str_cat("scatter(root ", root, ")"),
+                             [=] { return transport_->scatter(output, inputs, root); });
+  }
+  std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) override {
+    check(input, "all_to_all");
+    check(output, "all_to_all");
+    check_all_to_all(output, input, size());
+    return through_transport("all_to_all", [=] { return transport_->all_to_all(output, input); });
+  }
+
+  // Point to point is not ordered with the collectives: straight to the transport.
+  std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag) override { return transport_->send(tensor, dst, tag); }
+  std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag) override { return transport_->recv(tensor, src, tag); }
+
+ private:
+  void check(const at::Tensor& tensor, const char* what) const { check_tensor(tensor, what, backend_.c_str()); }
+
+  std::string describe(const std::string& what) const {
+    return str_cat(what, " on rank ", rank(), " of ", size(), " (", backend_, ", shared memory)");
+  }
+
+  void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
+    shm_->all_reduce(buffer.data_ptr(), buffer.numel(), buffer.scalar_type(), op, what);
+    if (op == ReduceOp::kAvg) buffer.div_(size());
+  }
+
+  std::shared_ptr<Work> through_transport(const std::string& what, std::function<std::shared_ptr<Work>()> start) {
+    return collectives_.push(describe(what), [start = std::move(start)] { start()->wait(); });
+  }
+
+  std::shared_ptr<ProcessGroup> transport_;
+  std::unique_ptr<ShmCollectives> shm_;  // only the runner's thread uses it
+  std::string backend_;
+  // Declared last: stopped first, so queued operations finish while the region is mapped.
+  OrderedRunner collectives_;
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> with_shared_memory(std::shared_ptr<ProcessGroup> transport, std::shared_ptr<Store> store,
+                                                 bool wanted, std::chrono::milliseconds timeout) {
+  if (transport->size() == 1) return transport;
+  shm::StoreExchange exchange(std::move(store), transport->rank(), transport->size());
+  std::unique_ptr<ShmCollectives> shm =
+      ShmCollectives::create(exchange, transport->rank(), transport->size(), wanted, timeout);
+  if (shm == nullptr) return transport;
+  return std::make_shared<SharedMemoryGroup>(std::move(transport), std::move(shm));
+}
+
+}  // namespace datapar::detail

@@ -1,0 +1,100 @@
+// Collectives through one shared-memory region that every member of a group maps, when all
+// of them run on one machine: all_reduce, reduce_scatter, all_gather, broadcast and
+// barrier, with no messages and no copies through the kernel (Note [Shared-memory
+// collectives] in shm_collectives.cc). Independent of the transport: set up over an
+// Exchange, used by the Gloo backend (shared_memory_group.h) and by the MPI backend.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "datapar/process_group/process_group.h"
+#include "process_group/shm/exchange.h"
+
+namespace datapar::detail::shm {
+
+class ShmCollectives {
+ public:
+  // Called while waiting for the others; may throw to give up (MPI: once it is finalised).
+  using KeepGoing = std::function<void(const std::string& what)>;
+
+  // Collective over `exchange` (every member calls it): maps one region that every member
+  // shares, or returns nullptr on every member when that is impossible (members on
+  // different machines, or in different mount, pid or network namespaces; /dev/shm
+  // missing or full) or not wanted (`wanted` false on any member). The region has no name
+  // once this returns, so nothing is left in /dev/shm whatever happens to the processes.
+  // Operations fail after `timeout`. Throws TimeoutError when the members do not all take
+  // part within `timeout`.
+  static std::unique_ptr<ShmCollectives> create(Exchange& exchange, int rank, int size, bool wanted,
+                                                std::chrono::milliseconds timeout, KeepGoing keep_going = {});
+
+  ~ShmCollectives();  // unmaps the region; local, never waits for the other members
+  ShmCollectives(const ShmCollectives&) = delete;
+  ShmCollectives& operator=(const ShmCollectives&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // The operations. Every member calls them in the same order, one thread at a time. `what`
+  // names the operation in errors ("all_reduce(sum) on rank 1 of 2 (gloo)"). They throw
+  // TimeoutError naming the members that did not arrive within the timeout, or CommError
+  // naming a member whose process exited; from then on the object is unusable and every
+  // call throws CommError.
+  // Types: reductions take float32/64 or int32/64 (kAvg: the sum; the caller divides); the
+  // others move bytes.
+
+  // data[0, count) reduced over the members, in place; every member gets the same bits.
+  void all_reduce(void* data, int64_t count, c10::ScalarType type, ReduceOp op, const std::string& what);
+
+  // input: size() blocks of `count` elements; output[0, count) = block rank() reduced over
+  // the members. Each member reads only the blocks it reduces: bandwidth-optimal.
+  void reduce_scatter(const void* input, void* output, int64_t count, c10::ScalarType type, ReduceOp op,
+                      const std::string& what);
+
+  // output: size() blocks of `bytes`; block r receives member r's input.
+  void all_gather(const void* input, void* output, size_t bytes, const std::string& what);
+
+  // data[0, bytes) of member `root` copied to every member's data.
+  void broadcast(void* data, size_t bytes, int root, const std::string& what);
+
+  // Returns once every member called it.
+  void barrier(const std::string& what);
+
+ private:
+  struct Flags;
+  ShmCollectives(void* base, size_t bytes, int rank, int size, std::vector<int> pidfds, std::vector<int> pids,
+                 std::chrono::milliseconds timeout, KeepGoing keep_going);
+  Flags& flags(int rank) const;
+  char* slot(int rank, int set) const;
+  // Starts round number ++generation_: returns the slot set it uses.
+  int begin_round();
+  // Raises this member's counter `which` (kArrived or kDone) to the round's generation and
+  // waits until every member's reached it. Throws as the operations do.
+  void meet(int which, const std::string& what);
+  void check_usable(const std::string& what) const;
+  [[noreturn]] void fail_timeout(int late, const std::string& what);
+  [[noreturn]] void fail_exited(int gone, const std::string& what);
+  bool exited(int member) const;
+
+  void* base_;
+  size_t bytes_;
+  int rank_;
+  int size_;
+  size_t slot_bytes_;
+  std::vector<int> pidfds_;  // per member: a pidfd to see it exit, or -1 (this process; none)
+  std::vector<int> pids_;
+  std::chrono::milliseconds timeout_;
+  KeepGoing keep_going_;
+  uint32_t generation_ = 0;      // rounds done (modulo 2^32); the same on every member
+  Clock::time_point deadline_;   // the current operation's
+  std::string broken_;           // why the object is unusable; empty while it is usable
+};
+
+}  // namespace datapar::detail::shm

@@ -1,0 +1,229 @@
+// The shared-memory collectives (src/process_group/shm) under a Gloo group whose members
+// share this machine: results, the choice between shared memory and TCP, and failures.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "datapar/error.h"
+#include "datapar/process_group/process_group.h"
+#include "datapar/rendezvous/tcp_store.h"
+#include "process_group/shm/shm_collectives.h"
+#include "testing/expect_throw.h"
+
+namespace datapar {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs fn(rank, group) on `size` threads, each a rank of one Gloo group made with
+// options(rank), then a barrier (`meet_at_end`); the store's server lives on this thread,
+// on a port the kernel chose.
+void run_ranks(int size, const std::function<GlooOptions(int)>& options,
+               const std::function<void(int, ProcessGroup&)>& fn, bool meet_at_end = true) {
+  TcpStore server({"127.0.0.1", 0, true, "", 30s});
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto store = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", server.port(), false, "", 30s});
+        auto group = new_gloo_process_group(store, rank, size, options(rank));
+        fn(rank, *group);
+        if (meet_at_end) group->barrier()->wait();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << rank << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+GlooOptions local(int) { return {"127.0.0.1", 30s}; }
+
+bool through_shared_memory(const Work& work) { return work.what().find("shared memory") != std::string::npos; }
+
+// Sizes past one slot (2 MiB at these world sizes) take several rounds.
+constexpr int64_t kLarge = 700'000;
+
+TEST(SharedMemory, AllReduceMatchesTheArithmeticForEveryOpAndDtype) {
+  for (int n : {2, 3}) {
+    run_ranks(n, local, [n](int rank, ProcessGroup& group) {
+      for (auto dtype : {at::kFloat, at::kDouble, at::kInt, at::kLong, at::kHalf, at::kBFloat16}) {
+        const auto opts = at::TensorOptions().dtype(dtype);
+        at::Tensor t = at::full({5}, rank + 1, opts);
+        auto work = group.all_reduce(t);
+        work->wait();
+        EXPECT_TRUE(through_shared_memory(*work)) << work->what();
+        EXPECT_TRUE(at::equal(t, at::full({5}, n * (n + 1) / 2, opts))) << dtype << " at " << n << ": " << t;
+        at::Tensor low = at::full({5}, rank + 1, opts);
+        group.all_reduce(low, ReduceOp::kMin)->wait();
+        EXPECT_TRUE(at::equal(low, at::full({5}, 1, opts))) << dtype;
+        at::Tensor high = at::full({5}, rank + 1, opts);
+        group.all_reduce(high, ReduceOp::kMax)->wait();
+        EXPECT_TRUE(at::equal(high, at::full({5}, n, opts))) << dtype;
+        at::Tensor product = at::full({5}, rank + 1, opts);
+        group.all_reduce(product, ReduceOp::kProduct)->wait();
+        EXPECT_TRUE(at::equal(product, at::full({5}, n == 2 ? 2 : 6, opts))) << dtype;
+      }
+      // Several rounds, values that differ per element and rank, averaged.
+      at::Tensor big = at::arange(kLarge, at::kDouble) * (rank + 1);
+      group.all_reduce(big, ReduceOp::kAvg)->wait();
+      EXPECT_TRUE(at::allclose(big, at::arange(kLarge, at::kDouble) * ((n + 1) / 2.0)));
+      // Not contiguous: reduced through a copy, written back in place.
+      at::Tensor wide = at::ones({4, 6}, at::kFloat).t();
+      group.all_reduce(wide)->wait();
+      EXPECT_TRUE(at::equal(wide, at::full({6, 4}, n, at::kFloat)));
+    });
+  }
+}
+
+TEST(SharedMemory, EveryMemberGetsTheSameBits) {
+  run_ranks(3, local, [](int rank, ProcessGroup& group) {
+    at::manual_seed(rank);
+    at::Tensor t = at::randn({kLarge});
+    group.all_reduce(t)->wait();
+    std::vector<at::Tensor> all = {at::empty_like(t), at::empty_like(t), at::empty_like(t)};
+    group.all_gather(all, t)->wait();
+    EXPECT_TRUE(at::equal(all[0], all[1]) && at::equal(all[1], all[2]));
+  });
+}
+
+TEST(SharedMemory, ReduceScatterAllGatherAndBroadcastMoveEveryByte) {
+  for (int n : {2, 3}) {
+    run_ranks(n, local, [n](int rank, ProcessGroup& group) {
+      // reduce_scatter: block d of rank q holds (q + 1) * (arange + d); rank r receives block r summed.
+      std::vector<at::Tensor> inputs;
+      for (int d = 0; d < n; ++d) inputs.push_back((at::arange(kLarge, at::kLong) + d) * (rank + 1));
+      at::Tensor out = at::empty({kLarge}, at::kLong);
+      auto work = group.reduce_scatter(out, inputs);
+      work->wait();
+      EXPECT_TRUE(through_shared_memory(*work));
+      EXPECT_TRUE(at::equal(out, (at::arange(kLarge, at::kLong) + rank) * (n * (n + 1) / 2)));
+      at::Tensor mean = at::empty({3}, at::kFloat);
+      std::vector<at::Tensor> small;
+      for (int d = 0; d < n; ++d) small.push_back(at::full({3}, static_cast<float>(rank + d)));
+      group.reduce_scatter(mean, small, ReduceOp::kAvg)->wait();
+      EXPECT_TRUE(at::allclose(mean, at::full({3}, (n - 1) / 2.0 + rank)));
+
+      // all_gather, several rounds, of a non-contiguous input.
+      at::Tensor mine = (at::arange(2 * kLarge, at::kInt) + rank).view({kLarge, 2}).t();
+      std::vector<at::Tensor> gathered;
+      for (int r = 0; r < n; ++r) gathered.push_back(at::empty({2, kLarge}, at::kInt));
+      group.all_gather(gathered, mine)->wait();
+      for (int r = 0; r < n; ++r) {
+        EXPECT_TRUE(at::equal(gathered[r], (at::arange(2 * kLarge, at::kInt) + r).view({kLarge, 2}).t())) << r;
+      }
+
+      // broadcast from the last rank, several rounds; bytes of any dtype.
+      at::Tensor b = rank == n - 1 ? at::arange(kLarge, at::kDouble) : at::zeros({kLarge}, at::kDouble);
+      group.broadcast(b, n - 1)->wait();
+      EXPECT_TRUE(at::equal(b, at::arange(kLarge, at::kDouble)));
+      at::Tensor flags = at::full({9}, rank == 0, at::kBool);
+      group.broadcast(flags, 0)->wait();
+      EXPECT_TRUE(flags.all().item<bool>());
+
+      // Coalesced: dtypes mixed, each travels as one buffer.
+      std::vector<at::Tensor> mixed = {at::full({2}, rank, at::kFloat), at::full({3}, rank, at::kLong),
+                                       at::full({4}, rank, at::kFloat)};
+      group.all_reduce_coalesced(mixed)->wait();
+      for (const at::Tensor& t : mixed) EXPECT_EQ(t.sum().item<double>(), t.numel() * n * (n - 1) / 2.0);
+      std::vector<at::Tensor> params = {at::full({2}, rank, at::kFloat), at::full({2, 2}, rank, at::kDouble)};
+      group.broadcast_coalesced(params, 1)->wait();
+      for (const at::Tensor& t : params) EXPECT_TRUE(at::equal(t, at::ones_like(t)));
+
+      // What shared memory does not do goes through TCP, in order with the rest.
+      at::Tensor r = at::full({4}, rank, at::kFloat);
+      group.reduce(r, 0)->wait();
+      if (rank == 0) EXPECT_TRUE(at::equal(r, at::full({4}, n * (n - 1) / 2, at::kFloat)));
+      at::Tensor sent = at::arange(n, at::kFloat) + 10 * rank;
+      at::Tensor received = at::empty({n}, at::kFloat);
+      group.all_to_all(received, sent)->wait();
+      EXPECT_TRUE(at::equal(received, at::arange(n, at::kFloat) * 10 + rank));
+      group.barrier()->wait();
+    });
+  }
+}
+
+TEST(SharedMemory, AnyMemberCanTurnItOffForAll) {
+  run_ranks(
+      2, [](int rank) { return GlooOptions{"127.0.0.1", 30s, /*shared_memory=*/rank == 0}; },
+      [](int rank, ProcessGroup& group) {
+        at::Tensor t = at::full({3}, rank + 1, at::kFloat);
+        auto work = group.all_reduce(t);
+        work->wait();
+        EXPECT_FALSE(through_shared_memory(*work)) << work->what();
+        EXPECT_TRUE(at::equal(t, at::full({3}, 3, at::kFloat)));
+      });
+}
+
+// The region has a name only while the group is made (a crash leaves nothing behind).
+TEST(SharedMemory, NothingIsLeftInDevShm) {
+  const std::string prefix = "datapar-shm-" + std::to_string(::getpid()) + "-";
+  const auto ours = [&] {
+    int found = 0;
+    if (DIR* dir = ::opendir("/dev/shm")) {
+      while (const dirent* entry = ::readdir(dir)) found += std::string(entry->d_name).rfind(prefix, 0) == 0;
+      ::closedir(dir);
+    }
+    return found;
+  };
+  run_ranks(2, local, [&](int rank, ProcessGroup& group) {
+    at::Tensor t = at::ones({3});
+    group.all_reduce(t)->wait();
+    EXPECT_EQ(ours(), 0);
+  });
+}
+
+TEST(SharedMemory, AMemberThatNeverArrivesIsNamedAtTheTimeout) {
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  run_ranks(
+      2, [](int) { return GlooOptions{"127.0.0.1", 1s}; },
+      [&](int rank, ProcessGroup& group) {
+        if (rank == 1) {
+          done.wait();  // never joins the all_reduce
+          return;
+        }
+        at::Tensor t = at::ones({3});
+        const auto start = std::chrono::steady_clock::now();
+        EXPECT_THROW_MSG(group.all_reduce(t)->wait(), TimeoutError, "rank 1 did not arrive");
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+        EXPECT_THROW_MSG(group.all_reduce(t)->wait(), CommError, "unusable since an earlier collective failed");
+        rank0_done.set_value();
+      },
+      /*meet_at_end=*/false);
+}
+
+// Members that are not all on one machine (here: one says it is elsewhere) get no region,
+// and nothing is made.
+class ScriptedExchange final : public detail::shm::Exchange {
+ public:
+  explicit ScriptedExchange(std::string other) : other_(std::move(other)) {}
+  std::vector<std::string> all_gather(const std::string& mine, detail::shm::Clock::time_point) override {
+    ++rounds;
+    return {mine, other_};
+  }
+  int rounds = 0;
+
+ private:
+  std::string other_;
+};
+
+TEST(ShmCollectives, MembersOnAnotherMachineGetNone) {
+  ScriptedExchange elsewhere("4242 another-boot 1:2 pid:[1] net:[2]");
+  EXPECT_EQ(detail::shm::ShmCollectives::create(elsewhere, 0, 2, true, 5s), nullptr);
+  EXPECT_EQ(elsewhere.rounds, 1);  // decided from the first round: no region was offered
+  ScriptedExchange unwilling("4242 ");
+  EXPECT_EQ(detail::shm::ShmCollectives::create(unwilling, 0, 2, true, 5s), nullptr);
+}
+
+}  // namespace
+}  // namespace datapar
