@@ -46,7 +46,7 @@ void init_process_group(const std::string& backend = "", const std::string& init
                         int world_size = -1, std::chrono::milliseconds timeout = kDefaultProcessGroupTimeout);
 
 // The backend for a program that names none: $DATAPAR_BACKEND if set (`datapar launch`
-// sets "mpi" when it starts the workers through mpirun, its single-node default), else
+// sets "mpi" when it starts the workers through mpirun, --runner mpirun), else
 // "mpi" in a process mpirun started (OMPI_COMM_WORLD_SIZE or PMI_SIZE set) of a build with
 // MPI, else "gloo". CPU tensors; name "nccl" for CUDA.
 std::string default_backend();

@@ -167,7 +167,7 @@ void expect_environment(const std::string& output, int nproc, int nnodes, int no
 }
 
 // Every behaviour below holds however the workers were started: forked by the launcher, or
-// through mpirun (the single-node default in builds with MPI; mpirun_group.h).
+// through mpirun (mpirun_group.h).
 class Launch : public ::testing::TestWithParam<std::string> {
  protected:
   const std::string& runner() const { return GetParam(); }
@@ -233,26 +233,23 @@ TEST(LaunchNodes, TokenFileKeepsTheTokenOutOfArgv) {
   std::filesystem::remove_all(dir);
 }
 
-// The issue's default single-node CPU path: `datapar launch` without flags starts the
-// workers through mpirun, and what names no backend gets MPI's shared memory path.
-TEST(LaunchDefault, OneNodeRunsUnderMpirunWithTheMpiBackend) {
-  if (!DATAPAR_HAVE_MPI) GTEST_SKIP() << "this build has no MPI: single-node jobs are forked and use Gloo";
+// The default single-node path (issue 14): `datapar launch` without flags forks the workers,
+// names no backend for them, and what names none runs on Gloo (whose groups within one
+// machine go through shared memory: tests/process_group/shared_memory_test.cc). No mpirun.
+TEST(LaunchDefault, OneNodeIsForkedAndRunsOnGloo) {
   const ProcessResult env = launch("", {"--nproc-per-node", "2", "--", bin("launch_probe"), "env"});
   ASSERT_EQ(env.exit_code, 0) << env.output;
   for (int rank : {0, 1}) {
     EXPECT_NE(env.output.find("[rank " + std::to_string(rank) + "] RANK=" + std::to_string(rank)), std::string::npos);
   }
   EXPECT_EQ(std::count_if(env.output.begin(), env.output.end(), [](char c) { return c == '\n'; }), 6) << env.output;
-  EXPECT_NE(env.output.find("BACKEND=mpi MPI_WORLD=2"), std::string::npos) << env.output;
+  EXPECT_NE(env.output.find("BACKEND=- MPI_WORLD=-"), std::string::npos) << env.output;
 
-  const ProcessResult forked = launch("fork", {"--nproc-per-node", "2", "--", bin("launch_probe"), "env"});
-  EXPECT_NE(forked.output.find("BACKEND=- MPI_WORLD=-"), std::string::npos) << forked.output;
-
-  // A real job: the collectives benchmark, which names no backend, runs on MPI.
+  // A real job: the collectives benchmark, which names no backend, runs on Gloo.
   const ProcessResult bench = launch("", {"--nproc-per-node", "2", "--", bin("datapar"), "bench", "collectives",
                                           "--sizes", "4KiB,1MiB", "--iters", "3"});
   ASSERT_EQ(bench.exit_code, 0) << bench.output;
-  EXPECT_NE(bench.output.find("[rank 0] datapar bench collectives: all_reduce, backend mpi, 2 processes"),
+  EXPECT_NE(bench.output.find("[rank 0] datapar bench collectives: all_reduce, backend gloo, 2 processes"),
             std::string::npos)
       << bench.output;
   EXPECT_NE(bench.output.find("[rank 0] | 1 MiB |"), std::string::npos) << bench.output;

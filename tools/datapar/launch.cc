@@ -180,7 +180,7 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
                 "\" is not one of auto, mpirun, fork.");
   if (DATAPAR_HAVE_MPI) o.mpirun = find_mpirun();
   const bool mpirun_found = !o.mpirun.empty();
-  if (o.runner == "auto") o.runner = o.nnodes == 1 && mpirun_found ? "mpirun" : "fork";
+  if (o.runner == "auto") o.runner = "fork";
   if (o.runner == "mpirun") {
     DATAPAR_CHECK(o.nnodes == 1, "launch: --runner mpirun starts the workers of one node; for --nnodes ", o.nnodes,
                   " use --runner fork (Gloo over TCP between the nodes).");

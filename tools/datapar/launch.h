@@ -18,12 +18,12 @@
 //                           workers do not each start one thread per core
 //
 // How the workers are started (--runner):
+//   fork    forked by the launcher itself; the workers' Gloo groups move their collectives
+//           through shared memory within the machine (src/process_group/shm), over TCP
+//           between machines.
 //   mpirun  through mpirun (mpirun_group.h), so that they form an MPI job: datapar's
-//           default backend is then "mpi" (DATAPAR_BACKEND=mpi, unless set), whose shared
-//           memory path is many times faster than Gloo over loopback TCP within a machine.
-//   fork    forked by the launcher itself: Gloo over TCP, as between machines.
-//   auto    (default) mpirun for a single-node job when this build has MPI and mpirun is
-//           installed, else fork.
+//           default backend is then "mpi" (DATAPAR_BACKEND=mpi, unless set).
+//   auto    (default) fork.
 // Either way the workers get the same variables, output prefixes, failure handling,
 // signals and restarts.
 #pragma once

@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
   launch->add_option("--grace-period", grace_s,
                      "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
   launch->add_option("--runner", launch_options.runner,
-                     "How workers start: mpirun (an MPI job; default backend mpi), fork, or auto (default: "
-                     "mpirun on one node when MPI is installed, else fork)");
+                     "How workers start: fork (default; auto means fork), or mpirun (an MPI job; default "
+                     "backend mpi)");
   launch->add_option("program", launch_options.program, "The program and its arguments, after --");
   // launch's helper under mpirun (mpirun_group.h); not for users, so not listed.
   std::string rank_dir;

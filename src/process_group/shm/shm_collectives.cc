@@ -17,10 +17,13 @@
 // half: member r reads from the others only block r, which it alone needs.
 // A member overwrites its slot of set s in round g only after everyone arrived for round
 // g - 1, i.e. after everyone finished reading round g - 2, the last round that used set s.
-// A member that waits spins for a few microseconds, then sleeps on the late member's
-// counter (a futex in the region) until it is raised, so the core goes back to backward
-// instead of to polling. Between naps it checks whether the late member's process exited
-// (a pidfd), so a killed member fails the others at once, not at the timeout.
+// A member that waits spins for kSpinFor (the others usually arrive within microseconds),
+// then yields the core between looks until kYieldFor (free when nothing else wants the
+// core; under load a sleep would cost a wake-up, tens of microseconds, per meeting point),
+// then sleeps on the late member's counter (a futex in the region) until it is raised, so
+// that the core goes back to backward instead of to polling. While it waits it checks now
+// and then whether the late member's process exited (a pidfd), so a killed member fails
+// the others at once, not at the timeout.
 //
 // The region lives in /dev/shm only while the group is made: member 0 creates it, the
 // others map it by name, and member 0 removes the name as soon as everyone answered, so a
@@ -32,6 +35,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -59,7 +63,8 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr size_t kPage = 4096;
-constexpr auto kSpinFor = 30us;
+constexpr auto kSpinFor = 50us;
+constexpr auto kYieldFor = 2ms;
 constexpr auto kNapAtMost = 20ms;
 constexpr int kArrived = 0;
 constexpr int kDone = 1;
@@ -309,6 +314,11 @@ void ShmCollectives::meet(int which, const std::string& what) {
       const Clock::time_point now = Clock::now();
       if (now >= deadline_) fail_timeout(r, what);
       if (now - start < kSpinFor) continue;
+      if (polls % 64 == 63 && exited(r)) fail_exited(r, what);
+      if (now - start < kYieldFor) {
+        sched_yield();
+        continue;
+      }
       if (exited(r)) fail_exited(r, what);
       // Sleep until the member raises its counter (or a while passes: the deadline and
       // whether it still lives are checked between naps).
