@@ -141,8 +141,16 @@ int main(int argc, char** argv) {
     if (mode == "allreduce") {
       datapar::init_process_group("gloo");
       at::Tensor t = torch::full({1}, static_cast<double>(datapar::get_rank()));
-      datapar::default_group()->all_reduce(t)->wait();
+      const auto work = datapar::default_group()->all_reduce(t);
+      work->wait();
       std::cout << "sum " << t.item<double>() << " over " << datapar::get_world_size() << " ranks" << std::endl;
+      // Several rounds of shared memory (2 MiB each), values per element and rank.
+      const int64_t n = 3 << 20;
+      at::Tensor big = torch::arange(n, torch::kDouble) * (datapar::get_rank() + 1);
+      datapar::default_group()->all_reduce(big, datapar::ReduceOp::kAvg)->wait();
+      const double ranks = datapar::get_world_size();
+      const bool exact = torch::allclose(big, torch::arange(n, torch::kDouble) * ((ranks + 1) / 2));
+      std::cout << "large all_reduce " << (exact ? "exact" : "WRONG") << " via " << work->what() << std::endl;
       datapar::destroy_process_group();
       return 0;
     }

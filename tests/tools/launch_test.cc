@@ -41,6 +41,13 @@ std::string temp_dir() {
   return dir ? dir : "/tmp";
 }
 
+// How many times `text` holds `what`.
+int count(const std::string& text, const std::string& what) {
+  int found = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++found;
+  return found;
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -594,6 +601,12 @@ TEST(TwoHosts, LaunchAcrossANetworkNamespacePair) {
   }
   for (int rank : {2, 3}) {
     EXPECT_NE(b.find("[rank " + std::to_string(rank) + "] sum 6 over 4 ranks"), std::string::npos) << b;
+  }
+  // Two processes per "host": all_reduce in two levels (shared memory within each namespace,
+  // Gloo between their leaders), exact.
+  for (const std::string* log : {&a, &b}) {
+    EXPECT_EQ(count(*log, "large all_reduce exact via all_reduce(sum) on rank "), 2) << *log;
+    EXPECT_EQ(count(*log, "(gloo, two levels)"), 2) << *log;
   }
 }
 

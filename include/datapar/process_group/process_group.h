@@ -110,6 +110,9 @@ struct GlooOptions {
   // When every member runs on this machine, all_reduce, reduce_scatter, all_gather,
   // broadcast and barrier go through one shared-memory region instead of TCP (several times
   // faster; Note [Shared-memory collectives] in src/process_group/shm/shm_collectives.cc).
+  // When the members span machines, several on some, all_reduce takes two levels: shared
+  // memory within each machine, TCP between one leader per machine (Note [Two-level
+  // all-reduce] in src/process_group/shm/shared_memory_group.cc).
   // false on any member: TCP for everything. init_process_group: $DATAPAR_SHM=0 turns it off.
   bool shared_memory = true;
 };

@@ -1,5 +1,6 @@
 // new_gloo_process_group: Gloo's TCP transport, with shared memory for the collectives of
-// members that share a machine (shm/shared_memory_group.h).
+// members that share a machine, and all-reduces in two levels for a group that spans
+// machines (shm/shared_memory_group.h).
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/prefix_store.h"
 #include "process_group/gloo/backend.h"
@@ -9,11 +10,13 @@ namespace datapar {
 
 std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                      GlooOptions options) {
-  const bool shared_memory = options.shared_memory;
-  const std::chrono::milliseconds timeout = options.timeout;
-  std::shared_ptr<ProcessGroup> tcp = detail::new_gloo_tcp_group(store, rank, size, std::move(options));
+  const GlooOptions leaders_options{options.hostname, options.timeout, /*shared_memory=*/false};
+  std::shared_ptr<ProcessGroup> tcp = detail::new_gloo_tcp_group(store, rank, size, options);
+  const detail::MakeLeaders make_leaders = [&](std::shared_ptr<Store> leaders_store, int leader, int leaders) {
+    return detail::new_gloo_tcp_group(std::move(leaders_store), leader, leaders, leaders_options);
+  };
   return detail::with_shared_memory(std::move(tcp), std::make_shared<PrefixStore>("shm", std::move(store)),
-                                    shared_memory, timeout);
+                                    options.shared_memory, options.timeout, make_leaders);
 }
 
 }  // namespace datapar

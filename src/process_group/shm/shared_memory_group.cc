@@ -1,13 +1,26 @@
 // See shared_memory_group.h.
+//
+// Note [Two-level all-reduce]
+// Between machines the network is the bottleneck, and a flat ring over every process sends
+// each byte over it several times, through every process's TCP stack, even between two
+// processes of one machine. With several processes per machine, an all-reduce is cheaper in
+// two levels, as Horovod's hierarchical all-reduce and NCCL do it: (1) the processes of each
+// machine all-reduce through shared memory, (2) one leader per machine (its local rank 0)
+// all-reduces the machine's sum with the other leaders over the transport, (3) each leader
+// broadcasts the result to its machine through shared memory. Only the leaders touch the
+// network, each with the whole buffer once.
 #include "process_group/shm/shared_memory_group.h"
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <utility>
 #include <vector>
 
 #include "datapar/error.h"
+#include "datapar/rendezvous/prefix_store.h"
 #include "process_group/checks.h"
 #include "process_group/coalesce.h"
 #include "process_group/ordered_runner.h"
@@ -22,10 +35,15 @@ using shm::ShmCollectives;
 
 class SharedMemoryGroup final : public ProcessGroup {
  public:
-  SharedMemoryGroup(std::shared_ptr<ProcessGroup> transport, std::unique_ptr<ShmCollectives> shm)
+  // One machine: `shm` spans the group. Several (`two_levels`): `shm` spans this member's
+  // machine (null if it is alone there), `leaders` the machines' leaders (null but on them).
+  SharedMemoryGroup(std::shared_ptr<ProcessGroup> transport, std::unique_ptr<ShmCollectives> shm, bool two_levels,
+                    std::shared_ptr<ProcessGroup> leaders)
       : ProcessGroup(transport->rank(), transport->size()),
         transport_(std::move(transport)),
         shm_(std::move(shm)),
+        two_levels_(two_levels),
+        leaders_(std::move(leaders)),
         backend_(transport_->backend()),
         collectives_(backend_) {}
 
@@ -66,6 +84,7 @@ class SharedMemoryGroup final : public ProcessGroup {
     check_reducible(output, "reduce_scatter");
     check_avg(op, output, "reduce_scatter");
     const std::string what = describe(str_cat("reduce_scatter(", to_string(op), ")"));
+    if (two_levels_) return through_transport(what, [=] { return transport_->reduce_scatter(output, inputs, op); });
     return collectives_.push(what, [this, output, inputs, op, what]() mutable {
       std::vector<at::Tensor> flat_inputs;
       for (const at::Tensor& t : inputs) flat_inputs.push_back(t.reshape({-1}));
@@ -81,6 +100,7 @@ class SharedMemoryGroup final : public ProcessGroup {
     check(input, "all_gather");
     check_like(outputs, input, size(), "all_gather", "outputs");
     const std::string what = describe("all_gather");
+    if (two_levels_) return through_transport(what, [=] { return transport_->all_gather(outputs, input); });
     return collectives_.push(what, [this, outputs, input, what]() mutable {
       const at::Tensor in = input.contiguous();
       at::Tensor flat = at::empty({size() * in.numel()}, in.options());  // (size * numel,), rank order
@@ -93,6 +113,7 @@ class SharedMemoryGroup final : public ProcessGroup {
     check(tensor, "broadcast");
     check_root(root, size(), "broadcast");
     const std::string what = describe(str_cat("broadcast(root ", root, ")"));
+    if (two_levels_) return through_transport(what, [=] { return transport_->broadcast(tensor, root); });
     return collectives_.push(what, [this, tensor, root, what]() mutable {
       at::Tensor buffer = tensor.contiguous();
       shm_->broadcast(buffer.data_ptr(), buffer.nbytes(), root, what);
@@ -104,6 +125,7 @@ class SharedMemoryGroup final : public ProcessGroup {
     for (const at::Tensor& t : tensors) check(t, "broadcast_coalesced");
     check_root(root, size(), "broadcast_coalesced");
     const std::string what = describe(str_cat("broadcast_coalesced(root ", root, ", ", tensors.size(), " tensors)"));
+    if (two_levels_) return through_transport(what, [=] { return transport_->broadcast_coalesced(tensors, root); });
     return collectives_.push(what, [this, tensors, root, what]() mutable {
       for (const FlatGroup& group : flatten_by_dtype(tensors)) {
         shm_->broadcast(group.flat.data_ptr(), group.flat.nbytes(), root, what);
@@ -114,6 +136,7 @@ class SharedMemoryGroup final : public ProcessGroup {
 
   std::shared_ptr<Work> barrier() override {
     const std::string what = describe("barrier");
+    if (two_levels_) return through_transport(what, [=] { return transport_->barrier(); });
     return collectives_.push(what, [this, what] { shm_->barrier(what); });
   }
 
@@ -123,28 +146,28 @@ class SharedMemoryGroup final : public ProcessGroup {
     check(tensor, "reduce");
     check_root(root, size(), "reduce");
     check_avg(op, tensor, "reduce");
-    return through_transport(str_cat("reduce(", to_string(op), ", root ", root, ")"),
+    return through_transport(describe(str_cat("reduce(", to_string(op), ", root ", root, ")")),
                              [=] { return transport_->reduce(tensor, root, op); });
   }
   std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) override {
     check(input, "gather");
     check_root(root, size(), "gather");
     if (rank() == root) check_like(outputs, input, size(), "gather", "outputs on the root");
-    return through_transport(str_cat("gather(root ", root, ")"),
+    return through_transport(describe(str_cat("gather(root ", root, ")")),
                              [=] { return transport_->gather(outputs, input, root); });
   }
   std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) override {
     check(output, "scatter");
     check_root(root, size(), "scatter");
     if (rank() == root) check_like(inputs, output, size(), "scatter", "inputs on the root");
-    return through_transport(str_cat("scatter(root ", root, ")"),
+    return through_transport(describe(str_cat("scatter(root ", root, ")")),
                              [=] { return transport_->scatter(output, inputs, root); });
   }
   std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) override {
     check(input, "all_to_all");
     check(output, "all_to_all");
     check_all_to_all(output, input, size());
-    return through_transport("all_to_all", [=] { return transport_->all_to_all(output, input); });
+    return through_transport(describe("all_to_all"), [=] { return transport_->all_to_all(output, input); });
   }
 
   // Point to point is not ordered with the collectives: straight to the transport.
@@ -155,20 +178,28 @@ class SharedMemoryGroup final : public ProcessGroup {
   void check(const at::Tensor& tensor, const char* what) const { check_tensor(tensor, what, backend_.c_str()); }
 
   std::string describe(const std::string& what) const {
-    return str_cat(what, " on rank ", rank(), " of ", size(), " (", backend_, ", shared memory)");
+    return str_cat(what, " on rank ", rank(), " of ", size(), " (", backend_, two_levels_ ? ", two levels)" : ", shared memory)");
   }
 
+  // Note [Two-level all-reduce] when the group spans machines.
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
-    shm_->all_reduce(buffer.data_ptr(), buffer.numel(), buffer.scalar_type(), op, what);
+    const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    if (shm_) shm_->all_reduce(buffer.data_ptr(), buffer.numel(), buffer.scalar_type(), combine, what);
+    if (two_levels_) {
+      if (leaders_) leaders_->all_reduce(buffer, combine)->wait();
+      if (shm_) shm_->broadcast(buffer.data_ptr(), buffer.nbytes(), 0, what);
+    }
     if (op == ReduceOp::kAvg) buffer.div_(size());
   }
 
   std::shared_ptr<Work> through_transport(const std::string& what, std::function<std::shared_ptr<Work>()> start) {
-    return collectives_.push(describe(what), [start = std::move(start)] { start()->wait(); });
+    return collectives_.push(what, [start = std::move(start)] { start()->wait(); });
   }
 
   std::shared_ptr<ProcessGroup> transport_;
   std::unique_ptr<ShmCollectives> shm_;  // only the runner's thread uses it
+  bool two_levels_;
+  std::shared_ptr<ProcessGroup> leaders_;
   std::string backend_;
   // Declared last: stopped first, so queued operations finish while the region is mapped.
   OrderedRunner collectives_;
@@ -177,13 +208,49 @@ class SharedMemoryGroup final : public ProcessGroup {
 }  // namespace
 
 std::shared_ptr<ProcessGroup> with_shared_memory(std::shared_ptr<ProcessGroup> transport, std::shared_ptr<Store> store,
-                                                 bool wanted, std::chrono::milliseconds timeout) {
-  if (transport->size() == 1) return transport;
-  shm::StoreExchange exchange(std::move(store), transport->rank(), transport->size());
-  std::unique_ptr<ShmCollectives> shm =
-      ShmCollectives::create(exchange, transport->rank(), transport->size(), wanted, timeout);
-  if (shm == nullptr) return transport;
-  return std::make_shared<SharedMemoryGroup>(std::move(transport), std::move(shm));
+                                                 bool wanted, std::chrono::milliseconds timeout,
+                                                 const MakeLeaders& make_leaders) {
+  const int rank = transport->rank();
+  const int size = transport->size();
+  if (size == 1) return transport;
+  const shm::Clock::time_point deadline = shm::Clock::now() + timeout;
+  shm::StoreExchange everyone(std::make_shared<PrefixStore>("all", store), rank, size);
+  const std::vector<std::string> machines = everyone.all_gather(wanted ? shm::this_machine() : "", deadline);
+  if (std::any_of(machines.begin(), machines.end(), [](const std::string& m) { return m.empty(); })) return transport;
+  if (std::all_of(machines.begin(), machines.end(), [&](const std::string& m) { return m == machines[0]; })) {
+    std::unique_ptr<ShmCollectives> shm = ShmCollectives::create(everyone, rank, size, wanted, timeout);
+    if (shm == nullptr) return transport;
+    return std::make_shared<SharedMemoryGroup>(std::move(transport), std::move(shm), false, nullptr);
+  }
+  // Several machines, numbered in order of their first member; members by local rank.
+  std::map<std::string, int> index;
+  std::vector<int> local_size;
+  int local_rank = 0;
+  for (int r = 0; r < size; ++r) {
+    const auto [at, added] = index.emplace(machines[r], static_cast<int>(local_size.size()));
+    if (added) local_size.push_back(0);
+    if (r < rank && machines[r] == machines[rank]) ++local_rank;
+    ++local_size[at->second];
+  }
+  const int machine = index.at(machines[rank]);
+  const bool crowded = std::any_of(local_size.begin(), local_size.end(), [](int n) { return n > 1; });
+  if (!make_leaders || !crowded) return transport;  // one process per machine: nothing to gain
+  std::unique_ptr<ShmCollectives> shm;
+  if (local_size[machine] > 1) {
+    shm::StoreExchange neighbours(std::make_shared<PrefixStore>(str_cat("machine-", machine), store), local_rank,
+                                  local_size[machine]);
+    shm = ShmCollectives::create(neighbours, local_rank, local_size[machine], true, timeout);
+  }
+  std::shared_ptr<ProcessGroup> leaders;
+  if (local_rank == 0) {
+    leaders = make_leaders(std::make_shared<PrefixStore>("leaders", store), machine,
+                           static_cast<int>(local_size.size()));
+  }
+  // Two levels only if every crowded machine has its shared memory; else all stay flat.
+  const bool ready = local_size[machine] == 1 || shm != nullptr;
+  const std::vector<std::string> verdicts = everyone.all_gather(ready ? "1" : "0", deadline);
+  if (std::any_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v != "1"; })) return transport;
+  return std::make_shared<SharedMemoryGroup>(std::move(transport), std::move(shm), true, std::move(leaders));
 }
 
 }  // namespace datapar::detail

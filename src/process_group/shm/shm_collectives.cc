@@ -100,18 +100,6 @@ std::string link_target(const char* path) {
   return n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string("?");
 }
 
-// What members must share to share memory and to see each other's processes: the booted
-// kernel, the /dev/shm mount, the pid namespace; and the network namespace, so that
-// processes in separate network namespaces count as separate machines (as they do for
-// everything else, e.g. the two-host tests).
-std::string machine_identity() {
-  struct stat st {};
-  const bool shm = ::stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode);
-  if (!shm) return "";  // no /dev/shm: share nothing
-  return str_cat(first_line("/proc/sys/kernel/random/boot_id"), ' ', st.st_dev, ':', st.st_ino, ' ',
-                 link_target("/proc/self/ns/pid"), ' ', link_target("/proc/self/ns/net"));
-}
-
 void* map(int fd, size_t bytes) {
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   return base == MAP_FAILED ? nullptr : base;
@@ -180,6 +168,18 @@ double seconds(std::chrono::milliseconds d) { return static_cast<double>(d.count
 
 }  // namespace
 
+// What members must share to share memory and to see each other's processes: the booted
+// kernel, the /dev/shm mount, the pid namespace; and the network namespace, so that
+// processes in separate network namespaces count as separate machines (as they do for
+// everything else, e.g. the two-host tests).
+std::string this_machine() {
+  struct stat st {};
+  const bool shm = ::stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode);
+  if (!shm) return "";  // no /dev/shm: share nothing
+  return str_cat(first_line("/proc/sys/kernel/random/boot_id"), ' ', st.st_dev, ':', st.st_ino, ' ',
+                 link_target("/proc/self/ns/pid"), ' ', link_target("/proc/self/ns/net"));
+}
+
 struct ShmCollectives::Flags {
   struct alignas(64) Counter {
     std::atomic<uint32_t> generation;  // the last round that reached this point; a futex word
@@ -192,7 +192,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<u
 std::unique_ptr<ShmCollectives> ShmCollectives::create(Exchange& exchange, int rank, int size, bool wanted,
                                                        std::chrono::milliseconds timeout, KeepGoing keep_going) {
   const Clock::time_point deadline = Clock::now() + timeout;
-  const std::string identity = wanted ? machine_identity() : "";
+  const std::string identity = wanted ? this_machine() : "";
   const std::string mine = str_cat(::getpid(), ' ', identity);
   DATAPAR_INTERNAL_ASSERT(mine.size() <= Exchange::kMaxText);
   const std::vector<std::string> members = exchange.all_gather(mine, deadline);

@@ -20,6 +20,10 @@
 
 namespace datapar::detail::shm {
 
+// What members must share to share memory: "" where there is no /dev/shm. Members whose
+// texts are equal run on one machine (see machine_identity() in shm_collectives.cc).
+std::string this_machine();
+
 class ShmCollectives {
  public:
   // Called while waiting for the others; may throw to give up (MPI: once it is finalised).
