@@ -14,6 +14,7 @@
 #include "testing/expect_throw.h"
 #include "testing/ports.h"
 #include "testing/processes.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
@@ -124,8 +125,8 @@ TEST(Rendezvous, EnvReadsMasterAddrPortRankAndWorldSize) {
 }
 
 TEST(Rendezvous, FileWithThreeRanks) {
-  std::string dir = ::testing::TempDir() + "/rdzv_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const testing::TempDir temp("rendezvous");
+  const std::string& dir = temp.path();
   for (const std::string& e : join_all("file://" + dir + "/store", {{0, 3}, {1, 3}, {2, 3}})) EXPECT_EQ(e, "");
   EXPECT_THROW_MSG(rendezvous("file:///nonexistent-dir/store", 0, 1, 1s, fake_env({})), InvalidArgumentError,
                    "/nonexistent-dir of file:///nonexistent-dir/store does not exist");
@@ -159,8 +160,8 @@ TEST(Rendezvous, MissingRanksAreNamedWhenTheTimeoutEnds) {
 
 // Finding (file://): a foreign file was truncated, written to and deleted.
 TEST(InitMethod, FileUrlNamingAForeignFileIsRefusedAndLeftAlone) {
-  std::string dir = ::testing::TempDir() + "/rdzv_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const testing::TempDir temp("rendezvous");
+  const std::string& dir = temp.path();
   const std::string path = dir + "/model.pt";
   std::ofstream(path) << "not a store";
   EXPECT_THROW_MSG(rendezvous("file://" + path, 0, 1, 1s, fake_env({})), InvalidArgumentError,
@@ -188,8 +189,8 @@ TEST(InitMethod, JobAcrossMachinesWithoutATokenRefusesToStart) {
 TEST(InitMethod, ProcessesOfOneMachineShareAGeneratedToken) {
   ::unsetenv("DATAPAR_STORE_TOKEN");
   const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
-  std::string dir = ::testing::TempDir() + "/rdzv_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const testing::TempDir temp("rendezvous");
+  const std::string& dir = temp.path();
   const std::string probe = std::string(DATAPAR_BIN_DIR) + "/store_probe";
   // Rank 0 last: the others wait for its server, and its token.
   const auto results = testing::run_processes({{probe, url, "2", "3"}, {probe, url, "1", "3"}, {probe, url, "0", "3"}},
