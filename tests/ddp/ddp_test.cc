@@ -12,7 +12,6 @@
 #include "ddp/bucket_assignment.h"
 #include "testing/ddp_scenarios.h"
 #include "testing/expect_throw.h"
-#include "testing/ports.h"
 #include "testing/processes.h"
 #include "testing/python.h"
 #include "testing/temp_dir.h"
@@ -25,7 +24,7 @@ using namespace std::chrono_literals;
 // Runs `scenario` on `world` ddp_probe processes; returns their results.
 std::vector<testing::ProcessResult> run_job(const std::string& scenario, int world, const testing::TempDir& dir,
                                             std::chrono::seconds deadline = 120s, bool* timed_out = nullptr) {
-  const std::string init = "tcp://127.0.0.1:" + std::to_string(testing::free_port());
+  const std::string init = "file://" + dir.path() + "/store";  // no port to agree on in advance
   std::vector<std::vector<std::string>> commands;
   for (int r = 0; r < world; ++r) {
     commands.push_back({std::string(DATAPAR_BIN_DIR) + "/ddp_probe", scenario, init, std::to_string(r),
