@@ -7,8 +7,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-openmp libgloo-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev zlib1g-dev
+  libgtest-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev
   python3-torch python3-venv
   libopenmpi-dev openmpi-bin
   iproute2

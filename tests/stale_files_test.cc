@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include "testing/temp_dir.h"
+
 namespace datapar::detail {
 namespace {
 
@@ -24,9 +26,8 @@ pid_t dead_pid() {
 }
 
 TEST(StaleFiles, RemovesEntriesOfDeadProcessesOnly) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("stale-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const testing::TempDir temp("stale_files");
+  const fs::path dir = temp.path();
   const std::string dead = std::to_string(dead_pid());
   const std::string live = std::to_string(::getpid());
   fs::create_directories(dir / ("datapar-launch-" + dead + "-abc/inner"));
@@ -44,7 +45,6 @@ TEST(StaleFiles, RemovesEntriesOfDeadProcessesOnly) {
   EXPECT_TRUE(fs::exists(dir / "datapar-launch-notapid-x"));
   EXPECT_TRUE(fs::exists(dir / ("other-" + dead + "-x")));
   EXPECT_EQ(remove_stale_entries((dir / "missing").string(), "datapar-"), 0);
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // State dicts: a module's parameters and buffers by their PyTorch names ("fc1.weight").
 //
-// The names are the bare module's, whatever wraps it: DataParallel (and later DDP) report
-// and accept the wrapped module's names, never "module."-prefixed ones, and loading strips
-// a "module." prefix that a Python DataParallel checkpoint carries. Files are written in
-// the format of torch.save (a zip with a pickled dict of tensors; docs/checkpoint_format.md),
-// so Python's torch.load reads them (also with weights_only=True), and what Python's
+// The names are the bare module's, whatever wraps it: DataParallel and
+// DistributedDataParallel report and accept the wrapped module's names, never
+// "module."-prefixed ones, and loading strips the "module." prefix that a Python
+// DataParallel or DDP checkpoint carries. Files are written in the format of torch.save (a
+// zip with a pickled dict of tensors; docs/checkpoint_format.md), so Python's torch.load
+// reads them (also with weights_only=True), and what Python's
 // torch.save(model.state_dict(), path) writes loads here.
 #pragma once
 
@@ -25,8 +26,9 @@ StateDict state_dict(const torch::nn::Module& module);
 
 // Copies `state` into `module`'s parameters and buffers (no autograd). Keys may carry a
 // "module." prefix (Python DataParallel/DDP checkpoints); it is removed when every key has it.
-// strict: every key must match and none may be missing. Throws InvalidArgumentError listing
-// missing and unexpected keys, or naming the first tensor whose shape differs.
+// strict: every key must match and none may be missing; otherwise keys that match load and
+// the rest are ignored. Throws InvalidArgumentError listing missing and unexpected keys
+// (strict only), or naming the first tensor whose shape differs (always).
 // A tensor of another dtype is converted to the parameter's, as PyTorch's load_state_dict
 // does (param.copy_(saved)): loading float64 weights into a float32 model, or the reverse,
 // is how models change precision. train::restore_checkpoint, which resumes a run and

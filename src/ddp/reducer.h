@@ -12,9 +12,13 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "autograd/node_ptr.h"
@@ -22,11 +26,6 @@
 #include "datapar/ddp/comm_stats.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/store.h"
-
-#include <atomic>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
 #include "ddp/bucket_assignment.h"
 
 namespace datapar::detail {

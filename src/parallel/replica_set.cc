@@ -5,7 +5,6 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/grad_mode.h>
 
-
 #include "parallel/device_workers.h"
 
 namespace datapar {

@@ -1,12 +1,12 @@
 // Small POSIX socket helpers shared by the TcpStore server and client.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
-
-#include <sys/types.h>
 
 namespace datapar::detail {
 

@@ -3,10 +3,10 @@
 // plotter and the tests can read the lines back with the same code.
 #include "datapar/train/metrics.h"
 
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cinttypes>
-#include <nlohmann/json.hpp>
 
 #include "datapar/error.h"
 

@@ -12,6 +12,7 @@
 #include "datapar/error.h"
 #include "testing/expect_throw.h"
 #include "testing/python.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
@@ -139,7 +140,8 @@ TEST(DistributedSampler, MatchesPyTorch) {
             "    s = DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=sh, seed=seed, drop_last=d)\n"
             "    s.set_epoch(e)\n"
             "    out.write(' '.join(str(i) for i in s) + '\\n')\n";
-  const std::string dir = testing::make_temp_dir("sampler");
+  const testing::TempDir temp("sampler");
+  const std::string& dir = temp.path();
   ASSERT_EQ(testing::run_python(dir, "sampler.py", script.str(), dir + "/lists.txt"), 0);
   std::ifstream lists(dir + "/lists.txt");
   for (const Case& c : cases) {

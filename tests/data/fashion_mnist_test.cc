@@ -12,7 +12,7 @@
 
 #include "datapar/error.h"
 #include "testing/expect_throw.h"
-#include "testing/python.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
@@ -110,7 +110,8 @@ TEST(FashionMnist, TheFullDatasetMatchesTheSubset) {
 TEST(FashionMnist, MissingDirectoryOrFilesAreNamed) {
   EXPECT_THROW_MSG(FashionMnist(options_for("/no/such/dir")), InvalidArgumentError,
                    "FashionMnist: directory /no/such/dir does not exist");
-  const std::string dir = testing::make_temp_dir("fmnist_missing");
+  const testing::TempDir temp("fmnist_missing");
+  const std::string& dir = temp.path();
   write_idx(dir + "/train-images-idx3-ubyte.gz", 0x803, {2, 28, 28});
   EXPECT_THROW_MSG(FashionMnist(options_for(dir)), InvalidArgumentError,
                    dir + " has no train-labels-idx1-ubyte or train-labels-idx1-ubyte.gz");
@@ -118,7 +119,8 @@ TEST(FashionMnist, MissingDirectoryOrFilesAreNamed) {
 }
 
 TEST(FashionMnist, BadFilesAreNamedWithTheProblem) {
-  const std::string dir = testing::make_temp_dir("fmnist_bad");
+  const testing::TempDir temp("fmnist_bad");
+  const std::string& dir = temp.path();
   const std::string images = dir + "/train-images-idx3-ubyte.gz";
   const std::string labels = dir + "/train-labels-idx1-ubyte.gz";
   write_idx(images, 0x803, {5, 28, 28});
@@ -141,7 +143,8 @@ TEST(FashionMnist, BadFilesAreNamedWithTheProblem) {
 }
 
 TEST(FashionMnist, PlainFilesWinOverGzipped) {
-  const std::string dir = testing::make_temp_dir("fmnist_plain");
+  const testing::TempDir temp("fmnist_plain");
+  const std::string& dir = temp.path();
   write_idx(dir + "/t10k-images-idx3-ubyte.gz", 0x803, {3, 28, 28});
   write_idx(dir + "/t10k-labels-idx1-ubyte.gz", 0x801, {3});
   // An uncompressed copy with other values beside the .gz: it is the one read.
@@ -168,7 +171,8 @@ TEST(FashionMnist, LimitReadsTheFirstSamplesOnly) {
   EXPECT_THROW_MSG(FashionMnist(o), InvalidArgumentError, "FashionMnist: limit is -1");
 
   // The counts are still compared, from the headers, and a file past the limit is not read.
-  const std::string dir = testing::make_temp_dir("fmnist_limit");
+  const testing::TempDir temp("fmnist_limit");
+  const std::string& dir = temp.path();
   write_idx(dir + "/train-images-idx3-ubyte.gz", 0x803, {5, 28, 28}, 28 * 28 * 3);  // 3 of 5 present
   write_idx(dir + "/train-labels-idx1-ubyte.gz", 0x801, {5});
   o = options_for(dir);
@@ -182,7 +186,8 @@ TEST(FashionMnist, LimitReadsTheFirstSamplesOnly) {
 }
 
 TEST(FashionMnist, AnEmptySplitIsAnError) {
-  const std::string dir = testing::make_temp_dir("fmnist_empty");
+  const testing::TempDir temp("fmnist_empty");
+  const std::string& dir = temp.path();
   write_idx(dir + "/t10k-images-idx3-ubyte.gz", 0x803, {0, 28, 28});
   write_idx(dir + "/t10k-labels-idx1-ubyte.gz", 0x801, {0});
   EXPECT_THROW_MSG(FashionMnist(options_for(dir, false)), Error, dir + "/t10k-images-idx3-ubyte.gz: holds 0 samples");

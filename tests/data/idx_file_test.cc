@@ -14,7 +14,7 @@
 #include "testing/child.h"
 #include "testing/expect_throw.h"
 #include "testing/idx.h"
-#include "testing/python.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
@@ -54,7 +54,8 @@ std::string read_all(const std::string& path) {
 
 class IdxFile : public ::testing::Test {
  protected:
-  std::string dir_ = testing::make_temp_dir("idx");
+  const testing::TempDir temp_{"idx"};
+  const std::string& dir_ = temp_.path();
 };
 
 TEST_F(IdxFile, ReadsPlainAndGzippedFilesAlike) {

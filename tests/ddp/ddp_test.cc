@@ -2,51 +2,40 @@
 // (ddp_probe workers on the Gloo backend).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <regex>
 
 #include "datapar/state_dict.h"
 #include "ddp/bucket_assignment.h"
 #include "testing/ddp_scenarios.h"
 #include "testing/expect_throw.h"
-#include <torch/nn/modules/batchnorm.h>
-#include <torch/nn/modules/container/sequential.h>
-#include "testing/ports.h"
 #include "testing/processes.h"
 #include "testing/python.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
 
 using namespace std::chrono_literals;
-namespace fs = std::filesystem;
-
-struct TempDir {
-  TempDir() {
-    char name[] = "/tmp/datapar-ddp-XXXXXX";
-    path = ::mkdtemp(name);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string path;
-};
 
 // Runs `scenario` on `world` ddp_probe processes; returns their results.
-std::vector<testing::ProcessResult> run_job(const std::string& scenario, int world, const TempDir& dir,
+std::vector<testing::ProcessResult> run_job(const std::string& scenario, int world, const testing::TempDir& dir,
                                             std::chrono::seconds deadline = 120s, bool* timed_out = nullptr) {
-  const std::string init = "tcp://127.0.0.1:" + std::to_string(testing::free_port());
+  const std::string init = "file://" + dir.path() + "/store";  // no port to agree on in advance
   std::vector<std::vector<std::string>> commands;
   for (int r = 0; r < world; ++r) {
     commands.push_back({std::string(DATAPAR_BIN_DIR) + "/ddp_probe", scenario, init, std::to_string(r),
-                        std::to_string(world), dir.path + "/rank" + std::to_string(r) + ".pt"});
+                        std::to_string(world), dir.path() + "/rank" + std::to_string(r) + ".pt"});
   }
-  return testing::run_processes(commands, dir.path, deadline, timed_out);
+  return testing::run_processes(commands, dir.path(), deadline, timed_out);
 }
 
 // Returns rank 0's output.
 std::string expect_matches_reference(const std::string& name, int world, double rtol, double atol) {
-  TempDir dir;
+  testing::TempDir dir("ddp");
   const auto results = run_job(name, world, dir);
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
@@ -56,7 +45,7 @@ std::string expect_matches_reference(const std::string& name, int world, double 
   const StateDict expected = s.sync_bn ? state_dict(*testing::train_reference<testing::SyncBnNet>(s))
                                        : state_dict(*testing::train_reference<testing::ProbeNet>(s));
   for (int r = 0; r < world; ++r) {
-    const StateDict got = load_state_dict_file(dir.path + "/rank" + std::to_string(r) + ".pt");
+    const StateDict got = load_state_dict_file(dir.path() + "/rank" + std::to_string(r) + ".pt");
     EXPECT_EQ(got.size(), expected.size());
     if (got.size() != expected.size()) return "";
     for (const auto& item : expected) {
@@ -78,14 +67,14 @@ TEST(DistributedDataParallel, FiveStepsEqualOneProcessOnTheConcatenatedBatch) {
 TEST(DistributedDataParallel, EndsWherePyTorchsDdpEnds) {
   DATAPAR_REQUIRE_PYTHON_TORCH();
   for (const std::string name : {"even", "one_bucket"}) {
-    TempDir dir;
+    testing::TempDir dir("ddp");
     const auto results = run_job(name, 2, dir);
     for (int r = 0; r < 2; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    const std::string theirs = dir.path + "/pytorch.pt";
+    const std::string theirs = dir.path() + "/pytorch.pt";
     ASSERT_EQ(testing::run_python_file(DATAPAR_SOURCE_DIR "/tests/ddp/torch_ddp_twin.py", name + " " + theirs), 0);
     const StateDict want = load_state_dict_file(theirs);
     for (int r = 0; r < 2; ++r) {
-      const StateDict got = load_state_dict_file(dir.path + "/rank" + std::to_string(r) + ".pt");
+      const StateDict got = load_state_dict_file(dir.path() + "/rank" + std::to_string(r) + ".pt");
       ASSERT_EQ(got.size(), want.size());
       for (const auto& item : want) {
         EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-5, 1e-6))
@@ -138,13 +127,13 @@ TEST(SyncBatchNorm, WithoutAGroupIsBatchNormAndConversionRefusesTorchBatchNorm) 
 }
 
 TEST(DistributedDataParallel, MismatchedModelsFailOnEveryRankNamingTheDifference) {
-  TempDir dir;
+  testing::TempDir dir("ddp");
   const auto results = run_job("mismatch", 3, dir, 60s);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
 }
 
 TEST(DistributedDataParallel, ARankKilledMidBackwardFailsTheOthers) {
-  TempDir dir;
+  testing::TempDir dir("ddp");
   bool timed_out = false;
   const auto start = std::chrono::steady_clock::now();
   const auto results = run_job("kill", 3, dir, 60s, &timed_out);
@@ -155,7 +144,7 @@ TEST(DistributedDataParallel, ARankKilledMidBackwardFailsTheOthers) {
 }
 
 TEST(DistributedDataParallel, AStalledBucketWarnsNamingIt) {
-  TempDir dir;
+  testing::TempDir dir("ddp");
   const auto results = run_job("stall", 2, dir, 60s);
   for (int r = 0; r < 2; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
   EXPECT_NE(results[0].output.find("warning: DistributedDataParallel on rank 0 of 2: the all-reduce of bucket 0"),

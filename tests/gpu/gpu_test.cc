@@ -17,7 +17,7 @@
 #include "datapar/datapar.h"
 #include "testing/models.h"
 #include "testing/processes.h"
-#include "testing/python.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
@@ -113,7 +113,8 @@ TEST(Gpu, DataParallelFiveSgdStepsMatchOneGpu) {
 
 // Multi-process NCCL jobs: tests/gpu/nccl_probe.cc, one process per GPU.
 std::vector<testing::ProcessResult> run_nccl_job(const std::string& scenario, int world, std::chrono::seconds deadline) {
-  const std::string dir = testing::make_temp_dir("nccl_" + scenario);
+  const testing::TempDir temp("nccl_" + scenario);
+  const std::string& dir = temp.path();
   const std::string init = "file://" + dir + "/rendezvous";
   std::vector<std::vector<std::string>> commands;
   for (int rank = 0; rank < world; ++rank) {

@@ -18,6 +18,7 @@
 #include "datapar/models/resnet18.h"
 #include "datapar/state_dict.h"
 #include "testing/python.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
@@ -63,7 +64,8 @@ void write_keys(const torch::nn::Module& module, const std::string& path) {
 
 TEST(PythonModels, SameNamesShapesAndOutputsAsPyTorch) {
   DATAPAR_REQUIRE_PYTHON_TORCH();
-  const std::string dir = testing::make_temp_dir("twins");
+  const testing::TempDir temp("twins");
+  const std::string& dir = temp.path();
   std::vector<Twin> models = twins();
   std::string names;
   for (Twin& twin : models) {
@@ -105,7 +107,8 @@ TEST(PythonModels, SameNamesShapesAndOutputsAsPyTorch) {
 // call's arguments are evaluated).
 TEST(PythonModels, SameInitialValuesAsPyTorchAfterTheSameSeed) {
   DATAPAR_REQUIRE_PYTHON_TORCH();
-  const std::string dir = testing::make_temp_dir("seeded");
+  const testing::TempDir temp("seeded");
+  const std::string& dir = temp.path();
   const int64_t seed = 20261122;
   const std::vector<std::pair<std::string, std::function<std::shared_ptr<torch::nn::Module>()>>> builders = {
       {"mlp", [] { return models::Mlp().ptr(); }},

@@ -11,16 +11,13 @@
 
 #include "datapar/config.h"
 #include "datapar/error.h"
-#include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
-#include "testing/ports.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
 
 using namespace std::chrono_literals;
-
-using testing::free_port;
 
 // Runs fn(rank) in `size` forked processes; returns each one's exit code (-1: killed).
 std::vector<int> run_job(int size, const std::function<int(int)>& fn) {
@@ -49,7 +46,8 @@ std::vector<int> run_job(int size, const std::function<int(int)>& fn) {
 }
 
 TEST(Distributed, InitAllReduceSubgroupAndDestroy) {
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const testing::TempDir dir("distributed");
+  const std::string url = "file://" + dir.path() + "/store";
   const auto codes = run_job(3, [&](int rank) {
     init_process_group("gloo", url, rank, 3, 30s);
     if (!is_initialized() || get_rank() != rank || get_world_size() != 3) return 1;
@@ -71,14 +69,16 @@ TEST(Distributed, InitAllReduceSubgroupAndDestroy) {
 }
 
 TEST(Distributed, ClearErrorsBeforeAnyWorkStarts) {
+  const testing::TempDir dir("distributed");
+  const std::string url = "file://" + dir.path() + "/store";
   EXPECT_FALSE(is_initialized());
   EXPECT_THROW_MSG(get_rank(), InvalidArgumentError, "Call datapar::init_process_group() first");
   EXPECT_THROW_MSG(init_process_group("foo", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
                    "unknown backend \"foo\". Available in this build: gloo");
 #if DATAPAR_HAVE_NCCL
   if (torch::cuda::device_count() == 0) {
-    EXPECT_THROW_MSG(init_process_group("nccl", "tcp://127.0.0.1:" + std::to_string(free_port()), 0, 1, 10s),
-                     InvalidArgumentError, "no CUDA device is visible. Use the gloo or mpi backend on CPUs.");
+    EXPECT_THROW_MSG(init_process_group("nccl", url, 0, 1, 10s), InvalidArgumentError,
+                     "no CUDA device is visible. Use the gloo or mpi backend on CPUs.");
   }
 #else
   EXPECT_THROW_MSG(init_process_group("nccl", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
@@ -95,7 +95,7 @@ TEST(Distributed, ClearErrorsBeforeAnyWorkStarts) {
   EXPECT_THROW_MSG(init_process_group("gloo", "tcp://127.0.0.1", 0, 1, 1s), InvalidArgumentError, "HOST:PORT");
   EXPECT_FALSE(is_initialized());
   // A world of one needs no peers.
-  init_process_group("gloo", "tcp://127.0.0.1:" + std::to_string(free_port()), 0, 1, 10s);
+  init_process_group("gloo", url, 0, 1, 10s);
   EXPECT_THROW_MSG(init_process_group("gloo", "env://", 0, 1, 1s), InvalidArgumentError, "exists already");
   EXPECT_THROW_MSG(new_group({0, 0}), InvalidArgumentError, "listed twice");
   EXPECT_THROW_MSG(new_group({1}), InvalidArgumentError, "outside the job's [0, 1)");

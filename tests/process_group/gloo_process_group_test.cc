@@ -17,25 +17,23 @@
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
 #include "testing/ports.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
 
 using namespace std::chrono_literals;
 
-using testing::free_port;
-
 std::optional<std::string> no_env(const std::string&) { return std::nullopt; }
 
 // Runs fn(rank, group) on `size` threads, each a rank of one Gloo group over loopback.
 void spawn(int size, const std::function<void(int, ProcessGroup&)>& fn) {
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  testing::ThreadJobStore job(30s);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < size; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        Rendezvous rdzv = rendezvous(url, rank, size, 30s, no_env);
-        auto group = new_gloo_process_group(rdzv.store, rank, size, {"127.0.0.1", 30s});
+        auto group = new_gloo_process_group(job.join(rank), rank, size, {"127.0.0.1", 30s});
         fn(rank, *group);
         group->barrier()->wait();  // keep rank 0's store up until everyone is done
       } catch (const std::exception& e) {
@@ -225,20 +223,20 @@ TEST(GlooProcessGroup, PointToPointChecksItsArguments) {
 }
 
 TEST(GlooProcessGroup, ARecvWithoutASenderTimesOut) {
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  testing::ThreadJobStore job(30s);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      Rendezvous rdzv = rendezvous(url, rank, 2, 30s, no_env);
-      auto group = new_gloo_process_group(rdzv.store, rank, 2, {"127.0.0.1", 1s});
+      const std::shared_ptr<Store> store = job.join(rank);
+      auto group = new_gloo_process_group(store, rank, 2, {"127.0.0.1", 1s});
       if (rank == 1) {
         at::Tensor t = at::zeros({3});
         const auto start = std::chrono::steady_clock::now();
         EXPECT_THROW_MSG(group->recv(t, 0)->wait(), Error, "recv(from 0, tag 0) on rank 1 of 2");
         EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
-        rdzv.store->set("done", std::string("1"));
+        store->set("done", std::string("1"));
       } else {
-        rdzv.store->get("done");  // the store lives on rank 0 until rank 1 is done
+        store->get("done");  // the store lives on rank 0 until rank 1 is done
       }
     });
   }
@@ -260,7 +258,8 @@ TEST(GlooProcessGroup, RejectsWhatItCannotDo) {
 // A peer killed mid-job makes the others fail within the timeout, naming the operation and
 // the peer (`names_it`: how the survivors' error names rank 2).
 void kill_a_peer_mid_job(bool shared_memory, const std::string& names_it) {
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const testing::TempDir dir("gloo");
+  const std::string url = "file://" + dir.path() + "/store";
   std::vector<pid_t> pids;
   for (int rank = 0; rank < 3; ++rank) {
     const pid_t pid = ::fork();

@@ -14,16 +14,12 @@
 
 #include "datapar/error.h"
 #include "testing/expect_throw.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::string temp_dir() {
-  std::string pattern = ::testing::TempDir() + "/file_store_XXXXXX";
-  return ::mkdtemp(pattern.data());
-}
 
 bool exists(const std::string& path) {
   struct stat st;
@@ -59,7 +55,8 @@ int run_processes(int count, Fn fn) {
 }
 
 TEST(FileStore, EveryOperation) {
-  const std::string path = temp_dir() + "/store";
+  const testing::TempDir dir("file_store");
+  const std::string path = dir.path() + "/store";
   {
     FileStore store(path, world(1));
     store.set("a", "1");
@@ -80,7 +77,8 @@ TEST(FileStore, EveryOperation) {
 }
 
 TEST(FileStore, ConcurrentProcessesNeverLoseAnUpdateAndTheLastOneCleansUp) {
-  const std::string path = temp_dir() + "/store";
+  const testing::TempDir dir("file_store");
+  const std::string path = dir.path() + "/store";
   const int ok = run_processes(4, [&](int rank) {
     FileStore store(path, world(4));
     for (int k = 0; k < 50; ++k) store.add("sum", 1);
@@ -93,7 +91,8 @@ TEST(FileStore, ConcurrentProcessesNeverLoseAnUpdateAndTheLastOneCleansUp) {
 }
 
 TEST(FileStore, WaitSeesAnotherProcesssWrite) {
-  const std::string path = temp_dir() + "/store";
+  const testing::TempDir dir("file_store");
+  const std::string path = dir.path() + "/store";
   const int ok = run_processes(2, [&](int rank) {
     FileStore store(path, world(2));
     if (rank == 1) {
@@ -110,7 +109,8 @@ TEST(FileStore, WaitSeesAnotherProcesssWrite) {
 }
 
 TEST(FileStore, AStaleFileFromAnEarlierRunDoesNotLeakIntoANewOne) {
-  const std::string path = temp_dir() + "/store";
+  const testing::TempDir dir("file_store");
+  const std::string path = dir.path() + "/store";
   // An earlier run of 2 whose processes died without cleaning up.
   ASSERT_EQ(run_processes(1, [&](int) {
     auto* first = new FileStore(path, world(2));
@@ -147,7 +147,8 @@ std::string read_file(const std::string& path) {
 // Finding: a file:// path naming a file that is not a store (a typo, a checkpoint) was
 // truncated, written to and deleted at the end. Now it is refused and left as it was.
 TEST(FileStore, RefusesAFileThatIsNotAStoreAndLeavesItAlone) {
-  const std::string dir = temp_dir();
+  const testing::TempDir temp("file_store");
+  const std::string& dir = temp.path();
   const std::string precious(100, 'p');
   for (const std::string& content : {precious, std::string("\0\x06\0\0\0run_ix", 11), std::string(1, '\0')}) {
     const std::string path = dir + "/precious";

@@ -14,6 +14,7 @@
 #include "testing/expect_throw.h"
 #include "testing/ports.h"
 #include "testing/processes.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace {
@@ -28,7 +29,9 @@ Environment fake_env(std::map<std::string, std::string> vars) {
   };
 }
 
-using testing::free_port;
+// The tcp:// and env:// tests name rank 0's port in the URL or MASTER_PORT, as users do,
+// so they take a testing::ReservedPort (ports.h) that no other process can take meanwhile.
+using testing::ReservedPort;
 
 // Runs rendezvous for each (rank, world_size) on its own thread; returns what each threw ("" if nothing).
 std::vector<std::string> join_all(const std::string& url, const std::vector<std::pair<int, int>>& members,
@@ -96,12 +99,14 @@ TEST(InitMethod, ReadsTorchrunOpenMpiAndSlurmVariables) {
 }
 
 TEST(Rendezvous, TcpWithThreeRanks) {
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const ReservedPort port;
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.number());
   for (const std::string& e : join_all(url, {{0, 3}, {1, 3}, {2, 3}})) EXPECT_EQ(e, "");
 }
 
 TEST(Rendezvous, EnvReadsMasterAddrPortRankAndWorldSize) {
-  const std::string port = std::to_string(free_port());
+  const ReservedPort reserved;
+  const std::string port = std::to_string(reserved.number());
   std::vector<std::thread> threads;
   std::vector<int> ranks(2, -1);
   for (int r = 0; r < 2; ++r) {
@@ -124,8 +129,8 @@ TEST(Rendezvous, EnvReadsMasterAddrPortRankAndWorldSize) {
 }
 
 TEST(Rendezvous, FileWithThreeRanks) {
-  std::string dir = ::testing::TempDir() + "/rdzv_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const testing::TempDir temp("rendezvous");
+  const std::string& dir = temp.path();
   for (const std::string& e : join_all("file://" + dir + "/store", {{0, 3}, {1, 3}, {2, 3}})) EXPECT_EQ(e, "");
   EXPECT_THROW_MSG(rendezvous("file:///nonexistent-dir/store", 0, 1, 1s, fake_env({})), InvalidArgumentError,
                    "/nonexistent-dir of file:///nonexistent-dir/store does not exist");
@@ -134,13 +139,14 @@ TEST(Rendezvous, FileWithThreeRanks) {
 TEST(Rendezvous, ClearErrorsForBadRanksAndDisagreements) {
   EXPECT_THROW_MSG(rendezvous("tcp://127.0.0.1:1", 3, 3, 1s, fake_env({})), InvalidArgumentError,
                    "rank 3 is outside [0, 3)");
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const ReservedPort port, port2;
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.number());
   // Rank 1 twice, and rank 2 with another world size; the short timeout ends the rest.
   auto errors = join_all(url, {{0, 3}, {1, 3}, {1, 3}}, 2s);
   EXPECT_EQ(std::count_if(errors.begin(), errors.end(),
                           [](const std::string& e) { return e.find("rank 1 is claimed by two processes") != std::string::npos; }),
             1);
-  const std::string url2 = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const std::string url2 = "tcp://127.0.0.1:" + std::to_string(port2.number());
   errors = join_all(url2, {{0, 2}, {1, 3}}, 2s);
   EXPECT_TRUE(errors[1].find("has world size 3 but the job agreed on 2") != std::string::npos ||
               errors[0].find("has world size 2 but the job agreed on 3") != std::string::npos)
@@ -148,7 +154,8 @@ TEST(Rendezvous, ClearErrorsForBadRanksAndDisagreements) {
 }
 
 TEST(Rendezvous, MissingRanksAreNamedWhenTheTimeoutEnds) {
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const ReservedPort port;
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.number());
   const auto errors = join_all(url, {{0, 4}, {2, 4}}, 300ms);
   EXPECT_NE(errors[0].find("2 of 4 ranks never arrived (1, 3)"), std::string::npos) << errors[0];
   // Rank 2 times out the same way, unless rank 0 gave up first and took its server with it.
@@ -159,8 +166,8 @@ TEST(Rendezvous, MissingRanksAreNamedWhenTheTimeoutEnds) {
 
 // Finding (file://): a foreign file was truncated, written to and deleted.
 TEST(InitMethod, FileUrlNamingAForeignFileIsRefusedAndLeftAlone) {
-  std::string dir = ::testing::TempDir() + "/rdzv_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const testing::TempDir temp("rendezvous");
+  const std::string& dir = temp.path();
   const std::string path = dir + "/model.pt";
   std::ofstream(path) << "not a store";
   EXPECT_THROW_MSG(rendezvous("file://" + path, 0, 1, 1s, fake_env({})), InvalidArgumentError,
@@ -187,9 +194,10 @@ TEST(InitMethod, JobAcrossMachinesWithoutATokenRefusesToStart) {
 // makes a token and the other ranks, separate processes, find it.
 TEST(InitMethod, ProcessesOfOneMachineShareAGeneratedToken) {
   ::unsetenv("DATAPAR_STORE_TOKEN");
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
-  std::string dir = ::testing::TempDir() + "/rdzv_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const ReservedPort port;
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.number());
+  const testing::TempDir temp("rendezvous");
+  const std::string& dir = temp.path();
   const std::string probe = std::string(DATAPAR_BIN_DIR) + "/store_probe";
   // Rank 0 last: the others wait for its server, and its token.
   const auto results = testing::run_processes({{probe, url, "2", "3"}, {probe, url, "1", "3"}, {probe, url, "0", "3"}},
@@ -198,7 +206,8 @@ TEST(InitMethod, ProcessesOfOneMachineShareAGeneratedToken) {
 }
 
 TEST(Rendezvous, UnreachableMasterTimesOut) {
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const ReservedPort port;  // nothing listens there, and nothing else can start to
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.number());
   EXPECT_THROW_MSG(rendezvous(url, 1, 2, 300ms, fake_env({})), TimeoutError, "Is the store server (rank 0) running?");
 }
 

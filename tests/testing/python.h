@@ -1,5 +1,5 @@
-// Helpers for tests that compare with PyTorch: run a Python that has torch on a script, in a
-// fresh temporary directory.
+// Helpers for tests that compare with PyTorch: run a Python that has torch on a script,
+// written into the caller's directory (a testing::TempDir of temp_dir.h).
 //
 // The interpreter: $DATAPAR_TEST_PYTHON, else the one CMake chose to match the Torch datapar
 // is built with (DATAPAR_TEST_PYTHON in CMake: Debian's /usr/bin/python3 for Debian's
@@ -12,8 +12,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
-
-#include <stdlib.h>
 
 #ifndef DATAPAR_TEST_PYTHON
 #error "tests/CMakeLists.txt defines DATAPAR_TEST_PYTHON, the interpreter for the Python interop tests"
@@ -45,13 +43,6 @@ inline const std::string& python_problem() {
     if (!::datapar::testing::python_problem().empty())                      \
       FAIL() << ::datapar::testing::python_problem();                       \
   } while (0)
-
-// A new directory under the test temp dir, so that concurrent test runs never share files.
-inline std::string make_temp_dir(const std::string& prefix) {
-  std::string dir = ::testing::TempDir() + "/" + prefix + "_XXXXXX";
-  if (::mkdtemp(dir.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed for " << dir;
-  return dir;
-}
 
 // Runs python() on the script file at `path` with `args`; returns the exit status (0 on
 // success). PYTHONPATH includes the repository's python/ folder.

@@ -25,6 +25,7 @@
 #include "datapar/train/checkpoint.h"
 #include "testing/namespaces.h"
 #include "testing/processes.h"
+#include "testing/temp_dir.h"
 
 namespace {
 
@@ -32,14 +33,9 @@ using namespace std::chrono_literals;
 namespace train = datapar::train;
 using datapar::testing::ProcessResult;
 using datapar::testing::run_processes;
+using datapar::testing::TempDir;
 
 std::string bin(const std::string& name) { return std::string(DATAPAR_BIN_DIR) + "/" + name; }
-
-std::string temp_dir() {
-  char pattern[] = "/tmp/datapar_launch_XXXXXX";
-  const char* dir = ::mkdtemp(pattern);
-  return dir ? dir : "/tmp";
-}
 
 // How many times `text` holds `what`.
 int count(const std::string& text, const std::string& what) {
@@ -61,9 +57,8 @@ ProcessResult launch(const std::string& runner, const std::vector<std::string>& 
   if (!runner.empty()) command.insert(command.end(), {"--runner", runner});
   command.insert(command.end(), args.begin(), args.end());
   bool timed_out = false;
-  const std::string logs = temp_dir();
-  ProcessResult r = run_processes({command}, logs, 60s, &timed_out)[0];
-  std::filesystem::remove_all(logs);
+  const TempDir logs("launch_test");
+  ProcessResult r = run_processes({command}, logs.path(), 60s, &timed_out)[0];
   EXPECT_FALSE(timed_out) << "datapar launch did not finish in 60 s:\n" << r.output;
   return r;
 }
@@ -211,7 +206,8 @@ TEST(LaunchNodes, SecondNodeOfTwoGetsItsRanksTokenAndPort) {
 // Finding: --token puts the secret in argv, where `ps` shows it to every user. --token-file
 // reads it from a file instead; --token still works, with a warning.
 TEST(LaunchNodes, TokenFileKeepsTheTokenOutOfArgv) {
-  const std::string dir = temp_dir();
+  const TempDir temp("launch_test");
+  const std::string& dir = temp.path();
   const std::string file = dir + "/token";
   std::ofstream(file) << "from-a-file\n";
   ::chmod(file.c_str(), 0600);
@@ -237,7 +233,6 @@ TEST(LaunchNodes, TokenFileKeepsTheTokenOutOfArgv) {
   EXPECT_NE(r.output.find(dir + "/missing"), std::string::npos) << r.output;
   r = with({"--token-file", file, "--token", "both"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  std::filesystem::remove_all(dir);
 }
 
 // The default single-node path (issue 14): `datapar launch` without flags forks the workers,
@@ -277,7 +272,8 @@ TEST_P(Launch, PrefixesEveryLineWithTheRank) {
 }
 
 TEST_P(Launch, FailingWorkerStopsTheOthers) {
-  const std::string dir = temp_dir();
+  const TempDir temp("launch_test");
+  const std::string& dir = temp.path();
   const ProcessResult r = launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "fail", dir, "1", "7"});
   EXPECT_EQ(r.exit_code, 7) << r.output;
   // Timing-free check that SIGTERM alone stopped them (a loaded machine makes wall time useless).
@@ -302,7 +298,8 @@ TEST_P(Launch, HungRankEndsTheJobWithinTheTimeout) {
 }
 
 TEST_P(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
-  const std::string dir = temp_dir();
+  const TempDir temp("launch_test");
+  const std::string& dir = temp.path();
   const ProcessResult r = launch({"--nproc-per-node", "2", "--", bin("launch_probe"), "fail", dir, "0", "-9"});
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
   const std::vector<pid_t> pids = worker_pids(dir, 2);
@@ -313,7 +310,8 @@ TEST_P(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
 }
 
 TEST_P(Launch, SigtermStopsEveryWorker) {
-  const std::string dir = temp_dir();
+  const TempDir temp("launch_test");
+  const std::string& dir = temp.path();
   const Background b = start_launch(runner(), {"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
   ASSERT_GT(b.pid, 0);
   const std::vector<pid_t> pids = worker_pids(dir, 3);
@@ -325,7 +323,8 @@ TEST_P(Launch, SigtermStopsEveryWorker) {
 }
 
 TEST_P(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
-  const std::string dir = temp_dir();
+  const TempDir temp("launch_test");
+  const std::string& dir = temp.path();
   const Background b = start_launch(
       runner(), {"--nproc-per-node", "2", "--grace-period", "0.5", "--", bin("launch_probe"), "sleep", dir, "ignore-term"}, dir);
   ASSERT_GT(b.pid, 0);
@@ -338,7 +337,8 @@ TEST_P(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
 }
 
 TEST_P(Launch, NoOrphansAfterTheLauncherIsKilled) {
-  const std::string dir = temp_dir();
+  const TempDir temp("launch_test");
+  const std::string& dir = temp.path();
   const Background b = start_launch(runner(), {"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
   ASSERT_GT(b.pid, 0);
   const std::vector<pid_t> pids = worker_pids(dir, 3);
@@ -400,12 +400,13 @@ TEST(LaunchChaos, ThreeRandomKillsEndWithTheParametersOfAnUninterruptedRun) {
                                     "--batch-size", "64", "--limit", "3000", "--threads", "1", "--workers", "1",
                                     "--checkpoint-dir", checkpoints};
   };
-  const std::string straight_dir = temp_dir();
-  const ProcessResult straight = launch("fork", train(straight_dir));
+  const TempDir straight_dir("launch_test");
+  const ProcessResult straight = launch("fork", train(straight_dir.path()));
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
 
-  const std::string chaos_dir = temp_dir(), logs = temp_dir();
-  const Background b = start_launch("fork", train(chaos_dir), logs);
+  const TempDir chaos_temp("launch_test"), logs("launch_test");
+  const std::string& chaos_dir = chaos_temp.path();
+  const Background b = start_launch("fork", train(chaos_dir), logs.path());
   ASSERT_GT(b.pid, 0);
   std::mt19937 random(20261124);
   int epoch_seen = 0;
@@ -431,7 +432,7 @@ TEST(LaunchChaos, ThreeRandomKillsEndWithTheParametersOfAnUninterruptedRun) {
   const std::string log = read_file(b.log);
   EXPECT_NE(log.find("restart 3 of 3"), std::string::npos) << log;
 
-  const train::Checkpoint expected = train::load_checkpoint(train::checkpoint_path(straight_dir, 8));
+  const train::Checkpoint expected = train::load_checkpoint(train::checkpoint_path(straight_dir.path(), 8));
   const train::Checkpoint got = train::load_checkpoint(train::checkpoint_path(chaos_dir, 8));
   ASSERT_EQ(got.model.size(), expected.model.size());
   for (const auto& item : expected.model) {
@@ -454,7 +455,8 @@ bool has_entry(const std::string& dir, const std::string& prefix) {
 // shared-memory segments in /dev/shm); the next launcher removes them.
 TEST(LaunchLeftovers, NextLauncherRemovesWhatAKilledOneLeft) {
   if (!DATAPAR_HAVE_MPI) GTEST_SKIP() << "this build has no MPI: forked workers leave no directories";
-  const std::string dir = temp_dir();
+  const TempDir temp("launch_test");
+  const std::string& dir = temp.path();
   const Background b = start_launch("mpirun", {"--nproc-per-node", "2", "--", bin("launch_probe"), "sleep", dir}, dir);
   ASSERT_GT(b.pid, 0);
   const std::vector<pid_t> pids = worker_pids(dir, 2);
@@ -481,18 +483,20 @@ std::string final_weights(const std::string& output) {
 
 TEST_P(Launch, MaxRestartsResumesFromTheLastCheckpoint) {
   const std::string probe = bin("launch_probe");
-  const ProcessResult straight = launch({"--nproc-per-node", "2", "--", probe, "train", temp_dir(), "4", "-1"});
+  const TempDir straight_dir("launch_test"), failed_dir("launch_test"), resumed_dir("launch_test");
+  const ProcessResult straight =
+      launch({"--nproc-per-node", "2", "--", probe, "train", straight_dir.path(), "4", "-1"});
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
   const std::string expected = final_weights(straight.output);
   ASSERT_FALSE(expected.empty()) << straight.output;
 
   // Without restarts the failure ends the job.
-  const ProcessResult failed = launch({"--nproc-per-node", "2", "--", probe, "train", temp_dir(), "4", "2"});
+  const ProcessResult failed = launch({"--nproc-per-node", "2", "--", probe, "train", failed_dir.path(), "4", "2"});
   EXPECT_EQ(failed.exit_code, 3) << failed.output;
   EXPECT_NE(failed.output.find("datapar launch: rank 1 (local rank 1, pid "), std::string::npos) << failed.output;
 
   const ProcessResult resumed =
-      launch({"--nproc-per-node", "2", "--max-restarts", "2", "--", probe, "train", temp_dir(), "4", "2"});
+      launch({"--nproc-per-node", "2", "--max-restarts", "2", "--", probe, "train", resumed_dir.path(), "4", "2"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("[rank 1] failing at epoch 2"), std::string::npos) << resumed.output;
   EXPECT_NE(resumed.output.find("datapar launch: restarting all 2 workers (restart 1 of 2)"), std::string::npos)
@@ -534,7 +538,8 @@ TEST(TwoHosts, PartitionFailsBothRanksNamingThePeerWithinTheTimeout) {
   if (!skip.empty()) GTEST_SKIP() << skip;
   datapar::testing::NamespacePair hosts;
   ASSERT_TRUE(hosts.ok()) << "could not set up the namespaces:\n" << hosts.setup_output();
-  const std::string dir = temp_dir();
+  const TempDir temp("launch_test");
+  const std::string& dir = temp.path();
   auto rank = [&](const std::string& ns, const std::string& address, int r) {
     return "ip netns exec " + ns + " env RANK=" + std::to_string(r) + " WORLD_SIZE=2 MASTER_ADDR=" +
            hosts.address_a() + " MASTER_PORT=29500 DATAPAR_STORE_TOKEN=partition DATAPAR_GLOO_HOSTNAME=" + address +
@@ -581,7 +586,8 @@ TEST(TwoHosts, LaunchAcrossANetworkNamespacePair) {
   if (!skip.empty()) GTEST_SKIP() << skip;
   datapar::testing::NamespacePair hosts;
   ASSERT_TRUE(hosts.ok()) << "could not set up the namespaces:\n" << hosts.setup_output();
-  const std::string dir = temp_dir();
+  const TempDir temp("launch_test");
+  const std::string& dir = temp.path();
   auto node = [&](const std::string& ns, const std::string& address, int node_rank) {
     // Both namespaces share this machine's hostname: tell Gloo which address is ours.
     return "ip netns exec " + ns + " env DATAPAR_GLOO_HOSTNAME=" + address + " timeout 60 " + bin("datapar") +

@@ -15,6 +15,7 @@
 
 #include "datapar/error.h"
 #include "datapar/train/checkpoint.h"
+#include "testing/temp_dir.h"
 
 namespace datapar::train {
 namespace {
@@ -24,23 +25,20 @@ namespace fs = std::filesystem;
 // A tmpfs of `bytes` mounted on a fresh directory for the test's lifetime.
 class SmallDisk {
  public:
-  explicit SmallDisk(size_t bytes) : dir_(fs::path(::testing::TempDir()) / ("small-disk-" + std::to_string(::getpid()))) {
-    fs::create_directories(dir_);
+  explicit SmallDisk(size_t bytes) {
     const std::string options = "size=" + std::to_string(bytes);
-    if (::mount("tmpfs", dir_.c_str(), "tmpfs", 0, options.c_str()) != 0) {
+    if (::mount("tmpfs", dir().c_str(), "tmpfs", 0, options.c_str()) != 0) {
       problem_ = std::string("cannot mount a tmpfs (") + std::strerror(errno) + "): needs root (CAP_SYS_ADMIN)";
     }
   }
   ~SmallDisk() {
-    if (problem_.empty()) ::umount2(dir_.c_str(), MNT_DETACH);
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
+    if (problem_.empty()) ::umount2(dir().c_str(), MNT_DETACH);  // before mount_point_ goes
   }
   const std::string& problem() const { return problem_; }
-  std::string dir() const { return dir_.string(); }
+  const std::string& dir() const { return mount_point_.path(); }
 
  private:
-  fs::path dir_;
+  testing::TempDir mount_point_{"small_disk"};
   std::string problem_;
 };
 

@@ -8,7 +8,6 @@
 //      Python's own optimizer.state_dict().
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
@@ -17,12 +16,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <stdexcept>
 
 #include "datapar/models/mlp.h"
 #include "datapar/state_dict.h"
 #include "datapar/train/checkpoint.h"
 #include "testing/python.h"
+#include "testing/temp_dir.h"
 
 namespace datapar::train {
 namespace {
@@ -52,13 +51,6 @@ int run_python(const std::string& dir, const std::string& name, const std::strin
   return testing::run_python(dir, name, kPythonMlp + body, dir);
 }
 
-// A new directory per call, so that runs never see each other's files.
-std::string temp_dir(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "/" + name + "XXXXXX";
-  if (::mkdtemp(&dir[0]) == nullptr) throw std::runtime_error("mkdtemp failed for " + dir);
-  return dir;
-}
-
 void sgd_step(Mlp& m, torch::optim::Optimizer& opt, const at::Tensor& x, const at::Tensor& y) {
   opt.zero_grad();
   at::nll_loss(at::log_softmax(m->forward(x), 1), y).backward();
@@ -67,7 +59,8 @@ void sgd_step(Mlp& m, torch::optim::Optimizer& opt, const at::Tensor& x, const a
 
 TEST(CheckpointPython, PythonLoadsOurCheckpointsModelOptimizerAndRng) {
   DATAPAR_REQUIRE_PYTHON_TORCH();
-  const std::string dir = temp_dir("to_python");
+  const testing::TempDir temp("to_python");
+  const std::string& dir = temp.path();
   for (const std::string name : {"sgd", "adam"}) {
     torch::manual_seed(3);
     Mlp model(std::vector<int64_t>{6, 8, 3});
@@ -123,7 +116,8 @@ for name in ("sgd", "adam"):
 
 TEST(CheckpointPython, WeLoadPythonsStateDictsAndCheckpoints) {
   DATAPAR_REQUIRE_PYTHON_TORCH();
-  const std::string dir = temp_dir("from_python");
+  const testing::TempDir temp("from_python");
+  const std::string& dir = temp.path();
   ASSERT_EQ(run_python(dir, "write_theirs.py", R"(
 torch.manual_seed(0)
 m = Mlp([6, 8, 3])

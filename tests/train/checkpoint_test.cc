@@ -19,13 +19,13 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
-#include <stdexcept>
 #include <thread>
 
 #include "datapar/error.h"
 #include "datapar/models/mlp.h"
 #include "serialization/torch_file.h"
 #include "testing/expect_throw.h"
+#include "testing/temp_dir.h"
 
 namespace datapar::train {
 namespace {
@@ -33,13 +33,6 @@ namespace {
 using models::Mlp;
 
 Mlp mlp(std::vector<int64_t> sizes) { return Mlp(std::move(sizes)); }
-
-// A new directory per call, so that runs never see each other's files.
-std::string temp_dir(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "/" + name + "XXXXXX";
-  if (::mkdtemp(&dir[0]) == nullptr) throw std::runtime_error("mkdtemp failed for " + dir);
-  return dir;
-}
 
 struct Data {
   at::Tensor x;  // (64, 8)
@@ -79,7 +72,8 @@ class CheckpointResume : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CheckpointResume, GivesTheSameParametersAsAnUninterruptedRun) {
   const bool adam = GetParam();
-  const std::string dir = temp_dir(adam ? "resume_adam" : "resume_sgd");
+  const testing::TempDir temp(adam ? "resume_adam" : "resume_sgd");
+  const std::string& dir = temp.path();
 
   torch::manual_seed(42);
   const Data data = make_data();
@@ -125,7 +119,8 @@ INSTANTIATE_TEST_SUITE_P(Checkpoint, CheckpointResume, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Adam" : "SgdNesterov"; });
 
 TEST(Checkpoint, OnlyRankZeroWritesAndLoadsOntoTheGivenDevice) {
-  const std::string dir = temp_dir("ranks");
+  const testing::TempDir temp("ranks");
+  const std::string& dir = temp.path();
   Mlp model = mlp({4, 5, 2});
   auto opt = make_optimizer(model, false);
   const Checkpoint c = make_checkpoint(*model, *opt, 1);
@@ -139,7 +134,8 @@ TEST(Checkpoint, OnlyRankZeroWritesAndLoadsOntoTheGivenDevice) {
 }
 
 TEST(Checkpoint, LatestSkipsDamagedCheckpointsAndTemporaries) {
-  const std::string dir = temp_dir("latest");
+  const testing::TempDir temp("latest");
+  const std::string& dir = temp.path();
   EXPECT_FALSE(latest_checkpoint(dir + "/missing").has_value());
   Mlp model = mlp({4, 5, 2});
   auto opt = make_optimizer(model, false);
@@ -154,7 +150,8 @@ TEST(Checkpoint, LatestSkipsDamagedCheckpointsAndTemporaries) {
 // A real SIGKILL at a random moment of a large write, many times over: the file at the
 // path always loads, and holds the old checkpoint or the new one, whole.
 TEST(Checkpoint, KillDuringSaveLeavesALoadableCheckpoint) {
-  const std::string dir = temp_dir("kill");
+  const testing::TempDir temp("kill");
+  const std::string& dir = temp.path();
   const std::string path = checkpoint_path(dir, 1);
   Mlp model = mlp({1024, 2048, 1024, 10});  // about 4.2 M parameters, 17 MB
   auto opt = make_optimizer(model, false);
@@ -190,8 +187,6 @@ TEST(Checkpoint, KillDuringSaveLeavesALoadableCheckpoint) {
     ::unlink(temp.c_str());
   }
   EXPECT_GT(killed_mid_write, 0) << "no kill landed inside a write; the test proved nothing";
-  ::unlink(path.c_str());  // 17 MB
-  ::rmdir(dir.c_str());
 }
 
 // ---- damaged and foreign files: a CheckpointError naming the file and the problem ----
@@ -199,7 +194,6 @@ TEST(Checkpoint, KillDuringSaveLeavesALoadableCheckpoint) {
 class CheckpointErrors : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = temp_dir("errors");
     path_ = checkpoint_path(dir_, 3);
     opt_ = make_optimizer(model_, false);
     train_epoch(model_, *opt_, make_data());  // momentum buffers exist
@@ -213,7 +207,8 @@ class CheckpointErrors : public ::testing::Test {
   }
   c10::impl::GenericDict root() { return detail::torch_load(path_).toGenericDict(); }
 
-  std::string dir_;
+  const testing::TempDir temp_{"errors"};
+  const std::string& dir_ = temp_.path();
   std::string path_;
   Mlp model_ = mlp({8, 6, 3});
   std::unique_ptr<torch::optim::Optimizer> opt_;
@@ -328,7 +323,8 @@ TEST_F(CheckpointErrors, OptimizerStateInsideItselfIsRefused) {
 // Note [Damaged checkpoints]: the newest checkpoint that loads whole is used; each newer one
 // is reported, and rank 0 renames it without replacing anything.
 TEST(Checkpoint, LoadLatestMovesDamagedCheckpointsAsideAndFallsBack) {
-  const std::string dir = temp_dir("load_latest");
+  const testing::TempDir temp("load_latest");
+  const std::string& dir = temp.path();
   EXPECT_FALSE(load_latest_checkpoint(dir + "/missing", 0).checkpoint.has_value());
   Mlp model = mlp({4, 5, 2});
   auto opt = make_optimizer(model, false);
@@ -389,7 +385,8 @@ TEST(Checkpoint, LoadLatestMovesDamagedCheckpointsAsideAndFallsBack) {
 
 // A file that loads but is not a checkpoint of this format is not damage: an error, left alone.
 TEST(Checkpoint, LoadLatestLeavesForeignFilesAlone) {
-  const std::string dir = temp_dir("load_latest_foreign");
+  const testing::TempDir temp("load_latest_foreign");
+  const std::string& dir = temp.path();
   save_state_dict(state_dict(*mlp({4, 5, 2})), checkpoint_path(dir, 1));
   EXPECT_THROW_MSG(load_latest_checkpoint(dir, 0), CheckpointError, "is a state dict, not a checkpoint");
   EXPECT_TRUE(std::ifstream(checkpoint_path(dir, 1)).good());

@@ -26,10 +26,12 @@
 #include "testing/idx.h"
 #include "testing/ports.h"
 #include "testing/processes.h"
+#include "testing/temp_dir.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using datapar::testing::TempDir;
 
 struct CliRun {
   int code = -1;
@@ -60,9 +62,11 @@ std::vector<std::string> split(const std::string& args) {
 }
 
 // A ddp job of `world` local ranks, each `datapar <args>` with torchrun's variables.
+// MASTER_PORT must be known before rank 0 binds it, as under torchrun: a ReservedPort.
 std::vector<datapar::testing::ProcessResult> ddp_job(const std::string& args, int world, const std::string& dir,
                                                     const std::vector<std::string>& per_rank_args = {}) {
-  const std::string port = std::to_string(datapar::testing::free_port());
+  const datapar::testing::ReservedPort reserved;
+  const std::string port = std::to_string(reserved.number());
   std::vector<std::vector<std::string>> commands;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> c = {"/usr/bin/env", "RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
@@ -76,13 +80,6 @@ std::vector<datapar::testing::ProcessResult> ddp_job(const std::string& args, in
   }
   fs::create_directories(dir);
   return datapar::testing::run_processes(commands, dir, std::chrono::seconds(120));
-}
-
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/train_cli_" + name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
 }
 
 const std::regex kEpochLine(
@@ -122,7 +119,8 @@ std::string report_flags(const std::string& dir) {
 }
 
 TEST(TrainCli, SingleModeTrainsAnEpochAndReports) {
-  const std::string dir = fresh_dir("single");
+  const TempDir temp("train_cli_single");
+  const std::string& dir = temp.path();
   const CliRun r = cli(kSmall + " --epochs 1 --mode single" + report_flags(dir));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, kEpochLine)) << r.output;
@@ -133,7 +131,8 @@ TEST(TrainCli, SingleModeTrainsAnEpochAndReports) {
 }
 
 TEST(TrainCli, DataParallelModeSplitsOverTwoCpuDevices) {
-  const std::string dir = fresh_dir("dp");
+  const TempDir temp("train_cli_dp");
+  const std::string& dir = temp.path();
   const CliRun r = cli(kSmall + " --model lenet --epochs 1 --mode dp --devices cpu:0,cpu:1 --scale-lr" + report_flags(dir));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, kEpochLine)) << r.output;
@@ -148,7 +147,8 @@ TEST(TrainCli, DataParallelModeSplitsOverTwoCpuDevices) {
 TEST(TrainCli, CopyReplicasTrainLikeSharedOnes) {
   std::map<std::string, nlohmann::json> metrics;
   for (const std::string kind : {"shared", "copy"}) {
-    const std::string dir = fresh_dir("dp_" + kind);
+    const TempDir temp("train_cli_dp_" + kind);
+    const std::string& dir = temp.path();
     const CliRun r = cli(kSmall + " --epochs 2 --mode dp --devices cpu:0,cpu:1,cpu:2 --replicas " + kind +
                          " --metrics " + dir + "/m.jsonl");
     ASSERT_EQ(r.code, 0) << r.output;
@@ -162,7 +162,8 @@ TEST(TrainCli, CopyReplicasTrainLikeSharedOnes) {
 }
 
 TEST(TrainCli, DdpBackendMustFitTheDevice) {
-  const std::string dir = fresh_dir("ddp_backend");
+  const TempDir temp("train_cli_ddp_backend");
+  const std::string& dir = temp.path();
   for (const auto& p : ddp_job(kSmall + " --epochs 1 --mode ddp --backend nccl", 2, dir)) {
     EXPECT_EQ(p.exit_code, 2) << p.output;
     EXPECT_NE(p.output.find("--backend nccl: this rank trains on cpu:"), std::string::npos) << p.output;
@@ -171,7 +172,8 @@ TEST(TrainCli, DdpBackendMustFitTheDevice) {
 }
 
 TEST(TrainCli, DdpModeRunsAsTwoRanksAndOnlyRankZeroReports) {
-  const std::string dir = fresh_dir("ddp");
+  const TempDir temp("train_cli_ddp");
+  const std::string& dir = temp.path();
   const auto results = ddp_job(kSmall + " --epochs 1 --mode ddp", 2, dir,
                                {report_flags(dir), " --metrics " + dir + "/rank1.jsonl --plot " + dir + "/rank1.png"});
   for (const auto& p : results) ASSERT_EQ(p.exit_code, 0) << p.output;
@@ -193,7 +195,8 @@ std::string test_accuracy(const std::string& output) {
 
 TEST(TrainCli, DdpTestAccuracyIsExactOverRanks) {
   // 999 test samples do not split over 2 ranks: the sampler pads one, which must not count.
-  const std::string dir = fresh_dir("exact");
+  const TempDir temp("train_cli_exact");
+  const std::string& dir = temp.path();
   const std::string args =
       " train --model mlp --data synthetic --limit 999 --batch-size 64 --workers 1 --checkpoint-dir " + dir;
   ASSERT_EQ(cli(args + " --epochs 1").code, 0);
@@ -221,7 +224,9 @@ void expect_same_parameters(const std::string& a, const std::string& b) {
 }
 
 TEST(TrainCli, ResumeEqualsAnUninterruptedRunSingle) {
-  const std::string straight = fresh_dir("resume_straight"), resumed = fresh_dir("resume_resumed");
+  const TempDir straight_temp("train_cli_resume_straight"), resumed_temp("train_cli_resume_resumed");
+  const std::string& straight = straight_temp.path();
+  const std::string& resumed = resumed_temp.path();
   const std::string args = kSmall + " --model lenet --seed 3 --checkpoint-dir ";
   ASSERT_EQ(cli(args + straight + " --epochs 4").code, 0);
   ASSERT_EQ(cli(args + resumed + " --epochs 2 --metrics " + resumed + "/m.jsonl").code, 0);
@@ -238,7 +243,9 @@ TEST(TrainCli, ResumeEqualsAnUninterruptedRunSingle) {
 }
 
 TEST(TrainCli, ResumeEqualsAnUninterruptedRunDdp) {
-  const std::string straight = fresh_dir("ddp_resume_straight"), resumed = fresh_dir("ddp_resume_resumed");
+  const TempDir straight_temp("train_cli_ddp_resume_straight"), resumed_temp("train_cli_ddp_resume_resumed");
+  const std::string& straight = straight_temp.path();
+  const std::string& resumed = resumed_temp.path();
   const std::string args = kSmall + " --mode ddp --seed 5 --checkpoint-dir ";
   for (const auto& p : ddp_job(args + straight + " --epochs 4", 2, straight + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
   for (const auto& p : ddp_job(args + resumed + " --epochs 2", 2, resumed + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
@@ -294,7 +301,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--metrics /nonexistent/m.jsonl", "--metrics /nonexistent/m.jsonl: the directory /nonexistent does not exist"}));
 
 TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {
-  const std::string dir = fresh_dir("ddp_errors");
+  const TempDir temp("train_cli_ddp_errors");
+  const std::string& dir = temp.path();
   for (const auto& p : ddp_job(kSmall + " --epochs 1 --mode ddp --batch-size 1", 2, dir)) {
     EXPECT_EQ(p.exit_code, 2) << p.output;
     EXPECT_NE(p.output.find("--batch-size 1 is smaller than the 2 ranks"), std::string::npos) << p.output;
@@ -321,7 +329,8 @@ int cli_peak_memory(const std::string& args, const std::string& log, int64_t* pe
 // and convert all of them first (1.28 GB). Now it reads 64, so the run costs what the same
 // run on the small shipped subset costs.
 TEST(TrainCli, LimitReadsOnlyTheSamplesItUses) {
-  const std::string dir = fresh_dir("big_data");
+  const TempDir temp("train_cli_big_data");
+  const std::string& dir = temp.path();
   datapar::testing::write_zero_idx_gz(dir + "/train-images-idx3-ubyte.gz", 0x803, {300000, 28, 28});
   datapar::testing::write_zero_idx_gz(dir + "/train-labels-idx1-ubyte.gz", 0x801, {300000});
   datapar::testing::write_zero_idx_gz(dir + "/t10k-images-idx3-ubyte.gz", 0x803, {300000, 28, 28});
@@ -338,7 +347,8 @@ TEST(TrainCli, LimitReadsOnlyTheSamplesItUses) {
 }
 
 TEST(TrainCli, AnEmptyDatasetIsAnError) {
-  const std::string dir = fresh_dir("empty_data");
+  const TempDir temp("train_cli_empty_data");
+  const std::string& dir = temp.path();
   for (const std::string split : {"train", "t10k"}) {
     datapar::testing::write_zero_idx_gz(dir + "/" + split + "-images-idx3-ubyte.gz", 0x803, {0, 28, 28});
     datapar::testing::write_zero_idx_gz(dir + "/" + split + "-labels-idx1-ubyte.gz", 0x801, {0});
@@ -367,7 +377,8 @@ std::string flip_a_tensor_bit(const std::string& path) {
 }
 
 TEST(TrainCli, ResumeMovesADamagedNewestCheckpointAsideAndUsesTheOneBefore) {
-  const std::string dir = fresh_dir("damaged_newest");
+  const TempDir temp("train_cli_damaged_newest");
+  const std::string& dir = temp.path();
   const std::string args = kSmall + " --checkpoint-dir " + dir;
   ASSERT_EQ(cli(args + " --epochs 2").code, 0);
   const std::string damaged = flip_a_tensor_bit(dir + "/checkpoint-epoch-2.pt");
@@ -382,7 +393,8 @@ TEST(TrainCli, ResumeMovesADamagedNewestCheckpointAsideAndUsesTheOneBefore) {
 }
 
 TEST(TrainCli, ResumeWithEveryCheckpointDamagedDoesNotStartOverUnlessTold) {
-  const std::string dir = fresh_dir("all_damaged");
+  const TempDir temp("train_cli_all_damaged");
+  const std::string& dir = temp.path();
   const std::string args = kSmall + " --checkpoint-dir " + dir;
   ASSERT_EQ(cli(args + " --epochs 1").code, 0);
   ::truncate((dir + "/checkpoint-epoch-1.pt").c_str(), 100);
@@ -411,7 +423,8 @@ TEST(TrainCli, ResumeWithEveryCheckpointDamagedDoesNotStartOverUnlessTold) {
 }
 
 TEST(TrainCli, ResumeWithNoCheckpointYet) {
-  const std::string dir = fresh_dir("no_checkpoint_yet");
+  const TempDir temp("train_cli_no_checkpoint_yet");
+  const std::string& dir = temp.path();
   const std::string args = kSmall + " --epochs 1 --checkpoint-dir " + dir;
   // A restart before the first checkpoint was written: the run starts from epoch 1.
   ::setenv("DATAPAR_RESTART_COUNT", "1", 1);
@@ -420,7 +433,8 @@ TEST(TrainCli, ResumeWithNoCheckpointYet) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("starting from epoch 1"), std::string::npos) << r.output;
   // An explicit --resume with nothing to resume from is a mistake, unless told to start over.
-  const std::string empty = fresh_dir("no_checkpoint_at_all");
+  const TempDir empty_temp("train_cli_no_checkpoint_at_all");
+  const std::string& empty = empty_temp.path();
   r = cli(kSmall + " --epochs 1 --resume --checkpoint-dir " + empty);
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("--resume: no checkpoint in " + empty), std::string::npos) << r.output;

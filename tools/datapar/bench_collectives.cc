@@ -12,7 +12,6 @@
 // copy adds about 10 us, which shows only at the smallest sizes. Only CPU-build libtorch
 // APIs are used here: the tool is built without CUDA too.
 #include "bench_collectives.h"
-#include "local_job.h"
 
 #include <ATen/ATen.h>
 #include <sys/wait.h>
@@ -25,11 +24,12 @@
 #include <optional>
 #include <string>
 
+#include "bench_format.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/tcp_store.h"
-#include "bench_format.h"
+#include "local_job.h"
 
 namespace datapar::tools {
 namespace {

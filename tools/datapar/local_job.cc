@@ -1,6 +1,7 @@
 #include "local_job.h"
 
 #include <sys/wait.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,8 +10,6 @@
 #include <cstring>
 #include <fstream>
 #include <vector>
-
-#include <torch/cuda.h>
 
 #include "datapar/config.h"
 #include "datapar/distributed.h"

@@ -6,14 +6,14 @@
 #include <iostream>
 #include <string>
 
-#include "datapar/config.h"
-#include "datapar/devices.h"
 #include "bench_collectives.h"
 #include "bench_ddp.h"
-#include "train.h"
+#include "datapar/config.h"
+#include "datapar/devices.h"
 #include "datapar/error.h"
 #include "launch.h"
 #include "mpirun_group.h"
+#include "train.h"
 
 namespace {
 

@@ -30,8 +30,8 @@
 // - Not thread-safe: one forward/backward at a time.
 #pragma once
 
-#include <ATen/core/ivalue.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 

@@ -1,9 +1,10 @@
 // Store: the small key-value service processes use to find each other (rendezvous).
 //
 // Keys are strings, values are byte strings. Every call that waits for a key does so for at
-// most the store's timeout and then throws datapar::TimeoutError naming the keys; nothing
-// blocks forever. Implementations: TcpStore (a server hosted by rank 0, or standalone),
-// PrefixStore (a namespace inside another store).
+// most the store's timeout (wait(): the one it is given) and then throws
+// datapar::TimeoutError naming the keys; nothing blocks forever. Implementations: TcpStore
+// (a server hosted by rank 0, or standalone), FileStore (a file on a filesystem every
+// process can reach) and PrefixStore (a namespace inside another store).
 #pragma once
 
 #include <chrono>

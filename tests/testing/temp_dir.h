@@ -1,0 +1,54 @@
+// TempDir: a fresh directory for one test, removed with everything in it when the TempDir
+// goes out of scope. Every test that needs files makes its own, so concurrent test runs
+// (ctest -j, two build trees) never see each other's files and none are left behind.
+//
+//   testing::TempDir dir("checkpoint");
+//   save_checkpoint(checkpoint, dir.path() + "/step_1.pt", 0);
+#pragma once
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+
+namespace datapar::testing {
+
+class TempDir {
+ public:
+  // Makes $TMPDIR/datapar-<prefix>-XXXXXX (under /tmp when TMPDIR is unset or empty).
+  // Throws std::runtime_error, naming the directory and the reason, when it cannot.
+  explicit TempDir(const std::string& prefix = "test") : owner_(::getpid()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/datapar-" + prefix + "-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw std::runtime_error("TempDir: cannot make " + pattern + ": " + std::strerror(errno));
+    }
+    path_ = pattern;
+  }
+
+  // Only the process that made it removes it: a forked child that unwinds through here
+  // must not delete files its parent still uses.
+  ~TempDir() {
+    if (::getpid() != owner_) return;
+    std::error_code ignored;  // a destructor must not throw; a leftover is harmless
+    std::filesystem::remove_all(path_, ignored);
+  }
+
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  // The directory's absolute path, without a trailing slash.
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  pid_t owner_;
+};
+
+}  // namespace datapar::testing
