@@ -1,3 +1,18 @@
+// See distributed_data_parallel.h.
+//
+// Note [Join]
+// Collectives are matched by order, so a rank that runs out of inputs before the others
+// cannot simply stop: their next all-reduce would wait for it forever. Inside join(), every
+// forward first all-reduces three flags (still training, a forward with gradients, a
+// synchronised backward to follow). A rank whose training function returned keeps answering that roll call with zeros
+// and shadows what the others do: it broadcasts buffers as they do, prepares the same
+// forward, and runs the collectives of one synchronised backward with zero gradients and no
+// samples (Reducer::shadow_backward), so the buckets line up. When every rank's flag is 0 the
+// loop ends. The ranks' models then differ only if some trained longer (buffers, and
+// parameters under optimizers that step without gradients): the one that trained longest
+// (the highest such rank on a tie) broadcasts its parameters and buffers to all. With
+// average_by_samples the shadow passes contribute no samples, so the gradient stays that of
+// the samples actually seen (Note [Averaging by samples] in reducer.cc).
 #include "datapar/ddp/distributed_data_parallel.h"
 
 #include <ATen/ATen.h>
@@ -115,7 +130,7 @@ void DdpCore::join(const std::function<void()>& train) {
     impl_->joining = false;
     throw;
   }
-  // Out of inputs: shadow the others' iterations until every rank is here.
+  // Out of inputs: shadow the others' iterations until every rank is here (Note [Join]).
   for (;;) {
     at::Tensor flags = metadata_zeros(*group_, 3, at::kLong);
     group_->all_reduce(flags)->synchronize(options_.timeout);  // read on the host

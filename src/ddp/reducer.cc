@@ -1,3 +1,26 @@
+// See reducer.h.
+//
+// Note [Rebuilding the buckets]
+// Buckets are first filled in reverse parameter order, the usual order of gradients in
+// backward. The real order shows only in the first synchronised backward: the reducer
+// records the order in which gradients arrive (mark_ready), completes it with the
+// parameters that never reported, and at the next forward rebuilds the buckets in that
+// order, so that the first bucket to fill is the first to be all-reduced and communication
+// starts as early as backward allows. Arrival orders can differ between ranks (threads race
+// in autograd), and buckets must be identical everywhere, since they are matched by
+// position: every rank takes rank 0's order, broadcast in prepare_forward. It happens
+// once; join()'s shadow passes use the reverse order, as they see no gradients.
+//
+// Note [Averaging by samples]
+// PyTorch divides the summed gradients by the world size, which is the gradient of the
+// global batch only when every rank had the same number of samples. With
+// average_by_samples each rank scales its gradients by its own sample count n_r before the
+// all-reduce (ready()) and the sum is divided by the total N = sum n_r afterwards
+// (finalize): sum_r n_r g_r / N, exactly the gradient of the whole global batch, however
+// uneven the split (the last batch of an epoch, unlike devices, ranks that joined). The
+// counts travel in a small metadata all-reduce issued as backward starts, ahead of the
+// buckets, so it overlaps backward as they do; a pass where no rank had a sample is an
+// error, not a division by zero.
 #include "ddp/reducer.h"
 
 #include <ATen/ATen.h>
@@ -170,7 +193,8 @@ at::Tensor Reducer::slice(size_t index) const {
 
 void Reducer::prepare_forward(bool sync, int64_t samples) {
   if (rebuild_pending_) {
-    // Everyone takes rank 0's arrival order, so all ranks keep identical buckets.
+    // Everyone takes rank 0's arrival order, so all ranks keep identical buckets (Note
+    // [Rebuilding the buckets]).
     at::Tensor order = metadata_tensor(*group_, std::vector<int64_t>(arrival_.begin(), arrival_.end()));
     group_->broadcast(order, 0)->synchronize(options_.timeout);  // read on the host
     std::vector<size_t> rebuilt;
@@ -248,7 +272,7 @@ void Reducer::mark_ready(size_t index) {
 void Reducer::ready(size_t index, bool has_gradient) {
   ready_[index] = true;
   at::Tensor out = slice(index);
-  const double scale = options_.average_by_samples ? samples_ : 1.0 / group_->size();
+  const double scale = options_.average_by_samples ? samples_ : 1.0 / group_->size();  // Note [Averaging by samples]
   const at::Tensor& grad = params_[index].grad();
   if (!has_gradient || !grad.defined()) {
     out.zero_();
