@@ -2,6 +2,8 @@
 // workers. Every wait has a deadline, so a launcher that hangs fails the test instead.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -233,6 +235,31 @@ TEST(LaunchNodes, TokenFileKeepsTheTokenOutOfArgv) {
   EXPECT_NE(r.output.find(dir + "/missing"), std::string::npos) << r.output;
   r = with({"--token-file", file, "--token", "both"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+// Forked workers get their own share of the cores (Note [Binding workers to cores]), or all
+// of them with --cpu-bind none.
+TEST(LaunchDefault, BindsEachWorkerToItsShareOfTheCores) {
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  if (CPU_COUNT(&allowed) < 2) GTEST_SKIP() << "needs at least 2 cores to split";
+  const std::string show = "grep Cpus_allowed_list /proc/self/status";
+  const auto cores_of = [](const std::string& output, int rank) {
+    const std::string tag = "[rank " + std::to_string(rank) + "] Cpus_allowed_list:";
+    const size_t at = output.find(tag);
+    if (at == std::string::npos) return std::string("?");
+    const size_t begin = output.find_first_not_of(" \t", at + tag.size());
+    return output.substr(begin, output.find('\n', begin) - begin);
+  };
+  const ProcessResult bound = launch("", {"--nproc-per-node", "2", "--", "sh", "-c", show});
+  ASSERT_EQ(bound.exit_code, 0) << bound.output;
+  const ProcessResult free = launch("", {"--cpu-bind", "none", "--nproc-per-node", "2", "--", "sh", "-c", show});
+  ASSERT_EQ(free.exit_code, 0) << free.output;
+  EXPECT_NE(cores_of(bound.output, 0), cores_of(bound.output, 1)) << bound.output;
+  EXPECT_EQ(cores_of(free.output, 0), cores_of(free.output, 1)) << free.output;
+  EXPECT_NE(cores_of(bound.output, 0), cores_of(free.output, 0)) << bound.output << free.output;
+  const ProcessResult wrong = launch("", {"--cpu-bind", "numa", "--", "true"});
+  EXPECT_EQ(wrong.exit_code, 2) << wrong.output;
 }
 
 // The default single-node path (issue 14): `datapar launch` without flags forks the workers,

@@ -49,6 +49,7 @@ struct LaunchOptions {
   bool token_on_command_line = false;  // --token was given: warn
   int max_restarts = 0;
   std::string runner = "auto";  // auto | mpirun | fork; resolved to mpirun or fork
+  std::string cpu_bind = "cores";  // cores | none: forked workers each on their share of the cores
   std::string mpirun;           // resolved: mpirun's path, when this build has MPI
   // After the first failure or a forwarded signal, how long workers get to exit before
   // they are SIGKILLed.

@@ -106,6 +106,10 @@ int main(int argc, char** argv) {
   launch->add_option("--runner", launch_options.runner,
                      "How workers start: fork (default; auto means fork), or mpirun (an MPI job; default "
                      "backend mpi)");
+  launch->add_option("--cpu-bind", launch_options.cpu_bind,
+                     "cores (default): each forked worker runs on its own share of the launcher's cores, when "
+                     "there are at least as many cores as workers; none: anywhere")
+      ->check(CLI::IsMember({"cores", "none"}));
   launch->add_option("program", launch_options.program, "The program and its arguments, after --");
   // launch's helper under mpirun (mpirun_group.h); not for users, so not listed.
   std::string rank_dir;

@@ -50,7 +50,8 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 }  // namespace
 
 // In the forked child: only async-signal-safe calls from here on.
-[[noreturn]] void exec_worker(pid_t launcher, int out_fd, int err_fd, char* const* argv, char* const* envp) {
+[[noreturn]] void exec_worker(pid_t launcher, int out_fd, int err_fd, char* const* argv, char* const* envp,
+                              const cpu_set_t* cpus) {
   // Ignored signals stay ignored across exec (a shell's `&` ignores SIGINT): give the
   // worker the defaults so that forwarded signals act. The parent blocked them around
   // fork(), so none is handled by the launcher's handler in here; pending ones act on unblock.
@@ -63,6 +64,7 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
   // sent, so check that our parent is still the launcher.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher) ::_exit(1);
+  if (cpus != nullptr) ::sched_setaffinity(0, sizeof(cpu_set_t), cpus);  // best effort
   const int null_fd = ::open("/dev/null", O_RDONLY);
   if (null_fd >= 0) ::dup2(null_fd, 0);
   ::dup2(out_fd, 1);
@@ -131,6 +133,9 @@ WorkerGroup::WorkerGroup(const std::vector<std::string>& argv, const std::vector
       throw give_up("pipe()", spec.rank, error);
     }
     std::vector<char*> envp = c_strings(spec.environment);
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    for (int cpu : spec.cpus) CPU_SET(cpu, &cpus);
     sigset_t stops, old_mask;
     sigemptyset(&stops);
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, sig);
@@ -142,7 +147,7 @@ WorkerGroup::WorkerGroup(const std::vector<std::string>& argv, const std::vector
       for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
       throw give_up("fork()", spec.rank, error);
     }
-    if (pid == 0) exec_worker(launcher, out[1], err[1], c_argv.data(), envp.data());
+    if (pid == 0) exec_worker(launcher, out[1], err[1], c_argv.data(), envp.data(), spec.cpus.empty() ? nullptr : &cpus);
     // Also from the parent, so that signal_all() cannot race the child's own setpgid().
     ::setpgid(pid, pid);
     ::close(out[1]);

@@ -10,6 +10,8 @@
 // orderly stop).
 #pragma once
 
+#include <sched.h>
+
 #include <sys/types.h>
 
 #include <chrono>
@@ -26,6 +28,7 @@ struct WorkerSpec {
   int local_rank = 0;
   std::vector<std::string> environment;  // the whole environment, "NAME=value"
   std::string label;                     // its output's prefix; empty: "rank R"
+  std::vector<int> cpus;                 // the cores it may run on; empty: the launcher's
 };
 
 struct WorkerExit {
@@ -120,8 +123,9 @@ std::string find_executable(const std::string& program);
 
 // The forked child's side of starting a worker, before exec: default signal handling and
 // an empty signal mask, its own process group, PR_SET_PDEATHSIG = SIGKILL (exits at once
-// if `parent` is gone already), stdin /dev/null, stdout `out_fd`, stderr `err_fd`; then
-// execvpe. If exec fails it says why on `err_fd` and exits 127.
-[[noreturn]] void exec_worker(pid_t parent, int out_fd, int err_fd, char* const* argv, char* const* envp);
+// if `parent` is gone already), stdin /dev/null, stdout `out_fd`, stderr `err_fd`, the
+// cores `cpus` if given; then execvpe. If exec fails it says why on `err_fd` and exits 127.
+[[noreturn]] void exec_worker(pid_t parent, int out_fd, int err_fd, char* const* argv, char* const* envp,
+                              const cpu_set_t* cpus = nullptr);
 
 }  // namespace datapar::tools

@@ -17,7 +17,7 @@
 // half: member r reads from the others only block r, which it alone needs.
 // A member overwrites its slot of set s in round g only after everyone arrived for round
 // g - 1, i.e. after everyone finished reading round g - 2, the last round that used set s.
-// A member that waits spins for kSpinFor (the others usually arrive within microseconds),
+// A member that waits spins for kSpinFor (the others often arrive within microseconds),
 // then yields the core between looks until kYieldFor (free when nothing else wants the
 // core; under load a sleep would cost a wake-up, tens of microseconds, per meeting point),
 // then sleeps on the late member's counter (a futex in the region) until it is raised, so
@@ -63,7 +63,7 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr size_t kPage = 4096;
-constexpr auto kSpinFor = 50us;
+constexpr auto kSpinFor = 2us;
 constexpr auto kYieldFor = 2ms;
 constexpr auto kNapAtMost = 20ms;
 constexpr int kArrived = 0;
