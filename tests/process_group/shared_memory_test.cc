@@ -122,6 +122,12 @@ TEST(SharedMemory, ReduceScatterAllGatherAndBroadcastMoveEveryByte) {
         EXPECT_TRUE(at::equal(gathered[r], (at::arange(2 * kLarge, at::kInt) + r).view({kLarge, 2}).t())) << r;
       }
 
+      // Outputs that are not contiguous are filled through a copy.
+      std::vector<at::Tensor> strided;
+      for (int r = 0; r < n; ++r) strided.push_back(at::empty({3, 2}, at::kFloat).t());
+      group.all_gather(strided, at::full({2, 3}, static_cast<float>(rank)))->wait();
+      for (int r = 0; r < n; ++r) EXPECT_TRUE(at::equal(strided[r], at::full({2, 3}, static_cast<float>(r)))) << r;
+
       // broadcast from the last rank, several rounds; bytes of any dtype.
       at::Tensor b = rank == n - 1 ? at::arange(kLarge, at::kDouble) : at::zeros({kLarge}, at::kDouble);
       group.broadcast(b, n - 1)->wait();

@@ -103,9 +103,16 @@ class SharedMemoryGroup final : public ProcessGroup {
     if (two_levels_) return through_transport(what, [=] { return transport_->all_gather(outputs, input); });
     return collectives_.push(what, [this, outputs, input, what]() mutable {
       const at::Tensor in = input.contiguous();
-      at::Tensor flat = at::empty({size() * in.numel()}, in.options());  // (size * numel,), rank order
-      shm_->all_gather(in.data_ptr(), flat.data_ptr(), in.nbytes(), what);
-      unflatten(flat, outputs);
+      std::vector<at::Tensor> targets;  // the outputs themselves where contiguous: no extra copy
+      std::vector<void*> pointers;
+      for (const at::Tensor& out : outputs) {
+        targets.push_back(out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous));
+        pointers.push_back(targets.back().data_ptr());
+      }
+      shm_->all_gather(in.data_ptr(), pointers, in.nbytes(), what);
+      for (size_t r = 0; r < outputs.size(); ++r) {
+        if (!targets[r].is_same(outputs[r])) outputs[r].copy_(targets[r]);
+      }
     });
   }
 

@@ -387,18 +387,19 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, int64_t cou
   }
 }
 
-void ShmCollectives::all_gather(const void* input, void* output, size_t bytes, const std::string& what) {
+void ShmCollectives::all_gather(const void* input, const std::vector<void*>& outputs, size_t bytes,
+                                const std::string& what) {
+  DATAPAR_INTERNAL_ASSERT(outputs.size() == static_cast<size_t>(size_));
   check_usable(what);
   deadline_ = Clock::now() + timeout_;
   const char* in = static_cast<const char*>(input);
-  char* out = static_cast<char*>(output);
   for (size_t offset = 0; offset < bytes; offset += slot_bytes_) {
     const size_t len = std::min(slot_bytes_, bytes - offset);
     const int set = begin_round();
     std::memcpy(slot(rank_, set), in + offset, len);
     meet(kArrived, what);
     for (int r = 0; r < size_; ++r) {
-      std::memcpy(out + r * bytes + offset, r == rank_ ? in + offset : slot(r, set), len);
+      std::memcpy(static_cast<char*>(outputs[r]) + offset, r == rank_ ? in + offset : slot(r, set), len);
     }
   }
 }

@@ -62,8 +62,8 @@ class ShmCollectives {
   void reduce_scatter(const void* input, void* output, int64_t count, c10::ScalarType type, ReduceOp op,
                       const std::string& what);
 
-  // output: size() blocks of `bytes`; block r receives member r's input.
-  void all_gather(const void* input, void* output, size_t bytes, const std::string& what);
+  // outputs[r] (`bytes` each, size() of them) receives member r's input.
+  void all_gather(const void* input, const std::vector<void*>& outputs, size_t bytes, const std::string& what);
 
   // data[0, bytes) of member `root` copied to every member's data.
   void broadcast(void* data, size_t bytes, int root, const std::string& what);
