@@ -4,11 +4,17 @@
 // Between machines the network is the bottleneck, and a flat ring over every process sends
 // each byte over it several times, through every process's TCP stack, even between two
 // processes of one machine. With several processes per machine, an all-reduce is cheaper in
-// two levels, as Horovod's hierarchical all-reduce and NCCL do it: (1) the processes of each
-// machine all-reduce through shared memory, (2) one leader per machine (its local rank 0)
-// all-reduces the machine's sum with the other leaders over the transport, (3) each leader
-// broadcasts the result to its machine through shared memory. Only the leaders touch the
-// network, each with the whole buffer once.
+// two levels, as Horovod's hierarchical all-reduce and NCCL do it. When every machine runs
+// the same number L of the group's processes: (1) the processes of each machine
+// reduce-scatter the buffer through shared memory, so local rank r holds block r of the
+// machine's sum; (2) local rank r all-reduces its block with local rank r of every other
+// machine over the transport (L groups, one per local rank, at the same time); (3) the
+// processes of each machine all-gather the blocks through shared memory. Each byte crosses
+// the network once, and every process carries 1/L of it. (Measured on one 2-core machine,
+// two network namespaces of 2 processes each: a single leader per machine carrying the
+// whole buffer was 0.82x the flat ring at 16 MiB, the CPU of one process being the limit.)
+// When machines run unequal numbers, one leader per machine carries it all: (1) all-reduce
+// within the machine, (2) the leaders all-reduce, (3) each leader broadcasts to its machine.
 #include "process_group/shm/shared_memory_group.h"
 
 #include <ATen/ATen.h>
@@ -36,14 +42,17 @@ using shm::ShmCollectives;
 class SharedMemoryGroup final : public ProcessGroup {
  public:
   // One machine: `shm` spans the group. Several (`two_levels`): `shm` spans this member's
-  // machine (null if it is alone there), `leaders` the machines' leaders (null but on them).
+  // machine (null if it is alone there); `leaders` joins this member to one process of
+  // each other machine: its column (same local rank) when `columns`, else the machines'
+  // leaders (null but on them).
   SharedMemoryGroup(std::shared_ptr<ProcessGroup> transport, std::unique_ptr<ShmCollectives> shm, bool two_levels,
-                    std::shared_ptr<ProcessGroup> leaders)
+                    std::shared_ptr<ProcessGroup> leaders, bool columns = false)
       : ProcessGroup(transport->rank(), transport->size()),
         transport_(std::move(transport)),
         shm_(std::move(shm)),
         two_levels_(two_levels),
         leaders_(std::move(leaders)),
+        columns_(columns),
         backend_(transport_->backend()),
         collectives_(backend_) {}
 
@@ -191,12 +200,33 @@ class SharedMemoryGroup final : public ProcessGroup {
   // Note [Two-level all-reduce] when the group spans machines.
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
     const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    if (columns_) {
+      all_reduce_by_columns(buffer, combine, what);
+      if (op == ReduceOp::kAvg) buffer.div_(size());
+      return;
+    }
     if (shm_) shm_->all_reduce(buffer.data_ptr(), buffer.numel(), buffer.scalar_type(), combine, what);
     if (two_levels_) {
       if (leaders_) leaders_->all_reduce(buffer, combine)->wait();
       if (shm_) shm_->broadcast(buffer.data_ptr(), buffer.nbytes(), 0, what);
     }
     if (op == ReduceOp::kAvg) buffer.div_(size());
+  }
+
+  // Note [Two-level all-reduce], L processes on every machine. Blocks of equal size: the
+  // buffer is padded to a multiple of L.
+  void all_reduce_by_columns(at::Tensor& buffer, ReduceOp op, const std::string& what) {
+    const int64_t local = shm_->size();
+    const int64_t block = (buffer.numel() + local - 1) / local;
+    at::Tensor padded = at::zeros({block * local}, buffer.options());
+    padded.narrow(0, 0, buffer.numel()).copy_(buffer.view({-1}));
+    at::Tensor mine = at::empty({block}, buffer.options());
+    shm_->reduce_scatter(padded.data_ptr(), mine.data_ptr(), block, mine.scalar_type(), op, what);
+    leaders_->all_reduce(mine, op)->wait();
+    std::vector<void*> blocks;
+    for (int64_t r = 0; r < local; ++r) blocks.push_back(static_cast<char*>(padded.data_ptr()) + r * mine.nbytes());
+    shm_->all_gather(mine.data_ptr(), blocks, mine.nbytes(), what);
+    buffer.view({-1}).copy_(padded.narrow(0, 0, buffer.numel()));
   }
 
   std::shared_ptr<Work> through_transport(const std::string& what, std::function<std::shared_ptr<Work>()> start) {
@@ -207,6 +237,7 @@ class SharedMemoryGroup final : public ProcessGroup {
   std::unique_ptr<ShmCollectives> shm_;  // only the runner's thread uses it
   bool two_levels_;
   std::shared_ptr<ProcessGroup> leaders_;
+  bool columns_;
   std::string backend_;
   // Declared last: stopped first, so queued operations finish while the region is mapped.
   OrderedRunner collectives_;
@@ -242,6 +273,8 @@ std::shared_ptr<ProcessGroup> with_shared_memory(std::shared_ptr<ProcessGroup> t
   const int machine = index.at(machines[rank]);
   const bool crowded = std::any_of(local_size.begin(), local_size.end(), [](int n) { return n > 1; });
   if (!make_leaders || !crowded) return transport;  // one process per machine: nothing to gain
+  // Equal machines: a group per local rank (column); else one of the machines' leaders.
+  const bool columns = std::all_of(local_size.begin(), local_size.end(), [&](int n) { return n == local_size[0]; });
   std::unique_ptr<ShmCollectives> shm;
   if (local_size[machine] > 1) {
     shm::StoreExchange neighbours(std::make_shared<PrefixStore>(str_cat("machine-", machine), store), local_rank,
@@ -249,15 +282,15 @@ std::shared_ptr<ProcessGroup> with_shared_memory(std::shared_ptr<ProcessGroup> t
     shm = ShmCollectives::create(neighbours, local_rank, local_size[machine], true, timeout);
   }
   std::shared_ptr<ProcessGroup> leaders;
-  if (local_rank == 0) {
-    leaders = make_leaders(std::make_shared<PrefixStore>("leaders", store), machine,
-                           static_cast<int>(local_size.size()));
+  if (columns || local_rank == 0) {
+    const std::string name = columns ? str_cat("column-", local_rank) : "leaders";
+    leaders = make_leaders(std::make_shared<PrefixStore>(name, store), machine, static_cast<int>(local_size.size()));
   }
   // Two levels only if every crowded machine has its shared memory; else all stay flat.
   const bool ready = local_size[machine] == 1 || shm != nullptr;
   const std::vector<std::string> verdicts = everyone.all_gather(ready ? "1" : "0", deadline);
   if (std::any_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v != "1"; })) return transport;
-  return std::make_shared<SharedMemoryGroup>(std::move(transport), std::move(shm), true, std::move(leaders));
+  return std::make_shared<SharedMemoryGroup>(std::move(transport), std::move(shm), true, std::move(leaders), columns);
 }
 
 }  // namespace datapar::detail
