@@ -10,7 +10,7 @@
 #include "datapar/data/loader.h"
 #include "datapar/data/synthetic.h"
 #include "datapar/ddp/comm_hook.h"
-#include "datapar/ddp/comm_stats.h"
+#include "datapar/ddp/communication_stats.h"
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/ddp/sync_batch_norm.h"
 #include "datapar/devices.h"
@@ -29,3 +29,4 @@
 #include "datapar/rendezvous/tcp_store.h"
 #include "datapar/state_dict.h"
 #include "datapar/train/checkpoint.h"
+#include "datapar/warning.h"

@@ -21,7 +21,6 @@
 
 #include "datapar/distributed.h"
 #include "datapar/process_group/metadata.h"
-#include "datapar/rendezvous/prefix_store.h"
 #include "ddp/model_check.h"
 #include "ddp/reducer.h"
 #include "parallel/ivalue_tensors.h"
@@ -76,14 +75,7 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   reducer_options.find_unused_parameters = options_.find_unused_parameters;
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
   reducer_options.average_by_samples = options_.average_by_samples;
-  reducer_options.stall_warning = options_.stall_warning;
   reducer_options.timeout = options_.timeout;
-  if (is_initialized() && group_ == default_group()) {
-    // DDP instances are built in the same order on every rank: the count names this one.
-    static std::atomic<int> instances{0};
-    reducer_options.progress_store =
-        std::make_shared<PrefixStore>("ddp/" + std::to_string(instances++), default_store());
-  }
   impl_->reducer = std::make_unique<Reducer>(trained, trained_names, group_, reducer_options);
 }
 
@@ -118,7 +110,7 @@ void DdpCore::set_comm_hook(std::shared_ptr<CommHook> hook) { impl_->reducer->se
 
 std::vector<std::vector<size_t>> DdpCore::bucket_indices() const { return impl_->reducer->bucket_indices(); }
 
-DdpCommStats DdpCore::comm_stats() const { return impl_->reducer->comm_stats(); }
+CommunicationStats DdpCore::communication_stats() const { return impl_->reducer->communication_stats(); }
 
 void DdpCore::join(const std::function<void()>& train) {
   DATAPAR_CHECK(!impl_->joining, "DistributedDataParallel::join: already inside join().");

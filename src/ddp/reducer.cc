@@ -67,60 +67,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     DATAPAR_INTERNAL_ASSERT(accumulators_.back() != nullptr, "no gradient accumulator for ", names_[i]);
     hook_keys_.push_back(accumulators_.back()->add_post_hook(std::make_unique<ReadyHook>(this, i)));
   }
-  if (options_.progress_store) progress_thread_ = std::thread([this] { publish_progress(); });
-}
-
-void Reducer::publish_progress() {
-  // Often enough that a stall warning sees fresh numbers, rarely enough to cost nothing.
-  const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.stall_warning / 4);
-  int64_t published = -1;
-  std::unique_lock<std::mutex> lock(progress_mutex_);
-  while (!stopping_) {
-    const int64_t now = passes_started_.load();
-    if (now != published) {
-      lock.unlock();
-      try {
-        options_.progress_store->set("progress/" + std::to_string(group_->rank()), std::to_string(now));
-        published = now;
-      } catch (const std::exception&) {
-        // The store is gone (rank 0 exited): nothing to report to any more.
-      }
-      lock.lock();
-    }
-    progress_wake_.wait_for(lock, period, [this] { return stopping_; });
-  }
-}
-
-std::string Reducer::missing_ranks() {
-  if (!options_.progress_store) return "";
-  const int64_t mine = passes_started_.load();
-  std::string behind;
-  for (int r = 0; r < group_->size(); ++r) {
-    if (r == group_->rank()) continue;
-    int64_t theirs = -1;
-    try {
-      const std::string key = "progress/" + std::to_string(r);
-      if (options_.progress_store->check({key})) theirs = std::stoll(options_.progress_store->get_string(key));
-    } catch (const std::exception&) {
-      return "";  // the store is unreachable: say nothing rather than guess
-    }
-    if (theirs < mine) {
-      behind += str_cat(behind.empty() ? "" : ", ", r, theirs < 0 ? " (never started)" : "",
-                        theirs >= 0 ? str_cat(" (at pass ", theirs, ")") : "");
-    }
-  }
-  return behind.empty() ? "" : str_cat("rank(s) ", behind, " have not reached pass ", mine);
 }
 
 Reducer::~Reducer() {
-  if (progress_thread_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(progress_mutex_);
-      stopping_ = true;
-    }
-    progress_wake_.notify_all();
-    progress_thread_.join();
-  }
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
   // Collectives still in flight write into our buffers: let them end first.
   for (Bucket& bucket : buckets_) {
@@ -260,7 +209,6 @@ void Reducer::mark_ready(size_t index) {
   if (!callback_queued_) {
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
     callback_queued_ = true;
-    ++passes_started_;  // this rank has reached the pass's backward
   }
   DATAPAR_CHECK(!ready_[index], "DistributedDataParallel: parameter ", names_[index],
                 " got a gradient twice in one backward pass. Run backward once per forward (retain_graph "
@@ -295,24 +243,8 @@ void Reducer::launch_ready_buckets() {
 }
 
 void Reducer::wait_bucket(Bucket& bucket) {
-  const auto start = std::chrono::steady_clock::now();
-  try {
-    bucket.work->wait(options_.stall_warning);
-    return;
-  } catch (const TimeoutError&) {
-    if (bucket.work->is_completed()) throw;  // the operation itself timed out
-  }
-  const std::string what = str_cat("bucket ", bucket.view.index, " (", bucket.params.size(), " parameters from ",
-                                   names_[bucket.params.front()], ")");
-  std::string missing = missing_ranks();
-  if (missing.empty()) missing = "some ranks have not reached this backward pass (stopped, slower, or running other collectives)";
-  std::fprintf(stderr,
-               "datapar: warning: DistributedDataParallel on rank %d of %d: the all-reduce of %s has not completed "
-               "after %lld s: %s. It fails when the timeout ends.\n",
-               group_->rank(), group_->size(), what.c_str(),
-               static_cast<long long>(
-                   std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start).count()),
-               missing.c_str());
+  // A bucket that stalls is reported by the group's stall inspector, which covers every
+  // collective (Note [Stall inspection] in src/process_group/stall_inspector.cc).
   bucket.work->wait(options_.timeout);
 }
 
@@ -380,7 +312,6 @@ void Reducer::finalize() {
 void Reducer::shadow_backward() {
   // The collectives of one synchronised backward, in the same order, contributing nothing.
   reset_pass();
-  ++passes_started_;
   if (options_.average_by_samples || options_.find_unused_parameters) {
     issue_meta(0.0, std::vector<bool>(params_.size(), false));
   }

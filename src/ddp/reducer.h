@@ -12,18 +12,14 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "autograd/node_ptr.h"
 #include "datapar/ddp/comm_hook.h"
-#include "datapar/ddp/comm_stats.h"
+#include "datapar/ddp/communication_stats.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/store.h"
 #include "ddp/bucket_assignment.h"
@@ -31,15 +27,11 @@
 namespace datapar::detail {
 
 struct ReducerOptions {
-  // Where ranks publish how far they got, so a stalled rank can name the missing ones
-  // (null: stalls are reported without names).
-  std::shared_ptr<Store> progress_store;
   int64_t first_bucket_bytes = 1 << 20;
   int64_t bucket_bytes = 25 << 20;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   bool average_by_samples = false;
-  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
 };
 
@@ -72,7 +64,7 @@ class Reducer {
 
   // Parameter indices per bucket, in reduction order.
   std::vector<BucketIndices> bucket_indices() const;
-  DdpCommStats comm_stats() const { return stats_; }
+  CommunicationStats communication_stats() const { return stats_; }
 
  private:
   struct Bucket {
@@ -94,8 +86,6 @@ class Reducer {
   void finalize();
   void wait_bucket(Bucket& bucket);
   void wait_buckets();  // every bucket, in order, each finished by the hook
-  void publish_progress();                     // the progress thread's loop
-  std::string missing_ranks();                 // ranks whose published pass is behind ours
   at::Tensor slice(size_t index) const;      // the parameter's part of its bucket, flat
   at::Tensor grad_view(size_t index) const;  // the same memory shaped as the parameter
 
@@ -124,16 +114,8 @@ class Reducer {
   std::shared_ptr<Work> meta_work_;
   std::vector<size_t> arrival_;  // gradient arrival order, recorded in the first synchronised pass
   int64_t synced_passes_ = 0;
-  DdpCommStats stats_;  // of synchronised backward passes (not join()'s shadow passes)
+  CommunicationStats stats_;  // of synchronised backward passes (not join()'s shadow passes)
   bool rebuild_pending_ = false;
-
-  // Synchronised backward passes started; published to progress_store by a thread, off
-  // the training thread's path.
-  std::atomic<int64_t> passes_started_{0};
-  std::mutex progress_mutex_;
-  std::condition_variable progress_wake_;
-  bool stopping_ = false;
-  std::thread progress_thread_;
 };
 
 }  // namespace datapar::detail

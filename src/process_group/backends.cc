@@ -19,7 +19,7 @@ std::vector<Backend> compiled_in() {
   list.push_back({"gloo", nullptr,
                   [](std::shared_ptr<Store> store, int rank, const std::vector<int>& ranks, const BackendSettings& s) {
                     return new_gloo_process_group(std::move(store), rank, static_cast<int>(ranks.size()),
-                                                  GlooOptions{s.gloo_hostname, s.timeout, s.shared_memory});
+                                                  GlooOptions{s.gloo_hostname, s.timeout, s.shared_memory, s.stall_warning});
                   }});
 #if DATAPAR_HAVE_MPI
   list.push_back({"mpi",
@@ -36,6 +36,7 @@ std::vector<Backend> compiled_in() {
                   [](std::shared_ptr<Store> store, int rank, const std::vector<int>& ranks, const BackendSettings& s) {
                     NcclOptions options;
                     options.timeout = s.timeout;
+                    options.stall_warning = s.stall_warning;
                     return new_nccl_process_group(std::move(store), rank, static_cast<int>(ranks.size()), options);
                   }});
 #endif

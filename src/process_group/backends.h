@@ -20,6 +20,7 @@ struct BackendSettings {
   std::chrono::milliseconds timeout{};
   std::string gloo_hostname;  // the address other processes reach this one on (gloo)
   bool shared_memory = true;  // gloo: collectives through shared memory within a machine
+  std::chrono::milliseconds stall_warning = kDefaultStallWarning;
 };
 
 // This process's place in a job whose launcher already told the backend (mpi).

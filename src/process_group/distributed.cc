@@ -144,7 +144,11 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   std::vector<int> everyone(s->world_size);
   for (int i = 0; i < s->world_size; ++i) everyone[i] = i;
   s->group = s->backend->make(group_store(*s, "group/default"), s->rank, everyone, s->settings);
-  if (!s->store) s->store = store_through(*s->group, timeout);
+  if (!s->store) {
+    // The group came first (mpi): its stalls are inspected once the store is there.
+    s->store = store_through(*s->group, timeout);
+    if (s->world_size > 1) s->group->inspect_stalls(group_store(*s, "group/default/stall"), s->settings.stall_warning);
+  }
   state() = std::move(s);
 }
 
@@ -171,8 +175,13 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) {
   const int id = s.groups_made++;  // the same on every process, which all call new_group in order
   const auto me = std::find(ranks.begin(), ranks.end(), s.rank);
   if (me == ranks.end()) return nullptr;
-  return s.backend->make(group_store(s, "group/" + std::to_string(id)), static_cast<int>(me - ranks.begin()), ranks,
-                         s.settings);
+  const std::string name = "group/" + std::to_string(id);
+  std::shared_ptr<ProcessGroup> group =
+      s.backend->make(group_store(s, name), static_cast<int>(me - ranks.begin()), ranks, s.settings);
+  if (s.backend->job_shape && ranks.size() > 1) {
+    group->inspect_stalls(group_store(s, name + "/stall"), s.settings.stall_warning);  // made without the store (mpi)
+  }
+  return group;
 }
 
 void destroy_process_group() {

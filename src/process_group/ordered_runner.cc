@@ -1,10 +1,10 @@
 #include "process_group/ordered_runner.h"
 
-#include "datapar/error.h"
+#include "process_group/work_completion.h"
 
 namespace datapar::detail {
 
-OrderedRunner::OrderedRunner(std::string backend) : backend_(std::move(backend)) {
+OrderedRunner::OrderedRunner() {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -37,13 +37,9 @@ void OrderedRunner::loop() {
     lock.unlock();
     try {
       op();
-      work->finish();
-    } catch (const datapar::Error&) {
-      work->fail(std::current_exception());
-    } catch (const std::exception& e) {
-      // The engines report a dead or silent peer as their own exception types.
-      work->fail(std::make_exception_ptr(CommError(str_cat(
-          work->what(), " failed: ", e.what(), ". A peer probably exited; rebuild the process group."))));
+      WorkCompletion::finish(*work);
+    } catch (...) {
+      WorkCompletion::fail(*work, std::current_exception());
     }
   }
 }

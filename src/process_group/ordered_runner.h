@@ -18,8 +18,7 @@ namespace datapar::detail {
 
 class OrderedRunner {
  public:
-  // `backend` names the engine in errors ("gloo", "mpi").
-  explicit OrderedRunner(std::string backend);
+  OrderedRunner();
   // Runs what is still queued, then stops.
   ~OrderedRunner();
 
@@ -27,13 +26,12 @@ class OrderedRunner {
   OrderedRunner& operator=(const OrderedRunner&) = delete;
 
   // Queues `op`; its Work finishes when op returns and fails with what op throws
-  // (datapar errors as they are, anything else as a CommError naming the operation).
+  // (as_datapar_error in work_completion.h).
   std::shared_ptr<Work> push(std::string what, std::function<void()> op);
 
  private:
   void loop();
 
-  std::string backend_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::pair<std::shared_ptr<Work>, std::function<void()>>> queue_;

@@ -1,7 +1,8 @@
-// See work.h and process_group.h.
-#include "datapar/process_group/process_group.h"
+// See work.h and work_completion.h.
+#include "datapar/process_group/work.h"
 
 #include "datapar/error.h"
+#include "process_group/work_completion.h"
 
 namespace datapar {
 
@@ -21,15 +22,26 @@ void Work::synchronize(std::chrono::milliseconds timeout) {
 
 bool Work::is_completed() const { return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
 
-const char* to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProduct: return "product";
-  }
-  return "?";
+namespace detail {
+
+void WorkCompletion::fail(Work& work, std::exception_ptr error) {
+  work.fail(as_datapar_error(work.what(), std::move(error)));
 }
+
+std::exception_ptr as_datapar_error(const std::string& what, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error&) {
+    return error;
+  } catch (const std::exception& e) {
+    // The engines report a dead or silent peer as their own exception types.
+    return std::make_exception_ptr(
+        CommError(str_cat(what, " failed: ", e.what(), ". A peer probably exited; rebuild the process group.")));
+  } catch (...) {
+    return std::make_exception_ptr(CommError(str_cat(what, " failed with an unknown exception.")));
+  }
+}
+
+}  // namespace detail
 
 }  // namespace datapar

@@ -121,11 +121,11 @@ TEST(GlooProcessGroup, GatherScatterReduceAndAllToAll) {
       at::Tensor out = like(-1);
       group.reduce_scatter(out, inputs)->wait();
       EXPECT_TRUE(at::equal(out, like(n * rank + n * (n - 1) / 2)));
-      // all_to_all: chunk j of rank i's input is 10*i + j; chunk i of the output comes from rank i.
+      // all_to_all_single: chunk j of rank i's input is 10*i + j; chunk i of the output comes from rank i.
       at::Tensor send = at::empty({2 * n}, at::kLong);
       for (int j = 0; j < n; ++j) send.narrow(0, 2 * j, 2).fill_(10 * rank + j);
       at::Tensor receive = at::empty({2 * n}, at::kLong);
-      group.all_to_all(receive, send)->wait();
+      group.all_to_all_single(receive, send)->wait();
       for (int i = 0; i < n; ++i) EXPECT_EQ(receive[2 * i].item<int64_t>(), 10 * i + rank);
     });
   }
@@ -136,7 +136,7 @@ TEST(GlooProcessGroup, CollectivesCheckTheirArguments) {
     const at::Tensor t = at::ones({3});
     EXPECT_THROW_MSG(group.all_gather({t}, t), InvalidArgumentError, "1 outputs for 2 processes");
     EXPECT_THROW_MSG(group.all_gather({t, at::ones({4})}, t), InvalidArgumentError, "outputs[1] must be a CPU tensor of shape [3]");
-    EXPECT_THROW_MSG(group.all_to_all(at::ones({3}), at::ones({3})), InvalidArgumentError, "split into 2 equal chunks");
+    EXPECT_THROW_MSG(group.all_to_all_single(at::ones({3}), at::ones({3})), InvalidArgumentError, "split into 2 equal chunks");
     EXPECT_THROW_MSG(group.reduce(t, 5), InvalidArgumentError, "root 5 is outside [0, 2)");
   });
 }

@@ -220,11 +220,11 @@ TEST(MpiProcessGroup, GatherScatterReduceReduceScatterAndAllToAll) {
     at::Tensor out = like(-1);
     world().reduce_scatter(out, inputs)->wait();
     EXPECT_TRUE(at::equal(out, like(n * rank + n * (n - 1) / 2))) << dtype;
-    // all_to_all: chunk j of rank i's input is 10*i + j; chunk i of the output comes from rank i.
+    // all_to_all_single: chunk j of rank i's input is 10*i + j; chunk i of the output comes from rank i.
     at::Tensor send = at::empty({2 * n, 3}, dtype);
     for (int j = 0; j < n; ++j) send.narrow(0, 2 * j, 2).fill_(10 * rank + j);
     at::Tensor receive = at::empty({2 * n, 3}, dtype);
-    world().all_to_all(receive, send)->wait();
+    world().all_to_all_single(receive, send)->wait();
     for (int i = 0; i < n; ++i) EXPECT_EQ(receive[2 * i][1].item<double>(), 10 * i + rank) << dtype;
   }
   at::Tensor avg = full({4}, world().rank(), at::kDouble);
@@ -314,7 +314,7 @@ TEST(MpiProcessGroup, ArgumentErrorsAsGloo) {
   const at::Tensor t = at::ones({3});
   EXPECT_THROW_MSG(g.all_gather({}, t), InvalidArgumentError, "0 outputs for " + std::to_string(n) + " processes");
   const at::Tensor uneven = n == 1 ? at::ones({}) : at::ones({n + 1});  // a 0-dim tensor has no dim 0
-  EXPECT_THROW_MSG(g.all_to_all(uneven, uneven), InvalidArgumentError,
+  EXPECT_THROW_MSG(g.all_to_all_single(uneven, uneven), InvalidArgumentError,
                    "split into " + std::to_string(n) + " equal chunks");
   EXPECT_THROW_MSG(g.reduce(t, n), InvalidArgumentError, "root " + std::to_string(n) + " is outside [0, ");
   EXPECT_THROW_MSG(g.all_reduce(at::ones({2}, at::kInt), ReduceOp::kAvg), InvalidArgumentError,

@@ -42,7 +42,7 @@ int run_special(const std::string& name, int rank, int world) {
   }
   DdpScenario s = scenario("even", world);
   s.options.timeout = 10s;
-  s.options.stall_warning = 1s;
+  default_group()->set_stall_warning(1s);
   torch::manual_seed(1);
   ProbeNet model;
   DistributedDataParallel ddp(model.ptr(), nullptr, s.options);
@@ -70,7 +70,7 @@ int run_special(const std::string& name, int rank, int world) {
     loss.backward();
     sgd.step();
   }
-  const DdpCommStats stats = ddp.communication_stats();
+  const CommunicationStats stats = ddp.communication_stats();
   std::cout << "synchronised passes " << stats.synchronised_passes << ", exposed wait "
             << std::chrono::duration_cast<std::chrono::milliseconds>(stats.exposed_wait).count() << " ms\n";
   return 0;

@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "datapar/ddp/comm_hook.h"
-#include "datapar/ddp/comm_stats.h"
+#include "datapar/ddp/communication_stats.h"
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/state_dict.h"
@@ -64,11 +64,6 @@ struct DdpOptions {
   bool gradient_as_bucket_view = false;
   // Weigh each rank's gradient by its sample count instead of dividing by world size.
   bool average_by_samples = false;
-  // A bucket whose all-reduce has not completed after this long prints a warning naming it.
-  // Host backends only: on nccl backward does not wait on the host for its buckets (the
-  // current stream waits); there the group's watchdog turns a stalled bucket into a
-  // TimeoutError at the group's timeout, and the next step's first collective throws.
-  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
   // Limit for every collective DDP waits for.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
 };
@@ -89,7 +84,7 @@ class DdpCore {
   void set_comm_hook(std::shared_ptr<CommHook> hook);
   void join(const std::function<void()>& train);
   std::vector<std::vector<size_t>> bucket_indices() const;
-  DdpCommStats comm_stats() const;
+  CommunicationStats communication_stats() const;
 
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
   const DdpOptions& options() const { return options_; }
@@ -189,7 +184,7 @@ class DistributedDataParallel {
 
   // Since construction, on this rank (compare with the same bytes all-reduced alone to
   // get the share hidden behind backward, as `datapar bench ddp` does).
-  DdpCommStats communication_stats() const { return core_->comm_stats(); }
+  CommunicationStats communication_stats() const { return core_->communication_stats(); }
 
   std::vector<at::Tensor> parameters(bool recurse = true) const { return module_->parameters(recurse); }
   torch::OrderedDict<std::string, at::Tensor> named_parameters(bool recurse = true) const {

@@ -34,6 +34,9 @@ struct NcclOptions {
   //   works), but every failure surfaces at the wait() of the operation that failed.
   // barrier()'s wait() always blocks the host, as in PyTorch.
   bool blocking_wait = false;
+  // A collective not completed after this long is reported, with the ranks that have not
+  // issued it (ProcessGroup::inspect_stalls); zero: never.
+  std::chrono::milliseconds stall_warning = kDefaultStallWarning;
 };
 
 // A NCCL process group of `size` processes meeting through `store` (rank 0 publishes the

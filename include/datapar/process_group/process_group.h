@@ -24,6 +24,13 @@
 #include "datapar/rendezvous/store.h"
 
 namespace datapar {
+namespace detail {
+class StallInspector;
+}  // namespace detail
+
+// How long a collective may wait before a warning names the ranks that have not issued it
+// (ProcessGroup::inspect_stalls).
+constexpr std::chrono::milliseconds kDefaultStallWarning = std::chrono::seconds(60);
 
 enum class ReduceOp { kSum, kAvg, kMin, kMax, kProduct };
 
@@ -31,8 +38,9 @@ const char* to_string(ReduceOp op);
 
 class ProcessGroup {
  public:
-  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
   virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -44,61 +52,121 @@ class ProcessGroup {
   virtual c10::Device device() const { return c10::Device(c10::kCPU); }
   at::TensorOptions options(at::ScalarType dtype) const { return at::TensorOptions().dtype(dtype).device(device()); }
 
+  // Every operation below checks its arguments on the caller's thread and throws
+  // InvalidArgumentError for a bad call before anything is queued: tensors defined, dense,
+  // on device(), lists of size() tensors alike, roots and peers in [0, size()).
+  // Supported dtypes: float32/64, float16, bfloat16, int32/64 (nccl also int8 and uint8).
+
   // Reduces `tensor` element-wise over all processes; every process gets the result in
   // `tensor`. kAvg divides the sum by size() (floating-point tensors only).
-  // Supported: float32/64, float16, bfloat16, int32/64, on the CPU; non-contiguous tensors
-  // are reduced through a contiguous copy.
-  virtual std::shared_ptr<Work> all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum) = 0;
+  // Non-contiguous tensors are reduced through a contiguous copy.
+  std::shared_ptr<Work> all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum);
 
   // Copies `tensor` of process `root` into `tensor` of every other process.
-  virtual std::shared_ptr<Work> broadcast(at::Tensor tensor, int root = 0) = 0;
+  std::shared_ptr<Work> broadcast(at::Tensor tensor, int root = 0);
 
   // Reduces `tensor` over all processes into `tensor` of process `root` (the others'
   // tensors are left as they were or used as scratch space: do not rely on them).
-  virtual std::shared_ptr<Work> reduce(at::Tensor tensor, int root = 0, ReduceOp op = ReduceOp::kSum) = 0;
+  std::shared_ptr<Work> reduce(at::Tensor tensor, int root = 0, ReduceOp op = ReduceOp::kSum);
 
   // outputs[i] receives `input` of process i. REQUIRES: size() outputs, each of input's
   // shape and dtype.
-  virtual std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input) = 0;
+  std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input);
 
-  // On `root`, outputs[i] receives `input` of process i; elsewhere `outputs` may be empty.
-  virtual std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root = 0) = 0;
+  // On `root`, outputs[i] receives `input` of process i; elsewhere `outputs` is ignored
+  // (may be empty).
+  std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root = 0);
 
-  // On `root`, inputs[i] goes to `output` of process i; elsewhere `inputs` may be empty.
-  virtual std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root = 0) = 0;
+  // On `root`, inputs[i] goes to `output` of process i; elsewhere `inputs` is ignored (may
+  // be empty).
+  std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root = 0);
 
   // `output` of process i receives the reduction over all processes of their inputs[i].
   // REQUIRES: size() inputs, each of output's shape and dtype.
-  virtual std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs,
-                                               ReduceOp op = ReduceOp::kSum) = 0;
+  std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs,
+                                       ReduceOp op = ReduceOp::kSum);
 
-  // `input` is split into size() equal chunks along dim 0; chunk j goes to process j, and
-  // chunk i of `output` comes from process i. REQUIRES: output and input of one shape and
-  // dtype, dim 0 divisible by size().
-  virtual std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) = 0;
+  // PyTorch's all_to_all_single with equal splits: `input` is split into size() equal
+  // chunks along dim 0; chunk j goes to process j, and chunk i of `output` comes from
+  // process i. REQUIRES: output and input of one shape and dtype, dim 0 divisible by size().
+  std::shared_ptr<Work> all_to_all_single(at::Tensor output, at::Tensor input);
 
   // Completes once every process has called it.
-  virtual std::shared_ptr<Work> barrier() = 0;
+  std::shared_ptr<Work> barrier();
 
   // all_reduce of several tensors as one operation: tensors of one dtype travel as one
   // flat message, which is much faster than one all_reduce each for many small tensors.
-  virtual std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors,
-                                                     ReduceOp op = ReduceOp::kSum) = 0;
+  std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op = ReduceOp::kSum);
 
   // broadcast of several tensors as one operation (one flat message per dtype).
-  virtual std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root = 0) = 0;
+  std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root = 0);
 
   // Point to point. send() delivers `tensor` to process `dst`, where the recv() with
   // src == this rank and the same tag receives it; messages between two processes with one
   // tag arrive in the order they were sent. Sizes and dtypes must match. Unlike
   // collectives, send and recv are started at once, not behind queued collectives, so
   // two processes may each send to the other before receiving without deadlock.
-  virtual std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag = 0) = 0;
-  virtual std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag = 0) = 0;
+  std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag = 0);
+  std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag = 0);
+
+  // Stall warnings (Note [Stall inspection] in src/process_group/stall_inspector.cc): when a
+  // collective of this group has not completed after `warn_after`, one warning through the
+  // warning sink (datapar/warning.h) names it and the ranks that have not issued it yet,
+  // which publish their progress to `store`: a namespace of the job's store for this group
+  // alone, the same on every member. Every member calls it once, before the group's first
+  // collective; the groups datapar makes with a store do (new_gloo_process_group,
+  // new_nccl_process_group, init_process_group, new_group), after kDefaultStallWarning.
+  void inspect_stalls(std::shared_ptr<Store> store, std::chrono::milliseconds warn_after = kDefaultStallWarning);
+  // Changes the wait before a warning (zero: none). REQUIRES: inspect_stalls() was called.
+  void set_stall_warning(std::chrono::milliseconds warn_after);
+
+ protected:
+  ProcessGroup(int rank, int size);
+
+  // What a backend implements: how the bytes of one operation move. The operation above
+  // has checked the arguments; `what` names it for errors ("all_reduce(sum)"; describe()
+  // adds the rank). A backend returns a Work it completes (work_completion.h) and may throw:
+  // datapar's errors reach the caller as they are, anything else as a CommError naming the
+  // operation.
+  virtual std::shared_ptr<Work> do_all_reduce(const std::string& what, at::Tensor tensor, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> do_broadcast(const std::string& what, at::Tensor tensor, int root) = 0;
+  virtual std::shared_ptr<Work> do_reduce(const std::string& what, at::Tensor tensor, int root, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> do_all_gather(const std::string& what, std::vector<at::Tensor> outputs,
+                                              at::Tensor input) = 0;
+  // Off the root, `outputs` (`inputs`) is empty.
+  virtual std::shared_ptr<Work> do_gather(const std::string& what, std::vector<at::Tensor> outputs, at::Tensor input,
+                                          int root) = 0;
+  virtual std::shared_ptr<Work> do_scatter(const std::string& what, at::Tensor output, std::vector<at::Tensor> inputs,
+                                           int root) = 0;
+  virtual std::shared_ptr<Work> do_reduce_scatter(const std::string& what, at::Tensor output,
+                                                  std::vector<at::Tensor> inputs, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> do_all_to_all_single(const std::string& what, at::Tensor output, at::Tensor input) = 0;
+  virtual std::shared_ptr<Work> do_barrier(const std::string& what) = 0;
+  virtual std::shared_ptr<Work> do_all_reduce_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
+                                                        ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> do_broadcast_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
+                                                       int root) = 0;
+  virtual std::shared_ptr<Work> do_send(const std::string& what, at::Tensor tensor, int dst, int tag) = 0;
+  virtual std::shared_ptr<Work> do_recv(const std::string& what, at::Tensor tensor, int src, int tag) = 0;
+
+  // "<what> on rank R of N (<label()>)", the name of an operation in every error.
+  std::string describe(const std::string& what) const;
+  // How describe() names the backend: backend(), or more ("gloo, shared memory").
+  virtual std::string label() const { return backend(); }
 
  private:
+  // Runs a backend's do_* under the one error translation (see do_all_reduce), and shows
+  // a collective's Work to the stall inspector.
+  template <typename Start>
+  std::shared_ptr<Work> start(const std::string& what, Start&& start_operation, bool collective = true);
+
+  void check_tensor(const at::Tensor& tensor, const char* what) const;
+  void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* what,
+                  const char* name) const;
+
   int rank_;
   int size_;
+  std::shared_ptr<detail::StallInspector> stall_inspector_;  // null: not inspected
 };
 
 struct GlooOptions {
@@ -115,6 +183,9 @@ struct GlooOptions {
   // all-reduce] in src/process_group/shm/shared_memory_group.cc).
   // false on any member: TCP for everything. init_process_group: $DATAPAR_SHM=0 turns it off.
   bool shared_memory = true;
+  // A collective not completed after this long is reported, with the ranks that have not
+  // issued it (ProcessGroup::inspect_stalls); zero: never.
+  std::chrono::milliseconds stall_warning = kDefaultStallWarning;
 };
 
 // A Gloo process group of `size` processes, this one being `rank`, meeting through `store`

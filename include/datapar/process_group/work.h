@@ -14,6 +14,9 @@
 #include <string>
 
 namespace datapar {
+namespace detail {
+class WorkCompletion;
+}  // namespace detail
 
 class Work {
  public:
@@ -41,16 +44,17 @@ class Work {
 
   const std::string& what() const { return what_; }
 
-  // For backends: report the outcome. Exactly one of them, once.
-  void finish() { promise_.set_value(); }
-  void fail(std::exception_ptr error) { promise_.set_exception(std::move(error)); }
-
  protected:
   // Device backends: make the calling thread's current stream wait for the operation and
   // return true, so that wait() does not block the host; false: wait() blocks.
   virtual bool wait_on_stream() { return false; }
 
  private:
+  // Only the backends report the outcome (src/process_group/work_completion.h).
+  friend class detail::WorkCompletion;
+  void finish() { promise_.set_value(); }
+  void fail(std::exception_ptr error) { promise_.set_exception(std::move(error)); }
+
   std::string what_;
   std::promise<void> promise_;
   std::shared_future<void> done_;

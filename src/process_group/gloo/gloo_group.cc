@@ -10,13 +10,16 @@ namespace datapar {
 
 std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                      GlooOptions options) {
-  const GlooOptions leaders_options{options.hostname, options.timeout, /*shared_memory=*/false};
+  GlooOptions leaders_options = options;
+  leaders_options.shared_memory = false;
   std::shared_ptr<ProcessGroup> tcp = detail::new_gloo_tcp_group(store, rank, size, options);
   const detail::MakeLeaders make_leaders = [&](std::shared_ptr<Store> leaders_store, int leader, int leaders) {
     return detail::new_gloo_tcp_group(std::move(leaders_store), leader, leaders, leaders_options);
   };
-  return detail::with_shared_memory(std::move(tcp), std::make_shared<PrefixStore>("shm", std::move(store)),
-                                    options.shared_memory, options.timeout, make_leaders);
+  std::shared_ptr<ProcessGroup> group = detail::with_shared_memory(
+      std::move(tcp), std::make_shared<PrefixStore>("shm", store), options.shared_memory, options.timeout, make_leaders);
+  if (size > 1) group->inspect_stalls(std::make_shared<PrefixStore>("stall", std::move(store)), options.stall_warning);
+  return group;
 }
 
 }  // namespace datapar

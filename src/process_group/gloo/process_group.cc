@@ -31,7 +31,6 @@
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/prefix_store.h"
-#include "process_group/checks.h"
 #include "process_group/coalesce.h"
 #include "process_group/gloo/backend.h"
 #include "process_group/ordered_runner.h"
@@ -39,12 +38,6 @@
 namespace datapar {
 namespace {
 
-using detail::check_all_to_all;
-using detail::check_avg;
-using detail::check_like;
-using detail::check_peer;
-using detail::check_root;
-using detail::check_tensor;
 using detail::str_cat;
 using detail::unflatten;
 
@@ -86,8 +79,6 @@ class ProcessGroupGloo : public ProcessGroup {
  public:
   ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, GlooOptions options)
       : ProcessGroup(rank, size), timeout_(options.timeout) {
-    DATAPAR_CHECK(size >= 1, "ProcessGroup(gloo): size ", size, " must be at least 1.");
-    DATAPAR_CHECK(rank >= 0 && rank < size, "ProcessGroup(gloo): rank ", rank, " is outside [0, ", size, ").");
     DATAPAR_CHECK(store != nullptr, "ProcessGroup(gloo): the store is null.");
     gloo::transport::tcp::attr attr;
     if (options.hostname.empty()) {
@@ -115,21 +106,17 @@ class ProcessGroupGloo : public ProcessGroup {
 
   std::string backend() const override { return "gloo"; }
 
-  std::shared_ptr<Work> all_reduce(at::Tensor tensor, ReduceOp op) override {
-    check_tensor(tensor, "all_reduce", "gloo");
-    check_avg(op, tensor, "all_reduce");
-    return enqueue(str_cat("all_reduce(", to_string(op), ")"), [this, tensor, op]() mutable {
+ protected:
+  std::shared_ptr<Work> do_all_reduce(const std::string& what, at::Tensor tensor, ReduceOp op) override {
+    return enqueue(what, [this, tensor, op]() mutable {
       at::Tensor buffer = reducible(tensor);
       all_reduce_in_place(buffer, op);
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
     });
   }
 
-  std::shared_ptr<Work> reduce(at::Tensor tensor, int root, ReduceOp op) override {
-    check_tensor(tensor, "reduce", "gloo");
-    check_root(root, size(), "reduce");
-    check_avg(op, tensor, "reduce");
-    return enqueue(str_cat("reduce(", to_string(op), ", root ", root, ")"), [this, tensor, root, op]() mutable {
+  std::shared_ptr<Work> do_reduce(const std::string& what, at::Tensor tensor, int root, ReduceOp op) override {
+    return enqueue(what, [this, tensor, root, op]() mutable {
       at::Tensor buffer = reducible(tensor);
       with_reducer(buffer, op, [&](auto* data, size_t count, gloo::ReduceOptions::Func fn) {
         gloo::ReduceOptions opts(context_);
@@ -146,10 +133,9 @@ class ProcessGroupGloo : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input) override {
-    check_tensor(input, "all_gather", "gloo");
-    check_like(outputs, input, size(), "all_gather", "outputs");
-    return enqueue("all_gather", [this, outputs, input]() mutable {
+  std::shared_ptr<Work> do_all_gather(const std::string& what, std::vector<at::Tensor> outputs,
+                                      at::Tensor input) override {
+    return enqueue(what, [this, outputs, input]() mutable {
       const at::Tensor in = input.contiguous();
       at::Tensor flat = at::empty({size() * in.numel()}, in.options());  // (size * numel,) rank order
       gloo::AllgatherOptions opts(context_);
@@ -161,11 +147,9 @@ class ProcessGroupGloo : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) override {
-    check_tensor(input, "gather", "gloo");
-    check_root(root, size(), "gather");
-    if (rank() == root) check_like(outputs, input, size(), "gather", "outputs on the root");
-    return enqueue(str_cat("gather(root ", root, ")"), [this, outputs, input, root]() mutable {
+  std::shared_ptr<Work> do_gather(const std::string& what, std::vector<at::Tensor> outputs, at::Tensor input,
+                                  int root) override {
+    return enqueue(what, [this, outputs, input, root]() mutable {
       const at::Tensor in = input.contiguous();
       gloo::GatherOptions opts(context_);
       opts.setTimeout(timeout_);
@@ -181,11 +165,9 @@ class ProcessGroupGloo : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) override {
-    check_tensor(output, "scatter", "gloo");
-    check_root(root, size(), "scatter");
-    if (rank() == root) check_like(inputs, output, size(), "scatter", "inputs on the root");
-    return enqueue(str_cat("scatter(root ", root, ")"), [this, output, inputs, root]() mutable {
+  std::shared_ptr<Work> do_scatter(const std::string& what, at::Tensor output, std::vector<at::Tensor> inputs,
+                                   int root) override {
+    return enqueue(what, [this, output, inputs, root]() mutable {
       at::Tensor out = output.contiguous();
       gloo::ScatterOptions opts(context_);
       opts.setTimeout(timeout_);
@@ -205,13 +187,11 @@ class ProcessGroupGloo : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) override {
-    check_tensor(output, "reduce_scatter", "gloo");
-    check_like(inputs, output, size(), "reduce_scatter", "inputs");
-    check_avg(op, output, "reduce_scatter");
+  std::shared_ptr<Work> do_reduce_scatter(const std::string& what, at::Tensor output, std::vector<at::Tensor> inputs,
+                                          ReduceOp op) override {
     // All-reduce of the concatenation, then each process keeps its part: correct on every
     // world size; a bandwidth-optimal ring reduce-scatter can replace it.
-    return enqueue(str_cat("reduce_scatter(", to_string(op), ")"), [this, output, inputs, op]() mutable {
+    return enqueue(what, [this, output, inputs, op]() mutable {
       std::vector<at::Tensor> flat_inputs;
       for (const at::Tensor& t : inputs) flat_inputs.push_back(t.reshape({-1}));
       at::Tensor buffer = reducible(at::cat(flat_inputs));  // (size * numel,)
@@ -220,11 +200,8 @@ class ProcessGroupGloo : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) override {
-    check_tensor(input, "all_to_all", "gloo");
-    check_tensor(output, "all_to_all", "gloo");
-    check_all_to_all(output, input, size());
-    return enqueue("all_to_all", [this, output, input]() mutable {
+  std::shared_ptr<Work> do_all_to_all_single(const std::string& what, at::Tensor output, at::Tensor input) override {
+    return enqueue(what, [this, output, input]() mutable {
       const at::Tensor in = input.contiguous();
       at::Tensor out = output.contiguous();
       gloo::AlltoallOptions opts(context_);
@@ -236,10 +213,8 @@ class ProcessGroupGloo : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> broadcast(at::Tensor tensor, int root) override {
-    check_tensor(tensor, "broadcast", "gloo");
-    check_root(root, size(), "broadcast");
-    return enqueue(str_cat("broadcast(root ", root, ")"), [this, tensor, root]() mutable {
+  std::shared_ptr<Work> do_broadcast(const std::string& what, at::Tensor tensor, int root) override {
+    return enqueue(what, [this, tensor, root]() mutable {
       at::Tensor buffer = tensor.contiguous();
       gloo::BroadcastOptions opts(context_);
       opts.setTimeout(timeout_);
@@ -250,65 +225,55 @@ class ProcessGroupGloo : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> barrier() override {
-    return enqueue("barrier", [this] {
+  std::shared_ptr<Work> do_barrier(const std::string& what) override {
+    return enqueue(what, [this] {
       gloo::BarrierOptions opts(context_);
       opts.setTimeout(timeout_);
       gloo::barrier(opts);
     });
   }
 
-  std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op) override {
-    for (const at::Tensor& t : tensors) {
-      check_tensor(t, "all_reduce_coalesced", "gloo");
-      check_avg(op, t, "all_reduce_coalesced", /*plural=*/true);
-    }
-    return enqueue(str_cat("all_reduce_coalesced(", to_string(op), ", ", tensors.size(), " tensors)"),
-                   [this, tensors, op]() mutable {
-                     for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
-                       at::Tensor buffer = reducible(group.flat);
-                       all_reduce_in_place(buffer, op);
-                       detail::unflatten_into(group, buffer, tensors);
-                     }
-                   });
+  std::shared_ptr<Work> do_all_reduce_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
+                                                ReduceOp op) override {
+    return enqueue(what, [this, tensors, op]() mutable {
+      for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
+        at::Tensor buffer = reducible(group.flat);
+        all_reduce_in_place(buffer, op);
+        detail::unflatten_into(group, buffer, tensors);
+      }
+    });
   }
 
-  std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root) override {
-    for (const at::Tensor& t : tensors) check_tensor(t, "broadcast_coalesced", "gloo");
-    check_root(root, size(), "broadcast_coalesced");
-    return enqueue(str_cat("broadcast_coalesced(root ", root, ", ", tensors.size(), " tensors)"),
-                   [this, tensors, root]() mutable {
-                     for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
-                       gloo::BroadcastOptions opts(context_);
-                       opts.setTimeout(timeout_);
-                       opts.setRoot(root);
-                       opts.setOutput(static_cast<uint8_t*>(group.flat.data_ptr()), group.flat.nbytes());
-                       gloo::broadcast(opts);
-                       if (rank() != root) detail::unflatten_into(group, group.flat, tensors);
-                     }
-                   });
+  std::shared_ptr<Work> do_broadcast_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
+                                               int root) override {
+    return enqueue(what, [this, tensors, root]() mutable {
+      for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
+        gloo::BroadcastOptions opts(context_);
+        opts.setTimeout(timeout_);
+        opts.setRoot(root);
+        opts.setOutput(static_cast<uint8_t*>(group.flat.data_ptr()), group.flat.nbytes());
+        gloo::broadcast(opts);
+        if (rank() != root) detail::unflatten_into(group, group.flat, tensors);
+      }
+    });
   }
 
-  std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag) override {
-    check_tensor(tensor, "send", "gloo");
-    check_peer(dst, rank(), size(), tag, "send");
+  std::shared_ptr<Work> do_send(const std::string& what, at::Tensor tensor, int dst, int tag) override {
     const at::Tensor buffer = tensor.contiguous();
     std::shared_ptr<gloo::transport::UnboundBuffer> unbound =
         context_->createUnboundBuffer(buffer.data_ptr(), buffer.nbytes());
     unbound->send(dst, p2p_slot(tag));
-    return p2p_.push(describe(str_cat("send(to ", dst, ", tag ", tag, ")")), [this, buffer, unbound] {
+    return p2p_.push(describe(what), [this, buffer, unbound] {
       if (!unbound->waitSend(timeout_)) throw CommError("send was aborted.");
     });
   }
 
-  std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag) override {
-    check_tensor(tensor, "recv", "gloo");
-    check_peer(src, rank(), size(), tag, "recv");
+  std::shared_ptr<Work> do_recv(const std::string& what, at::Tensor tensor, int src, int tag) override {
     at::Tensor buffer = tensor.contiguous();
     std::shared_ptr<gloo::transport::UnboundBuffer> unbound =
         context_->createUnboundBuffer(buffer.data_ptr(), buffer.nbytes());
     unbound->recv(src, p2p_slot(tag));
-    return p2p_.push(describe(str_cat("recv(from ", src, ", tag ", tag, ")")), [this, tensor, buffer, unbound]() mutable {
+    return p2p_.push(describe(what), [this, tensor, buffer, unbound]() mutable {
       if (!unbound->waitRecv(timeout_)) throw CommError("recv was aborted.");
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
     });
@@ -353,7 +318,7 @@ class ProcessGroupGloo : public ProcessGroup {
 
   // Runs `op` on the group's thread in issue order. Gloo reports a dead peer as an
   // exception naming its address; the error names the ranks (roll_call()).
-  std::shared_ptr<Work> enqueue(std::string what, std::function<void()> op) {
+  std::shared_ptr<Work> enqueue(const std::string& what, std::function<void()> op) {
     const uint64_t seq = issued_++;
     return collectives_.push(describe(what), [this, seq, what, op = std::move(op)] {
       try {
@@ -407,10 +372,6 @@ class ProcessGroupGloo : public ProcessGroup {
                    kRollCallWindow.count(), " s: probably exited (or hung, or behind the others).");
   }
 
-  std::string describe(const std::string& what) const {
-    return str_cat(what, " on rank ", rank(), " of ", size(), " (gloo)");
-  }
-
   std::chrono::milliseconds timeout_;
   std::shared_ptr<Store> roll_store_;  // where survivors of a failure report (roll_call())
   std::atomic<uint64_t> issued_{0};    // collectives issued, numbered alike on every rank
@@ -418,9 +379,9 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   // Declared last: destroyed first, so queued operations finish while the context lives.
-  detail::OrderedRunner collectives_{"gloo"};
+  detail::OrderedRunner collectives_;
   // Point-to-point operations are posted at once; this thread only waits for them, in order.
-  detail::OrderedRunner p2p_{"gloo"};
+  detail::OrderedRunner p2p_;
 };
 
 }  // namespace

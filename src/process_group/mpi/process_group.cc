@@ -24,7 +24,6 @@
 
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
-#include "process_group/checks.h"
 #include "process_group/coalesce.h"
 #include "process_group/mpi/ring.h"
 #include "process_group/mpi/runtime.h"
@@ -36,12 +35,6 @@ namespace datapar {
 namespace {
 
 using namespace std::chrono_literals;
-using detail::check_all_to_all;
-using detail::check_avg;
-using detail::check_like;
-using detail::check_peer;
-using detail::check_root;
-using detail::check_tensor;
 using detail::str_cat;
 using detail::mpi::check_reducible;
 using detail::mpi::moved;
@@ -94,58 +87,50 @@ class ProcessGroupMpi : public ProcessGroup {
 
   std::string backend() const override { return "mpi"; }
 
-  std::shared_ptr<Work> all_reduce(at::Tensor tensor, ReduceOp op) override {
-    check_tensor(tensor, "all_reduce", "mpi");
-    check_avg(op, tensor, "all_reduce");
+ protected:
+  std::shared_ptr<Work> do_all_reduce(const std::string& what, at::Tensor tensor, ReduceOp op) override {
     check_reducible(tensor, "all_reduce");
-    return enqueue(str_cat("all_reduce(", to_string(op), ")"), [this, tensor, op](const std::string& what) mutable {
+    return enqueue(what, [this, tensor, op](const std::string& what) mutable {
       at::Tensor buffer = reducible(tensor);
       all_reduce_in_place(buffer, op, what);
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
     });
   }
 
-  std::shared_ptr<Work> reduce(at::Tensor tensor, int root, ReduceOp op) override {
-    check_tensor(tensor, "reduce", "mpi");
-    check_root(root, size(), "reduce");
-    check_avg(op, tensor, "reduce");
+  std::shared_ptr<Work> do_reduce(const std::string& what, at::Tensor tensor, int root, ReduceOp op) override {
     check_reducible(tensor, "reduce");
-    return enqueue(str_cat("reduce(", to_string(op), ", root ", root, ")"),
-                   [this, tensor, root, op](const std::string& what) mutable {
-                     at::Tensor buffer = reducible(tensor);
-                     const int count = mpi_count(buffer.numel(), what);
-                     run(what, {buffer}, [&](MPI_Request* request) {
-                       void* data = buffer.data_ptr();
-                       return rank() == root ? MPI_Ireduce(MPI_IN_PLACE, data, count, reduce_type(buffer),
-                                                           reduce_op(op), root, comm(), request)
-                                             : MPI_Ireduce(data, nullptr, count, reduce_type(buffer), reduce_op(op),
-                                                           root, comm(), request);
-                     });
-                     if (rank() != root) return;
-                     if (op == ReduceOp::kAvg) buffer.div_(size());
-                     if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-                   });
+    return enqueue(what, [this, tensor, root, op](const std::string& what) mutable {
+      at::Tensor buffer = reducible(tensor);
+      const int count = mpi_count(buffer.numel(), what);
+      run(what, {buffer}, [&](MPI_Request* request) {
+        void* data = buffer.data_ptr();
+        return rank() == root ? MPI_Ireduce(MPI_IN_PLACE, data, count, reduce_type(buffer),
+                                            reduce_op(op), root, comm(), request)
+                              : MPI_Ireduce(data, nullptr, count, reduce_type(buffer), reduce_op(op),
+                                            root, comm(), request);
+      });
+      if (rank() != root) return;
+      if (op == ReduceOp::kAvg) buffer.div_(size());
+      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+    });
   }
 
-  std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input) override {
-    check_tensor(input, "all_gather", "mpi");
-    check_like(outputs, input, size(), "all_gather", "outputs");
-    return enqueue("all_gather", [this, outputs, input](const std::string& what) mutable {
+  std::shared_ptr<Work> do_all_gather(const std::string& what, std::vector<at::Tensor> outputs,
+                                      at::Tensor input) override {
+    return enqueue(what, [this, outputs, input](const std::string& what) mutable {
       const at::Tensor in = input.contiguous();
       at::Tensor flat = at::empty({size() * in.numel()}, in.options());  // (size * numel,) rank order
       const Moved m = moved(in, in.numel(), what);
       run(what, {in, flat}, [&](MPI_Request* request) {
         return MPI_Iallgather(in.data_ptr(), m.count, m.type, flat.data_ptr(), m.count, m.type, comm(), request);
-      });
+    });
       unflatten(flat, outputs);
     });
   }
 
-  std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) override {
-    check_tensor(input, "gather", "mpi");
-    check_root(root, size(), "gather");
-    if (rank() == root) check_like(outputs, input, size(), "gather", "outputs on the root");
-    return enqueue(str_cat("gather(root ", root, ")"), [this, outputs, input, root](const std::string& what) mutable {
+  std::shared_ptr<Work> do_gather(const std::string& what, std::vector<at::Tensor> outputs, at::Tensor input,
+                                  int root) override {
+    return enqueue(what, [this, outputs, input, root](const std::string& what) mutable {
       const at::Tensor in = input.contiguous();
       at::Tensor flat = rank() == root ? at::empty({size() * in.numel()}, in.options()) : at::Tensor();
       const Moved m = moved(in, in.numel(), what);
@@ -157,11 +142,9 @@ class ProcessGroupMpi : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) override {
-    check_tensor(output, "scatter", "mpi");
-    check_root(root, size(), "scatter");
-    if (rank() == root) check_like(inputs, output, size(), "scatter", "inputs on the root");
-    return enqueue(str_cat("scatter(root ", root, ")"), [this, output, inputs, root](const std::string& what) mutable {
+  std::shared_ptr<Work> do_scatter(const std::string& what, at::Tensor output, std::vector<at::Tensor> inputs,
+                                   int root) override {
+    return enqueue(what, [this, output, inputs, root](const std::string& what) mutable {
       at::Tensor out = output.contiguous();
       at::Tensor flat;  // (size * numel,) on the root: inputs in rank order
       if (rank() == root) {
@@ -178,12 +161,10 @@ class ProcessGroupMpi : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) override {
-    check_tensor(output, "reduce_scatter", "mpi");
-    check_like(inputs, output, size(), "reduce_scatter", "inputs");
-    check_avg(op, output, "reduce_scatter");
+  std::shared_ptr<Work> do_reduce_scatter(const std::string& what, at::Tensor output, std::vector<at::Tensor> inputs,
+                                          ReduceOp op) override {
     check_reducible(output, "reduce_scatter");
-    return enqueue(str_cat("reduce_scatter(", to_string(op), ")"), [this, output, inputs, op](const std::string& what) mutable {
+    return enqueue(what, [this, output, inputs, op](const std::string& what) mutable {
       std::vector<at::Tensor> pieces;
       for (const at::Tensor& t : inputs) pieces.push_back(t.reshape({-1}));
       const at::Tensor in = reducible(at::cat(pieces));  // (size * numel,)
@@ -198,11 +179,8 @@ class ProcessGroupMpi : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) override {
-    check_tensor(input, "all_to_all", "mpi");
-    check_tensor(output, "all_to_all", "mpi");
-    check_all_to_all(output, input, size());
-    return enqueue("all_to_all", [this, output, input](const std::string& what) mutable {
+  std::shared_ptr<Work> do_all_to_all_single(const std::string& what, at::Tensor output, at::Tensor input) override {
+    return enqueue(what, [this, output, input](const std::string& what) mutable {
       const at::Tensor in = input.contiguous();
       at::Tensor out = output.contiguous();
       const Moved m = moved(in, in.numel() / size(), what);  // one chunk per process
@@ -213,55 +191,45 @@ class ProcessGroupMpi : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> broadcast(at::Tensor tensor, int root) override {
-    check_tensor(tensor, "broadcast", "mpi");
-    check_root(root, size(), "broadcast");
-    return enqueue(str_cat("broadcast(root ", root, ")"), [this, tensor, root](const std::string& what) mutable {
+  std::shared_ptr<Work> do_broadcast(const std::string& what, at::Tensor tensor, int root) override {
+    return enqueue(what, [this, tensor, root](const std::string& what) mutable {
       at::Tensor buffer = tensor.contiguous();
       broadcast_in_place(buffer, root, what);
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
     });
   }
 
-  std::shared_ptr<Work> barrier() override {
-    return enqueue("barrier", [this](const std::string& what) {
+  std::shared_ptr<Work> do_barrier(const std::string& what) override {
+    return enqueue(what, [this](const std::string& what) {
       run(what, {}, [&](MPI_Request* request) { return MPI_Ibarrier(comm(), request); });
     });
   }
 
-  std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op) override {
-    for (const at::Tensor& t : tensors) {
-      check_tensor(t, "all_reduce_coalesced", "mpi");
-      check_avg(op, t, "all_reduce_coalesced", /*plural=*/true);
-      check_reducible(t, "all_reduce_coalesced");
-    }
-    return enqueue(str_cat("all_reduce_coalesced(", to_string(op), ", ", tensors.size(), " tensors)"),
-                   [this, tensors, op](const std::string& what) mutable {
-                     for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
-                       at::Tensor buffer = reducible(group.flat);
-                       all_reduce_in_place(buffer, op, what);
-                       detail::unflatten_into(group, buffer, tensors);
-                     }
-                   });
+  std::shared_ptr<Work> do_all_reduce_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
+                                                ReduceOp op) override {
+    for (const at::Tensor& t : tensors) check_reducible(t, "all_reduce_coalesced");
+    return enqueue(what, [this, tensors, op](const std::string& what) mutable {
+      for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
+        at::Tensor buffer = reducible(group.flat);
+        all_reduce_in_place(buffer, op, what);
+        detail::unflatten_into(group, buffer, tensors);
+      }
+    });
   }
 
-  std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root) override {
-    for (const at::Tensor& t : tensors) check_tensor(t, "broadcast_coalesced", "mpi");
-    check_root(root, size(), "broadcast_coalesced");
-    return enqueue(str_cat("broadcast_coalesced(root ", root, ", ", tensors.size(), " tensors)"),
-                   [this, tensors, root](const std::string& what) mutable {
-                     for (detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
-                       broadcast_in_place(group.flat, root, what);
-                       if (rank() != root) detail::unflatten_into(group, group.flat, tensors);
-                     }
-                   });
+  std::shared_ptr<Work> do_broadcast_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
+                                               int root) override {
+    return enqueue(what, [this, tensors, root](const std::string& what) mutable {
+      for (detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
+        broadcast_in_place(group.flat, root, what);
+        if (rank() != root) detail::unflatten_into(group, group.flat, tensors);
+      }
+    });
   }
 
-  std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag) override {
-    check_tensor(tensor, "send", "mpi");
-    check_peer(dst, rank(), size(), tag, "send");
+  std::shared_ptr<Work> do_send(const std::string& op, at::Tensor tensor, int dst, int tag) override {
     check_tag(tag, "send");
-    const std::string what = describe(str_cat("send(to ", dst, ", tag ", tag, ")"));
+    const std::string what = describe(op);
     const at::Tensor buffer = tensor.contiguous();
     const Moved m = moved(buffer, buffer.numel(), what);
     MPI_Request request = MPI_REQUEST_NULL;
@@ -276,11 +244,9 @@ class ProcessGroupMpi : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag) override {
-    check_tensor(tensor, "recv", "mpi");
-    check_peer(src, rank(), size(), tag, "recv");
+  std::shared_ptr<Work> do_recv(const std::string& op, at::Tensor tensor, int src, int tag) override {
     check_tag(tag, "recv");
-    const std::string what = describe(str_cat("recv(from ", src, ", tag ", tag, ")"));
+    const std::string what = describe(op);
     at::Tensor buffer = tensor.contiguous();
     const Moved m = moved(buffer, buffer.numel(), what);
     MPI_Request request = MPI_REQUEST_NULL;
@@ -304,10 +270,6 @@ class ProcessGroupMpi : public ProcessGroup {
 
  private:
   MPI_Comm comm() const { return comm_.get(); }
-
-  std::string describe(const std::string& what) const {
-    return str_cat(what, " on rank ", rank(), " of ", size(), " (mpi)");
-  }
 
   void check_tag(int tag, const char* what) const {
     DATAPAR_CHECK(tag <= mpi::max_tag(), what, ": tag ", tag, " is above ", mpi::max_tag(),
@@ -411,9 +373,9 @@ class ProcessGroupMpi : public ProcessGroup {
   std::chrono::milliseconds timeout_;
   std::string broken_;  // the collective that timed out; only the runner thread uses it
   // Declared last: stopped first, so queued operations finish while the communicator lives.
-  detail::OrderedRunner collectives_{"mpi"};
+  detail::OrderedRunner collectives_;
   // Point-to-point operations are posted at once; this thread only waits for them, in order.
-  detail::OrderedRunner p2p_{"mpi"};
+  detail::OrderedRunner p2p_;
 };
 
 // The shared-memory collectives' setup over MPI itself (an MPI group may have no store).

@@ -45,7 +45,6 @@
 #include "datapar/error.h"
 #include "datapar/process_group/nccl.h"
 #include "datapar/rendezvous/prefix_store.h"
-#include "process_group/checks.h"
 #include "process_group/coalesce.h"
 #include "process_group/nccl/communicator.h"
 #include "process_group/nccl/watchdog.h"
@@ -156,12 +155,11 @@ class ProcessGroupNccl : public ProcessGroup {
   std::string backend() const override { return "nccl"; }
   c10::Device device() const override { return c10::Device(c10::kCUDA, device_); }
 
-  std::shared_ptr<Work> all_reduce(at::Tensor tensor, ReduceOp op) override {
-    check_tensor(tensor, "all_reduce");
-    detail::check_avg(op, tensor, "all_reduce");
+ protected:
+  std::shared_ptr<Work> do_all_reduce(const std::string& what, at::Tensor tensor, ReduceOp op) override {
     const ncclDataType_t type = nccl_type(tensor.scalar_type());
     const at::Tensor buffer = tensor.contiguous();
-    return launch({str_cat("all_reduce(", to_string(op), ")"), {tensor, buffer},
+    return launch({what, {tensor, buffer},
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), type, nccl_op(op),
                                           comm, stream);
@@ -169,12 +167,10 @@ class ProcessGroupNccl : public ProcessGroup {
                    copy_back({buffer}, {tensor})});
   }
 
-  std::shared_ptr<Work> broadcast(at::Tensor tensor, int root) override {
-    check_tensor(tensor, "broadcast");
-    detail::check_root(root, size(), "broadcast");
+  std::shared_ptr<Work> do_broadcast(const std::string& what, at::Tensor tensor, int root) override {
     const ncclDataType_t type = nccl_type(tensor.scalar_type());
     const at::Tensor buffer = tensor.contiguous();
-    return launch({str_cat("broadcast(root ", root, ")"), {tensor, buffer},
+    return launch({what, {tensor, buffer},
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return ncclBroadcast(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), type, root, comm,
                                           stream);
@@ -182,13 +178,10 @@ class ProcessGroupNccl : public ProcessGroup {
                    copy_back({buffer}, {tensor})});
   }
 
-  std::shared_ptr<Work> reduce(at::Tensor tensor, int root, ReduceOp op) override {
-    check_tensor(tensor, "reduce");
-    detail::check_root(root, size(), "reduce");
-    detail::check_avg(op, tensor, "reduce");
+  std::shared_ptr<Work> do_reduce(const std::string& what, at::Tensor tensor, int root, ReduceOp op) override {
     const ncclDataType_t type = nccl_type(tensor.scalar_type());
     const at::Tensor buffer = tensor.contiguous();
-    return launch({str_cat("reduce(", to_string(op), ", root ", root, ")"), {tensor, buffer},
+    return launch({what, {tensor, buffer},
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return ncclReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), type, nccl_op(op), root,
                                        comm, stream);
@@ -196,16 +189,15 @@ class ProcessGroupNccl : public ProcessGroup {
                    copy_back({buffer}, {tensor})});
   }
 
-  std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input) override {
-    check_tensor(input, "all_gather");
-    check_like(outputs, input, "all_gather", "outputs");
+  std::shared_ptr<Work> do_all_gather(const std::string& what, std::vector<at::Tensor> outputs,
+                                      at::Tensor input) override {
     const ncclDataType_t type = nccl_type(input.scalar_type());
     const at::Tensor in = input.contiguous();
     const int64_t count = in.numel();
     const at::Tensor flat = at::empty({size() * count}, in.options());  // (size * count), rank r's at r * count
     std::vector<at::Tensor> used = outputs;
     used.insert(used.end(), {input, in, flat});
-    return launch({"all_gather", std::move(used),
+    return launch({what, std::move(used),
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return ncclAllGather(in.data_ptr(), flat.data_ptr(), count, type, comm, stream);
                    },
@@ -216,11 +208,8 @@ class ProcessGroupNccl : public ProcessGroup {
                    }});
   }
 
-  std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) override {
-    check_tensor(input, "gather");
-    detail::check_root(root, size(), "gather");
-    if (rank() != root) outputs.clear();  // elsewhere they are not used
-    if (rank() == root) check_like(outputs, input, "gather", "outputs");
+  std::shared_ptr<Work> do_gather(const std::string& what, std::vector<at::Tensor> outputs, at::Tensor input,
+                                  int root) override {
     const ncclDataType_t type = nccl_type(input.scalar_type());
     const at::Tensor in = input.contiguous();
     std::vector<at::Tensor> buffers;
@@ -228,7 +217,7 @@ class ProcessGroupNccl : public ProcessGroup {
     std::vector<at::Tensor> used = outputs;
     used.insert(used.end(), buffers.begin(), buffers.end());
     used.insert(used.end(), {input, in});
-    return launch({str_cat("gather(root ", root, ")"), std::move(used),
+    return launch({what, std::move(used),
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return in_group([&](const auto& keep) {
                        for (int r = 0; r < static_cast<int>(buffers.size()); ++r) {
@@ -240,11 +229,8 @@ class ProcessGroupNccl : public ProcessGroup {
                    copy_back(buffers, outputs)});
   }
 
-  std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) override {
-    check_tensor(output, "scatter");
-    detail::check_root(root, size(), "scatter");
-    if (rank() != root) inputs.clear();  // elsewhere they are not used
-    if (rank() == root) check_like(inputs, output, "scatter", "inputs");
+  std::shared_ptr<Work> do_scatter(const std::string& what, at::Tensor output, std::vector<at::Tensor> inputs,
+                                   int root) override {
     const ncclDataType_t type = nccl_type(output.scalar_type());
     std::vector<at::Tensor> ins;
     for (const at::Tensor& t : inputs) ins.push_back(t.contiguous());
@@ -252,7 +238,7 @@ class ProcessGroupNccl : public ProcessGroup {
     std::vector<at::Tensor> used = inputs;
     used.insert(used.end(), ins.begin(), ins.end());
     used.insert(used.end(), {output, out});
-    return launch({str_cat("scatter(root ", root, ")"), std::move(used),
+    return launch({what, std::move(used),
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return in_group([&](const auto& keep) {
                        for (int r = 0; r < static_cast<int>(ins.size()); ++r) {
@@ -264,16 +250,14 @@ class ProcessGroupNccl : public ProcessGroup {
                    copy_back({out}, {output})});
   }
 
-  std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) override {
-    check_tensor(output, "reduce_scatter");
-    check_like(inputs, output, "reduce_scatter", "inputs");
-    detail::check_avg(op, output, "reduce_scatter");
+  std::shared_ptr<Work> do_reduce_scatter(const std::string& what, at::Tensor output, std::vector<at::Tensor> inputs,
+                                          ReduceOp op) override {
     const ncclDataType_t type = nccl_type(output.scalar_type());
     std::vector<at::Tensor> pieces;
     for (const at::Tensor& t : inputs) pieces.push_back(t.reshape({-1}));
     const at::Tensor flat = at::cat(pieces);  // (size * numel), process r's part at r * numel
     const at::Tensor out = contiguous_output(output);
-    return launch({str_cat("reduce_scatter(", to_string(op), ")"), {output, out, flat},
+    return launch({what, {output, out, flat},
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return ncclReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), type, nccl_op(op), comm,
                                               stream);
@@ -281,14 +265,11 @@ class ProcessGroupNccl : public ProcessGroup {
                    copy_back({out}, {output})});
   }
 
-  std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) override {
-    check_tensor(input, "all_to_all");
-    check_tensor(output, "all_to_all");
-    detail::check_all_to_all(output, input, size());
+  std::shared_ptr<Work> do_all_to_all_single(const std::string& what, at::Tensor output, at::Tensor input) override {
     const ncclDataType_t type = nccl_type(input.scalar_type());
     const at::Tensor in = input.contiguous();
     const at::Tensor out = contiguous_output(output);
-    return launch({"all_to_all", {input, in, output, out},
+    return launch({what, {input, in, output, out},
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      const int64_t chunk = in.numel() / size();
                      const size_t bytes = static_cast<size_t>(chunk) * in.element_size();
@@ -305,9 +286,9 @@ class ProcessGroupNccl : public ProcessGroup {
 
   // Its wait() blocks the host, as PyTorch's does: code calls barrier() to line processes
   // up, not streams.
-  std::shared_ptr<Work> barrier() override {
+  std::shared_ptr<Work> do_barrier(const std::string& what) override {
     const at::Tensor one = at::ones({1}, at::TensorOptions().device(device()).dtype(at::kFloat));
-    return launch({"barrier", {one},
+    return launch({what, {one},
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm, stream);
                    },
@@ -315,45 +296,37 @@ class ProcessGroupNccl : public ProcessGroup {
   }
 
   // One NCCL group call for all dtypes: one Work, one end event.
-  std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op) override {
-    for (const at::Tensor& t : tensors) {
-      check_tensor(t, "all_reduce_coalesced");
-      detail::check_avg(op, t, "all_reduce_coalesced", /*plural=*/true);
-    }
-    return coalesced(str_cat("all_reduce_coalesced(", to_string(op), ")"), std::move(tensors),
+  std::shared_ptr<Work> do_all_reduce_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
+                                                ReduceOp op) override {
+    return coalesced(what, std::move(tensors),
                      [op](const at::Tensor& flat, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
                        return ncclAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), type, nccl_op(op), comm,
                                             stream);
                      });
   }
 
-  std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root) override {
-    for (const at::Tensor& t : tensors) check_tensor(t, "broadcast_coalesced");
-    detail::check_root(root, size(), "broadcast_coalesced");
-    return coalesced(str_cat("broadcast_coalesced(root ", root, ")"), std::move(tensors),
+  std::shared_ptr<Work> do_broadcast_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
+                                               int root) override {
+    return coalesced(what, std::move(tensors),
                      [root](const at::Tensor& flat, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
                        return ncclBroadcast(flat.data_ptr(), flat.data_ptr(), flat.numel(), type, root, comm, stream);
                      });
   }
 
-  std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag) override {
-    check_tensor(tensor, "send");
-    detail::check_peer(dst, rank(), size(), tag, "send");
+  std::shared_ptr<Work> do_send(const std::string& what, at::Tensor tensor, int dst, int tag) override {
     const ncclDataType_t type = nccl_type(tensor.scalar_type());
     const at::Tensor in = tensor.contiguous();
-    return launch({str_cat("send(to ", dst, ")"), {tensor, in},
+    return launch({what, {tensor, in},
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return ncclSend(in.data_ptr(), in.numel(), type, dst, comm, stream);
                    },
                    nullptr});
   }
 
-  std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag) override {
-    check_tensor(tensor, "recv");
-    detail::check_peer(src, rank(), size(), tag, "recv");
+  std::shared_ptr<Work> do_recv(const std::string& what, at::Tensor tensor, int src, int tag) override {
     const ncclDataType_t type = nccl_type(tensor.scalar_type());
     const at::Tensor out = contiguous_output(tensor);
-    return launch({str_cat("recv(from ", src, ")"), {tensor, out},
+    return launch({what, {tensor, out},
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return ncclRecv(out.data_ptr(), out.numel(), type, src, comm, stream);
                    },
@@ -400,7 +373,7 @@ class ProcessGroupNccl : public ProcessGroup {
   std::shared_ptr<Work> coalesced(
       const std::string& op, std::vector<at::Tensor> tensors,
       const std::function<ncclResult_t(const at::Tensor&, ncclDataType_t, ncclComm_t, cudaStream_t)>& call) {
-    if (tensors.empty()) return barrier();  // still one operation, as on every other rank
+    if (tensors.empty()) return do_barrier(op);  // still one operation, as on every other rank
     std::vector<detail::FlatGroup> groups = detail::flatten_by_dtype(tensors);
     std::vector<ncclDataType_t> types;
     std::vector<at::Tensor> used = tensors;
@@ -462,27 +435,6 @@ class ProcessGroupNccl : public ProcessGroup {
     return id;
   }
 
-  void check_tensor(const at::Tensor& tensor, const char* what) const {
-    DATAPAR_CHECK(tensor.defined(), what, ": the tensor is undefined.");
-    DATAPAR_CHECK(tensor.is_cuda() && tensor.device().index() == device_, what,
-                  ": the nccl backend takes tensors on this rank's device ", device(), ", not ", tensor.device(),
-                  ". Use the gloo or mpi backend for CPU tensors.");
-    DATAPAR_CHECK(tensor.layout() == at::kStrided, what, ": the nccl backend takes dense tensors, not ",
-                  tensor.layout(), " ones.");
-  }
-
-  void check_like(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* what,
-                  const char* name) const {
-    DATAPAR_CHECK(static_cast<int>(list.size()) == size(), what, ": ", list.size(), " ", name, " for ", size(),
-                  " processes; give one per process.");
-    for (size_t i = 0; i < list.size(); ++i) {
-      check_tensor(list[i], what);
-      DATAPAR_CHECK(list[i].sizes() == like.sizes() && list[i].scalar_type() == like.scalar_type(), what, ": ",
-                    name, "[", i, "] must have shape ", like.sizes(), " and type ", like.scalar_type(), ", not ",
-                    list[i].sizes(), " ", list[i].scalar_type(), ".");
-    }
-  }
-
   const NcclOptions options_;
   const c10::DeviceIndex device_;
   const c10::cuda::CUDAStream stream_;  // C of Note [Streams of an operation]
@@ -500,7 +452,9 @@ std::shared_ptr<ProcessGroup> new_nccl_process_group(std::shared_ptr<Store> stor
                 ").");
   DATAPAR_CHECK(store != nullptr, "ProcessGroup(nccl): the store is null.");
   const c10::DeviceIndex device = choose_device(options.device);
-  return std::make_shared<ProcessGroupNccl>(store, rank, size, device, options);
+  auto group = std::make_shared<ProcessGroupNccl>(store, rank, size, device, options);
+  if (size > 1) group->inspect_stalls(std::make_shared<PrefixStore>("stall", store), options.stall_warning);
+  return group;
 }
 
 }  // namespace datapar

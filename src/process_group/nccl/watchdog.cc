@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "datapar/error.h"
+#include "process_group/work_completion.h"
 
 namespace datapar::detail {
 
@@ -49,7 +50,9 @@ void NcclWatchdog::fail_queued() {
   // (Note [Streams of an operation] in process_group.cc) keeps the memory from reuse.
   // All of them fail, even those whose end event has completed: after the abort, an event
   // also completes for kernels the abort cut short, so a completion says nothing of the data.
-  for (Entry& entry : failed) entry.work->fail(std::make_exception_ptr(CommError(comm_.dead_message(entry.op))));
+  for (Entry& entry : failed) {
+    WorkCompletion::fail(*entry.work, std::make_exception_ptr(CommError(comm_.dead_message(entry.op))));
+  }
 }
 
 void NcclWatchdog::loop() {
@@ -93,7 +96,7 @@ void NcclWatchdog::loop() {
     }
     if (completed) {
       Entry entry = pop_front();
-      entry.work->finish();
+      WorkCompletion::finish(*entry.work);
       pause.reset();
       continue;  // `entry` goes here, outside the lock: its tensors return to the allocator
     }
@@ -116,7 +119,7 @@ void NcclWatchdog::loop() {
       }
     }
     if (failure) {
-      pop_front().work->fail(failure);  // the ones behind it fail next round: the group is dead
+      WorkCompletion::fail(*pop_front().work, failure);  // the ones behind it fail next round: the group is dead
       continue;
     }
     if (comm_.dead()) continue;  // aborted meanwhile by another thread: fail everything next round

@@ -27,7 +27,6 @@
 
 #include "datapar/error.h"
 #include "datapar/rendezvous/prefix_store.h"
-#include "process_group/checks.h"
 #include "process_group/coalesce.h"
 #include "process_group/ordered_runner.h"
 #include "process_group/reduce.h"
@@ -53,16 +52,14 @@ class SharedMemoryGroup final : public ProcessGroup {
         two_levels_(two_levels),
         leaders_(std::move(leaders)),
         columns_(columns),
-        backend_(transport_->backend()),
-        collectives_(backend_) {}
+        backend_(transport_->backend()) {}
 
   std::string backend() const override { return backend_; }
 
-  std::shared_ptr<Work> all_reduce(at::Tensor tensor, ReduceOp op) override {
-    check(tensor, "all_reduce");
+ protected:
+  std::shared_ptr<Work> do_all_reduce(const std::string& op_name, at::Tensor tensor, ReduceOp op) override {
     check_reducible(tensor, "all_reduce");
-    check_avg(op, tensor, "all_reduce");
-    const std::string what = describe(str_cat("all_reduce(", to_string(op), ")"));
+    const std::string what = describe(op_name);
     return collectives_.push(what, [this, tensor, op, what]() mutable {
       at::Tensor buffer = reducible(tensor);
       all_reduce_in_place(buffer, op, what);
@@ -70,14 +67,10 @@ class SharedMemoryGroup final : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op) override {
-    for (const at::Tensor& t : tensors) {
-      check(t, "all_reduce_coalesced");
-      check_reducible(t, "all_reduce_coalesced");
-      check_avg(op, t, "all_reduce_coalesced", /*plural=*/true);
-    }
-    const std::string what =
-        describe(str_cat("all_reduce_coalesced(", to_string(op), ", ", tensors.size(), " tensors)"));
+  std::shared_ptr<Work> do_all_reduce_coalesced(const std::string& op_name, std::vector<at::Tensor> tensors,
+                                                ReduceOp op) override {
+    for (const at::Tensor& t : tensors) check_reducible(t, "all_reduce_coalesced");
+    const std::string what = describe(op_name);
     return collectives_.push(what, [this, tensors, op, what]() mutable {
       for (const FlatGroup& group : flatten_by_dtype(tensors)) {
         at::Tensor buffer = reducible(group.flat);
@@ -87,12 +80,10 @@ class SharedMemoryGroup final : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) override {
-    check(output, "reduce_scatter");
-    check_like(inputs, output, size(), "reduce_scatter", "inputs");
+  std::shared_ptr<Work> do_reduce_scatter(const std::string& op_name, at::Tensor output, std::vector<at::Tensor> inputs,
+                                          ReduceOp op) override {
     check_reducible(output, "reduce_scatter");
-    check_avg(op, output, "reduce_scatter");
-    const std::string what = describe(str_cat("reduce_scatter(", to_string(op), ")"));
+    const std::string what = describe(op_name);
     if (two_levels_) return through_transport(what, [=] { return transport_->reduce_scatter(output, inputs, op); });
     return collectives_.push(what, [this, output, inputs, op, what]() mutable {
       std::vector<at::Tensor> flat_inputs;
@@ -105,10 +96,9 @@ class SharedMemoryGroup final : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> all_gather(std::vector<at::Tensor> outputs, at::Tensor input) override {
-    check(input, "all_gather");
-    check_like(outputs, input, size(), "all_gather", "outputs");
-    const std::string what = describe("all_gather");
+  std::shared_ptr<Work> do_all_gather(const std::string& op_name, std::vector<at::Tensor> outputs,
+                                      at::Tensor input) override {
+    const std::string what = describe(op_name);
     if (two_levels_) return through_transport(what, [=] { return transport_->all_gather(outputs, input); });
     return collectives_.push(what, [this, outputs, input, what]() mutable {
       const at::Tensor in = input.contiguous();
@@ -125,10 +115,8 @@ class SharedMemoryGroup final : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> broadcast(at::Tensor tensor, int root) override {
-    check(tensor, "broadcast");
-    check_root(root, size(), "broadcast");
-    const std::string what = describe(str_cat("broadcast(root ", root, ")"));
+  std::shared_ptr<Work> do_broadcast(const std::string& op_name, at::Tensor tensor, int root) override {
+    const std::string what = describe(op_name);
     if (two_levels_) return through_transport(what, [=] { return transport_->broadcast(tensor, root); });
     return collectives_.push(what, [this, tensor, root, what]() mutable {
       at::Tensor buffer = tensor.contiguous();
@@ -137,10 +125,9 @@ class SharedMemoryGroup final : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> broadcast_coalesced(std::vector<at::Tensor> tensors, int root) override {
-    for (const at::Tensor& t : tensors) check(t, "broadcast_coalesced");
-    check_root(root, size(), "broadcast_coalesced");
-    const std::string what = describe(str_cat("broadcast_coalesced(root ", root, ", ", tensors.size(), " tensors)"));
+  std::shared_ptr<Work> do_broadcast_coalesced(const std::string& op_name, std::vector<at::Tensor> tensors,
+                                               int root) override {
+    const std::string what = describe(op_name);
     if (two_levels_) return through_transport(what, [=] { return transport_->broadcast_coalesced(tensors, root); });
     return collectives_.push(what, [this, tensors, root, what]() mutable {
       for (const FlatGroup& group : flatten_by_dtype(tensors)) {
@@ -150,65 +137,52 @@ class SharedMemoryGroup final : public ProcessGroup {
     });
   }
 
-  std::shared_ptr<Work> barrier() override {
-    const std::string what = describe("barrier");
+  std::shared_ptr<Work> do_barrier(const std::string& op_name) override {
+    const std::string what = describe(op_name);
     if (two_levels_) return through_transport(what, [=] { return transport_->barrier(); });
     return collectives_.push(what, [this, what] { shm_->barrier(what); });
   }
 
   // No shared-memory algorithm: the transport's, started when its turn comes in this
-  // group's order. The arguments are checked here, so that a bad call fails at once.
-  std::shared_ptr<Work> reduce(at::Tensor tensor, int root, ReduceOp op) override {
-    check(tensor, "reduce");
-    check_root(root, size(), "reduce");
-    check_avg(op, tensor, "reduce");
-    return through_transport(describe(str_cat("reduce(", to_string(op), ", root ", root, ")")),
-                             [=] { return transport_->reduce(tensor, root, op); });
+  // group's order.
+  std::shared_ptr<Work> do_reduce(const std::string& op_name, at::Tensor tensor, int root, ReduceOp op) override {
+    return through_transport(describe(op_name), [=] { return transport_->reduce(tensor, root, op); });
   }
-  std::shared_ptr<Work> gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) override {
-    check(input, "gather");
-    check_root(root, size(), "gather");
-    if (rank() == root) check_like(outputs, input, size(), "gather", "outputs on the root");
-    return through_transport(describe(str_cat("gather(root ", root, ")")),
-                             [=] { return transport_->gather(outputs, input, root); });
+  std::shared_ptr<Work> do_gather(const std::string& op_name, std::vector<at::Tensor> outputs, at::Tensor input,
+                                  int root) override {
+    return through_transport(describe(op_name), [=] { return transport_->gather(outputs, input, root); });
   }
-  std::shared_ptr<Work> scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) override {
-    check(output, "scatter");
-    check_root(root, size(), "scatter");
-    if (rank() == root) check_like(inputs, output, size(), "scatter", "inputs on the root");
-    return through_transport(describe(str_cat("scatter(root ", root, ")")),
-                             [=] { return transport_->scatter(output, inputs, root); });
+  std::shared_ptr<Work> do_scatter(const std::string& op_name, at::Tensor output, std::vector<at::Tensor> inputs,
+                                   int root) override {
+    return through_transport(describe(op_name), [=] { return transport_->scatter(output, inputs, root); });
   }
-  std::shared_ptr<Work> all_to_all(at::Tensor output, at::Tensor input) override {
-    check(input, "all_to_all");
-    check(output, "all_to_all");
-    check_all_to_all(output, input, size());
-    return through_transport(describe("all_to_all"), [=] { return transport_->all_to_all(output, input); });
+  std::shared_ptr<Work> do_all_to_all_single(const std::string& op_name, at::Tensor output, at::Tensor input) override {
+    return through_transport(describe(op_name), [=] { return transport_->all_to_all_single(output, input); });
   }
 
   // Point to point is not ordered with the collectives: straight to the transport.
-  std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag) override { return transport_->send(tensor, dst, tag); }
-  std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag) override { return transport_->recv(tensor, src, tag); }
+  std::shared_ptr<Work> do_send(const std::string&, at::Tensor tensor, int dst, int tag) override {
+    return transport_->send(tensor, dst, tag);
+  }
+  std::shared_ptr<Work> do_recv(const std::string&, at::Tensor tensor, int src, int tag) override {
+    return transport_->recv(tensor, src, tag);
+  }
+
+  std::string label() const override { return backend_ + (two_levels_ ? ", two levels" : ", shared memory"); }
 
  private:
-  void check(const at::Tensor& tensor, const char* what) const { check_tensor(tensor, what, backend_.c_str()); }
-
-  std::string describe(const std::string& what) const {
-    return str_cat(what, " on rank ", rank(), " of ", size(), " (", backend_, two_levels_ ? ", two levels)" : ", shared memory)");
-  }
 
   // Note [Two-level all-reduce] when the group spans machines.
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
     const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
     if (columns_) {
       all_reduce_by_columns(buffer, combine, what);
-      if (op == ReduceOp::kAvg) buffer.div_(size());
-      return;
-    }
-    if (shm_) shm_->all_reduce(buffer.data_ptr(), buffer.numel(), buffer.scalar_type(), combine, what);
-    if (two_levels_) {
-      if (leaders_) leaders_->all_reduce(buffer, combine)->wait();
-      if (shm_) shm_->broadcast(buffer.data_ptr(), buffer.nbytes(), 0, what);
+    } else {
+      if (shm_) shm_->all_reduce(buffer.data_ptr(), buffer.numel(), buffer.scalar_type(), combine, what);
+      if (two_levels_) {  // leaders: Note [Two-level all-reduce], unequal machines
+        if (leaders_) leaders_->all_reduce(buffer, combine)->wait();
+        if (shm_) shm_->broadcast(buffer.data_ptr(), buffer.nbytes(), 0, what);
+      }
     }
     if (op == ReduceOp::kAvg) buffer.div_(size());
   }
@@ -253,21 +227,29 @@ std::shared_ptr<ProcessGroup> with_shared_memory(std::shared_ptr<ProcessGroup> t
   if (size == 1) return transport;
   const shm::Clock::time_point deadline = shm::Clock::now() + timeout;
   shm::StoreExchange everyone(std::make_shared<PrefixStore>("all", store), rank, size);
-  const std::vector<std::string> machines = everyone.all_gather(wanted ? shm::this_machine() : "", deadline);
+  const std::vector<shm::Member> members = shm::introduce(everyone, wanted, deadline);
+  std::vector<std::string> machines;
+  std::vector<int> pids;
+  for (const shm::Member& m : members) {
+    machines.push_back(m.machine);
+    pids.push_back(m.pid);
+  }
   if (std::any_of(machines.begin(), machines.end(), [](const std::string& m) { return m.empty(); })) return transport;
   if (std::all_of(machines.begin(), machines.end(), [&](const std::string& m) { return m == machines[0]; })) {
-    std::unique_ptr<ShmCollectives> shm = ShmCollectives::create(everyone, rank, size, wanted, timeout);
+    std::unique_ptr<ShmCollectives> shm = ShmCollectives::set_up(everyone, rank, std::move(pids), timeout);
     if (shm == nullptr) return transport;
     return std::make_shared<SharedMemoryGroup>(std::move(transport), std::move(shm), false, nullptr);
   }
   // Several machines, numbered in order of their first member; members by local rank.
   std::map<std::string, int> index;
   std::vector<int> local_size;
+  std::vector<int> neighbour_pids;  // of this machine's members, in rank order
   int local_rank = 0;
   for (int r = 0; r < size; ++r) {
     const auto [at, added] = index.emplace(machines[r], static_cast<int>(local_size.size()));
     if (added) local_size.push_back(0);
     if (r < rank && machines[r] == machines[rank]) ++local_rank;
+    if (machines[r] == machines[rank]) neighbour_pids.push_back(pids[r]);
     ++local_size[at->second];
   }
   const int machine = index.at(machines[rank]);
@@ -279,7 +261,7 @@ std::shared_ptr<ProcessGroup> with_shared_memory(std::shared_ptr<ProcessGroup> t
   if (local_size[machine] > 1) {
     shm::StoreExchange neighbours(std::make_shared<PrefixStore>(str_cat("machine-", machine), store), local_rank,
                                   local_size[machine]);
-    shm = ShmCollectives::create(neighbours, local_rank, local_size[machine], true, timeout);
+    shm = ShmCollectives::set_up(neighbours, local_rank, std::move(neighbour_pids), timeout);
   }
   std::shared_ptr<ProcessGroup> leaders;
   if (columns || local_rank == 0) {

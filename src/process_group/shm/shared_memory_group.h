@@ -1,6 +1,6 @@
 // A process group whose members share machines. When all run on one machine its
 // collectives go through shared memory (shm_collectives.h), and only what has no
-// shared-memory algorithm (reduce, gather, scatter, all_to_all, send and recv) through the
+// shared-memory algorithm (reduce, gather, scatter, all_to_all_single, send and recv) through the
 // transport group it wraps, e.g. Gloo's TCP. When they run on several machines, several on
 // some, all_reduce takes two levels (Note [Two-level all-reduce] in shared_memory_group.cc)
 // and everything else the transport.

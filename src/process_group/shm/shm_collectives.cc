@@ -189,23 +189,35 @@ struct ShmCollectives::Flags {
 static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == sizeof(uint32_t),
               "the counters are futex words shared between processes");
 
+std::vector<Member> introduce(Exchange& exchange, bool wanted, Clock::time_point deadline) {
+  const std::string mine = str_cat(::getpid(), ' ', wanted ? this_machine() : "");
+  DATAPAR_INTERNAL_ASSERT(mine.size() <= Exchange::kMaxText);
+  std::vector<Member> members;
+  for (const std::string& text : exchange.all_gather(mine, deadline)) {
+    const size_t space = text.find(' ');
+    members.push_back({std::atoi(text.substr(0, space).c_str()),
+                       space == std::string::npos ? "" : text.substr(space + 1)});
+  }
+  return members;
+}
+
 std::unique_ptr<ShmCollectives> ShmCollectives::create(Exchange& exchange, int rank, int size, bool wanted,
                                                        std::chrono::milliseconds timeout, KeepGoing keep_going) {
-  const Clock::time_point deadline = Clock::now() + timeout;
-  const std::string identity = wanted ? this_machine() : "";
-  const std::string mine = str_cat(::getpid(), ' ', identity);
-  DATAPAR_INTERNAL_ASSERT(mine.size() <= Exchange::kMaxText);
-  const std::vector<std::string> members = exchange.all_gather(mine, deadline);
+  const std::vector<Member> members = introduce(exchange, wanted, Clock::now() + timeout);
+  DATAPAR_INTERNAL_ASSERT(static_cast<int>(members.size()) == size);
   std::vector<int> pids;
-  bool together = true;
-  for (const std::string& text : members) {
-    const size_t space = text.find(' ');
-    pids.push_back(std::atoi(text.substr(0, space).c_str()));
-    const std::string theirs = space == std::string::npos ? "" : text.substr(space + 1);
-    together = together && !theirs.empty() && theirs == identity;
+  for (const Member& m : members) {
+    // Every member saw the same introductions, so all return here alike.
+    if (m.machine.empty() || m.machine != members[0].machine) return nullptr;
+    pids.push_back(m.pid);
   }
-  if (!together) return nullptr;  // every member saw the same texts, so all return here
+  return set_up(exchange, rank, std::move(pids), timeout, std::move(keep_going));
+}
 
+std::unique_ptr<ShmCollectives> ShmCollectives::set_up(Exchange& exchange, int rank, std::vector<int> pids,
+                                                       std::chrono::milliseconds timeout, KeepGoing keep_going) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  const int size = static_cast<int>(pids.size());
   const size_t bytes = region_bytes(size);
   std::string invitation;
   void* base = rank == 0 ? make_region(bytes, invitation) : nullptr;

@@ -24,6 +24,17 @@ namespace datapar::detail::shm {
 // texts are equal run on one machine (see machine_identity() in shm_collectives.cc).
 std::string this_machine();
 
+// A member of a group as it introduces itself: its process and its machine (this_machine(),
+// or "" where it cannot or will not share memory).
+struct Member {
+  int pid = 0;
+  std::string machine;
+};
+
+// Collective over `exchange` (every member calls it): every member's introduction, in rank
+// order. `wanted` false: this member gives no machine. Throws TimeoutError at `deadline`.
+std::vector<Member> introduce(Exchange& exchange, bool wanted, Clock::time_point deadline);
+
 class ShmCollectives {
  public:
   // Called while waiting for the others; may throw to give up (MPI: once it is finalised).
@@ -37,6 +48,11 @@ class ShmCollectives {
   // Operations fail after `timeout`. Throws TimeoutError when the members do not all take
   // part within `timeout`.
   static std::unique_ptr<ShmCollectives> create(Exchange& exchange, int rank, int size, bool wanted,
+                                                std::chrono::milliseconds timeout, KeepGoing keep_going = {});
+
+  // The same for members known to share this machine (from introduce()): `pids` in rank
+  // order. Returns nullptr on every member when a region cannot be made or mapped.
+  static std::unique_ptr<ShmCollectives> set_up(Exchange& exchange, int rank, std::vector<int> pids,
                                                 std::chrono::milliseconds timeout, KeepGoing keep_going = {});
 
   ~ShmCollectives();  // unmaps the region; local, never waits for the other members

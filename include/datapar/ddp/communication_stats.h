@@ -7,7 +7,7 @@
 
 namespace datapar {
 
-struct DdpCommStats {
+struct CommunicationStats {
   int64_t synchronised_passes = 0;  // backward passes that all-reduced gradients
   // Summed over those passes: how long backward waited for its buckets' collectives after
   // its last gradient was ready, i.e. the communication not hidden behind backward.

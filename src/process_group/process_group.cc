@@ -1,0 +1,219 @@
+// See process_group.h: the public operations check their arguments and name the operation
+// here, once, for every backend; the backends' do_* only move bytes.
+#include "datapar/process_group/process_group.h"
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+#include "datapar/error.h"
+#include "process_group/stall_inspector.h"
+#include "process_group/work_completion.h"
+
+namespace datapar {
+
+using detail::str_cat;
+
+namespace {
+
+void check_root(int root, int size, const char* what) {
+  DATAPAR_CHECK(root >= 0 && root < size, what, ": root ", root, " is outside [0, ", size, ").");
+}
+
+// kAvg only for floating-point tensors. `plural`: the message speaks of a list.
+void check_avg(ReduceOp op, const at::Tensor& tensor, const char* what, bool plural = false) {
+  DATAPAR_CHECK(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()), what, ": avg needs ",
+                plural ? "floating-point tensors" : "a floating-point tensor", ", not ", tensor.scalar_type(), ".");
+}
+
+void check_peer(int peer, int rank, int size, int tag, const char* what) {
+  DATAPAR_CHECK(peer >= 0 && peer < size, what, ": peer rank ", peer, " is outside [0, ", size, ").");
+  DATAPAR_CHECK(peer != rank, what, ": rank ", rank, " is the peer itself; copy the tensor instead.");
+  DATAPAR_CHECK(tag >= 0, what, ": tag ", tag, " must not be negative.");
+}
+
+}  // namespace
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProduct: return "product";
+  }
+  return "?";
+}
+
+ProcessGroup::ProcessGroup(int rank, int size) : rank_(rank), size_(size) {
+  DATAPAR_CHECK(size >= 1, "ProcessGroup: size ", size, " must be at least 1.");
+  DATAPAR_CHECK(rank >= 0 && rank < size, "ProcessGroup: rank ", rank, " is outside [0, ", size, ").");
+}
+
+std::string ProcessGroup::describe(const std::string& what) const {
+  return str_cat(what, " on rank ", rank(), " of ", size(), " (", label(), ")");
+}
+
+template <typename Start>
+std::shared_ptr<Work> ProcessGroup::start(const std::string& what, Start&& start_operation, bool collective) {
+  std::shared_ptr<Work> work;
+  try {
+    work = start_operation();
+  } catch (...) {
+    std::rethrow_exception(detail::as_datapar_error(describe(what), std::current_exception()));
+  }
+  if (collective && stall_inspector_) stall_inspector_->issued(work);
+  return work;
+}
+
+void ProcessGroup::inspect_stalls(std::shared_ptr<Store> store, std::chrono::milliseconds warn_after) {
+  DATAPAR_CHECK(stall_inspector_ == nullptr, "inspect_stalls: this group's stalls are inspected already; call "
+                "set_stall_warning() to change the wait.");
+  stall_inspector_ = std::make_shared<detail::StallInspector>(std::move(store), rank(), size(), warn_after);
+}
+
+void ProcessGroup::set_stall_warning(std::chrono::milliseconds warn_after) {
+  DATAPAR_CHECK(stall_inspector_ != nullptr, "set_stall_warning: this group has no stall inspector (it was made ",
+                "without a store); call inspect_stalls() first.");
+  stall_inspector_->set_warn_after(warn_after);
+}
+
+void ProcessGroup::check_tensor(const at::Tensor& tensor, const char* what) const {
+  DATAPAR_CHECK(tensor.defined(), what, ": the tensor is undefined.");
+  const c10::Device mine = device();
+  if (mine.is_cpu()) {
+    DATAPAR_CHECK(tensor.device().is_cpu(), what, ": the ", backend(), " backend takes CPU tensors, not ",
+                  tensor.device(), ". Use the nccl backend for CUDA tensors.");
+  } else {
+    DATAPAR_CHECK(tensor.device() == mine, what, ": the ", backend(), " backend takes tensors on this rank's device ",
+                  mine, ", not ", tensor.device(), ". Use the gloo or mpi backend for CPU tensors.");
+  }
+  DATAPAR_CHECK(tensor.layout() == at::kStrided, what, ": the ", backend(), " backend takes dense tensors, not ",
+                tensor.layout(), " ones.");
+}
+
+void ProcessGroup::check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* what,
+                              const char* name) const {
+  DATAPAR_CHECK(static_cast<int>(list.size()) == size(), what, ": ", list.size(), " ", name, " for ", size(),
+                " processes; give one per process.");
+  const c10::Device mine = device();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const at::Tensor& t = list[i];
+    DATAPAR_CHECK(t.defined() && t.device() == mine && t.layout() == at::kStrided && t.sizes() == like.sizes() &&
+                      t.scalar_type() == like.scalar_type(),
+                  what, ": ", name, "[", i, "] must be a ", mine.is_cpu() ? "CPU" : mine.str(), " tensor of shape ",
+                  like.sizes(), " and type ", like.scalar_type(), ", not ",
+                  t.defined() ? str_cat(t.device(), " ", t.sizes(), " ", t.scalar_type()) : std::string("undefined"),
+                  ".");
+  }
+}
+
+std::shared_ptr<Work> ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op) {
+  check_tensor(tensor, "all_reduce");
+  check_avg(op, tensor, "all_reduce");
+  const std::string what = str_cat("all_reduce(", to_string(op), ")");
+  return start(what, [&] { return do_all_reduce(what, std::move(tensor), op); });
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor tensor, int root) {
+  check_tensor(tensor, "broadcast");
+  check_root(root, size(), "broadcast");
+  const std::string what = str_cat("broadcast(root ", root, ")");
+  return start(what, [&] { return do_broadcast(what, std::move(tensor), root); });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp op) {
+  check_tensor(tensor, "reduce");
+  check_root(root, size(), "reduce");
+  check_avg(op, tensor, "reduce");
+  const std::string what = str_cat("reduce(", to_string(op), ", root ", root, ")");
+  return start(what, [&] { return do_reduce(what, std::move(tensor), root, op); });
+}
+
+std::shared_ptr<Work> ProcessGroup::all_gather(std::vector<at::Tensor> outputs, at::Tensor input) {
+  check_tensor(input, "all_gather");
+  check_list(outputs, input, "all_gather", "outputs");
+  const std::string what = "all_gather";
+  return start(what, [&] { return do_all_gather(what, std::move(outputs), std::move(input)); });
+}
+
+std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) {
+  check_tensor(input, "gather");
+  check_root(root, size(), "gather");
+  if (rank() == root) {
+    check_list(outputs, input, "gather", "outputs on the root");
+  } else {
+    outputs.clear();
+  }
+  const std::string what = str_cat("gather(root ", root, ")");
+  return start(what, [&] { return do_gather(what, std::move(outputs), std::move(input), root); });
+}
+
+std::shared_ptr<Work> ProcessGroup::scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) {
+  check_tensor(output, "scatter");
+  check_root(root, size(), "scatter");
+  if (rank() == root) {
+    check_list(inputs, output, "scatter", "inputs on the root");
+  } else {
+    inputs.clear();
+  }
+  const std::string what = str_cat("scatter(root ", root, ")");
+  return start(what, [&] { return do_scatter(what, std::move(output), std::move(inputs), root); });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) {
+  check_tensor(output, "reduce_scatter");
+  check_list(inputs, output, "reduce_scatter", "inputs");
+  check_avg(op, output, "reduce_scatter");
+  const std::string what = str_cat("reduce_scatter(", to_string(op), ")");
+  return start(what, [&] { return do_reduce_scatter(what, std::move(output), std::move(inputs), op); });
+}
+
+std::shared_ptr<Work> ProcessGroup::all_to_all_single(at::Tensor output, at::Tensor input) {
+  check_tensor(input, "all_to_all_single");
+  check_tensor(output, "all_to_all_single");
+  DATAPAR_CHECK(input.sizes() == output.sizes() && input.scalar_type() == output.scalar_type(),
+                "all_to_all_single: output ", output.sizes(), " ", output.scalar_type(), " must match input ",
+                input.sizes(), " ", input.scalar_type(), ".");
+  DATAPAR_CHECK(input.dim() >= 1 && input.size(0) % size() == 0, "all_to_all_single: dim 0 of the input (",
+                input.dim() ? input.size(0) : 0, ") must split into ", size(), " equal chunks.");
+  const std::string what = "all_to_all_single";
+  return start(what, [&] { return do_all_to_all_single(what, std::move(output), std::move(input)); });
+}
+
+std::shared_ptr<Work> ProcessGroup::barrier() {
+  const std::string what = "barrier";
+  return start(what, [&] { return do_barrier(what); });
+}
+
+std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op) {
+  for (const at::Tensor& t : tensors) {
+    check_tensor(t, "all_reduce_coalesced");
+    check_avg(op, t, "all_reduce_coalesced", /*plural=*/true);
+  }
+  const std::string what = str_cat("all_reduce_coalesced(", to_string(op), ", ", tensors.size(), " tensors)");
+  return start(what, [&] { return do_all_reduce_coalesced(what, std::move(tensors), op); });
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast_coalesced(std::vector<at::Tensor> tensors, int root) {
+  for (const at::Tensor& t : tensors) check_tensor(t, "broadcast_coalesced");
+  check_root(root, size(), "broadcast_coalesced");
+  const std::string what = str_cat("broadcast_coalesced(root ", root, ", ", tensors.size(), " tensors)");
+  return start(what, [&] { return do_broadcast_coalesced(what, std::move(tensors), root); });
+}
+
+std::shared_ptr<Work> ProcessGroup::send(at::Tensor tensor, int dst, int tag) {
+  check_tensor(tensor, "send");
+  check_peer(dst, rank(), size(), tag, "send");
+  const std::string what = str_cat("send(to ", dst, ", tag ", tag, ")");
+  return start(what, [&] { return do_send(what, std::move(tensor), dst, tag); }, /*collective=*/false);
+}
+
+std::shared_ptr<Work> ProcessGroup::recv(at::Tensor tensor, int src, int tag) {
+  check_tensor(tensor, "recv");
+  check_peer(src, rank(), size(), tag, "recv");
+  const std::string what = str_cat("recv(from ", src, ", tag ", tag, ")");
+  return start(what, [&] { return do_recv(what, std::move(tensor), src, tag); }, /*collective=*/false);
+}
+
+}  // namespace datapar

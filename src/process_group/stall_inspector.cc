@@ -1,0 +1,109 @@
+// See stall_inspector.h.
+//
+// Note [Stall inspection]
+// Collectives are matched by order, so a collective that never completes usually means that
+// some rank has not issued it yet: it is slower, stopped, or issuing other collectives. Each
+// rank counts the collectives its group issued and publishes the count to the group's
+// store ("issued/<rank>"), from a thread, when it changed, at most every `period`. The same
+// thread looks at the oldest collective still pending; once it has waited `warn_after`, the
+// thread reads the others' counts and warns once for it, naming the ranks whose count is
+// below its number, and how far they got. The warning is a hint, not a verdict: counts are
+// up to a period old, and a rank that issued the collective and then stopped looks like one
+// that is only slow; the group's timeout still ends the wait with an error. One inspector
+// serves every collective of its group, whoever waits for them (DDP's buckets, a
+// barrier, ...). A rank that died is named by the error the group raises, not here.
+#include "process_group/stall_inspector.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "datapar/error.h"
+#include "datapar/warning.h"
+
+namespace datapar::detail {
+namespace {
+
+std::string count_key(int rank) { return "issued/" + std::to_string(rank); }
+
+}  // namespace
+
+StallInspector::StallInspector(std::shared_ptr<Store> store, int rank, int size, std::chrono::milliseconds warn_after)
+    : store_(std::move(store)), rank_(rank), size_(size), warn_after_ms_(warn_after.count()) {
+  DATAPAR_CHECK(store_ != nullptr, "StallInspector: the store is null.");
+  thread_ = std::thread([this] { loop(); });
+}
+
+StallInspector::~StallInspector() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void StallInspector::set_warn_after(std::chrono::milliseconds after) {
+  warn_after_ms_ = after.count();
+  wake_.notify_all();
+}
+
+void StallInspector::issued(std::shared_ptr<Work> work) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.push_back({++issued_, std::move(work), Clock::now()});
+}
+
+void StallInspector::loop() {
+  uint64_t published = 0;
+  uint64_t warned = 0;  // the last collective warned about
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    const std::chrono::milliseconds warn_after(warn_after_ms_.load());
+    // Often enough that a warning sees fresh counts, rarely enough to cost nothing.
+    const auto period = std::clamp<std::chrono::milliseconds>(warn_after / 4, std::chrono::milliseconds(10),
+                                                               std::chrono::seconds(1));
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                  [](const Pending& p) { return p.work->is_completed(); }),
+                   pending_.end());
+    const uint64_t count = issued_;
+    std::optional<Pending> stalled;
+    const Clock::time_point now = Clock::now();
+    if (warn_after.count() > 0 && !pending_.empty() && pending_.front().number > warned &&
+        now - pending_.front().since >= warn_after) {
+      stalled = pending_.front();
+    }
+    lock.unlock();
+    try {
+      if (count != published) {
+        store_->set(count_key(rank_), std::to_string(count));
+        published = count;
+      }
+      if (stalled) {
+        warn(stall_message(*stalled, now - stalled->since));
+        warned = stalled->number;
+      }
+    } catch (const std::exception&) {
+      // The store is gone (rank 0 exited): the group's own error will say so.
+    }
+    lock.lock();
+    wake_.wait_for(lock, period, [this] { return stopping_; });
+  }
+}
+
+std::string StallInspector::stall_message(const Pending& stalled, Clock::duration waited) {
+  std::string behind;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    int64_t theirs = 0;
+    if (store_->check({count_key(r)})) theirs = std::stoll(store_->get_string(count_key(r)));
+    if (theirs >= static_cast<int64_t>(stalled.number)) continue;
+    behind += str_cat(behind.empty() ? "" : ", ", r, " (at ", theirs, ")");
+  }
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(waited).count();
+  return str_cat(stalled.work->what(), ", collective ", stalled.number, " of this group, has not completed after ",
+                 seconds, " s: ",
+                 behind.empty() ? "every rank has issued it (a slow or stopped peer, or the network?)"
+                                : str_cat("rank(s) ", behind, " have not issued it yet"),
+                 ". It fails when the group's timeout ends.");
+}
+
+}  // namespace datapar::detail

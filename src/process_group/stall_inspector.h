@@ -1,0 +1,61 @@
+// StallInspector: notices a collective of one process group that has not completed after a
+// while, and warns once, naming the ranks that have not issued it yet (Note [Stall
+// inspection] in stall_inspector.cc).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "datapar/process_group/work.h"
+#include "datapar/rendezvous/store.h"
+
+namespace datapar::detail {
+
+class StallInspector {
+ public:
+  // `store`: a namespace of the job's store for this group alone; every member of the
+  // group makes one. `warn_after` zero: no warnings (progress is still published).
+  StallInspector(std::shared_ptr<Store> store, int rank, int size, std::chrono::milliseconds warn_after);
+  ~StallInspector();
+  StallInspector(const StallInspector&) = delete;
+  StallInspector& operator=(const StallInspector&) = delete;
+
+  void set_warn_after(std::chrono::milliseconds after);
+
+  // The group issued its next collective (every member issues them in one order).
+  void issued(std::shared_ptr<Work> work);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Pending {
+    uint64_t number;  // 1 for the group's first collective
+    std::shared_ptr<Work> work;
+    Clock::time_point since;
+  };
+
+  void loop();
+  // The warning for collective `number`, stalled for `waited`.
+  std::string stall_message(const Pending& stalled, Clock::duration waited);
+
+  const std::shared_ptr<Store> store_;
+  const int rank_;
+  const int size_;
+  std::atomic<int64_t> warn_after_ms_;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  uint64_t issued_ = 0;
+  std::deque<Pending> pending_;  // issued, not yet seen completed, oldest first
+  std::thread thread_;           // last: started once the rest is ready
+};
+
+}  // namespace datapar::detail

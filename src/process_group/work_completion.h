@@ -1,0 +1,23 @@
+// How backends complete the Works they hand out; users only wait on them (work.h).
+#pragma once
+
+#include <exception>
+#include <string>
+
+#include "datapar/process_group/work.h"
+
+namespace datapar::detail {
+
+class WorkCompletion {
+ public:
+  static void finish(Work& work) { work.finish(); }
+  // Fails `work` with `error` as users see errors (as_datapar_error).
+  static void fail(Work& work, std::exception_ptr error);
+};
+
+// An error as a process group's caller sees it: datapar's errors as they are; anything an
+// engine throws (Gloo's exceptions, std::system_error, ...) as a CommError naming the
+// operation `what`.
+std::exception_ptr as_datapar_error(const std::string& what, std::exception_ptr error);
+
+}  // namespace datapar::detail

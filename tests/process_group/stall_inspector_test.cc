@@ -1,0 +1,111 @@
+// The stall inspector of a process group: a collective pending past the wait gets one
+// warning through the warning sink, naming the ranks that have not issued it yet.
+#include "process_group/stall_inspector.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "datapar/warning.h"
+#include "process_group/work_completion.h"
+#include "testing/ports.h"
+
+namespace datapar::detail {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Collects warnings while it lives.
+class CapturedWarnings {
+ public:
+  CapturedWarnings() {
+    previous_ = set_warning_sink([this](const std::string& message) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      messages_.push_back(message);
+    });
+  }
+  ~CapturedWarnings() { set_warning_sink(previous_); }
+
+  std::vector<std::string> messages() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return messages_;
+  }
+  // Waits up to `limit` for `count` warnings.
+  std::vector<std::string> wait_for(size_t count, std::chrono::milliseconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (messages().size() < count && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    return messages();
+  }
+
+ private:
+  WarningSink previous_;
+  std::mutex mutex_;
+  std::vector<std::string> messages_;
+};
+
+std::shared_ptr<Work> done_work(const std::string& what) {
+  auto work = std::make_shared<Work>(what);
+  WorkCompletion::finish(*work);
+  return work;
+}
+
+TEST(StallInspector, NamesTheRanksThatHaveNotIssuedTheStalledCollective) {
+  CapturedWarnings warnings;
+  testing::ThreadJobStore job(10s);
+  auto store0 = job.join(0);
+  auto store1 = job.join(1);
+  auto store2 = job.join(2);
+  StallInspector rank0(store0, 0, 3, 100ms);
+  StallInspector rank1(store1, 1, 3, 0ms);  // publishes its progress, never warns
+  StallInspector rank2(store2, 2, 3, 0ms);
+  // Ranks 0 and 2 issue two collectives, rank 1 only the first: rank 0's second hangs.
+  rank0.issued(done_work("barrier on rank 0 of 3 (test)"));
+  auto stuck = std::make_shared<Work>("all_reduce(sum) on rank 0 of 3 (test)");
+  rank0.issued(stuck);
+  rank1.issued(done_work("barrier on rank 1 of 3 (test)"));
+  rank2.issued(done_work("barrier on rank 2 of 3 (test)"));
+  rank2.issued(done_work("all_reduce(sum) on rank 2 of 3 (test)"));
+
+  const std::vector<std::string> seen = warnings.wait_for(1, 10s);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_NE(seen[0].find("all_reduce(sum) on rank 0 of 3 (test), collective 2 of this group, has not completed"),
+            std::string::npos)
+      << seen[0];
+  EXPECT_NE(seen[0].find("rank(s) 1 (at 1) have not issued it yet"), std::string::npos) << seen[0];
+  // Once per collective, however long it stays stuck.
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(warnings.messages().size(), 1u);
+  WorkCompletion::finish(*stuck);
+}
+
+TEST(StallInspector, CompletedCollectivesAndAZeroWaitNeverWarn) {
+  CapturedWarnings warnings;
+  testing::ThreadJobStore job(10s);
+  auto store0 = job.join(0);
+  auto store1 = job.join(1);
+  StallInspector rank0(store0, 0, 2, 20ms);
+  StallInspector rank1(store1, 1, 2, 20ms);
+  for (int i = 0; i < 5; ++i) {
+    rank0.issued(done_work("barrier on rank 0 of 2 (test)"));
+    rank1.issued(done_work("barrier on rank 1 of 2 (test)"));
+  }
+  auto stuck = std::make_shared<Work>("barrier on rank 1 of 2 (test)");
+  rank1.set_warn_after(0ms);
+  rank1.issued(stuck);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(warnings.messages().empty()) << warnings.messages()[0];
+  // Turned back on, the pending one is reported; every rank has issued its 5 before it.
+  rank1.set_warn_after(20ms);
+  const std::vector<std::string> seen = warnings.wait_for(1, 10s);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_NE(seen[0].find("collective 6 of this group"), std::string::npos) << seen[0];
+  EXPECT_NE(seen[0].find("rank(s) 0 (at 5) have not issued it yet"), std::string::npos) << seen[0];
+  WorkCompletion::finish(*stuck);
+}
+
+}  // namespace
+}  // namespace datapar::detail
