@@ -1,6 +1,7 @@
 """Collectives side by side in one run: datapar's default single-node path (`datapar launch`
-with no flags: forked workers, Gloo with shared memory between them), the workers started
-through mpirun (backend mpi, the default until issue 14), datapar on gloo over TCP only
+with no flags: forked workers, Gloo with shared memory between them), the "mpirun path": the
+ranks started by the user's own `mpirun --bind-to none` on backend mpi (as `datapar launch
+--runner mpirun` started them until issue 14 removed it), datapar on gloo over TCP only
 ($DATAPAR_SHM=0) and on mpi, PyTorch on gloo, plain MPI (blocking, and MPI_I* polled with
 MPI_Test; all_reduce only) and memcpy, each timed the same way
 (rank 0's median per size; see tools/datapar/bench_collectives.cc). The variants take
@@ -22,7 +23,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROW = re.compile(r"^(?:\[rank 0\] )?\| ([0-9.]+ [KMG]?i?B) \| ([0-9.]+) \|")
 DEFAULT = "datapar launch (default)"
-MPIRUN = "datapar launch --runner mpirun"
+MPIRUN = "mpirun, backend mpi"
 
 
 def variants(args):
@@ -36,7 +37,7 @@ def variants(args):
     launch = [datapar, "launch", "--nproc-per-node", str(args.nproc)]
     found = [
         (DEFAULT, launch + ["--", datapar, "bench", "collectives"] + ours, None),
-        (MPIRUN, launch + ["--runner", "mpirun", "--", datapar, "bench", "collectives"] + ours, None),
+        (MPIRUN, mpirun + ["--bind-to", "none", datapar, "bench", "collectives", "--backend", "mpi"] + ours, None),
         ("datapar gloo TCP", [datapar, "bench", "collectives", "--nproc", str(args.nproc)] + ours, tcp_only),
         ("datapar mpi", [datapar, "bench", "collectives", "--backend", "mpi", "--nproc", str(args.nproc)] + ours, None),
         ("PyTorch gloo", ["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_collectives.py"),

@@ -1,6 +1,7 @@
 """Process start to group ready: the wall time of a launcher, 2 workers, one 4 KiB all_reduce
-each and exit, for datapar (`datapar launch`, forked workers and mpirun) and PyTorch
-(torchrun of pip's torch 2.15, gloo), in one run, the variants taking turns.
+each and exit, for datapar (`datapar launch`'s forked workers, and the user's own mpirun on
+backend mpi) and PyTorch (torchrun of pip's torch 2.15, gloo), in one run, the variants
+taking turns.
 
     python3 bench/start_to_ready.py --rounds 5
 """
@@ -36,7 +37,8 @@ def main():
     job = ["--", datapar, "bench", "collectives", "--sizes", "4KiB", "--iters", "1", "--warmup", "0"]
     variants = [
         ("datapar launch (default)", [datapar, "launch", "--nproc-per-node", "2"] + job),
-        ("datapar launch --runner mpirun", [datapar, "launch", "--runner", "mpirun", "--nproc-per-node", "2"] + job),
+        ("mpirun -np 2 (backend mpi)", ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+                                        "2"] + job[1:] + ["--backend", "mpi"]),
         ("datapar --version (libtorch loaded, nothing else)", [datapar, "--version"]),
         ("torchrun (PyTorch gloo)", [TORCH_PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", worker]),
     ]

@@ -12,6 +12,7 @@ packages=(
   python3-torch python3-venv
   libopenmpi-dev openmpi-bin
   iproute2
+  slurm-wlm munge
   gnuplot-nox
   clang libclang-rt-14-dev llvm-14
 )

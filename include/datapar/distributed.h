@@ -45,10 +45,10 @@ constexpr std::chrono::milliseconds kDefaultProcessGroupTimeout = std::chrono::m
 void init_process_group(const std::string& backend = "", const std::string& init_method = "env://", int rank = -1,
                         int world_size = -1, std::chrono::milliseconds timeout = kDefaultProcessGroupTimeout);
 
-// The backend for a program that names none: $DATAPAR_BACKEND if set (`datapar launch`
-// sets "mpi" when it starts the workers through mpirun, --runner mpirun), else
-// "mpi" in a process mpirun started (OMPI_COMM_WORLD_SIZE or PMI_SIZE set) of a build with
-// MPI, else "gloo". CPU tensors; name "nccl" for CUDA.
+// The backend for a program that names none: $DATAPAR_BACKEND if the user set it
+// (`datapar launch` sets no backend), else "mpi" in a process mpirun started
+// (OMPI_COMM_WORLD_SIZE or PMI_SIZE set) of a build with MPI, else "gloo". CPU tensors;
+// name "nccl" for CUDA.
 std::string default_backend();
 
 bool is_initialized();

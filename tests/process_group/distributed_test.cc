@@ -103,15 +103,16 @@ TEST(Distributed, ClearErrorsBeforeAnyWorkStarts) {
   EXPECT_FALSE(is_initialized());
 }
 
-// What a program that names no backend gets: the launcher's choice, else mpi under mpirun.
-TEST(Distributed, DefaultBackendFollowsTheLauncher) {
+// What a program that names no backend gets: the user's DATAPAR_BACKEND, else mpi under
+// mpirun, else gloo (datapar launch sets no backend).
+TEST(Distributed, DefaultBackendFollowsTheUserElseMpirun) {
   ::unsetenv("DATAPAR_BACKEND");
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
   ::unsetenv("PMI_SIZE");
   EXPECT_EQ(default_backend(), "gloo");
   ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);  // as mpirun sets it
   EXPECT_EQ(default_backend(), DATAPAR_HAVE_MPI ? "mpi" : "gloo");
-  ::setenv("DATAPAR_BACKEND", "gloo", 1);     // as a user (or datapar launch) sets it
+  ::setenv("DATAPAR_BACKEND", "gloo", 1);     // as a user sets it
   EXPECT_EQ(default_backend(), "gloo");
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
   ::setenv("DATAPAR_BACKEND", "foo", 1);

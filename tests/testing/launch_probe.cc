@@ -7,9 +7,10 @@
 //                             (CODE < 0: kills itself with signal -CODE)
 //   allreduce                 init_process_group("gloo") from env://, all-reduces its rank,
 //                             prints "sum S over W ranks"
-//   hang                      init_process_group() (the launcher's backend) with a 3 s timeout;
-//                             the last rank stops itself (SIGSTOP) instead of all-reducing,
-//                             the others all-reduce, time out, print the error and exit 1
+//   hang [BACKEND]            init_process_group(BACKEND) (default: default_backend()) with a
+//                             3 s timeout; the last rank stops itself (SIGSTOP) instead of
+//                             all-reducing, the others all-reduce, time out, print the error
+//                             and exit 1
 //   partition DIR             init_process_group("gloo") with a 5 s timeout, one all-reduce,
 //                             then DIR/ready-RANK; once DIR/partitioned exists, another
 //                             all-reduce, which must fail: prints the error and exits 1
@@ -154,8 +155,8 @@ int main(int argc, char** argv) {
       datapar::destroy_process_group();
       return 0;
     }
-    if (mode == "hang") {
-      datapar::init_process_group("", "env://", -1, -1, std::chrono::seconds(3));
+    if (mode == "hang" && argc <= 3) {
+      datapar::init_process_group(argc == 3 ? argv[2] : "", "env://", -1, -1, std::chrono::seconds(3));
       if (datapar::get_rank() == datapar::get_world_size() - 1) {
         std::cout << "rank " << datapar::get_rank() << " hangs now" << std::endl;
         ::raise(SIGSTOP);
@@ -187,7 +188,7 @@ int main(int argc, char** argv) {
     std::cerr << "launch_probe: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: launch_probe env | sleep DIR [ignore-term] | fail DIR RANK CODE | allreduce | hang | partition DIR | "
+  std::cerr << "usage: launch_probe env | sleep DIR [ignore-term] | fail DIR RANK CODE | allreduce | hang [BACKEND] | partition DIR | "
                "train DIR EPOCHS FAIL_AT\n";
   return 2;
 }

@@ -53,10 +53,9 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-// `datapar launch [--runner RUNNER] ARGS` run to the end (deadline 60 s).
-ProcessResult launch(const std::string& runner, const std::vector<std::string>& args) {
+// `datapar launch ARGS` run to the end (deadline 60 s).
+ProcessResult launch(const std::vector<std::string>& args) {
   std::vector<std::string> command = {bin("datapar"), "launch"};
-  if (!runner.empty()) command.insert(command.end(), {"--runner", runner});
   command.insert(command.end(), args.begin(), args.end());
   bool timed_out = false;
   const TempDir logs("launch_test");
@@ -71,10 +70,10 @@ struct Background {
   std::string log;
 };
 
-Background start_launch(const std::string& runner, const std::vector<std::string>& args, const std::string& dir) {
+Background start_launch(const std::vector<std::string>& args, const std::string& dir) {
   Background b;
   b.log = dir + "/launcher.log";
-  std::vector<std::string> command = {bin("datapar"), "launch", "--runner", runner};
+  std::vector<std::string> command = {bin("datapar"), "launch"};
   command.insert(command.end(), args.begin(), args.end());
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -170,23 +169,9 @@ void expect_environment(const std::string& output, int nproc, int nnodes, int no
   EXPECT_EQ(tokens.size(), 1u) << "every worker must get the same token:\n" << output;
 }
 
-// Every behaviour below holds however the workers were started: forked by the launcher, or
-// through mpirun (mpirun_group.h).
-class Launch : public ::testing::TestWithParam<std::string> {
- protected:
-  const std::string& runner() const { return GetParam(); }
-  ProcessResult launch(const std::vector<std::string>& args) const { return ::launch(runner(), args); }
-};
-
-std::vector<std::string> runners() {
-  if (DATAPAR_HAVE_MPI) return {"fork", "mpirun"};
-  return {"fork"};
-}
-
-INSTANTIATE_TEST_SUITE_P(Runners, Launch, ::testing::ValuesIn(runners()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
-
-TEST_P(Launch, EnvironmentOfTwoAndThreeWorkers) {
+// The launcher forks its workers; jobs on MPI or Slurm start without it
+// (tests/tools/mpirun_job_test.cc, tests/tools/slurm_job_test.cc).
+TEST(Launch, EnvironmentOfTwoAndThreeWorkers) {
   for (int nproc : {2, 3}) {
     const ProcessResult r = launch({"--nproc-per-node", std::to_string(nproc), "--", bin("launch_probe"), "env"});
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -197,7 +182,7 @@ TEST_P(Launch, EnvironmentOfTwoAndThreeWorkers) {
 
 TEST(LaunchNodes, SecondNodeOfTwoGetsItsRanksTokenAndPort) {
   // The second node of two: ranks 2 and 3 of 4; the given token and port are passed on.
-  const ProcessResult r = launch("", {"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-port",
+  const ProcessResult r = launch({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-port",
                                       "29999", "--token", "secret", "--", bin("launch_probe"), "env"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_environment(r.output, 2, 2, 1);
@@ -219,7 +204,7 @@ TEST(LaunchNodes, TokenFileKeepsTheTokenOutOfArgv) {
     std::vector<std::string> args = two_nodes;
     args.insert(args.end(), extra.begin(), extra.end());
     args.insert(args.end(), {"--", bin("launch_probe"), "env"});
-    return launch("", args);
+    return launch(args);
   };
   ::unsetenv("DATAPAR_STORE_TOKEN");
   ProcessResult r = with({"--token-file", file});
@@ -251,14 +236,14 @@ TEST(LaunchDefault, BindsEachWorkerToItsShareOfTheCores) {
     const size_t begin = output.find_first_not_of(" \t", at + tag.size());
     return output.substr(begin, output.find('\n', begin) - begin);
   };
-  const ProcessResult bound = launch("", {"--nproc-per-node", "2", "--", "sh", "-c", show});
+  const ProcessResult bound = launch({"--nproc-per-node", "2", "--", "sh", "-c", show});
   ASSERT_EQ(bound.exit_code, 0) << bound.output;
-  const ProcessResult free = launch("", {"--cpu-bind", "none", "--nproc-per-node", "2", "--", "sh", "-c", show});
+  const ProcessResult free = launch({"--cpu-bind", "none", "--nproc-per-node", "2", "--", "sh", "-c", show});
   ASSERT_EQ(free.exit_code, 0) << free.output;
   EXPECT_NE(cores_of(bound.output, 0), cores_of(bound.output, 1)) << bound.output;
   EXPECT_EQ(cores_of(free.output, 0), cores_of(free.output, 1)) << free.output;
   EXPECT_NE(cores_of(bound.output, 0), cores_of(free.output, 0)) << bound.output << free.output;
-  const ProcessResult wrong = launch("", {"--cpu-bind", "numa", "--", "true"});
+  const ProcessResult wrong = launch({"--cpu-bind", "numa", "--", "true"});
   EXPECT_EQ(wrong.exit_code, 2) << wrong.output;
 }
 
@@ -266,7 +251,7 @@ TEST(LaunchDefault, BindsEachWorkerToItsShareOfTheCores) {
 // names no backend for them, and what names none runs on Gloo (whose groups within one
 // machine go through shared memory: tests/process_group/shared_memory_test.cc). No mpirun.
 TEST(LaunchDefault, OneNodeIsForkedAndRunsOnGloo) {
-  const ProcessResult env = launch("", {"--nproc-per-node", "2", "--", bin("launch_probe"), "env"});
+  const ProcessResult env = launch({"--nproc-per-node", "2", "--", bin("launch_probe"), "env"});
   ASSERT_EQ(env.exit_code, 0) << env.output;
   for (int rank : {0, 1}) {
     EXPECT_NE(env.output.find("[rank " + std::to_string(rank) + "] RANK=" + std::to_string(rank)), std::string::npos);
@@ -275,7 +260,7 @@ TEST(LaunchDefault, OneNodeIsForkedAndRunsOnGloo) {
   EXPECT_NE(env.output.find("BACKEND=- MPI_WORLD=-"), std::string::npos) << env.output;
 
   // A real job: the collectives benchmark, which names no backend, runs on Gloo.
-  const ProcessResult bench = launch("", {"--nproc-per-node", "2", "--", bin("datapar"), "bench", "collectives",
+  const ProcessResult bench = launch({"--nproc-per-node", "2", "--", bin("datapar"), "bench", "collectives",
                                           "--sizes", "4KiB,1MiB", "--iters", "3"});
   ASSERT_EQ(bench.exit_code, 0) << bench.output;
   EXPECT_NE(bench.output.find("[rank 0] datapar bench collectives: all_reduce, backend gloo, 2 processes"),
@@ -284,7 +269,7 @@ TEST(LaunchDefault, OneNodeIsForkedAndRunsOnGloo) {
   EXPECT_NE(bench.output.find("[rank 0] | 1 MiB |"), std::string::npos) << bench.output;
 }
 
-TEST_P(Launch, PrefixesEveryLineWithTheRank) {
+TEST(Launch, PrefixesEveryLineWithTheRank) {
   const ProcessResult r = launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "env"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < 3; ++rank) {
@@ -298,7 +283,7 @@ TEST_P(Launch, PrefixesEveryLineWithTheRank) {
   while (std::getline(lines, l)) EXPECT_EQ(l.rfind("[rank ", 0), 0u) << "unprefixed line: " << l;
 }
 
-TEST_P(Launch, FailingWorkerStopsTheOthers) {
+TEST(Launch, FailingWorkerStopsTheOthers) {
   const TempDir temp("launch_test");
   const std::string& dir = temp.path();
   const ProcessResult r = launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "fail", dir, "1", "7"});
@@ -314,17 +299,17 @@ TEST_P(Launch, FailingWorkerStopsTheOthers) {
 }
 
 // A rank that stops responding (SIGSTOP: alive, holding its sockets) ends the job within the
-// group's timeout (3 s) plus the launcher's grace period, with the collective's error; under
-// mpirun, rank 0's MPI_Finalize used to wait for the stopped peer forever (Note [Finalizing
-// without a hung peer] in src/process_group/mpi/runtime.cc).
-TEST_P(Launch, HungRankEndsTheJobWithinTheTimeout) {
+// group's timeout (3 s) plus the launcher's grace period, with the collective's error. The
+// same under a user's own mpirun: tests/tools/mpirun_job_test.cc.
+TEST(Launch, HungRankEndsTheJobWithinTheTimeout) {
   const ProcessResult r = launch({"--nproc-per-node", "2", "--grace-period", "2", "--", bin("launch_probe"), "hang"});
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("rank 1 hangs now"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("launch_probe: "), std::string::npos) << "no error from the waiting rank:\n" << r.output;
+  EXPECT_NE(r.output.find("rank 1 did not arrive"), std::string::npos) << "the error names the hung rank:\n" << r.output;
 }
 
-TEST_P(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
+TEST(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
   const TempDir temp("launch_test");
   const std::string& dir = temp.path();
   const ProcessResult r = launch({"--nproc-per-node", "2", "--", bin("launch_probe"), "fail", dir, "0", "-9"});
@@ -336,10 +321,10 @@ TEST_P(Launch, WorkerKilledByASignalGives128PlusTheSignal) {
   EXPECT_NE(r.output.find(summary), std::string::npos) << r.output;
 }
 
-TEST_P(Launch, SigtermStopsEveryWorker) {
+TEST(Launch, SigtermStopsEveryWorker) {
   const TempDir temp("launch_test");
   const std::string& dir = temp.path();
-  const Background b = start_launch(runner(), {"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
+  const Background b = start_launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
   ASSERT_GT(b.pid, 0);
   const std::vector<pid_t> pids = worker_pids(dir, 3);
   ::kill(b.pid, SIGTERM);
@@ -349,11 +334,11 @@ TEST_P(Launch, SigtermStopsEveryWorker) {
       << read_file(b.log);
 }
 
-TEST_P(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
+TEST(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
   const TempDir temp("launch_test");
   const std::string& dir = temp.path();
   const Background b = start_launch(
-      runner(), {"--nproc-per-node", "2", "--grace-period", "0.5", "--", bin("launch_probe"), "sleep", dir, "ignore-term"}, dir);
+      {"--nproc-per-node", "2", "--grace-period", "0.5", "--", bin("launch_probe"), "sleep", dir, "ignore-term"}, dir);
   ASSERT_GT(b.pid, 0);
   const std::vector<pid_t> pids = worker_pids(dir, 2);
   ::kill(b.pid, SIGTERM);
@@ -363,10 +348,10 @@ TEST_P(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
       << read_file(b.log);
 }
 
-TEST_P(Launch, NoOrphansAfterTheLauncherIsKilled) {
+TEST(Launch, NoOrphansAfterTheLauncherIsKilled) {
   const TempDir temp("launch_test");
   const std::string& dir = temp.path();
-  const Background b = start_launch(runner(), {"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
+  const Background b = start_launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "sleep", dir}, dir);
   ASSERT_GT(b.pid, 0);
   const std::vector<pid_t> pids = worker_pids(dir, 3);
   ASSERT_EQ(pids.size(), 3u);
@@ -428,12 +413,12 @@ TEST(LaunchChaos, ThreeRandomKillsEndWithTheParametersOfAnUninterruptedRun) {
                                     "--checkpoint-dir", checkpoints};
   };
   const TempDir straight_dir("launch_test");
-  const ProcessResult straight = launch("fork", train(straight_dir.path()));
+  const ProcessResult straight = launch(train(straight_dir.path()));
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
 
   const TempDir chaos_temp("launch_test"), logs("launch_test");
   const std::string& chaos_dir = chaos_temp.path();
-  const Background b = start_launch("fork", train(chaos_dir), logs.path());
+  const Background b = start_launch(train(chaos_dir), logs.path());
   ASSERT_GT(b.pid, 0);
   std::mt19937 random(20261124);
   int epoch_seen = 0;
@@ -469,46 +454,13 @@ TEST(LaunchChaos, ThreeRandomKillsEndWithTheParametersOfAnUninterruptedRun) {
   }
 }
 
-// True if `dir` has an entry whose name starts with `prefix`.
-bool has_entry(const std::string& dir, const std::string& prefix) {
-  std::error_code ignored;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ignored)) {
-    if (e.path().filename().string().rfind(prefix, 0) == 0) return true;
-  }
-  return false;
-}
-
-// A launcher killed with SIGKILL cannot remove its directories (FIFOs in $TMPDIR, Open MPI's
-// shared-memory segments in /dev/shm); the next launcher removes them.
-TEST(LaunchLeftovers, NextLauncherRemovesWhatAKilledOneLeft) {
-  if (!DATAPAR_HAVE_MPI) GTEST_SKIP() << "this build has no MPI: forked workers leave no directories";
-  const TempDir temp("launch_test");
-  const std::string& dir = temp.path();
-  const Background b = start_launch("mpirun", {"--nproc-per-node", "2", "--", bin("launch_probe"), "sleep", dir}, dir);
-  ASSERT_GT(b.pid, 0);
-  const std::vector<pid_t> pids = worker_pids(dir, 2);
-  ASSERT_EQ(pids.size(), 2u);
-  ::kill(b.pid, SIGKILL);
-  EXPECT_EQ(wait_exit(b.pid, 10s), 128 + SIGKILL);
-  EXPECT_TRUE(all_die(pids, 5s));
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string tmp_dir = tmp && *tmp ? tmp : "/tmp";
-  const std::string left = "datapar-launch-" + std::to_string(b.pid) + "-";
-  ASSERT_TRUE(has_entry(tmp_dir, left)) << "the killed launcher left nothing in " << tmp_dir << " to clean up";
-  ASSERT_TRUE(has_entry("/dev/shm", left)) << "the killed launcher left nothing in /dev/shm to clean up";
-  const ProcessResult r = launch("mpirun", {"--nproc-per-node", "1", "--", bin("launch_probe"), "env"});
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_FALSE(has_entry(tmp_dir, left));
-  EXPECT_FALSE(has_entry("/dev/shm", left));
-}
-
 // The final weights a `train` run printed.
 std::string final_weights(const std::string& output) {
   std::smatch m;
   return std::regex_search(output, m, std::regex(R"(\[rank 0\] final weights([^\n]*))")) ? m[1].str() : "";
 }
 
-TEST_P(Launch, MaxRestartsResumesFromTheLastCheckpoint) {
+TEST(Launch, MaxRestartsResumesFromTheLastCheckpoint) {
   const std::string probe = bin("launch_probe");
   const TempDir straight_dir("launch_test"), failed_dir("launch_test"), resumed_dir("launch_test");
   const ProcessResult straight =
@@ -545,13 +497,14 @@ TEST(LaunchUsage, BadUsageExitsWithTwoAndSaysWhy) {
       {{"--nnodes", "2", "--master-port", "29500", "--", probe, "env"}, "needs the same store token on every node"},
       {{"--", "no_such_program_datapar"}, "program \"no_such_program_datapar\" is not found on PATH"},
       {{"--no-such-flag", "--", probe, "env"}, "--no-such-flag"},
-      {{"--runner", "ssh", "--", probe, "env"}, "--runner \"ssh\" is not one of auto, mpirun, fork"},
-      {{"--runner", "mpirun", "--nnodes", "2", "--master-port", "29500", "--token", "t", "--", probe, "env"},
-       DATAPAR_HAVE_MPI ? "--runner mpirun starts the workers of one node" : "--runner mpirun needs a build"},
+      {{"--runner", "ssh", "--", probe, "env"}, "--runner \"ssh\": datapar launch only forks its workers"},
+      {{"--runner", "mpirun", "--nproc-per-node", "2", "--", probe, "env"},
+       "--runner mpirun is gone: datapar launch only forks its workers. Start an MPI job with your own mpirun "
+       "instead, e.g. mpirun -np 2 datapar train --mode ddp --backend mpi"},
   };
   ::unsetenv("DATAPAR_STORE_TOKEN");
   for (const auto& [args, message] : cases) {
-    const ProcessResult r = launch("", args);
+    const ProcessResult r = launch(args);
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
   }

@@ -23,11 +23,9 @@
 #include <optional>
 #include <set>
 
-#include "datapar/config.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "local_job.h"
-#include "mpirun_group.h"
 #include "worker_group.h"
 
 extern char** environ;
@@ -68,7 +66,6 @@ std::string read_token_file(const std::string& path) {
 }
 
 std::string describe(const WorkerExit& e) {
-  if (!e.how.empty()) return e.how;
   if (e.signal == 0) return str_cat("exited with code ", e.exit_code);
   return str_cat("was killed by signal ", e.signal, " (", ::strsignal(e.signal), ")");
 }
@@ -120,27 +117,22 @@ std::vector<std::vector<int>> split_cores(int n) {
   return shares;
 }
 
-// Runs one attempt to its end: every worker reaped and its output flushed.
-std::unique_ptr<Workers> start_workers(const LaunchOptions& options, int restart_count) {
-  if (options.runner == "mpirun") {
-    // Every rank's environment but the variables launch-rank sets from MPI's.
-    return std::make_unique<MpirunGroup>(options.mpirun, options.program, options.nproc_per_node,
-                                         worker_environment(options, 0, restart_count));
-  }
+std::unique_ptr<WorkerGroup> start_workers(const LaunchOptions& options, int restart_count) {
   std::vector<WorkerSpec> specs;
   const std::vector<std::vector<int>> cores = options.cpu_bind == "cores" ? split_cores(options.nproc_per_node)
                                                                           : std::vector<std::vector<int>>{};
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
     specs.push_back({options.node_rank * options.nproc_per_node + local_rank, local_rank,
-                     worker_environment(options, local_rank, restart_count), "",
+                     worker_environment(options, local_rank, restart_count),
                      cores.empty() ? std::vector<int>{} : cores[static_cast<size_t>(local_rank)]});
   }
   return std::make_unique<WorkerGroup>(options.program, specs);
 }
 
+// Runs one attempt to its end: every worker reaped and its output flushed.
 AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
-  const std::unique_ptr<Workers> started = start_workers(options, restart_count);
-  Workers& group = *started;
+  const std::unique_ptr<WorkerGroup> started = start_workers(options, restart_count);
+  WorkerGroup& group = *started;
   AttemptResult result;
   std::optional<Clock::time_point> kill_at;  // set once stopping has begun
   int stop_signal = SIGTERM;  // what the workers were asked to stop with
@@ -208,19 +200,13 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
                   "Give each launcher --token-file FILE (or DATAPAR_STORE_TOKEN in its environment), e.g. a file ",
                   "made with openssl rand -hex 16 > FILE and copied to every node.");
   }
-  DATAPAR_CHECK(o.runner == "auto" || o.runner == "mpirun" || o.runner == "fork", "launch: --runner \"", o.runner,
-                "\" is not one of auto, mpirun, fork.");
-  if (DATAPAR_HAVE_MPI) o.mpirun = find_mpirun();
-  const bool mpirun_found = !o.mpirun.empty();
-  if (o.runner == "auto") o.runner = "fork";
-  if (o.runner == "mpirun") {
-    DATAPAR_CHECK(o.nnodes == 1, "launch: --runner mpirun starts the workers of one node; for --nnodes ", o.nnodes,
-                  " use --runner fork (Gloo over TCP between the nodes).");
-    DATAPAR_CHECK(DATAPAR_HAVE_MPI, "launch: --runner mpirun needs a build of datapar with MPI (CMake found none). ",
-                  "Install libopenmpi-dev and openmpi-bin and build again, or use --runner fork.");
-    DATAPAR_CHECK(mpirun_found, "launch: --runner mpirun: mpirun is not installed (not on PATH). ",
-                  "Install openmpi-bin, or use --runner fork.");
-  }
+  DATAPAR_CHECK(o.runner != "mpirun", "launch: --runner mpirun is gone: datapar launch only forks its workers. ",
+                "Start an MPI job with your own mpirun instead, e.g. mpirun -np ", o.nproc_per_node,
+                " datapar train --mode ddp --backend mpi ... (README, Jobs started by mpirun or srun).");
+  DATAPAR_CHECK(o.runner == "fork" || o.runner == "auto", "launch: --runner \"", o.runner,
+                "\": datapar launch only forks its workers (--runner fork, the default). For MPI, start the job ",
+                "with your own mpirun -np N PROGRAM; for Slurm, with srun.");
+  o.runner = "fork";
   if (o.token.empty()) o.token = make_store_token();
   if (o.master_port == 0) {  // single node: a port free now on the master address
     TcpStore probe({o.master_addr, 0, true, o.token, std::chrono::seconds(5)});
@@ -255,7 +241,6 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   }
   for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
   if (!omp_set && o.nproc_per_node > 1) env.push_back("OMP_NUM_THREADS=1");
-  if (o.runner == "mpirun" && std::getenv("DATAPAR_BACKEND") == nullptr) env.push_back("DATAPAR_BACKEND=mpi");
   return env;
 }
 
@@ -265,7 +250,6 @@ int launch(const LaunchOptions& given) {
         "prefer --token-file FILE or DATAPAR_STORE_TOKEN in the environment");
   }
   LaunchOptions options = resolve_launch_options(given);
-  if (options.runner == "mpirun") allow_mpirun_as_asked();  // before the environment is copied
   WorkerGroup::catch_signals();
   for (int restart = 0;; ++restart) {
     const AttemptResult r = run_attempt(options, restart);

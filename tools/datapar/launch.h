@@ -17,15 +17,11 @@
 //   OMP_NUM_THREADS=1       only if unset and nproc_per_node > 1 (as torchrun does), so N
 //                           workers do not each start one thread per core
 //
-// How the workers are started (--runner):
-//   fork    forked by the launcher itself; the workers' Gloo groups move their collectives
-//           through shared memory within the machine (src/process_group/shm), over TCP
-//           between machines.
-//   mpirun  through mpirun (mpirun_group.h), so that they form an MPI job: datapar's
-//           default backend is then "mpi" (DATAPAR_BACKEND=mpi, unless set).
-//   auto    (default) fork.
-// Either way the workers get the same variables, output prefixes, failure handling,
-// signals and restarts.
+// The launcher forks the workers itself (worker_group.h); their Gloo groups move their
+// collectives through shared memory within the machine (src/process_group/shm), over TCP
+// between machines. It starts nothing else: a job on MPI is started with the user's own
+// `mpirun -np N PROGRAM`, and a Slurm job with `srun`; datapar reads their variables
+// (init_method.h), so neither needs this launcher.
 #pragma once
 
 #include <chrono>
@@ -48,9 +44,10 @@ struct LaunchOptions {
   std::string token_file;
   bool token_on_command_line = false;  // --token was given: warn
   int max_restarts = 0;
-  std::string runner = "auto";  // auto | mpirun | fork; resolved to mpirun or fork
+  // --runner: "fork" (or "auto", the same) is the only one; kept so that the runner this
+  // launcher no longer has, mpirun, is refused with what to do instead.
+  std::string runner = "fork";
   std::string cpu_bind = "cores";  // cores | none: forked workers each on their share of the cores
-  std::string mpirun;           // resolved: mpirun's path, when this build has MPI
   // After the first failure or a forwarded signal, how long workers get to exit before
   // they are SIGKILLed.
   std::chrono::milliseconds grace_period = std::chrono::seconds(5);

@@ -16,7 +16,7 @@
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/tcp_store.h"
-#include "mpirun_group.h"
+#include "worker_group.h"
 
 namespace datapar::tools {
 
@@ -28,6 +28,21 @@ std::vector<std::string> own_command_line() {
   std::vector<std::string> args;
   for (std::string arg; std::getline(file, arg, '\0');) args.push_back(arg);
   return args;
+}
+
+// mpirun's path: the one CMake found, else "mpirun" on PATH; empty if neither exists.
+std::string find_mpirun() {
+  const std::string built = DATAPAR_MPIEXEC;  // found at build time
+  if (!built.empty() && !find_executable(built).empty()) return built;
+  return find_executable("mpirun");
+}
+
+// Open MPI refuses root (containers, CI) and more processes than cores unless told: the
+// tool asked for these processes, so allow both, unless the user set them otherwise.
+void allow_mpirun_as_asked() {
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", /*overwrite=*/0);
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
 }
 
 // Runs this command line again as `mpirun -n nproc ...`: each copy then finds itself under

@@ -12,7 +12,6 @@
 #include "datapar/devices.h"
 #include "datapar/error.h"
 #include "launch.h"
-#include "mpirun_group.h"
 #include "train.h"
 
 namespace {
@@ -104,19 +103,13 @@ int main(int argc, char** argv) {
   launch->add_option("--grace-period", grace_s,
                      "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
   launch->add_option("--runner", launch_options.runner,
-                     "How workers start: fork (default; auto means fork), or mpirun (an MPI job; default "
-                     "backend mpi)");
+                     "fork (the default and only runner). For an MPI job run your own mpirun -np N PROGRAM "
+                     "instead of datapar launch; for Slurm, srun");
   launch->add_option("--cpu-bind", launch_options.cpu_bind,
                      "cores (default): each forked worker runs on its own share of the launcher's cores, when "
                      "there are at least as many cores as workers; none: anywhere")
       ->check(CLI::IsMember({"cores", "none"}));
   launch->add_option("program", launch_options.program, "The program and its arguments, after --");
-  // launch's helper under mpirun (mpirun_group.h); not for users, so not listed.
-  std::string rank_dir;
-  std::vector<std::string> rank_program;
-  auto* launch_rank = app.add_subcommand("launch-rank", "")->group("");
-  launch_rank->add_option("dir", rank_dir)->required();
-  launch_rank->add_option("program", rank_program);
   datapar::tools::TrainOptions train_options;
   auto* train = datapar::tools::add_train_command(app, train_options);
 
@@ -129,7 +122,6 @@ int main(int argc, char** argv) {
   if (*train) return datapar::tools::train(train_options);
   try {
     if (*devices) return list_devices(spec);
-    if (*launch_rank) return datapar::tools::run_mpirun_rank(rank_dir, rank_program);
     if (*launch) {
       // NaN compares false with everything: it would pass a sign check and become any
       // number of milliseconds.

@@ -34,8 +34,8 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
                   "single: one device (default cpu:0); dp: the replicas' devices (default every CUDA device, "
                   "else one CPU device per core); ddp: one per local rank (default cuda:LOCAL_RANK or CPU)");
   cmd->add_option("--backend", o.backend,
-                  "ddp process group backend: gloo, nccl or mpi (default: nccl on CUDA devices, else mpi under "
-                  "mpirun, as datapar launch starts single-node jobs, else gloo)");
+                  "ddp process group backend: gloo, nccl or mpi (default: nccl on CUDA devices, else mpi in a job "
+                  "started by mpirun, else gloo)");
   cmd->add_option("--replicas", o.replicas,
                   "dp: shared (replicas on the model's device share its parameters; the default) or copy (every "
                   "replica but the first holds a copy, refreshed every forward, as on several GPUs)");

@@ -154,7 +154,7 @@ WorkerGroup::WorkerGroup(const std::vector<std::string>& argv, const std::vector
     ::close(err[1]);
     pids_.push_back(pid);
     reaped_.push_back(false);
-    const std::string prefix = spec.label.empty() ? str_cat("[rank ", spec.rank, "] ") : str_cat("[", spec.label, "] ");
+    const std::string prefix = str_cat("[rank ", spec.rank, "] ");
     streams_.push_back({out[0], std::make_unique<WorkerOutput>(prefix, 1)});
     streams_.push_back({err[0], std::make_unique<WorkerOutput>(prefix, 2)});
   }
@@ -220,10 +220,6 @@ WorkerEvents WorkerGroup::poll(std::chrono::milliseconds timeout) {
     for (Stream& s : streams_) close_stream(s);
   }
   return events;
-}
-
-void WorkerGroup::carry_output(int fd, const std::string& label, int out_fd) {
-  streams_.push_back({fd, std::make_unique<WorkerOutput>(str_cat("[", label, "] "), out_fd)});
 }
 
 void WorkerGroup::signal_all(int sig) {

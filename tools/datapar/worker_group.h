@@ -27,7 +27,6 @@ struct WorkerSpec {
   int rank = 0;
   int local_rank = 0;
   std::vector<std::string> environment;  // the whole environment, "NAME=value"
-  std::string label;                     // its output's prefix; empty: "rank R"
   std::vector<int> cpus;                 // the cores it may run on; empty: the launcher's
 };
 
@@ -37,7 +36,6 @@ struct WorkerExit {
   pid_t pid = -1;
   int exit_code = 0;  // valid when signal == 0
   int signal = 0;     // the signal that ended it, or 0
-  std::string how;    // when set, how it ended, in words (a worker whose exit status is unknown)
   bool failed() const { return signal != 0 || exit_code != 0; }
 };
 
@@ -47,24 +45,7 @@ struct WorkerEvents {
   std::vector<int> signals;       // SIGINT / SIGTERM / SIGHUP the launcher received
 };
 
-// The workers of one attempt, however they were started: launch.cc supervises them
-// through this. WorkerGroup forks them itself; MpirunGroup (mpirun_group.h) has mpirun
-// start them.
-class Workers {
- public:
-  virtual ~Workers() = default;
-  // Waits up to `timeout` for output, worker exits or a signal to the launcher; forwards
-  // complete output lines; returns what happened.
-  virtual WorkerEvents poll(std::chrono::milliseconds timeout) = 0;
-  // Sends `sig` to every worker not yet ended (and to what it started).
-  virtual void signal_all(int sig) = 0;
-  // Workers not yet ended.
-  virtual int running() const = 0;
-  // True once every worker has ended and its output is read to the end.
-  virtual bool finished() const = 0;
-};
-
-class WorkerGroup : public Workers {
+class WorkerGroup {
  public:
   // Installs the launcher's handlers for SIGINT, SIGTERM and SIGHUP (they only record the
   // signal; poll() reports it) and ignores SIGPIPE. Call once before the first group.
@@ -76,27 +57,24 @@ class WorkerGroup : public Workers {
   WorkerGroup(const std::vector<std::string>& argv, const std::vector<WorkerSpec>& specs);
 
   // SIGKILLs and reaps any worker still running.
-  ~WorkerGroup() override;
+  ~WorkerGroup();
 
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  WorkerEvents poll(std::chrono::milliseconds timeout) override;
+  // Waits up to `timeout` for output, worker exits or a signal to the launcher; forwards
+  // complete output lines; returns what happened.
+  WorkerEvents poll(std::chrono::milliseconds timeout);
 
   // Sends `sig` to the process group of every worker not yet reaped.
-  void signal_all(int sig) override;
+  void signal_all(int sig);
 
   // Workers not yet reaped.
-  int running() const override;
+  int running() const;
 
   // True once every worker is reaped and its output read to the end (or, if a process the
   // worker left behind holds the pipe open, kDrainTimeout after the last exit).
-  bool finished() const override;
-
-  // Also carries the output read from `fd` (which the group now owns) to `out_fd`, each
-  // line prefixed "[label] ", as a worker's: for output that reaches the launcher by
-  // another way than a worker's pipe (mpirun_group.h).
-  void carry_output(int fd, const std::string& label, int out_fd);
+  bool finished() const;
 
   const std::vector<pid_t>& pids() const { return pids_; }
 
