@@ -72,6 +72,10 @@ void ProcessGroup::inspect_stalls(std::shared_ptr<Store> store, std::chrono::mil
   stall_inspector_ = std::make_shared<detail::StallInspector>(std::move(store), rank(), size(), warn_after);
 }
 
+std::string ProcessGroup::ranks_behind() const {
+  return stall_inspector_ ? stall_inspector_->ranks_behind() : "";
+}
+
 void ProcessGroup::set_stall_warning(std::chrono::milliseconds warn_after) {
   DATAPAR_CHECK(stall_inspector_ != nullptr, "set_stall_warning: this group has no stall inspector (it was made ",
                 "without a store); call inspect_stalls() first.");

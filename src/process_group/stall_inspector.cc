@@ -89,15 +89,40 @@ void StallInspector::loop() {
   }
 }
 
-std::string StallInspector::stall_message(const Pending& stalled, Clock::duration waited) {
-  std::string behind;
+std::string StallInspector::behind(uint64_t number) {
+  std::string ranks;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     int64_t theirs = 0;
     if (store_->check({count_key(r)})) theirs = std::stoll(store_->get_string(count_key(r)));
-    if (theirs >= static_cast<int64_t>(stalled.number)) continue;
-    behind += str_cat(behind.empty() ? "" : ", ", r, " (at ", theirs, ")");
+    if (theirs >= static_cast<int64_t>(number)) continue;
+    ranks += str_cat(ranks.empty() ? "" : ", ", r, " (at ", theirs, ")");
   }
+  return ranks;
+}
+
+std::string StallInspector::ranks_behind() {
+  uint64_t oldest = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Pending& p : pending_) {
+      if (!p.work->is_completed()) {
+        oldest = p.number;
+        break;
+      }
+    }
+  }
+  if (oldest == 0) return "";
+  try {
+    const std::string ranks = behind(oldest);
+    return ranks.empty() ? "" : str_cat("rank(s) ", ranks, " have not issued it yet");
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+std::string StallInspector::stall_message(const Pending& stalled, Clock::duration waited) {
+  const std::string behind = this->behind(stalled.number);
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(waited).count();
   return str_cat(stalled.work->what(), ", collective ", stalled.number, " of this group, has not completed after ",
                  seconds, " s: ",

@@ -33,6 +33,11 @@ class StallInspector {
   // The group issued its next collective (every member issues them in one order).
   void issued(std::shared_ptr<Work> work);
 
+  // For the oldest collective still pending, "rank(s) 1 (at 4) have not issued it yet";
+  // "" when none is pending, every rank has issued it, or the store cannot be read. For a
+  // backend's error when a collective times out.
+  std::string ranks_behind();
+
  private:
   using Clock = std::chrono::steady_clock;
   struct Pending {
@@ -44,6 +49,9 @@ class StallInspector {
   void loop();
   // The warning for collective `number`, stalled for `waited`.
   std::string stall_message(const Pending& stalled, Clock::duration waited);
+  // "1 (at 4), 3 (at 4)": the ranks whose published count is below `number`. Throws what
+  // the store throws.
+  std::string behind(uint64_t number);
 
   const std::shared_ptr<Store> store_;
   const int rank_;

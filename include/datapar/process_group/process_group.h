@@ -154,6 +154,10 @@ class ProcessGroup {
   // How describe() names the backend: backend(), or more ("gloo, shared memory").
   virtual std::string label() const { return backend(); }
 
+  // For a backend's error when a collective times out: the stall inspector's "rank(s) 1
+  // (at 4) have not issued it yet" for the oldest collective still pending, or "".
+  std::string ranks_behind() const;
+
  private:
   // Runs a backend's do_* under the one error translation (see do_all_reduce), and shows
   // a collective's Work to the stall inspector.

@@ -307,8 +307,10 @@ class ProcessGroupMpi : public ProcessGroup {
       if (buffer.defined()) mpi::keep_alive(buffer);
     }
     broken_ = what;
-    throw TimeoutError(str_cat(what, ": not finished after the group's timeout of ", seconds(timeout_),
-                               " s. Did every process issue the same collectives in the same order? This group is "
+    const std::string behind = ranks_behind();  // MPI cannot say who is missing; the inspector can
+    throw TimeoutError(str_cat(what, ": not finished after the group's timeout of ", seconds(timeout_), " s",
+                               behind.empty() ? "" : ": " + behind,
+                               ". Did every process issue the same collectives in the same order? This group is "
                                "unusable now; rebuild the process group."));
   }
 
