@@ -28,7 +28,7 @@ std::vector<Backend> compiled_in() {
                     return JobShape{world.rank, world.size};
                   },
                   [](std::shared_ptr<Store>, int, const std::vector<int>& ranks, const BackendSettings& s) {
-                    return new_mpi_process_group(ranks, MpiOptions{s.timeout});
+                    return new_mpi_process_group(ranks, MpiOptions{s.timeout, s.mpi_shared_memory});
                   }});
 #endif
 #if DATAPAR_HAVE_NCCL
@@ -36,6 +36,7 @@ std::vector<Backend> compiled_in() {
                   [](std::shared_ptr<Store> store, int rank, const std::vector<int>& ranks, const BackendSettings& s) {
                     NcclOptions options;
                     options.timeout = s.timeout;
+                    options.local_rank = s.local_rank;
                     return new_nccl_process_group(std::move(store), rank, static_cast<int>(ranks.size()), options);
                   }});
 #endif
