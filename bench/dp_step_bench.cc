@@ -85,7 +85,8 @@ void bench_model(const std::string& model_name, int rounds, int steps, int batch
 
   // The ceiling: each CPU device's thread trains a private copy on half the batch, nothing
   // shared and nothing summed: what two unsynchronised workers would reach.
-  auto workers = datapar::detail::DeviceWorkers::for_devices(datapar::cpu_devices(2));
+  auto workers = datapar::detail::DeviceWorkers::for_devices(
+      datapar::cpu_devices(2), datapar::detail::pin_cpu_devices(datapar::process_environment()));
   std::vector<std::function<void()>> halves;
   for (int64_t i = 0; i < 2; ++i) {
     ModuleHolder copy;

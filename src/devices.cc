@@ -94,14 +94,14 @@ std::string to_string(const std::vector<Device>& devices) {
   return out;
 }
 
-DeviceInventory DeviceInventory::detect() {
+DeviceInventory DeviceInventory::detect(const Environment& env) {
   DeviceInventory inventory;
   inventory.cpu_cores = std::max(1u, std::thread::hardware_concurrency());
   inventory.cpu_count = std::max(kMaxCpuDevices, inventory.cpu_cores);
   inventory.cuda_count = static_cast<int>(torch::cuda::device_count());
-  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+  if (const auto visible = env("CUDA_VISIBLE_DEVICES")) {
     inventory.cuda_visible_devices_set = true;
-    inventory.cuda_visible_devices = visible;
+    inventory.cuda_visible_devices = *visible;
   }
   return inventory;
 }

@@ -1,20 +1,18 @@
-// datapar: data-parallel training for C++ on libtorch. The umbrella header.
+// datapar: data-parallel training for C++ on libtorch. The umbrella header of the core
+// library (datapar::datapar): devices, DataParallel, rendezvous, process groups, DDP.
+// The training toolkit (data, checkpoints, metrics, models) is datapar::datapar_train, whose
+// umbrella is datapar/datapar_train.h.
 #pragma once
 
 #include "datapar/config.h"
 #include "datapar/cpu_allocator.h"
-#include "datapar/data/dataset.h"
-#include "datapar/data/distributed_sampler.h"
-#include "datapar/data/fashion_mnist.h"
-#include "datapar/data/idx_file.h"
-#include "datapar/data/loader.h"
-#include "datapar/data/synthetic.h"
 #include "datapar/ddp/comm_hook.h"
 #include "datapar/ddp/communication_stats.h"
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/ddp/sync_batch_norm.h"
 #include "datapar/devices.h"
 #include "datapar/distributed.h"
+#include "datapar/environment.h"
 #include "datapar/error.h"
 #include "datapar/parallel/chunk_sizes.h"
 #include "datapar/parallel/data_parallel.h"
@@ -25,8 +23,8 @@
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/file_store.h"
 #include "datapar/rendezvous/init_method.h"
+#include "datapar/rendezvous/job_config.h"
 #include "datapar/rendezvous/prefix_store.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "datapar/state_dict.h"
-#include "datapar/train/checkpoint.h"
 #include "datapar/warning.h"

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "datapar/environment.h"
+
 namespace datapar {
 
 struct Device {
@@ -48,8 +50,8 @@ std::ostream& operator<<(std::ostream& out, const Device& device);
 // "cpu:0,cpu:1".
 std::string to_string(const std::vector<Device>& devices);
 
-// What devices exist, as seen by this process. detect() asks libtorch and the environment;
-// tests build one by hand to exercise machines they do not have.
+// What devices exist, as seen by this process. detect() asks libtorch and `env`
+// (CUDA_VISIBLE_DEVICES); tests build one by hand to exercise machines they do not have.
 struct DeviceInventory {
   // Logical CPU devices cpu:0 .. cpu:(cpu_count - 1) may be used.
   int cpu_count = 0;
@@ -61,7 +63,7 @@ struct DeviceInventory {
   bool cuda_visible_devices_set = false;
   std::string cuda_visible_devices;
 
-  static DeviceInventory detect();
+  static DeviceInventory detect(const Environment& env = process_environment());
 };
 
 // At most this many logical CPU devices (worker threads) in one process.

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "datapar/process_group/process_group.h"
+#include "datapar/rendezvous/job_config.h"
 
 namespace datapar {
 
@@ -42,14 +43,22 @@ constexpr std::chrono::milliseconds kDefaultProcessGroupTimeout = std::chrono::m
 // A backend this build lacks and unknown names are refused with a clear error.
 // Throws InvalidArgumentError if a default group exists already, and whatever rendezvous()
 // and the backend throw.
+// The environment is read once, here (resolve_job_config()), and what it says is passed to
+// the rendezvous, the store and every group of the job (new_group too): DATAPAR_SHM,
+// DATAPAR_MPI_SHM, DATAPAR_GLOO_HOSTNAME, LOCAL_RANK and the rest (README.md,
+// "Environment variables"). The overload with `config` reads no environment.
 void init_process_group(const std::string& backend = "", const std::string& init_method = "env://", int rank = -1,
                         int world_size = -1, std::chrono::milliseconds timeout = kDefaultProcessGroupTimeout);
+void init_process_group(const std::string& backend, const std::string& init_method, int rank, int world_size,
+                        std::chrono::milliseconds timeout, const JobConfig& config);
 
-// The backend for a program that names none: $DATAPAR_BACKEND if the user set it
-// (`datapar launch` sets no backend), else "mpi" in a process mpirun started
+// The backend for a program that names none: $DATAPAR_BACKEND if the user set it (not
+// empty; `datapar launch` sets no backend), else "mpi" in a process mpirun started
 // (OMPI_COMM_WORLD_SIZE or PMI_SIZE set) of a build with MPI, else "gloo". CPU tensors;
-// name "nccl" for CUDA.
+// name "nccl" for CUDA. The first form reads the environment (resolve_job_config()), the
+// second reads `config`.
 std::string default_backend();
+std::string default_backend(const JobConfig& config);
 
 bool is_initialized();
 

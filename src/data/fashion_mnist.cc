@@ -5,15 +5,10 @@
 
 #include <sys/stat.h>
 
-#include <cstdlib>
 #include <utility>
 
 #include "datapar/data/idx_file.h"
 #include "datapar/error.h"
-
-#ifndef DATAPAR_DEFAULT_DATA_DIR
-#define DATAPAR_DEFAULT_DATA_DIR "data"
-#endif
 
 namespace datapar {
 namespace {
@@ -33,23 +28,21 @@ std::string find_file(const std::string& root, const std::string& name) {
   if (exists(plain + ".gz", false)) return plain + ".gz";
   throw InvalidArgumentError(detail::str_cat("FashionMnist: ", root, " has no ", name, " or ", name,
                                              ".gz. Put the four IDX files of Fashion-MNIST (or MNIST) there, "
-                                             "or leave root empty for the shipped subset."));
+                                             "or point root at the repository's subset, data/fashion-mnist."));
 }
 
+// The library knows no default directory (it holds no path of the source tree it was built
+// from): the caller names one, as `datapar train` does (tools/datapar/train_options.cc).
 std::string checked_root(const FashionMnistOptions& options) {
-  const std::string root = options.root.empty() ? default_fashion_mnist_dir() : options.root;
+  const std::string& root = options.root;
+  DATAPAR_CHECK(!root.empty(), "FashionMnist: no directory given. Set FashionMnistOptions::root to the directory ",
+                "with the IDX files (the repository ships a subset in data/fashion-mnist).");
   DATAPAR_CHECK(exists(root, true), "FashionMnist: directory ", root,
-                " does not exist. Set FashionMnistOptions::root (or DATAPAR_FASHION_MNIST_DIR) to the directory "
-                "with the IDX files.");
+                " does not exist. Set FashionMnistOptions::root to the directory with the IDX files.");
   return root;
 }
 
 }  // namespace
-
-std::string default_fashion_mnist_dir() {
-  if (const char* dir = std::getenv("DATAPAR_FASHION_MNIST_DIR"); dir != nullptr && *dir != '\0') return dir;
-  return DATAPAR_DEFAULT_DATA_DIR "/fashion-mnist";
-}
 
 struct FashionMnist::Loaded {
   at::Tensor images;  // (N, 1, 28, 28) float

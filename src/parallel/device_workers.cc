@@ -112,18 +112,20 @@ std::vector<c10::Stream> DeviceWorkers::callers_cuda_streams() const {
   return streams;
 }
 
-std::shared_ptr<DeviceWorkers> DeviceWorkers::for_devices(const std::vector<Device>& devices) {
+bool pin_cpu_devices(const Environment& env) { return env("DATAPAR_PIN_CPU_DEVICES").value_or("1") != "0"; }
+
+std::shared_ptr<DeviceWorkers> DeviceWorkers::for_devices(const std::vector<Device>& devices, bool pin_cpu_devices) {
   static std::mutex mutex;
   static std::map<std::string, std::weak_ptr<DeviceWorkers>> pools;
   std::lock_guard<std::mutex> lock(mutex);
-  std::weak_ptr<DeviceWorkers>& slot = pools[to_string(devices)];
+  std::weak_ptr<DeviceWorkers>& slot = pools[to_string(devices) + (pin_cpu_devices ? "" : " unpinned")];
   if (auto pool = slot.lock()) return pool;
-  auto pool = std::make_shared<DeviceWorkers>(devices);
+  auto pool = std::make_shared<DeviceWorkers>(devices, pin_cpu_devices);
   slot = pool;
   return pool;
 }
 
-DeviceWorkers::DeviceWorkers(std::vector<Device> devices)
+DeviceWorkers::DeviceWorkers(std::vector<Device> devices, bool pin_cpu_devices)
     : devices_(std::move(devices)), shared_(std::make_unique<Shared>()) {
   DATAPAR_CHECK(!devices_.empty(), "DeviceWorkers: no devices given.");
   const std::vector<int> cpus = allowed_cpus();
@@ -140,10 +142,9 @@ DeviceWorkers::DeviceWorkers(std::vector<Device> devices)
   // forwards ran one after the other in about a third of the steps. So when there are at
   // least as many allowed CPUs as CPU devices, each CPU device's thread (and the intra-op
   // threads it starts, which inherit it) is pinned to a disjoint share of the allowed CPUs.
-  // DATAPAR_PIN_CPU_DEVICES=0 turns it off (e.g. when an outer scheduler pins threads).
-  const char* pin_setting = std::getenv("DATAPAR_PIN_CPU_DEVICES");
-  const bool pin = cpu_devices > 0 && static_cast<int>(cpus.size()) >= cpu_devices &&
-                   !(pin_setting && std::string(pin_setting) == "0");
+  // pin_cpu_devices = false turns it off (DATAPAR_PIN_CPU_DEVICES=0, e.g. when an outer
+  // scheduler pins threads).
+  const bool pin = pin_cpu_devices && cpu_devices > 0 && static_cast<int>(cpus.size()) >= cpu_devices;
   const int per_device = pin ? static_cast<int>(cpus.size()) / cpu_devices : 0;
   int cpu_index = 0;
   int next_cpu = 0;

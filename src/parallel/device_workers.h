@@ -16,18 +16,24 @@
 #include <vector>
 
 #include "datapar/devices.h"
+#include "datapar/environment.h"
 
 namespace datapar::detail {
 
+// Whether CPU devices' threads are pinned (Note [Pinning CPU devices]): yes unless
+// DATAPAR_PIN_CPU_DEVICES=0 (e.g. when an outer scheduler pins threads).
+bool pin_cpu_devices(const Environment& env);
+
 class DeviceWorkers {
  public:
-  // The workers for this device list, shared by every user of the same list in this process
-  // and started on first use; they stop when the last user lets go.
-  static std::shared_ptr<DeviceWorkers> for_devices(const std::vector<Device>& devices);
+  // The workers for this device list and pinning, shared by every user of the same list in
+  // this process and started on first use; they stop when the last user lets go.
+  static std::shared_ptr<DeviceWorkers> for_devices(const std::vector<Device>& devices, bool pin_cpu_devices = true);
 
   // Starts one thread per device. CPU devices share the machine's cores evenly (at least
-  // one intra-op thread each).
-  explicit DeviceWorkers(std::vector<Device> devices);
+  // one intra-op thread each); with pin_cpu_devices, each also gets its own share of the
+  // allowed CPUs when there are enough (Note [Pinning CPU devices]).
+  explicit DeviceWorkers(std::vector<Device> devices, bool pin_cpu_devices = true);
   ~DeviceWorkers();
 
   DeviceWorkers(const DeviceWorkers&) = delete;

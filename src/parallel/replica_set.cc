@@ -73,7 +73,9 @@ ReplicaSet::ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<De
     replica_modules_.push_back(replica->modules(/*include_self=*/true));
     replicas_.push_back(std::move(replica));
   }
-  workers_ = DeviceWorkers::for_devices(devices_);
+  // DataParallel and replicate(), the public entry points here, have no setting for pinning:
+  // read at their boundary (README.md, "Environment variables").
+  workers_ = DeviceWorkers::for_devices(devices_, pin_cpu_devices(process_environment()));
   refresh();
 }
 

@@ -28,7 +28,7 @@ std::vector<Backend> compiled_in() {
                     return JobShape{world.rank, world.size};
                   },
                   [](std::shared_ptr<Store>, int, const std::vector<int>& ranks, const BackendSettings& s) {
-                    return new_mpi_process_group(ranks, MpiOptions{s.timeout});
+                    return new_mpi_process_group(ranks, MpiOptions{s.timeout, s.mpi_shared_memory});
                   }});
 #endif
 #if DATAPAR_HAVE_NCCL
@@ -37,6 +37,7 @@ std::vector<Backend> compiled_in() {
                     NcclOptions options;
                     options.timeout = s.timeout;
                     options.stall_warning = s.stall_warning;
+                    options.local_rank = s.local_rank;
                     return new_nccl_process_group(std::move(store), rank, static_cast<int>(ranks.size()), options);
                   }});
 #endif

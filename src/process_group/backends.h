@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,11 +16,14 @@
 
 namespace datapar::detail {
 
-// What init_process_group was given, for every group of the job.
+// What init_process_group was given, and resolved from the job's configuration (JobConfig),
+// for every group of the job.
 struct BackendSettings {
   std::chrono::milliseconds timeout{};
-  std::string gloo_hostname;  // the address other processes reach this one on (gloo)
-  bool shared_memory = true;  // gloo: collectives through shared memory within a machine
+  std::string gloo_hostname;      // the address other processes reach this one on (gloo)
+  bool shared_memory = true;      // gloo: collectives through shared memory within a machine
+  bool mpi_shared_memory = true;  // mpi: the same
+  std::optional<std::string> local_rank;  // nccl: LOCAL_RANK, which picks the GPU
   std::chrono::milliseconds stall_warning = kDefaultStallWarning;
 };
 

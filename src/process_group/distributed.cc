@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "datapar/config.h"
@@ -45,13 +44,11 @@ DefaultGroup& require_state(const char* what) {
 // The address other processes reach this one on, for Gloo's transport:
 // DATAPAR_GLOO_HOSTNAME, else loopback for a job whose store is on loopback, else this
 // machine's hostname.
-std::string gloo_hostname(const std::string& init_method) {
-  if (const char* given = std::getenv("DATAPAR_GLOO_HOSTNAME")) return given;
+std::string gloo_hostname(const std::string& init_method, const JobConfig& config) {
+  if (config.gloo_hostname) return *config.gloo_hostname;
   std::string host;
   if (init_method.rfind("tcp://", 0) == 0) host = parse_init_method(init_method).host;
-  if (init_method == "env://") {
-    if (const char* addr = std::getenv("MASTER_ADDR")) host = addr;
-  }
+  if (init_method == "env://" && config.master_addr) host = *config.master_addr;
   if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1") return "127.0.0.1";
   char name[256] = {};
   ::gethostname(name, sizeof(name) - 1);
@@ -60,9 +57,9 @@ std::string gloo_hostname(const std::string& init_method) {
 
 // Where rank 0 serves the store of a job that met without one (mpi): MASTER_ADDR if set,
 // loopback when every process runs on this machine, else this machine's hostname.
-std::string store_host(int world_size) {
-  if (const char* given = std::getenv("MASTER_ADDR")) return given;
-  const auto identity = identity_from_environment();
+std::string store_host(int world_size, const JobConfig& config) {
+  if (config.master_addr) return *config.master_addr;
+  const auto identity = config.identity();
   if (identity && identity->local_world_size == world_size) return "127.0.0.1";
   char name[256] = {};
   ::gethostname(name, sizeof(name) - 1);
@@ -72,14 +69,13 @@ std::string store_host(int world_size) {
 // The job's store for a backend whose processes met without one (mpirun started them):
 // rank 0 serves a TcpStore on a free port and tells the others where, and its token,
 // through `group` (a channel only the job's processes share, across machines too).
-std::shared_ptr<Store> store_through(ProcessGroup& group, std::chrono::milliseconds timeout) {
+std::shared_ptr<Store> store_through(ProcessGroup& group, std::chrono::milliseconds timeout, const JobConfig& config) {
   constexpr int64_t kSize = 1024;
   at::Tensor address = at::zeros({kSize}, at::kByte);  // "host port token", NUL-padded
   std::shared_ptr<Store> store;
   if (group.rank() == 0) {
-    const std::string host = store_host(group.size());
-    const char* given = std::getenv("DATAPAR_STORE_TOKEN");
-    const std::string token = given != nullptr && *given != '\0' ? given : make_store_token();
+    const std::string host = store_host(group.size(), config);
+    const std::string token = !config.store_token.empty() ? config.store_token : make_store_token();
     auto server = std::make_shared<TcpStore>(TcpStoreOptions{host, 0, true, token, timeout});
     const std::string text = host + " " + std::to_string(server->port()) + " " + token;
     DATAPAR_CHECK(text.size() < kSize && token.find(' ') == std::string::npos, "init_process_group: the store's ",
@@ -107,21 +103,29 @@ std::shared_ptr<Store> group_store(const DefaultGroup& s, const std::string& nam
 
 }  // namespace
 
-std::string default_backend() {
-  if (const char* chosen = std::getenv("DATAPAR_BACKEND"); chosen != nullptr && *chosen != '\0') return chosen;
-  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
-  return DATAPAR_HAVE_MPI && under_mpirun ? "mpi" : "gloo";
+std::string default_backend() { return default_backend(resolve_job_config()); }
+
+std::string default_backend(const JobConfig& config) {
+  if (!config.backend.empty()) return config.backend;
+  return DATAPAR_HAVE_MPI && config.under_mpi_launcher ? "mpi" : "gloo";
 }
 
 void init_process_group(const std::string& backend, const std::string& init_method, int rank, int world_size,
                         std::chrono::milliseconds timeout) {
+  init_process_group(backend, init_method, rank, world_size, timeout, resolve_job_config());
+}
+
+void init_process_group(const std::string& backend, const std::string& init_method, int rank, int world_size,
+                        std::chrono::milliseconds timeout, const JobConfig& config) {
   DATAPAR_CHECK(state() == nullptr, "init_process_group: a default process group exists already (rank ",
                 state() ? state()->rank : -1, "). Call destroy_process_group() first.");
   auto s = std::make_unique<DefaultGroup>();
-  const std::string name = backend.empty() ? default_backend() : backend;
+  const std::string name = backend.empty() ? default_backend(config) : backend;
   s->backend = &detail::find_backend(name);  // refuse before joining the job
   s->settings.timeout = timeout;
-  if (const char* shm = std::getenv("DATAPAR_SHM")) s->settings.shared_memory = std::string(shm) != "0";
+  s->settings.shared_memory = config.gloo_shared_memory;
+  s->settings.mpi_shared_memory = config.mpi_shared_memory;
+  s->settings.local_rank = config.local_rank;
   if (s->backend->job_shape) {
     // The launcher (mpirun) connected the processes already, and the backend knows rank
     // and world size: given ones must agree with it. The store comes after the group.
@@ -135,8 +139,8 @@ void init_process_group(const std::string& backend, const std::string& init_meth
     s->rank = shape.rank;
     s->world_size = shape.world_size;
   } else {
-    s->settings.gloo_hostname = gloo_hostname(init_method);
-    Rendezvous joined = rendezvous(init_method, rank, world_size, timeout);
+    s->settings.gloo_hostname = gloo_hostname(init_method, config);
+    Rendezvous joined = rendezvous(init_method, rank, world_size, timeout, config);
     s->store = joined.store;
     s->rank = joined.rank;
     s->world_size = joined.world_size;
@@ -146,7 +150,7 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   s->group = s->backend->make(group_store(*s, "group/default"), s->rank, everyone, s->settings);
   if (!s->store) {
     // The group came first (mpi): its stalls are inspected once the store is there.
-    s->store = store_through(*s->group, timeout);
+    s->store = store_through(*s->group, timeout, config);
     if (s->world_size > 1) s->group->inspect_stalls(group_store(*s, "group/default/stall"), s->settings.stall_warning);
   }
   state() = std::move(s);

@@ -35,14 +35,6 @@ const std::string kReserved = "__datapar/";
 const std::string kJoined = kReserved + "joined";
 const std::string kFinished = kReserved + "finished";
 
-std::string resolve_run_id(const std::string& given) {
-  if (!given.empty()) return given;
-  for (const char* name : {"DATAPAR_RUN_ID", "DATAPAR_STORE_TOKEN"}) {
-    if (const char* value = std::getenv(name)) return value;
-  }
-  return "";
-}
-
 void put_u32(Bytes& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
 }
@@ -90,7 +82,6 @@ class FileStore::Lock {
 
 FileStore::FileStore(std::string path, FileStoreOptions options)
     : Store(options.timeout), path_(std::move(path)), options_(std::move(options)) {
-  options_.run_id = resolve_run_id(options_.run_id);
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   DATAPAR_CHECK(fd_ >= 0, "FileStore: cannot open ", path_, " (", std::strerror(errno),
                 "). Check that the directory exists and every process can write to it.");

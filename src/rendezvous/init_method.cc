@@ -40,17 +40,6 @@ uint16_t parse_port(const std::string& text, const std::string& url) {
   return static_cast<uint16_t>(port);
 }
 
-std::optional<int> read_int(const Environment& env, const std::string& name) {
-  const auto value = env(name);
-  if (!value) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(value->c_str(), &end, 10);
-  DATAPAR_CHECK(!value->empty() && errno == 0 && *end == '\0' && v >= -1 && v < (1L << 30), name, "=\"", *value,
-                "\" is not a valid integer.");
-  return static_cast<int>(v);
-}
-
 std::string process_id() {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
@@ -65,14 +54,11 @@ bool is_loopback(const std::string& host) {
 // Without a token, the store makes one that only this machine's processes can read (Note
 // [Token] in store_token.h). A job whose launcher says it spans machines cannot use that:
 // every rank refuses at once, rather than the remote ones failing and rank 0 timing out.
-void refuse_across_machines(const std::string& host, int world_size, const Environment& env) {
+void refuse_across_machines(const std::string& host, int world_size, const JobConfig& config) {
   if (is_loopback(host)) return;
-  std::optional<ProcessIdentity> identity;
-  try {
-    identity = identity_from_environment(env);
-  } catch (const InvalidArgumentError&) {
-    return;  // unknown: the store itself refuses a client on another machine
-  }
+  // Unknown (no launcher, or variables that do not parse): the store itself refuses a client
+  // on another machine.
+  const std::optional<ProcessIdentity>& identity = config.launcher;
   if (!identity || identity->local_world_size <= 0 || identity->local_world_size >= world_size) return;
   throw InvalidArgumentError(str_cat(
       "rendezvous: this job runs on several machines (", identity->source, " says ", identity->local_world_size,
@@ -115,50 +101,16 @@ InitMethod parse_init_method(const std::string& url) {
   throw InvalidArgumentError(str_cat("init_method \"", url, "\" is not a URL datapar knows. ", kFormats));
 }
 
-Environment process_environment() {
-  return [](const std::string& name) -> std::optional<std::string> {
-    const char* value = std::getenv(name.c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  };
-}
-
-std::optional<ProcessIdentity> identity_from_environment(const Environment& env) {
-  struct Launcher {
-    const char* source;
-    const char* rank;
-    const char* size;
-    const char* local_rank;
-    const char* local_size;
-  };
-  for (const Launcher& l : {Launcher{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-                            Launcher{"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-                            Launcher{"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}}) {
-    const auto rank = read_int(env, l.rank);
-    const auto size = read_int(env, l.size);
-    if (!rank || !size) continue;
-    ProcessIdentity identity;
-    identity.rank = *rank;
-    identity.world_size = *size;
-    identity.local_rank = read_int(env, l.local_rank).value_or(-1);
-    // SLURM_NTASKS_PER_NODE may read "4(x2)": take what parses, else unknown.
-    try {
-      identity.local_world_size = read_int(env, l.local_size).value_or(-1);
-    } catch (const InvalidArgumentError&) {
-      identity.local_world_size = -1;
-    }
-    identity.source = l.source;
-    return identity;
-  }
-  return std::nullopt;
+Rendezvous rendezvous(const std::string& init_method, int rank, int world_size, std::chrono::milliseconds timeout,
+                      const Environment& env) {
+  return rendezvous(init_method, rank, world_size, timeout, resolve_job_config(env));
 }
 
 Rendezvous rendezvous(const std::string& init_method, int rank, int world_size, std::chrono::milliseconds timeout,
-                      const Environment& env) {
+                      const JobConfig& config) {
   InitMethod method = parse_init_method(init_method);
   if (rank < 0 || world_size < 0) {
-    const auto identity = identity_from_environment(env);
+    const auto identity = config.identity();
     DATAPAR_CHECK(identity.has_value(), "rendezvous: rank and world size are unknown. Pass them, or start the ",
                   "processes with datapar launch, torchrun, mpirun or srun, which set them.");
     if (rank < 0) rank = identity->rank;
@@ -172,8 +124,8 @@ Rendezvous rendezvous(const std::string& init_method, int rank, int world_size, 
   result.rank = rank;
   result.world_size = world_size;
   if (method.kind == InitMethod::Kind::kEnv) {
-    const auto addr = env("MASTER_ADDR");
-    const auto port = env("MASTER_PORT");
+    const auto& addr = config.master_addr;
+    const auto& port = config.master_port;
     DATAPAR_CHECK(addr && port, "rendezvous: env:// needs MASTER_ADDR and MASTER_PORT (rank 0's address and a ",
                   "free port); ", addr ? "MASTER_PORT" : "MASTER_ADDR", " is not set.");
     method.host = *addr;
@@ -185,15 +137,15 @@ Rendezvous rendezvous(const std::string& init_method, int rank, int world_size, 
     struct stat st;
     DATAPAR_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "rendezvous: the directory ", dir, " of ",
                   init_method, " does not exist. Create it on a filesystem every process can reach.");
-    result.store = std::make_shared<FileStore>(method.path, FileStoreOptions{world_size, "", timeout});
+    result.store = std::make_shared<FileStore>(method.path, FileStoreOptions{world_size, config.run_id, timeout});
   } else {
     TcpStoreOptions options;
     options.host = method.host;
     options.port = method.port;
     options.is_server = rank == 0;
     options.timeout = timeout;
-    options.token = env("DATAPAR_STORE_TOKEN").value_or("");
-    if (options.token.empty()) refuse_across_machines(method.host, world_size, env);
+    options.token = config.store_token;
+    if (options.token.empty()) refuse_across_machines(method.host, world_size, config);
     result.store = std::make_shared<TcpStore>(options);
   }
   Store& store = *result.store;

@@ -2,7 +2,8 @@
 // machine when nobody gave one.
 //
 // A TcpStore never runs without a token (Note [Token]):
-//   - given (TcpStoreOptions::token, or DATAPAR_STORE_TOKEN, which datapar launch sets):
+//   - given (TcpStoreOptions::token; rendezvous() passes DATAPAR_STORE_TOKEN, which datapar
+//     launch sets):
 //     every process presents it;
 //   - not given: the server makes a random one and publishes it in a file only this user
 //     can read, /tmp/datapar-UID/store-PORT.token, in a directory only this user can enter,

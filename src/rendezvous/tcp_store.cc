@@ -34,12 +34,6 @@ const char kTokenHint[] =
     "Give every process of the job the same token: export DATAPAR_STORE_TOKEN=$(openssl rand -hex 16) on every "
     "node, or start them with datapar launch --token-file FILE.";
 
-std::string resolve_token(const std::string& given) {
-  if (!given.empty()) return given;
-  const char* env = std::getenv("DATAPAR_STORE_TOKEN");
-  return env ? env : "";
-}
-
 std::string join(const std::vector<std::string>& keys) {
   std::ostringstream out;
   for (size_t i = 0; i < keys.size(); ++i) out << (i ? ", " : "") << '"' << keys[i] << '"';
@@ -53,7 +47,7 @@ std::string make_store_token() { return detail::random_token(); }
 TcpStore::TcpStore(TcpStoreOptions options)
     : Store(options.timeout), host_(options.host), port_(options.port) {
   const auto deadline = Clock::now() + timeout();
-  std::string token = resolve_token(options.token);
+  std::string token = options.token;
   DATAPAR_CHECK(token.size() <= detail::wire::kMaxTokenBytes, "TcpStore: the store token has ", token.size(),
                 " bytes; it may have at most ", detail::wire::kMaxTokenBytes, " bytes.");
   const bool generated = token.empty();  // Note [Token] in store_token.h

@@ -52,9 +52,7 @@ TEST(DeviceWorkers, PinsCpuDevicesToDistinctCpus) {
   EXPECT_EQ(CPU_COUNT(&both), 0);  // disjoint
   EXPECT_GE(CPU_COUNT(&sets[0]), 1);
 
-  ::setenv("DATAPAR_PIN_CPU_DEVICES", "0", 1);
-  DeviceWorkers unpinned(cpu_devices(2));
-  ::unsetenv("DATAPAR_PIN_CPU_DEVICES");
+  DeviceWorkers unpinned(cpu_devices(2), /*pin_cpu_devices=*/false);
   int count = 0;
   unpinned.run(1, [&](size_t) {
     cpu_set_t set;
@@ -62,6 +60,19 @@ TEST(DeviceWorkers, PinsCpuDevicesToDistinctCpus) {
     count = CPU_COUNT(&set);
   }, "probe");
   EXPECT_EQ(count, allowed_cpu_count());
+}
+
+// DATAPAR_PIN_CPU_DEVICES, read through an Environment (ReplicaSet passes the process's).
+TEST(DeviceWorkers, PinningFollowsTheVariableAndKeysTheSharedPool) {
+  const auto env = [](std::optional<std::string> value) -> Environment {
+    return [value](const std::string& name) { return name == "DATAPAR_PIN_CPU_DEVICES" ? value : std::nullopt; };
+  };
+  EXPECT_TRUE(pin_cpu_devices(env(std::nullopt)));
+  EXPECT_TRUE(pin_cpu_devices(env("1")));
+  EXPECT_FALSE(pin_cpu_devices(env("0")));
+  const auto pinned = DeviceWorkers::for_devices(cpu_devices(2), true);
+  EXPECT_EQ(DeviceWorkers::for_devices(cpu_devices(2), true), pinned);
+  EXPECT_NE(DeviceWorkers::for_devices(cpu_devices(2), false), pinned);
 }
 
 TEST(DeviceWorkers, RunsEveryTaskOnItsOwnThreadAndNamesFailures) {

@@ -27,9 +27,16 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// Options as init_process_group passes them: shared memory unless DATAPAR_MPI_SHM=0 (the
+// ring runs in tests/CMakeLists.txt set it), resolved once.
+MpiOptions options(std::chrono::milliseconds timeout = MpiOptions{}.timeout) {
+  static const bool shared_memory = resolve_job_config().mpi_shared_memory;
+  return MpiOptions{timeout, shared_memory};
+}
+
 // The whole job, made once (MPI is initialised then) and kept to the end.
 ProcessGroup& world() {
-  static const std::shared_ptr<ProcessGroup> group = new_mpi_process_group({}, MpiOptions{60s});
+  static const std::shared_ptr<ProcessGroup> group = new_mpi_process_group({}, options(60s));
   return *group;
 }
 
@@ -139,11 +146,7 @@ TEST(MpiProcessGroup, OneMemberWithoutSharedMemoryMakesTheGroupUseTheRing) {
   const int n = world().size(), rank = world().rank();
   if (n == 1) GTEST_SKIP() << "needs a peer";
   const size_t before = shared_memory_mappings().size();
-  const char* setting = std::getenv("DATAPAR_MPI_SHM");
-  const std::string saved = setting ? setting : "";
-  if (rank == n - 1) ::setenv("DATAPAR_MPI_SHM", "0", 1);
-  auto group = new_mpi_process_group({}, MpiOptions{60s});
-  if (rank == n - 1) setting ? ::setenv("DATAPAR_MPI_SHM", saved.c_str(), 1) : ::unsetenv("DATAPAR_MPI_SHM");
+  auto group = new_mpi_process_group({}, MpiOptions{60s, /*shared_memory=*/rank != n - 1});
   EXPECT_EQ(shared_memory_mappings().size(), before) << "rank " << rank;
   at::Tensor t = at::full({3 * 524288 + 5}, rank + 1.0, at::kFloat);
   group->all_reduce(t)->wait();
@@ -154,8 +157,7 @@ TEST(MpiProcessGroup, OneMemberWithoutSharedMemoryMakesTheGroupUseTheRing) {
 // is already gone from /dev/shm: nothing is left there whatever happens to the job.
 TEST(MpiProcessGroup, SharedMemoryIsMappedAndHasNoNameLeft) {
   const int n = world().size();
-  const char* setting = std::getenv("DATAPAR_MPI_SHM");
-  const bool wanted = setting == nullptr || std::string(setting) != "0";
+  const bool wanted = options().shared_memory;
   const std::vector<std::string> mapped = shared_memory_mappings();
   for (const std::string& line : mapped) EXPECT_NE(line.find("(deleted)"), std::string::npos) << "still named: " << line;
   if (n > 1 && wanted) {
@@ -346,7 +348,7 @@ TEST(MpiProcessGroup, WaitWithATimeoutAndARecvThatTimesOut) {
     world().send(full({4}, 4.0, at::kFloat), 0, 5)->wait(20s);
   }
   // The group's limit: a recv nobody answers fails by it, and the group stays usable.
-  auto quick = new_mpi_process_group({}, MpiOptions{1s});
+  auto quick = new_mpi_process_group({}, options(1s));
   if (rank == 0) {
     const auto start = std::chrono::steady_clock::now();
     EXPECT_THROW_MSG(quick->recv(in, 1, 9)->wait(), TimeoutError, "recv(from 1, tag 9) on rank 0 of");
@@ -361,7 +363,7 @@ TEST(MpiProcessGroup, WaitWithATimeoutAndARecvThatTimesOut) {
 TEST(MpiProcessGroup, ACollectiveThatTimesOutBreaksOnlyItsGroup) {
   const int n = world().size(), rank = world().rank();
   if (n == 1) GTEST_SKIP() << "needs a peer";
-  auto quick = new_mpi_process_group({}, MpiOptions{300ms});
+  auto quick = new_mpi_process_group({}, options(300ms));
   if (rank == 0) {
     EXPECT_THROW_MSG(quick->barrier()->wait(), TimeoutError, "barrier on rank 0 of");
     EXPECT_THROW_MSG(quick->all_reduce(at::ones({1}))->wait(), CommError, "an earlier collective of this group");
@@ -370,7 +372,7 @@ TEST(MpiProcessGroup, ACollectiveThatTimesOutBreaksOnlyItsGroup) {
   if (rank != 0) quick->barrier()->wait(30s);  // pairs with rank 0's abandoned barrier
   world().barrier()->wait(30s);
   // The same for a large all_reduce (shared memory, or the ring): rank 0 alone times out.
-  auto ring = new_mpi_process_group({}, MpiOptions{300ms});
+  auto ring = new_mpi_process_group({}, options(300ms));
   if (rank == 0) {
     EXPECT_THROW_MSG(ring->all_reduce(at::ones({1 << 20}))->wait(), TimeoutError, "all_reduce(sum) on rank 0 of");
     EXPECT_THROW_MSG(ring->barrier()->wait(), CommError, "an earlier collective of this group");
@@ -382,7 +384,7 @@ TEST(MpiProcessGroup, SubgroupsByRankList) {
   const int n = world().size(), rank = world().rank();
   std::vector<int> reversed;
   for (int i = n - 1; i >= 0; i -= 2) reversed.push_back(i);  // the last rank, every second one down
-  auto sub = new_mpi_process_group(reversed);
+  auto sub = new_mpi_process_group(reversed, options());
   const bool member = (n - 1 - rank) % 2 == 0;
   ASSERT_EQ(sub != nullptr, member);
   if (sub) {

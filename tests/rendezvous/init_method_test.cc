@@ -12,6 +12,7 @@
 #include "datapar/error.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
+#include "testing/fake_env.h"
 #include "testing/ports.h"
 #include "testing/processes.h"
 #include "testing/temp_dir.h"
@@ -21,13 +22,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-Environment fake_env(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
+using testing::fake_env;
 
 // The tcp:// and env:// tests name rank 0's port in the URL or MASTER_PORT, as users do,
 // so they take a testing::ReservedPort (ports.h) that no other process can take meanwhile.

@@ -258,6 +258,23 @@ TEST(TrainCli, ResumeEqualsAnUninterruptedRunDdp) {
   expect_same_parameters(straight + "/checkpoint-epoch-4.pt", resumed + "/checkpoint-epoch-4.pt");
 }
 
+// Without --data: $DATAPAR_FASHION_MNIST_DIR when set, else the shipped subset (the tool's
+// default; the library has none).
+TEST(TrainCli, DataDefaultsToTheVariableElseTheShippedSubset) {
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  ::setenv("DATAPAR_FASHION_MNIST_DIR", "/nonexistent/fmnist", 1);
+  const CliRun elsewhere = cli("train --epochs 1");
+  ::unsetenv("DATAPAR_FASHION_MNIST_DIR");
+  EXPECT_EQ(elsewhere.code, 2) << elsewhere.output;
+  EXPECT_NE(elsewhere.output.find("--data /nonexistent/fmnist: no such directory"), std::string::npos)
+      << elsewhere.output;
+  const CliRun shipped = cli("train --model mlp --epochs 1 --limit 64 --batch-size 64 --workers 1");
+  EXPECT_EQ(shipped.code, 0) << shipped.output;
+  EXPECT_NE(shipped.output.find(std::string(DATAPAR_SOURCE_DIR) + "/data/fashion-mnist"), std::string::npos)
+      << shipped.output;
+}
+
 struct BadOption {
   std::string args;
   std::string message;

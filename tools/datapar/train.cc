@@ -331,8 +331,9 @@ int run_plan(const TrainPlan& plan) {
   if (o.mode == "ddp") {
     // The nccl group takes cuda:LOCAL_RANK (nccl.h), where plan_training put this rank's
     // model; mpirun and srun give the local rank under other names.
-    ::setenv("LOCAL_RANK", std::to_string(plan.local_rank).c_str(), /*overwrite=*/0);
-    init_process_group(o.backend, "env://", plan.rank, plan.world_size, std::chrono::minutes(5));
+    JobConfig config = resolve_job_config();
+    if (!config.local_rank) config.local_rank = std::to_string(plan.local_rank);
+    init_process_group(o.backend, "env://", plan.rank, plan.world_size, std::chrono::minutes(5), config);
   }
 
   // 3. Data (FashionMnist names any missing or damaged file here, still before training).

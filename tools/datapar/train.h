@@ -67,6 +67,11 @@ struct TrainPlan {
   bool resume = false;             // --resume, or a restart (DATAPAR_RESTART_COUNT > 0)
 };
 
+// The directory `--data` defaults to: $DATAPAR_FASHION_MNIST_DIR when set and not empty, else
+// the subset shipped in the source tree this tool was built from (data/fashion-mnist; the
+// tool's build, not the library, holds that path: see tools/datapar/CMakeLists.txt).
+std::string default_data_dir(const Environment& env);
+
 // Checks the options and resolves them. Reads no data and starts nothing. Throws
 // InvalidArgumentError naming the option, the value and what to do instead, for: an
 // unknown model, mode or backend; epochs < 1; lr <= 0; a batch smaller than the device or

@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <utility>
 
-#include "datapar/data/fashion_mnist.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "train.h"
@@ -116,6 +115,11 @@ std::string ddp_backend(const std::string& given, const Device& device, int loca
 
 }  // namespace
 
+std::string default_data_dir(const Environment& env) {
+  const std::string given = env("DATAPAR_FASHION_MNIST_DIR").value_or("");
+  return given.empty() ? DATAPAR_SHIPPED_FASHION_MNIST_DIR : given;
+}
+
 TrainPlan plan_training(const TrainOptions& o, const Environment& env, const DeviceInventory& inventory) {
   TrainPlan plan;
   plan.options = o;
@@ -143,7 +147,7 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
 
   // Data: "synthetic", or a directory that must exist now, not after the rendezvous.
   if (o.data != "synthetic") {
-    plan.data_dir = o.data.empty() ? default_fashion_mnist_dir() : o.data;
+    plan.data_dir = o.data.empty() ? default_data_dir(env) : o.data;
     DATAPAR_CHECK(is_directory(plan.data_dir), "--data ", plan.data_dir,
                   ": no such directory.\n---> HINT: give a directory with the Fashion-MNIST IDX files "
                   "(train-images-idx3-ubyte[.gz], ...), or --data synthetic.");

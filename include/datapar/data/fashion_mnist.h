@@ -5,7 +5,7 @@
 //   train-images-idx3-ubyte  train-labels-idx1-ubyte   (split train: 60,000 in the full set)
 //   t10k-images-idx3-ubyte   t10k-labels-idx1-ubyte    (split test: 10,000)
 // The repository ships a real subset in data/fashion-mnist/ (6000 train, 1000 test
-// images; see its README), which is the default root. Images become (N, 1, 28, 28) float
+// images; see its README), which `datapar train` reads by default. Images become (N, 1, 28, 28) float
 // in [0, 1] (optionally normalised); labels (N,) int64 in 0..9.
 //
 // Loading reads and checks everything up front (magic numbers, 28x28, equal counts, exact
@@ -25,12 +25,9 @@ namespace datapar {
 inline constexpr std::array<const char*, 10> kFashionMnistClasses{
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
 
-// The directory used when FashionMnistOptions::root is empty: $DATAPAR_FASHION_MNIST_DIR
-// if set, else the shipped subset (<datapar source>/data/fashion-mnist).
-std::string default_fashion_mnist_dir();
-
 struct FashionMnistOptions {
-  // Directory with the IDX files; empty: default_fashion_mnist_dir().
+  // Directory with the IDX files. Required: the library has no default (the installed
+  // library knows nothing of the source tree's data/fashion-mnist).
   std::string root;
   // true: the train-* files; false: the t10k-* (test) files. As torchvision's train=.
   bool train = true;

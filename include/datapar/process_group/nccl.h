@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "datapar/process_group/process_group.h"
 
@@ -13,13 +15,17 @@ struct NcclOptions {
   // This process's GPU. -1 (default): the same rule for every group of the process, never
   // its rank (a subgroup passes its rank within the subgroup, which says nothing about this
   // machine's GPUs):
-  //   1. LOCAL_RANK from the environment, as datapar launch and torchrun set it; it must be
+  //   1. local_rank (below), as datapar launch and torchrun set LOCAL_RANK; it must be
   //      an integer in [0, visible devices), else InvalidArgumentError;
   //   2. else the caller's current CUDA device (c10::cuda::current_device()): under a
   //      launcher that sets no LOCAL_RANK (mpirun, srun), call c10::cuda::set_device() first.
   // >= 0: that device, whatever the environment says. A device that does not exist is an
   // InvalidArgumentError naming it and the number visible.
   int device = -1;
+  // LOCAL_RANK as the launcher set it, for the rule above; nullopt: not set.
+  // init_process_group passes JobConfig::local_rank; a direct caller passes
+  // resolve_job_config().local_rank to follow the launcher (the group reads no environment).
+  std::optional<std::string> local_rank;
   // Limit for joining (the store check-in and NCCL's communicator init together) and for
   // every operation, counted from its launch. An operation still running then, or one
   // NCCL reports an error for, aborts the group (see new_nccl_process_group).

@@ -204,6 +204,10 @@ struct MpiOptions {
   // fails with TimeoutError; a collective that timed out leaves the group unusable (later
   // collectives fail with CommError), a send or recv does not.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Collectives through shared memory among the members on one machine (all_reduce of
+  // large tensors); false: MPI's own. A member that says false makes the whole group do
+  // without. init_process_group passes JobConfig::mpi_shared_memory (DATAPAR_MPI_SHM=0: false).
+  bool shared_memory = true;
 };
 
 // An MPI process group: the processes of an mpirun (or srun) job, as MPI numbers them.

@@ -9,7 +9,7 @@
 // Stale files: a file left by an earlier run (one that crashed, say) is reset by the first
 // process of the new run, under the lock, when it carries another run id, or when its run
 // already had world_size processes join. Give each run its own run id (datapar launch does,
-// through DATAPAR_RUN_ID) for the full guarantee: without one, a stale file from a run that
+// through DATAPAR_RUN_ID, which rendezvous() passes on) for the full guarantee: without one, a stale file from a run that
 // crashed before everyone joined is not recognised, and the new run times out instead.
 #pragma once
 
@@ -28,7 +28,8 @@ struct FileStoreOptions {
   // How many processes share the file (counted in to remove it when all are done).
   // 0 or less: unknown; the file is removed when no FileStore has it open.
   int world_size = 0;
-  // This run's id. Empty: DATAPAR_RUN_ID, else DATAPAR_STORE_TOKEN, else none.
+  // This run's id; empty: none. rendezvous() passes JobConfig::run_id (DATAPAR_RUN_ID, else
+  // DATAPAR_STORE_TOKEN); the store itself reads no environment.
   std::string run_id;
   // Limit for every wait.
   std::chrono::milliseconds timeout = kDefaultStoreTimeout;

@@ -4,19 +4,17 @@
 //   env://                 MASTER_ADDR and MASTER_PORT name rank 0's store server
 //   tcp://host:port        rank 0 serves the store at host:port (use rank 0's address)
 //   file:///shared/path    a FileStore on a filesystem every process can reach
-// Rank and world size are given, or read from the launcher's environment: datapar launch
-// and torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), Open MPI's mpirun
-// (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE) or Slurm's srun (SLURM_PROCID,
-// SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE), first found in that order.
+// Rank and world size are given, or read from the launcher's environment (JobConfig, in
+// rendezvous/job_config.h: datapar launch, torchrun, Open MPI's mpirun or Slurm's srun).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 
+#include "datapar/environment.h"
+#include "datapar/rendezvous/job_config.h"
 #include "datapar/rendezvous/store.h"
 
 namespace datapar {
@@ -33,23 +31,6 @@ struct InitMethod {
 // a valid one looks like.
 InitMethod parse_init_method(const std::string& url);
 
-// Where a process stands in its job.
-struct ProcessIdentity {
-  int rank = -1;
-  int world_size = -1;
-  int local_rank = -1;        // -1: unknown
-  int local_world_size = -1;  // -1: unknown
-  std::string source;         // which launcher's variables gave it ("torchrun", "Open MPI", "Slurm")
-};
-
-// Looks a variable up; the default reads the process environment (tests pass their own).
-using Environment = std::function<std::optional<std::string>(const std::string& name)>;
-Environment process_environment();
-
-// Rank and world size from the launcher's variables, or nullopt when none are set.
-// Throws InvalidArgumentError for values that are not integers.
-std::optional<ProcessIdentity> identity_from_environment(const Environment& env = process_environment());
-
 // The store every process of the job shares, and this process's place in the job.
 struct Rendezvous {
   std::shared_ptr<Store> store;
@@ -58,14 +39,18 @@ struct Rendezvous {
 };
 
 // Joins the job: makes the store (rank 0 hosts the TCP server, with the token in
-// DATAPAR_STORE_TOKEN, or one generated for a job on one machine), checks that the rank lies
-// in [0, world_size), that no other process claims the same rank and that every process
-// agrees on the world size, and waits until all world_size processes have joined.
-// rank / world_size < 0: from identity_from_environment(). Throws InvalidArgumentError
+// DATAPAR_STORE_TOKEN, or one generated for a job on one machine; a FileStore with the run
+// id of JobConfig::run_id), checks that the rank lies in [0, world_size), that no other
+// process claims the same rank and that every process agrees on the world size, and waits
+// until all world_size processes have joined. rank / world_size < 0: from the launcher's
+// variables (JobConfig::identity()); env://: MASTER_ADDR and MASTER_PORT. Throws InvalidArgumentError
 // for a bad URL, rank or world size, a rank claimed twice, world sizes that disagree, a
 // file:// directory that does not exist or a file that is not a store, a port in use, or
 // a job across machines without DATAPAR_STORE_TOKEN; TimeoutError naming the ranks
 // that never arrived, or when rank 0's server does not answer within the timeout.
+// The configuration comes from `config`, or is resolved from `env` once.
+Rendezvous rendezvous(const std::string& init_method, int rank, int world_size, std::chrono::milliseconds timeout,
+                      const JobConfig& config);
 Rendezvous rendezvous(const std::string& init_method, int rank = -1, int world_size = -1,
                       std::chrono::milliseconds timeout = kDefaultStoreTimeout,
                       const Environment& env = process_environment());

@@ -3,7 +3,7 @@
 // One process hosts the server (rank 0, with is_server, or a standalone one); every
 // process, the host included, talks to it as a client. Clients retry connecting with
 // backoff until the timeout, so start order does not matter. A shared token (from the
-// launcher, or DATAPAR_STORE_TOKEN, or generated for a job on one machine) is checked on
+// launcher through DATAPAR_STORE_TOKEN, or generated for a job on one machine) is checked on
 // connect: a client without it is refused with InvalidArgumentError. Strangers cost the
 // server little: see the limits in docs/store_protocol.md, which has the wire format.
 //
@@ -37,10 +37,11 @@ struct TcpStoreOptions {
   uint16_t port = 0;
   // Host the server in this process (it stops when this TcpStore is destroyed).
   bool is_server = false;
-  // Shared secret every client must present (at most 256 bytes). Empty: the
-  // DATAPAR_STORE_TOKEN environment variable; when that is unset too, the server makes a
-  // random one and shares it with the processes of this machine and user only, through a
-  // file only they can read; a client on another machine is then refused at once.
+  // Shared secret every client must present (at most 256 bytes). rendezvous() passes
+  // DATAPAR_STORE_TOKEN (JobConfig::store_token); the store itself reads no environment.
+  // Empty: the server makes a random one and shares it with the processes of this machine
+  // and user only, through a file only they can read; a client on another machine is then
+  // refused at once.
   std::string token;
   // Limit for connecting and for every wait.
   std::chrono::milliseconds timeout = kDefaultStoreTimeout;

@@ -481,8 +481,7 @@ std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& rank
   std::unique_ptr<detail::shm::ShmCollectives> shm;
   if (size > 1) {
     MpiExchange exchange(ring_comm, what);
-    const char* wanted = std::getenv("DATAPAR_MPI_SHM");
-    shm = detail::shm::ShmCollectives::create(exchange, rank, size, wanted == nullptr || std::strcmp(wanted, "0") != 0,
+    shm = detail::shm::ShmCollectives::create(exchange, rank, size, options.shared_memory,
                                               options.timeout, [](const std::string& w) { mpi::throw_if_finalizing(w); });
   }
   return std::make_shared<ProcessGroupMpi>(comm, ring_comm, std::move(shm), rank, size, options.timeout);

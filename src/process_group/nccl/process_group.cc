@@ -83,7 +83,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 // Note [Which GPU]: the rule of NcclOptions::device, the same for every group of the
 // process. Never the rank: a subgroup passes its rank within the subgroup.
-c10::DeviceIndex choose_device(int requested) {
+c10::DeviceIndex choose_device(int requested, const std::optional<std::string>& local_rank_text) {
   const int visible = c10::cuda::device_count();  // 0, not an error, without a GPU or driver
   DATAPAR_CHECK(visible > 0, "ProcessGroup(nccl): no CUDA device is visible. Use the gloo or mpi backend on CPUs.");
   if (requested >= 0) {
@@ -95,7 +95,8 @@ c10::DeviceIndex choose_device(int requested) {
   // One visible GPU (CUDA_VISIBLE_DEVICES narrowed per process, as Slurm does): that one,
   // whatever the local rank.
   if (visible == 1) return 0;
-  if (const char* text = std::getenv("LOCAL_RANK")) {
+  if (local_rank_text) {
+    const char* text = local_rank_text->c_str();
     int local_rank = -1;
     const char* end = text + std::strlen(text);
     const auto [stop, error] = std::from_chars(text, end, local_rank);
@@ -451,7 +452,7 @@ std::shared_ptr<ProcessGroup> new_nccl_process_group(std::shared_ptr<Store> stor
   DATAPAR_CHECK(size >= 1 && rank >= 0 && rank < size, "ProcessGroup(nccl): rank ", rank, " is outside [0, ", size,
                 ").");
   DATAPAR_CHECK(store != nullptr, "ProcessGroup(nccl): the store is null.");
-  const c10::DeviceIndex device = choose_device(options.device);
+  const c10::DeviceIndex device = choose_device(options.device, options.local_rank);
   auto group = std::make_shared<ProcessGroupNccl>(store, rank, size, device, options);
   if (size > 1) group->inspect_stalls(std::make_shared<PrefixStore>("stall", store), options.stall_warning);
   return group;
