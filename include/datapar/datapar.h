@@ -27,4 +27,5 @@
 #include "datapar/rendezvous/prefix_store.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "datapar/state_dict.h"
+#include "datapar/timeout.h"
 #include "datapar/warning.h"

@@ -20,10 +20,9 @@
 
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/job_config.h"
+#include "datapar/timeout.h"
 
 namespace datapar {
-
-constexpr std::chrono::milliseconds kDefaultProcessGroupTimeout = std::chrono::minutes(30);
 
 // Joins the job and builds the default group on `backend`:
 //   "gloo"  CPU tensors over TCP. The processes meet through `init_method` (see
@@ -48,7 +47,7 @@ constexpr std::chrono::milliseconds kDefaultProcessGroupTimeout = std::chrono::m
 // DATAPAR_MPI_SHM, DATAPAR_GLOO_HOSTNAME, LOCAL_RANK and the rest (README.md,
 // "Environment variables"). The overload with `config` reads no environment.
 void init_process_group(const std::string& backend = "", const std::string& init_method = "env://", int rank = -1,
-                        int world_size = -1, std::chrono::milliseconds timeout = kDefaultProcessGroupTimeout);
+                        int world_size = -1, std::chrono::milliseconds timeout = kDefaultTimeout);
 void init_process_group(const std::string& backend, const std::string& init_method, int rank, int world_size,
                         std::chrono::milliseconds timeout, const JobConfig& config);
 

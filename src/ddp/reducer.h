@@ -32,7 +32,7 @@ struct ReducerOptions {
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   bool average_by_samples = false;
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::chrono::milliseconds timeout = kDefaultTimeout;
 };
 
 class Reducer {

@@ -6,7 +6,7 @@
 namespace datapar {
 
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> store)
-    : Store(store ? store->timeout() : kDefaultStoreTimeout), prefix_(std::move(prefix)), store_(std::move(store)) {
+    : Store(store ? store->timeout() : kDefaultTimeout), prefix_(std::move(prefix)), store_(std::move(store)) {
   DATAPAR_CHECK(store_ != nullptr, "PrefixStore \"", prefix_, "\": the underlying store is null.");
 }
 

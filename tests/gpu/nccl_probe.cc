@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
   try {
     ::setenv("LOCAL_RANK", argv[3], 1);
     init_process_group("nccl", argv[2], rank, world, scenario == "kill" ? std::chrono::milliseconds(20s)
-                                                                         : kDefaultProcessGroupTimeout);
+                                                                         : kDefaultTimeout);
     const at::Device gpu(at::kCUDA, rank);
     const auto on_gpu = at::TensorOptions(gpu).dtype(at::kFloat);
     ProcessGroup& group = *default_group();

@@ -38,7 +38,7 @@ using Clock = std::chrono::steady_clock;
 
 // One rank's part of the benchmark.
 int run_rank(const BenchCollectivesOptions& options, const std::string& init_method, int rank, int world) {
-  init_process_group(job_backend(options.backend), init_method, rank, world, std::chrono::minutes(5));
+  init_process_group(job_backend(options.backend), init_method, rank, world, kDefaultTimeout);
   auto group = default_group();
   const int n = group->size();
   const at::TensorOptions on_device = at::TensorOptions().device(group->device());  // float32

@@ -205,7 +205,7 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
 int run_rank(const BenchDdpOptions& o, const std::string& init, int rank, int world) {
   at::set_num_threads(o.threads);
   tune_cpu_allocator();
-  init_process_group(job_backend(o.backend), init, rank, world, std::chrono::minutes(5));
+  init_process_group(job_backend(o.backend), init, rank, world, kDefaultTimeout);
   ProcessGroup& group = *default_group();
   int code = 1;
   if (o.model == "mlp") {

@@ -333,7 +333,7 @@ int run_plan(const TrainPlan& plan) {
     // model; mpirun and srun give the local rank under other names.
     JobConfig config = resolve_job_config();
     if (!config.local_rank) config.local_rank = std::to_string(plan.local_rank);
-    init_process_group(o.backend, "env://", plan.rank, plan.world_size, std::chrono::minutes(5), config);
+    init_process_group(o.backend, "env://", plan.rank, plan.world_size, kDefaultTimeout, config);
   }
 
   // 3. Data (FashionMnist names any missing or damaged file here, still before training).

@@ -47,6 +47,7 @@
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/state_dict.h"
+#include "datapar/timeout.h"
 
 namespace datapar {
 
@@ -65,7 +66,7 @@ struct DdpOptions {
   // Weigh each rank's gradient by its sample count instead of dividing by world size.
   bool average_by_samples = false;
   // Limit for every collective DDP waits for.
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::chrono::milliseconds timeout = kDefaultTimeout;
 };
 
 namespace detail {

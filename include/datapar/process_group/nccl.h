@@ -8,6 +8,7 @@
 #include <string>
 
 #include "datapar/process_group/process_group.h"
+#include "datapar/timeout.h"
 
 namespace datapar {
 
@@ -29,7 +30,7 @@ struct NcclOptions {
   // Limit for joining (the store check-in and NCCL's communicator init together) and for
   // every operation, counted from its launch. An operation still running then, or one
   // NCCL reports an error for, aborts the group (see new_nccl_process_group).
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::chrono::milliseconds timeout = kDefaultTimeout;
   // How Work::wait() waits; PyTorch's TORCH_NCCL_BLOCKING_WAIT.
   // false (default): wait() makes the caller's current CUDA stream wait for the operation
   //   and returns at once; work queued on that stream afterwards sees the results. It

@@ -22,6 +22,7 @@
 
 #include "datapar/process_group/work.h"
 #include "datapar/rendezvous/store.h"
+#include "datapar/timeout.h"
 
 namespace datapar {
 namespace detail {
@@ -178,7 +179,7 @@ struct GlooOptions {
   // Empty: this machine's hostname.
   std::string hostname;
   // Limit for connecting and for every collective.
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::chrono::milliseconds timeout = kDefaultTimeout;
   // When every member runs on this machine, all_reduce, reduce_scatter, all_gather,
   // broadcast and barrier go through one shared-memory region instead of TCP (several times
   // faster; Note [Shared-memory collectives] in src/process_group/shm/shm_collectives.cc).
@@ -203,7 +204,7 @@ struct MpiOptions {
   // Limit for joining the group and for every operation. An operation still running then
   // fails with TimeoutError; a collective that timed out leaves the group unusable (later
   // collectives fail with CommError), a send or recv does not.
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::chrono::milliseconds timeout = kDefaultTimeout;
   // Collectives through shared memory among the members on one machine (all_reduce of
   // large tensors); false: MPI's own. A member that says false makes the whole group do
   // without. init_process_group passes JobConfig::mpi_shared_memory (DATAPAR_MPI_SHM=0: false).

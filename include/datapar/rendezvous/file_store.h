@@ -32,7 +32,7 @@ struct FileStoreOptions {
   // DATAPAR_STORE_TOKEN); the store itself reads no environment.
   std::string run_id;
   // Limit for every wait.
-  std::chrono::milliseconds timeout = kDefaultStoreTimeout;
+  std::chrono::milliseconds timeout = kDefaultTimeout;
 };
 
 class FileStore : public Store {

@@ -52,7 +52,7 @@ struct Rendezvous {
 Rendezvous rendezvous(const std::string& init_method, int rank, int world_size, std::chrono::milliseconds timeout,
                       const JobConfig& config);
 Rendezvous rendezvous(const std::string& init_method, int rank = -1, int world_size = -1,
-                      std::chrono::milliseconds timeout = kDefaultStoreTimeout,
+                      std::chrono::milliseconds timeout = kDefaultTimeout,
                       const Environment& env = process_environment());
 
 }  // namespace datapar

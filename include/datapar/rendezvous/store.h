@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "datapar/timeout.h"
+
 namespace datapar {
 
 using Bytes = std::vector<uint8_t>;
 
-constexpr std::chrono::milliseconds kDefaultStoreTimeout = std::chrono::minutes(5);
-
 class Store {
  public:
-  explicit Store(std::chrono::milliseconds timeout = kDefaultStoreTimeout) : timeout_(timeout) {}
+  explicit Store(std::chrono::milliseconds timeout = kDefaultTimeout) : timeout_(timeout) {}
   virtual ~Store() = default;
 
   // Sets key to value, replacing any value it had. Wakes whoever waits for key.

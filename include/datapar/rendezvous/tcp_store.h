@@ -44,7 +44,7 @@ struct TcpStoreOptions {
   // refused at once.
   std::string token;
   // Limit for connecting and for every wait.
-  std::chrono::milliseconds timeout = kDefaultStoreTimeout;
+  std::chrono::milliseconds timeout = kDefaultTimeout;
 };
 
 // A fresh random store token (32 hex digits), for launchers that hand one to their workers.
