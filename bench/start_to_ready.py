@@ -39,7 +39,8 @@ def main():
         ("datapar launch (default)", [datapar, "launch", "--nproc-per-node", "2"] + job),
         ("mpirun -np 2 (backend mpi)", ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
                                         "2"] + job[1:] + ["--backend", "mpi"]),
-        ("datapar --version (libtorch loaded, nothing else)", [datapar, "--version"]),
+        ("datapar --version (the front end: no libtorch)", [datapar, "--version"]),
+        ("datapar devices (datapar-torch: libtorch loaded, nothing else)", [datapar, "devices"]),
         ("torchrun (PyTorch gloo)", [TORCH_PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", worker]),
     ]
     times = {name: [] for name, _ in variants}

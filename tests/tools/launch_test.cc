@@ -269,6 +269,16 @@ TEST(LaunchDefault, OneNodeIsForkedAndRunsOnGloo) {
   EXPECT_NE(bench.output.find("[rank 0] | 1 MiB |"), std::string::npos) << bench.output;
 }
 
+// A launcher only forks, waits and forwards output: loading libtorch would cost every job's
+// start 0.5-0.8 s for nothing. The worker reads its parent's (the launcher's) memory map.
+TEST(LaunchDefault, TheLauncherLoadsNoLibtorch) {
+  const ProcessResult r = launch({"--nproc-per-node", "1", "--", "/bin/sh", "-c", "cat /proc/$PPID/maps"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("libc.so"), std::string::npos) << "not the launcher's map:\n" << r.output;
+  EXPECT_EQ(r.output.find("libtorch"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("libc10"), std::string::npos) << r.output;
+}
+
 TEST(Launch, PrefixesEveryLineWithTheRank) {
   const ProcessResult r = launch({"--nproc-per-node", "3", "--", bin("launch_probe"), "env"});
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "commands.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "train.h"
@@ -18,7 +19,7 @@
 namespace datapar::tools {
 
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
-  auto* cmd = app.add_subcommand("train", "Train a classifier on Fashion-MNIST: one device, DataParallel or DDP");
+  auto* cmd = app.add_subcommand("train", kTrainSummary);
   // A flag given twice takes its last value, so scripts can append overrides.
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--model", o.model, "mlp, lenet or resnet18 (d2l's; default lenet)");

@@ -1,0 +1,93 @@
+// datapar-torch: the subcommands of the datapar tool that need libtorch (devices, train,
+// bench collectives, bench ddp), which the front end `datapar` hands to it (commands.h).
+// Bad usage exits 2.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <string>
+
+#include "bench_collectives.h"
+#include "bench_ddp.h"
+#include "commands.h"
+#include "datapar/devices.h"
+#include "datapar/error.h"
+#include "train.h"
+
+namespace {
+
+int list_devices(const std::string& spec) {
+  const datapar::DeviceInventory inventory = datapar::DeviceInventory::detect();
+  if (!spec.empty()) {
+    for (const datapar::Device& d : datapar::parse_devices(spec, inventory)) std::cout << d << "\n";
+    return 0;
+  }
+  std::cout << "CPU: cpu:0 .. cpu:" << inventory.cpu_count - 1 << " (worker threads; " << inventory.cpu_cores
+            << " cores)\n";
+  std::cout << "CUDA: " << inventory.cuda_count << " visible device(s)";
+  if (inventory.cuda_visible_devices_set) std::cout << " (CUDA_VISIBLE_DEVICES=" << inventory.cuda_visible_devices << ")";
+  std::cout << "\n";
+  for (int i = 0; i < inventory.cuda_count; ++i) std::cout << "  cuda:" << i << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"datapar: data-parallel training for C++ on libtorch (the subcommands that need libtorch)"};
+  app.require_subcommand(1);
+
+  std::string spec;
+  auto* devices = app.add_subcommand("devices", datapar::tools::kDevicesSummary);
+  devices->add_option("--devices", spec, "A device list to check, e.g. cpu:0,cpu:1 or cuda:0,cuda:3 or cuda");
+
+  auto* bench = app.add_subcommand("bench", datapar::tools::kBenchSummary);
+  bench->require_subcommand(1);
+  datapar::tools::BenchCollectivesOptions collectives;
+  std::string sizes = "4KiB,64KiB,1MiB,4MiB,16MiB,64MiB";
+  auto* bench_collectives = bench->add_subcommand(
+      "collectives", "Time collectives over N local processes (or under a launcher), like nccl-tests");
+  bench_collectives->add_option("--nproc", collectives.nproc, "Processes to start when not under a launcher (default 2)");
+  bench_collectives->add_option("--backend", collectives.backend,
+                                "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
+  bench_collectives->add_option("--op", collectives.op, "all_reduce, broadcast or all_gather (default all_reduce)");
+  bench_collectives->add_option("--sizes", sizes, "Bytes per process, e.g. 4KiB,1MiB,64MiB (default 4KiB..64MiB)");
+  bench_collectives->add_option("--iters", collectives.iters, "Timed iterations per size (default 20)");
+  bench_collectives->add_option("--warmup", collectives.warmup, "Untimed iterations per size (default 5)");
+
+  datapar::tools::BenchDdpOptions ddp;
+  auto* bench_ddp = bench->add_subcommand(
+      "ddp", "Samples/s of DDP training steps over N local processes (or under a launcher), with the ceiling");
+  bench_ddp->add_option("--model", ddp.model, "mlp, lenet or resnet18 (default mlp)");
+  bench_ddp->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)");
+  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)");
+  bench_ddp->add_option("--backend", ddp.backend,
+                        "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
+  bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)");
+  bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)");
+  bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
+  bench_ddp->add_flag("--gradient-as-bucket-view", ddp.gradient_as_bucket_view,
+                      "DdpOptions::gradient_as_bucket_view: gradients are views of the buckets (no copies)");
+
+  datapar::tools::TrainOptions train_options;
+  auto* train = datapar::tools::add_train_command(app, train_options);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
+  }
+  if (*train) return datapar::tools::train(train_options);
+  try {
+    if (*devices) return list_devices(spec);
+    if (*bench_ddp) return datapar::tools::bench_ddp(ddp);
+    if (*bench_collectives) {
+      collectives.sizes = datapar::tools::parse_sizes(sizes);
+      return datapar::tools::bench_collectives(collectives);
+    }
+    return 0;  // unreachable: one subcommand is required
+  } catch (const datapar::Error& e) {
+    std::cerr << "datapar: " << e.what() << "\n";
+    return 2;
+  }
+}
