@@ -24,6 +24,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -274,6 +275,9 @@ class Machine {
       if (!key.isString() && !key.isInt() && !key.isBool() && !key.isDouble()) {
         fail("a dict key is a ", key.tagKind(), "; only str, int, float and bool keys are read");
       }
+      // NaN keys are all unequal and all hash alike: each insert would collide and grow the
+      // table (64 of them asked for 448 MiB), and none could ever be looked up.
+      if (key.isDouble() && std::isnan(key.toDouble())) fail("a dict key is NaN; no state dict or checkpoint has one");
       nest(kv[i], c.size);
       dict.insert_or_assign(std::move(key), nest(kv[i + 1], c.size, &c.value));
     }

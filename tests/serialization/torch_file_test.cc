@@ -304,6 +304,30 @@ TEST(TorchFileLimits, MemoisedTupleBombFailsFastInBoundedMemory) {
   EXPECT_LT(r.memory_growth, int64_t{256} << 20);
 }
 
+// NaN dict keys: each is unequal to every other, and all have one hash, so every insert
+// collided and the hash table doubled until a 125-byte file (libFuzzer, pickle_fuzz after
+// 2.2M runs) asked for 448 MiB. Refused: a NaN key can never be looked up.
+TEST(TorchFileLimits, NanDictKeysAreRefusedNotAMemoryBomb) {
+  const std::string nan = std::string("G\x7f\xf8") + std::string(6, '\0');  // BINFLOAT nan
+  const std::string program = kProto + "}(" + nan + repeat("2", 63) + "u.";      // {nan: nan, ...} by DUP
+  const testing::ChildOutcome r = testing::run_in_child(
+      [&] {
+        try {
+          run_pickle(program);
+          return std::string("loaded");
+        } catch (const CheckpointError& e) {
+          return std::string(e.what());
+        }
+      },
+      /*limit_seconds=*/20);
+  ASSERT_TRUE(r.exited) << "ended by signal " << r.signal << " after " << r.seconds << " s";
+  EXPECT_NE(r.message.find("a dict key is NaN"), std::string::npos) << r.message;
+  EXPECT_LT(r.memory_growth, int64_t{64} << 20);
+  // Other float keys still load.
+  const std::string one = std::string("G\x3f\xf0") + std::string(6, '\0');  // BINFLOAT 1.0
+  EXPECT_EQ(run_pickle(kProto + "}(" + one + "K\x07u.").toGenericDict().at(1.0).toInt(), 7);
+}
+
 // A list or dict inside itself (Python's pickler writes one for l = []; l.append(l)):
 // refused, since no state dict has one and every walk over it would never end.
 TEST(TorchFileLimits, ContainersInsideThemselvesAreRefused) {
