@@ -29,7 +29,7 @@ def run(variant_env, args, hosts):
         env = " ".join(f"{k}={v}" for k, v in variant_env.items())
         return (f"ip netns exec {ns} env DATAPAR_GLOO_HOSTNAME={address} {env} timeout 300 {DATAPAR} launch "
                 f"--nproc-per-node 2 --nnodes 2 --node-rank {node_rank} --master-addr {address_a} "
-                f"--master-port 29517 --token bench -- {DATAPAR} bench collectives --sizes {args.sizes} "
+                f"--master-port 29517 --token bench --cpu-bind {args.cpu_bind} -- {DATAPAR} bench collectives --sizes {args.sizes} "
                 f"--iters {args.iters} --warmup {args.warmup}")
     other = subprocess.Popen(["sh", "-c", node(b, address_b, 1)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -46,6 +46,11 @@ def main():
     parser.add_argument("--sizes", default="1MiB,4MiB,16MiB")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    # Both launchers see the same 2 cores: with "cores" each binds its local rank r to core
+    # r, so the two processes of every column group (local rank r on both hosts) share one
+    # core, while every neighbour pair of the flat ring spans two; "none" lets the kernel
+    # place them.
+    parser.add_argument("--cpu-bind", default="cores", choices=["cores", "none"])
     args = parser.parse_args()
     pid = os.getpid()
     a, b = f"dpb_a_{pid}", f"dpb_b_{pid}"
@@ -67,8 +72,8 @@ def main():
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
         subprocess.run(["sh", "-c", f"ip netns del {a}; ip netns del {b}"])
-    print(f"all_reduce of float32, 2 hosts x 2 processes (network namespaces, veth), {args.rounds} rounds x "
-          f"{args.iters} iterations: median over rounds of rank 0's median (us)\n")
+    print(f"all_reduce of float32, 2 hosts x 2 processes (network namespaces, veth), --cpu-bind {args.cpu_bind}, "
+          f"{args.rounds} rounds x {args.iters} iterations: median over rounds of rank 0's median (us)\n")
     print("| size | two levels (default) | flat Gloo ring | flat / two levels |")
     print("|---|---|---|---|")
     for size in times["flat Gloo ring"]:
