@@ -25,6 +25,9 @@ namespace {
 
 std::string count_key(int rank) { return "issued/" + std::to_string(rank); }
 
+// "rank(s) 1 (at 4), 3 (at 4) have not issued it yet", from behind()'s list.
+std::string not_issued(const std::string& ranks) { return str_cat("rank(s) ", ranks, " have not issued it yet"); }
+
 }  // namespace
 
 StallInspector::StallInspector(std::shared_ptr<Store> store, int rank, int size, std::chrono::milliseconds warn_after)
@@ -115,7 +118,7 @@ std::string StallInspector::ranks_behind() {
   if (oldest == 0) return "";
   try {
     const std::string ranks = behind(oldest);
-    return ranks.empty() ? "" : str_cat("rank(s) ", ranks, " have not issued it yet");
+    return ranks.empty() ? "" : not_issued(ranks);
   } catch (const std::exception&) {
     return "";
   }
@@ -127,7 +130,7 @@ std::string StallInspector::stall_message(const Pending& stalled, Clock::duratio
   return str_cat(stalled.work->what(), ", collective ", stalled.number, " of this group, has not completed after ",
                  seconds, " s: ",
                  behind.empty() ? "every rank has issued it (a slow or stopped peer, or the network?)"
-                                : str_cat("rank(s) ", behind, " have not issued it yet"),
+                                : not_issued(behind),
                  ". It fails when the group's timeout ends.");
 }
 
