@@ -9,7 +9,8 @@
 #               AddressSanitizer + UndefinedBehaviorSanitizer, every test and each fuzz target
 #               for FUZZ_SECONDS (build-asan/); pip's torch 2.x (CUDA: the CUDA sources compile
 #               and link; the CPU suite runs, the `gpu` tests skip without a GPU) in
-#               build-torch2/; and the threaded suites under ThreadSanitizer (build-tsan/).
+#               build-torch2/, beside a CPU-bound process; and the threaded suites under
+#               ThreadSanitizer (build-tsan/).
 #               Sanitizers run on Debian's line: pip's libtorch carries its own gloo, which
 #               datapar's gloo module shadows with RTLD_DEEPBIND, and the sanitizers' runtimes
 #               do not support DEEPBIND.
@@ -55,9 +56,10 @@ test-debian: build
 	$(BUILD_DIR)/bin/datapar --version
 	cd $(BUILD_DIR) && ctest --output-on-failure -j 1
 
+# Beside a CPU-bound process (scripts/with_cpu_load.sh): the suite must not need a quiet machine.
 test-torch2: build-torch2
 	$(TORCH2_BUILD_DIR)/bin/datapar --version
-	cd $(TORCH2_BUILD_DIR) && ctest --output-on-failure -j 2
+	cd $(TORCH2_BUILD_DIR) && bash $(CURDIR)/scripts/with_cpu_load.sh ctest --output-on-failure -j 2
 
 # Debian's libtorch under clang with AddressSanitizer + UndefinedBehaviorSanitizer: the whole
 # suite, and each fuzz target (fuzz/) for FUZZ_SECONDS under libFuzzer.
