@@ -238,6 +238,21 @@ IValue run_pickle(const std::string& program) {
   return read_pickle(program.data(), program.size(), none);
 }
 
+// run_pickle in a child process (limit 20 s): its message, "loaded", or the signal that
+// ended it, with its time and memory growth.
+testing::ChildOutcome run_pickle_in_child(const std::string& program) {
+  return testing::run_in_child(
+      [&] {
+        try {
+          run_pickle(program);
+          return std::string("loaded");
+        } catch (const CheckpointError& e) {
+          return std::string(e.what());
+        }
+      },
+      /*limit_seconds=*/20);
+}
+
 // The bytes of a string literal, NULs included.
 template <size_t N>
 std::string bytes(const char (&literal)[N]) {
@@ -285,16 +300,7 @@ TEST(TorchFileLimits, MemoisedTupleBombFailsFastInBoundedMemory) {
   }
   program += ".";
   EXPECT_LT(program.size(), 250u);
-  const testing::ChildOutcome r = testing::run_in_child(
-      [&] {
-        try {
-          run_pickle(program);
-          return std::string("loaded");
-        } catch (const CheckpointError& e) {
-          return std::string(e.what());
-        }
-      },
-      /*limit_seconds=*/20);
+  const testing::ChildOutcome r = run_pickle_in_child(program);
   ASSERT_TRUE(r.exited) << "ended by signal " << r.signal << " after " << r.seconds << " s";
   EXPECT_NE(r.message.find("data.pkl: more than 4194304 values (counting each reference to a shared one; datapar's "
                            "limit for a checkpoint)"),
@@ -310,16 +316,7 @@ TEST(TorchFileLimits, MemoisedTupleBombFailsFastInBoundedMemory) {
 TEST(TorchFileLimits, NanDictKeysAreRefusedNotAMemoryBomb) {
   const std::string nan = std::string("G\x7f\xf8") + std::string(6, '\0');  // BINFLOAT nan
   const std::string program = kProto + "}(" + nan + repeat("2", 63) + "u.";      // {nan: nan, ...} by DUP
-  const testing::ChildOutcome r = testing::run_in_child(
-      [&] {
-        try {
-          run_pickle(program);
-          return std::string("loaded");
-        } catch (const CheckpointError& e) {
-          return std::string(e.what());
-        }
-      },
-      /*limit_seconds=*/20);
+  const testing::ChildOutcome r = run_pickle_in_child(program);
   ASSERT_TRUE(r.exited) << "ended by signal " << r.signal << " after " << r.seconds << " s";
   EXPECT_NE(r.message.find("a dict key is NaN"), std::string::npos) << r.message;
   EXPECT_LT(r.memory_growth, int64_t{64} << 20);
