@@ -41,7 +41,7 @@ int exec_torch_program(char** argv) {
   }
   ::execv(path.c_str(), argv);
   std::cerr << "datapar: " << argv[1] << " runs in " << path << ", which cannot be started: " << std::strerror(errno)
-            << ". It is built and installed with this program (target datapar_cli); build it again.\n";
+            << ". It is built with this program (CMake target datapar_cli) into the same directory; build it again.\n";
   return 2;
 }
 
