@@ -28,4 +28,5 @@
 #include "datapar/rendezvous/tcp_store.h"
 #include "datapar/state_dict.h"
 #include "datapar/timeout.h"
+#include "datapar/trace.h"
 #include "datapar/warning.h"

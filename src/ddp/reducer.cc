@@ -29,10 +29,13 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <cstdio>
+#include <optional>
 #include <unordered_set>
 
 #include "datapar/error.h"
 #include "datapar/process_group/metadata.h"
+#include "datapar/trace.h"
+#include "trace/recorder.h"
 
 namespace datapar::detail {
 
@@ -144,6 +147,7 @@ void Reducer::prepare_forward(bool sync, int64_t samples) {
   if (rebuild_pending_) {
     // Everyone takes rank 0's arrival order, so all ranks keep identical buckets (Note
     // [Rebuilding the buckets]).
+    const trace::Span span("rebuild buckets", "ddp");
     at::Tensor order = metadata_tensor(*group_, std::vector<int64_t>(arrival_.begin(), arrival_.end()));
     group_->broadcast(order, 0)->synchronize(options_.timeout);  // read on the host
     std::vector<size_t> rebuilt;
@@ -201,6 +205,7 @@ void Reducer::issue_meta(double samples, const std::vector<bool>& used) {
   std::vector<double> values{samples};
   for (bool u : used) values.push_back(u ? 1.0 : 0.0);
   meta_ = metadata_tensor(*group_, values);
+  const trace::detail::CollectiveLabel label("ddp metadata", 0, static_cast<int64_t>(meta_.nbytes()));
   meta_work_ = group_->all_reduce(meta_, ReduceOp::kSum);
 }
 
@@ -238,6 +243,8 @@ void Reducer::launch_ready_buckets() {
   // Strictly in index order, so every rank issues the same collectives in the same order.
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_++];
+    const trace::detail::CollectiveLabel label("bucket", static_cast<int64_t>(bucket.view.index),
+                                               static_cast<int64_t>(bucket.flat.nbytes()));
     bucket.work = hook_->run(*group_, bucket.view);
   }
 }
@@ -270,6 +277,8 @@ void Reducer::finalize() {
   }
   // From here on backward only waits: the communication it could not hide.
   const auto waiting_since = std::chrono::steady_clock::now();
+  std::optional<trace::Span> waiting;
+  waiting.emplace("wait for buckets", "ddp");
   double total_samples = samples_;
   std::vector<bool> used_anywhere(params_.size(), true);
   if (meta_work_) {
@@ -280,6 +289,7 @@ void Reducer::finalize() {
   }
   wait_buckets();
   stats_.exposed_wait += std::chrono::steady_clock::now() - waiting_since;
+  waiting.reset();
   ++stats_.synchronised_passes;
   if (options_.average_by_samples) {
     DATAPAR_CHECK(total_samples > 0, "DistributedDataParallel: averaging by samples, but no rank had a sample.");

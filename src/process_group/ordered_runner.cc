@@ -3,8 +3,15 @@
 #include "process_group/work_completion.h"
 
 namespace datapar::detail {
+namespace {
 
-OrderedRunner::OrderedRunner() {
+// The operation without the " on rank 0 of 2 (...)" that its errors carry: the trace row
+// says the rank already.
+std::string trace_name(const std::string& what) { return what.substr(0, what.find(" on rank ")); }
+
+}  // namespace
+
+OrderedRunner::OrderedRunner(std::string name) : name_(std::move(name)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -21,25 +28,31 @@ std::shared_ptr<Work> OrderedRunner::push(std::string what, std::function<void()
   auto work = std::make_shared<Work>(std::move(what));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.emplace_back(work, std::move(op));
+    queue_.push_back({work, std::move(op), trace::detail::queued()});
   }
   wake_.notify_one();
   return work;
 }
 
 void OrderedRunner::loop() {
+  try {
+    trace::name_thread(name_);
+  } catch (...) {
+  }
   for (;;) {
     std::unique_lock<std::mutex> lock(mutex_);
     wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, nothing left
-    auto [work, op] = std::move(queue_.front());
+    Entry entry = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
+    const trace::Clock::time_point started = entry.queued.on ? trace::Clock::now() : trace::Clock::time_point{};
     try {
-      op();
-      WorkCompletion::finish(*work);
+      entry.op();
+      if (entry.queued.on) trace::detail::record_collective(entry.queued, trace_name(entry.work->what()), started, trace::Clock::now());
+      WorkCompletion::finish(*entry.work);
     } catch (...) {
-      WorkCompletion::fail(*work, std::current_exception());
+      WorkCompletion::fail(*entry.work, std::current_exception());
     }
   }
 }

@@ -13,12 +13,14 @@
 #include <utility>
 
 #include "datapar/process_group/work.h"
+#include "trace/recorder.h"
 
 namespace datapar::detail {
 
 class OrderedRunner {
  public:
-  OrderedRunner();
+  // `name`: the thread's row in a trace (trace.h), e.g. "gloo collectives".
+  explicit OrderedRunner(std::string name);
   // Runs what is still queued, then stops.
   ~OrderedRunner();
 
@@ -34,7 +36,13 @@ class OrderedRunner {
 
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::pair<std::shared_ptr<Work>, std::function<void()>>> queue_;
+  struct Entry {
+    std::shared_ptr<Work> work;
+    std::function<void()> op;
+    trace::detail::Queued queued;
+  };
+  std::deque<Entry> queue_;
+  const std::string name_;
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -282,9 +282,13 @@ void kill_a_peer_mid_job(bool shared_memory, const std::string& names_it) {
                      ? 0
                      : 11;
           if (code != 0) std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
-        } catch (const TimeoutError&) {
+        } catch (const TimeoutError& e) {
           code = 12;
+          std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
         }
+      } catch (const std::exception& e) {
+        code = 13;
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
       } catch (...) {
         code = 13;
       }

@@ -315,7 +315,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--batch-size abc", "batch-size"},
         BadOption{"--mode dp --replicas mirrored", "--replicas: \"mirrored\" is not a replica kind"},
         BadOption{"--plot /nonexistent/plots/p.png", "--plot /nonexistent/plots/p.png: the directory /nonexistent/plots does not exist"},
-        BadOption{"--metrics /nonexistent/m.jsonl", "--metrics /nonexistent/m.jsonl: the directory /nonexistent does not exist"}));
+        BadOption{"--metrics /nonexistent/m.jsonl", "--metrics /nonexistent/m.jsonl: the directory /nonexistent does not exist"},
+        BadOption{"--trace /nonexistent/t.json", "--trace /nonexistent/t.json: the directory /nonexistent does not exist"}));
 
 TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {
   const TempDir temp("train_cli_ddp_errors");

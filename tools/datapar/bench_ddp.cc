@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "datapar/cpu_allocator.h"
 #include "datapar/ddp/distributed_data_parallel.h"
@@ -29,6 +30,7 @@
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/process_group/metadata.h"
+#include "datapar/trace.h"
 #include "local_job.h"
 
 namespace datapar::tools {
@@ -113,15 +115,26 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   StepParts local_parts, ddp_parts;
   auto train_step = [&](auto& forward, torch::optim::SGD& sgd, StepParts& parts, int i) {
     const Batch& b = batches[i % batches.size()];
+    trace::set_step(i);
     sgd.zero_grad();
     auto start = Clock::now();
-    at::Tensor out = forward(b.x);
+    at::Tensor out;
+    {
+      const trace::Span span("forward", "step");
+      out = forward(b.x);
+    }
     parts.forward.push_back(seconds_since(start));
     start = Clock::now();
-    at::cross_entropy_loss(out, b.y).backward();
+    {
+      const trace::Span span("backward", "step");
+      at::cross_entropy_loss(out, b.y).backward();
+    }
     parts.backward.push_back(seconds_since(start));
     start = Clock::now();
-    sgd.step();
+    {
+      const trace::Span span("optimizer step", "step");
+      sgd.step();
+    }
     parts.optimizer.push_back(seconds_since(start));
   };
 
@@ -178,6 +191,43 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   }).step;
   const double t_local = local_times.step, t_ddp = ddp_times.step;
 
+  // The timeline's cost: DDP steps with it off and on in turn, so that drift (heat, other
+  // load) hits both alike; the medians of the rounds. The last even round's timeline is saved.
+  constexpr int kTraceRounds = 6;
+  std::vector<double> trace_off, trace_on;
+  int64_t trace_events = 0;  // in the first round with the timeline on (warmup step included)
+  double trace_event_seconds = 0;
+  if (!o.trace.empty()) {
+    auto ddp_step = [&](int i) { train_step(ddp_forward, sgd, ddp_parts, i); };
+    for (int round = 0; round < kTraceRounds; ++round) {
+      // Off first in even rounds, on first in odd ones: neither gains from going second.
+      if (round % 2 == 0) trace_off.push_back(time_steps(group, 1, steps, ddp_step).step);
+      trace::start();
+      trace::name_thread("main");
+      trace_on.push_back(time_steps(group, 1, steps, ddp_step).step);
+      if (round % 2 == 1) {
+        (void)trace::stop_to_json(rank);
+        trace_off.push_back(time_steps(group, 1, steps, ddp_step).step);
+        continue;
+      }
+      if (round == 0) {
+        const std::string events = trace::stop_to_json(rank);
+        for (size_t at = 0; (at = events.find("\"ts\":", at)) != std::string::npos; ++at) ++trace_events;
+      } else if (round + 2 < kTraceRounds) {
+        (void)trace::stop_to_json(rank);
+      } else {
+        trace::save(o.trace);
+      }
+    }
+    // What one event costs, alone: a bound on the cost per step that noise cannot blur.
+    constexpr int kEvents = 200000;
+    trace::start();
+    const auto start = Clock::now();
+    for (int i = 0; i < kEvents; ++i) const trace::Span span("cost", "bench");
+    trace_event_seconds = seconds_since(start) / kEvents;
+    (void)trace::stop_to_json(rank);
+  }
+
   if (rank == 0) {
     // Measured inside the DDP step, so the step-to-step noise of compute does not enter it.
     const double hidden = world > 1 ? std::min(1.0, std::max(0.0, 1.0 - t_exposed / t_comm)) : 0.0;
@@ -196,6 +246,14 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
       std::printf("%s step parts (medians): forward %.2f ms, backward %.2f ms, optimizer %.2f ms; CPU per step: "
                   "training thread %.2f ms, other threads %.2f ms\n",
                   name, t.forward * 1e3, t.backward * 1e3, t.optimizer * 1e3, t.cpu_main * 1e3, t.cpu_other * 1e3);
+    }
+    if (!trace_on.empty()) {
+      const double off = median(trace_off), on = median(trace_on);
+      const double per_step = static_cast<double>(trace_events) / (steps + 1);
+      std::printf("timeline (--trace): ddp step %.2f ms off, %.2f ms on (medians of %d alternating rounds): %+.1f%%; "
+                  "%.1f events per step at %.0f ns each (rank 0, alone): %.3f%% of the step; written to %s\n",
+                  off * 1e3, on * 1e3, kTraceRounds, (on / off - 1) * 100, per_step, trace_event_seconds * 1e9,
+                  per_step * trace_event_seconds / off * 100, o.trace.c_str());
     }
     std::printf("samples/s: %.0f\n", world * batch / t_ddp);
   }
@@ -230,6 +288,10 @@ int bench_ddp(const BenchDdpOptions& given) {
                 options.model, "\" is not one of mlp, lenet, resnet18.");
   DATAPAR_CHECK(options.batch >= 0 && options.steps >= 0 && options.threads >= 1 && options.threads <= 1024,
                 "--batch and --steps must not be negative; --threads takes 1 .. 1024.");
+  const std::filesystem::path trace_dir = std::filesystem::path(options.trace).parent_path();
+  DATAPAR_CHECK(trace_dir.empty() || std::filesystem::is_directory(trace_dir), "--trace ", options.trace,
+                ": the directory ", trace_dir.string(), " does not exist.\n---> HINT: create it first, or write the "
+                "file elsewhere.");
   return run_job(
       options.nproc, "datapar bench ddp",
       [&](const std::string& init, int rank, int world) { return run_rank(options, init, rank, world); },

@@ -14,12 +14,14 @@ struct BenchDdpOptions {
   int warmup = 5;
   int threads = 1;            // intra-op threads per process
   bool gradient_as_bucket_view = false;  // DdpOptions::gradient_as_bucket_view
+  std::string trace;          // also time DDP steps with the timeline on, and write it here
 };
 
 // Each rank, all at once: `steps` local steps with no synchronisation (the ceiling), then
 // `steps` DDP steps, then the all-reduces of the gradient buckets alone. Rank 0 prints the
 // times, the share of all-reduce time hidden behind backward, each training phase's step
-// parts and CPU time, and last `samples/s: X`.
+// parts and CPU time, and last `samples/s: X`. With a trace path: then DDP steps with the
+// timeline (trace.h) off and on in turn, six rounds, and the cost of recording it.
 int bench_ddp(const BenchDdpOptions& options);
 
 }  // namespace datapar::tools

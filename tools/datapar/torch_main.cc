@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
   bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
   bench_ddp->add_flag("--gradient-as-bucket-view", ddp.gradient_as_bucket_view,
                       "DdpOptions::gradient_as_bucket_view: gradients are views of the buckets (no copies)");
+  bench_ddp->add_option("--trace", ddp.trace,
+                        "Then time DDP steps with the timeline off and on in turn (its cost), and write the timeline "
+                        "here (Chrome trace JSON)");
 
   datapar::tools::TrainOptions train_options;
   auto* train = datapar::tools::add_train_command(app, train_options);

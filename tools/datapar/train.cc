@@ -22,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -41,6 +42,7 @@
 #include "datapar/train/checkpoint.h"
 #include "datapar/train/metrics.h"
 #include "datapar/train/plot.h"
+#include "datapar/trace.h"
 
 namespace datapar::tools {
 namespace {
@@ -241,6 +243,7 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   sampler_options.seed = o.seed;
   DistributedSampler sampler(sampler_options);
   DataLoader loader(data.train, {plan.rank_batch, o.workers});
+  int64_t step = 0;
   for (int64_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
     model->train();
     sampler.set_epoch(epoch);
@@ -249,13 +252,31 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     double loss_sum = 0;
     int64_t correct = 0, rows = 0, steps = 0;
     const auto start = Clock::now();
-    while (auto batch = loader.next()) {
+    for (;;) {
+      trace::set_step(step);  // the timeline's steps count from the run's first
+      std::optional<Batch> batch;
+      {
+        const trace::Span span("data wait", "data");
+        batch = loader.next();
+      }
+      if (!batch) break;
       const at::Tensor x = batch->data.to(device), y = batch->target.to(device);
       sgd.zero_grad();
-      const at::Tensor logits = forward(x);             // (B, 10)
-      const at::Tensor loss = at::cross_entropy_loss(logits, y);  // mean over B
-      loss.backward();                                  // ddp: gradients averaged over ranks here
-      sgd.step();
+      at::Tensor logits, loss;
+      {
+        const trace::Span span("forward", "step");
+        logits = forward(x);                          // (B, 10)
+        loss = at::cross_entropy_loss(logits, y);     // mean over B
+      }
+      {
+        const trace::Span span("backward", "step");
+        loss.backward();                              // ddp: gradients averaged over ranks here
+      }
+      {
+        const trace::Span span("optimizer step", "step");
+        sgd.step();
+      }
+      ++step;
       loss_sum += loss.item<double>() * x.size(0);
       correct += logits.argmax(1).eq(y).sum().item<int64_t>();
       rows += x.size(0);
@@ -269,11 +290,15 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     bar.clear();
 
     const auto eval_start = Clock::now();
+    std::optional<trace::Span> evaluating;
+    evaluating.emplace("evaluate", "epoch");
     const auto [test_correct, test_samples] = evaluate(plan, data, *model, forward, device);
+    evaluating.reset();
     const double eval_seconds = seconds_since(eval_start);
 
     // Every rank holds the same parameters; rank 0 writes (atomically) for all.
     if (!o.checkpoint_dir.empty()) {
+      const trace::Span span("checkpoint", "epoch");
       train::save_checkpoint(train::make_checkpoint(*model, sgd, epoch + 1, {{"seed", static_cast<int64_t>(o.seed)}}),
                              train::checkpoint_path(o.checkpoint_dir, epoch + 1), plan.rank);
     }
@@ -328,6 +353,10 @@ int run_plan(const TrainPlan& plan) {
   tune_cpu_allocator();
 
   // 2. Join the job before loading data, so that a rank that cannot join fails fast.
+  if (!o.trace.empty()) {
+    trace::start();
+    trace::name_thread("main");
+  }
   if (o.mode == "ddp") {
     // The nccl group takes cuda:LOCAL_RANK (nccl.h), where plan_training put this rank's
     // model; mpirun and srun give the local rank under other names.
@@ -362,6 +391,10 @@ int run_plan(const TrainPlan& plan) {
     auto resnet = std::make_shared<models::ResNet18Impl>();
     d2l_init(*resnet);
     code = run(plan, data, resnet);
+  }
+  if (!o.trace.empty()) {
+    trace::save(o.trace);  // every rank: rank 0 writes all ranks' events
+    if (plan.rank == 0) std::printf("trace: %s\n", o.trace.c_str());
   }
   if (is_initialized()) destroy_process_group();
   return code;

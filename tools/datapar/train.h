@@ -42,6 +42,7 @@ struct TrainOptions {
   bool evaluate = false;           // only evaluate the latest checkpoint on the test set
   std::string metrics;             // JSON lines, one per epoch
   std::string plot;                // PNG of loss and accuracy per epoch
+  std::string trace;               // Chrome trace of every step, all ranks (rank 0 writes)
   int64_t limit = 0;               // use only the first N train and N test samples (0: all)
   int64_t workers = 2;             // loader threads
   int threads = 0;                 // intra-op threads per process (0: cores / local ranks)

@@ -51,6 +51,9 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_flag("--evaluate", o.evaluate, "Only evaluate the latest checkpoint in --checkpoint-dir on the test set");
   cmd->add_option("--metrics", o.metrics, "Write per-epoch metrics here as JSON lines");
   cmd->add_option("--plot", o.plot, "Draw loss and accuracy per epoch into this PNG (needs gnuplot)");
+  cmd->add_option("--trace", o.trace,
+                  "Write a timeline of every step here, all ranks in one file (Chrome trace JSON: open it in "
+                  "Perfetto or chrome://tracing); rank 0 writes it at the end");
   cmd->add_option("--limit", o.limit, "Use only the first N train and N test samples (default 0: all)");
   cmd->add_option("--workers", o.workers, "Data loader threads per process (default 2)");
   cmd->add_option("--threads", o.threads, "Intra-op threads per process (default: cores / local ranks)");
@@ -197,7 +200,7 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
 
   // Report files go into directories that exist: found now, not after the first epoch.
   // Only rank 0 writes them (its machine's file system).
-  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--plot", o.plot}, {"--metrics", o.metrics}}) {
+  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--plot", o.plot}, {"--metrics", o.metrics}, {"--trace", o.trace}}) {
     if (path.empty() || plan.rank != 0) continue;
     const std::filesystem::path parent = std::filesystem::path(path).parent_path();
     DATAPAR_CHECK(parent.empty() || std::filesystem::is_directory(parent), flag, " ", path, ": the directory ",

@@ -379,9 +379,9 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   // Declared last: destroyed first, so queued operations finish while the context lives.
-  detail::OrderedRunner collectives_;
+  detail::OrderedRunner collectives_{"gloo collectives"};
   // Point-to-point operations are posted at once; this thread only waits for them, in order.
-  detail::OrderedRunner p2p_;
+  detail::OrderedRunner p2p_{"gloo send/recv"};
 };
 
 }  // namespace

@@ -375,9 +375,9 @@ class ProcessGroupMpi : public ProcessGroup {
   std::chrono::milliseconds timeout_;
   std::string broken_;  // the collective that timed out; only the runner thread uses it
   // Declared last: stopped first, so queued operations finish while the communicator lives.
-  detail::OrderedRunner collectives_;
+  detail::OrderedRunner collectives_{"mpi collectives"};
   // Point-to-point operations are posted at once; this thread only waits for them, in order.
-  detail::OrderedRunner p2p_;
+  detail::OrderedRunner p2p_{"mpi send/recv"};
 };
 
 // The shared-memory collectives' setup over MPI itself (an MPI group may have no store).

@@ -365,7 +365,7 @@ class ProcessGroupNccl : public ProcessGroup {
     end->record(stream_);
     auto work = std::make_shared<detail::NcclWork>(comm_->describe(operation.op), device_, end,
                                                    options_.blocking_wait || operation.blocking);
-    watchdog_->push({work, operation.op, std::move(end), std::move(operation.tensors), deadline});
+    watchdog_->push({work, operation.op, std::move(end), std::move(operation.tensors), deadline, trace::detail::queued()});
     return work;
   }
 

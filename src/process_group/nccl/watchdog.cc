@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "datapar/error.h"
@@ -59,6 +60,10 @@ void NcclWatchdog::loop() {
   // Events are queried, tensors freed and the communicator aborted from this thread: on the
   // group's device, not on whatever device 0 a new thread starts with.
   c10::cuda::CUDAGuard guard(device_);
+  try {
+    trace::name_thread("nccl watchdog");
+  } catch (...) {
+  }
   PollPause pause;
   for (;;) {
     std::shared_ptr<at::cuda::CUDAEvent> end;
@@ -96,6 +101,13 @@ void NcclWatchdog::loop() {
     }
     if (completed) {
       Entry entry = pop_front();
+      if (entry.queued.on) {
+        // Host times: queued at launch, started when the stream reached it (no earlier than
+        // the previous operation's end), finished when this thread saw its end event.
+        const trace::Clock::time_point now = trace::Clock::now();
+        trace::detail::record_collective(entry.queued, entry.op, std::max(entry.queued.at, previous_finished_), now);
+        previous_finished_ = now;
+      }
       WorkCompletion::finish(*entry.work);
       pause.reset();
       continue;  // `entry` goes here, outside the lock: its tensors return to the allocator

@@ -20,6 +20,7 @@
 
 #include "process_group/nccl/communicator.h"
 #include "process_group/nccl/work.h"
+#include "trace/recorder.h"
 
 namespace datapar::detail {
 
@@ -31,6 +32,7 @@ class NcclWatchdog {
     std::shared_ptr<at::cuda::CUDAEvent> end;     // recorded after everything the operation queued
     std::vector<at::Tensor> tensors;              // used on the group's stream; released once `end` completed
     NcclClock::time_point deadline;               // launch + the group's timeout
+    trace::detail::Queued queued;                 // for a trace (trace.h), taken at launch
   };
 
   // Watches operations of `comm`, whose stream lives on `device`. `timeout`: the group's
@@ -60,6 +62,9 @@ class NcclWatchdog {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Entry> queue_;
+  // When the previous operation was seen complete: the stream runs operations in order, so
+  // the next one started no earlier (the trace's "started"; this thread only).
+  trace::Clock::time_point previous_finished_;
   bool stopping_ = false;
   std::thread thread_;  // last: starts once the rest is ready
 };

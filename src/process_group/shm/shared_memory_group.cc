@@ -226,7 +226,7 @@ class SharedMemoryGroup final : public ProcessGroup {
   at::Tensor column_scratch_;  // all_reduce_by_columns: this member's block, kept between calls
   std::string backend_;
   // Declared last: stopped first, so queued operations finish while the region is mapped.
-  OrderedRunner collectives_;
+  OrderedRunner collectives_{"shared-memory collectives"};
 };
 
 }  // namespace
