@@ -10,6 +10,7 @@
 #include "datapar/ddp/communication_stats.h"
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/ddp/sync_batch_norm.h"
+#include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/devices.h"
 #include "datapar/distributed.h"
 #include "datapar/environment.h"

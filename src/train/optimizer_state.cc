@@ -7,12 +7,12 @@
 #include <torch/optim/sgd.h>
 
 #include <memory>
-#include <sstream>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "datapar/error.h"
+#include "optim/state_key.h"
 #include "serialization/torch_file.h"
 
 namespace datapar::train {
@@ -25,20 +25,6 @@ using detail::str_cat;
 namespace optim = torch::optim;
 
 Dict new_dict() { return Dict(c10::AnyType::get(), c10::AnyType::get()); }
-
-// The optimizer keys its state by the parameter's TensorImpl: libtorch 1.x as a string
-// (c10::guts::to_string of the pointer, i.e. operator<<), 2.x as the pointer itself.
-template <typename Map>
-typename Map::key_type state_key(const at::Tensor& param) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream out;
-    out << static_cast<const void*>(param.unsafeGetTensorImpl());
-    return out.str();
-  } else {
-    return static_cast<Key>(param.unsafeGetTensorImpl());
-  }
-}
 
 enum class Kind { kSgd, kAdam, kAdamW };
 
@@ -167,7 +153,7 @@ OptimizerState optimizer_state_dict(const optim::Optimizer& optimizer) {
     c10::impl::GenericList params(c10::AnyType::get());
     for (const at::Tensor& p : group.params()) {
       params.push_back(index);
-      auto it = optimizer.state().find(state_key<StateMap>(p));
+      auto it = optimizer.state().find(detail::optimizer_state_key<StateMap>(p));
       if (it != optimizer.state().end()) {
         Dict s = new_dict();
         if (kind == Kind::kSgd) {
@@ -264,7 +250,7 @@ void load_optimizer_state_dict(optim::Optimizer& optimizer, const OptimizerState
   // Phase 2: commit.
   for (size_t i = 0; i < groups.size(); ++i) groups[i].set_options(std::move(options[i]));
   optimizer.state().clear();
-  for (auto& [p, ps] : param_states) optimizer.state()[state_key<StateMap>(p)] = std::move(ps);
+  for (auto& [p, ps] : param_states) optimizer.state()[detail::optimizer_state_key<StateMap>(p)] = std::move(ps);
 }
 
 }  // namespace datapar::train

@@ -6,9 +6,12 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <regex>
 
 #include "datapar/state_dict.h"
+#include "datapar/train/checkpoint.h"
+#include "datapar/train/optimizer_state.h"
 #include "ddp/bucket_assignment.h"
 #include "testing/ddp_scenarios.h"
 #include "testing/expect_throw.h"
@@ -163,6 +166,97 @@ TEST(DistributedDataParallel, AStalledBucketWarnsNamingIt) {
       << results[0].output;
   EXPECT_EQ(std::stoi(m[1]), 3);
   EXPECT_GE(std::stoi(m[2]), 2500) << results[0].output;
+}
+
+// "state bytes N" from a zero_* probe's output.
+int64_t state_bytes(const std::string& output) {
+  std::smatch m;
+  const std::regex re(R"(state bytes (\d+))");
+  return std::regex_search(output, m, re) ? std::stoll(m[1].str()) : -1;
+}
+
+// ZeRO-1 under DDP: every rank updates only the parameters it owns, holding only their
+// optimizer state, and the job ends where one process with the whole optimizer ends; the
+// state consolidated on rank 0 is that process's optimizer state, in a checkpoint.
+TEST(ZeroRedundancyOptimizer, ShardedStepsEqualUnshardedTrainingAndConsolidateToItsState) {
+  for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
+    for (int world : {2, 3}) {
+      const std::string name = "zero_" + optimizer;
+      testing::TempDir dir("zero");
+      const auto results = run_job(name, world, dir);
+      for (int r = 0; r < world; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+      const testing::DdpScenario s = testing::scenario(name, world);
+      std::unique_ptr<torch::optim::Optimizer> reference_optimizer;
+      const auto reference = testing::train_reference<testing::ProbeNet>(s, &reference_optimizer);
+      for (int r = 0; r < world; ++r) {
+        const StateDict got = load_state_dict_file(dir.path() + "/rank" + std::to_string(r) + ".pt");
+        for (const auto& item : state_dict(*reference)) {
+          EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-5, 1e-6))
+              << name << ", world " << world << ", rank " << r << ", " << item.key() << ": max difference "
+              << (got[item.key()] - item.value()).abs().max().item<double>();
+        }
+      }
+      // The consolidated state: the reference optimizer's, parameter by parameter.
+      const train::Checkpoint c = train::load_checkpoint(dir.path() + "/zero.ckpt");
+      const train::OptimizerState want = train::optimizer_state_dict(*reference_optimizer);
+      const auto got_state = c.optimizer.at("state").toGenericDict(), want_state = want.at("state").toGenericDict();
+      ASSERT_EQ(got_state.size(), want_state.size()) << name << ", world " << world;
+      int64_t full_bytes = 0;
+      for (const auto& entry : want_state) {
+        const auto mine = got_state.at(entry.key()).toGenericDict();
+        for (const auto& field : entry.value().toGenericDict()) {
+          const c10::IValue& theirs = mine.at(field.key());
+          if (field.value().isTensor() && field.value().toTensor().dim() > 0) {
+            full_bytes += static_cast<int64_t>(field.value().toTensor().nbytes());
+            EXPECT_TRUE(at::allclose(theirs.toTensor(), field.value().toTensor(), 1e-5, 1e-6))
+                << name << ", world " << world << ", state of parameter " << entry.key() << ", "
+                << field.key().toStringRef();
+          } else if (field.value().isTensor()) {  // Adam's step, a 0-dim tensor in PyTorch's layout
+            EXPECT_EQ(theirs.toTensor().item<double>(), field.value().toTensor().item<double>());
+          }
+        }
+      }
+      // Each rank holds only its shard: together exactly the whole state, once.
+      int64_t sum = 0;
+      for (int r = 0; r < world; ++r) {
+        const int64_t bytes = state_bytes(results[r].output);
+        EXPECT_GT(bytes, 0) << results[r].output;
+        EXPECT_LT(bytes, full_bytes) << "rank " << r;
+        sum += bytes;
+      }
+      EXPECT_EQ(sum, full_bytes) << name << ", world " << world;
+    }
+  }
+}
+
+// From the consolidated checkpoint after 3 of 5 steps, sharded again or with an ordinary
+// optimizer: the same bits as 5 steps straight.
+TEST(ZeroRedundancyOptimizer, ACheckpointResumesBitForBitWithOrWithoutSharding) {
+  for (const std::string optimizer : {"sgd", "adam"}) {
+    testing::TempDir dir("zero");
+    auto final_parameters = [&](const std::string& name) {
+      const std::string sub = dir.path() + "/" + name;
+      std::filesystem::create_directories(sub);
+      std::vector<std::vector<std::string>> commands;
+      for (int r = 0; r < 2; ++r) {
+        commands.push_back({std::string(DATAPAR_BIN_DIR) + "/ddp_probe", name, "file://" + sub + "/store",
+                            std::to_string(r), "2", sub + "/rank" + std::to_string(r) + ".pt"});
+      }
+      const auto results = testing::run_processes(commands, sub, 120s);
+      for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << name << " rank " << r << ":\n" << results[r].output;
+      return load_state_dict_file(sub + "/rank1.pt");
+    };
+    const StateDict straight = final_parameters("zero_" + optimizer);
+    for (const std::string resume : {"_resume", "_resume_plain"}) {
+      const StateDict resumed = final_parameters("zero_" + optimizer + resume);
+      ASSERT_EQ(resumed.size(), straight.size());
+      for (const auto& item : straight) {
+        EXPECT_TRUE(at::equal(resumed[item.key()], item.value()))
+            << optimizer << resume << ", " << item.key() << ": max difference "
+            << (resumed[item.key()] - item.value()).abs().max().item<double>();
+      }
+    }
+  }
 }
 
 TEST(BucketAssignment, ReverseOrderWithASmallFirstBucketAndDtypesApart) {

@@ -1,6 +1,7 @@
 // A rank of a DDP test job: ddp_probe SCENARIO INIT_METHOD RANK WORLD_SIZE OUT_FILE
 // Trains the scenario (tests/testing/ddp_scenarios.h) under DistributedDataParallel on the
-// Gloo backend and saves the final parameters to OUT_FILE. Special scenarios:
+// Gloo backend and saves the final parameters to OUT_FILE (zero_* scenarios: under
+// ZeroRedundancyOptimizer, see train_zero). Special scenarios:
 //   mismatch  rank 1 builds a different model: exits 0 if construction fails on this rank
 //             with the error naming the difference
 //   kill      the last rank SIGKILLs itself in its second backward: the others exit 0 if
@@ -9,6 +10,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -17,6 +19,8 @@
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/state_dict.h"
+#include "datapar/ddp/zero_redundancy_optimizer.h"
+#include "datapar/train/checkpoint.h"
 #include "testing/ddp_scenarios.h"
 
 namespace {
@@ -78,6 +82,7 @@ int run_special(const std::string& name, int rank, int world) {
 
 template <typename Net>
 int train(const DdpScenario& s, const std::string& name, int rank, const std::string& out);
+int train_zero(const DdpScenario& s, int rank, const std::string& out);
 
 int run(const std::string& name, const std::string& init, int rank, int world, const std::string& out) {
   init_process_group("gloo", init, rank, world, 30s);
@@ -87,7 +92,59 @@ int run(const std::string& name, const std::string& init, int rank, int world, c
     return code;
   }
   const DdpScenario s = scenario(name, world);
+  if (s.zero) return train_zero(s, rank, out);
   return s.sync_bn ? train<SyncBnNet>(s, name, rank, out) : train<ProbeNet>(s, name, rank, out);
+}
+
+// A zero_* scenario: DDP with ZeroRedundancyOptimizer. Prints this rank's optimizer state
+// bytes; rank 0 writes the consolidated optimizer into a checkpoint, zero.ckpt beside
+// OUT_FILE. With
+// resume_after: the checkpoint is written then, and every rank goes on from it.
+int train_zero(const DdpScenario& s, int rank, const std::string& out) {
+  torch::manual_seed(rank + 1);
+  ProbeNet model;
+  DistributedDataParallel ddp(model.ptr(), nullptr, s.options);
+  auto make = [&](std::vector<at::Tensor> params) { return make_optimizer(s.optimizer, params); };
+  auto zero = std::make_unique<ZeroRedundancyOptimizer>(ddp.parameters(), make);
+  std::unique_ptr<torch::optim::Optimizer> plain;  // resume_plain: after the checkpoint
+  const std::string checkpoint = (std::filesystem::path(out).parent_path() / "zero.ckpt").string();  // one for all
+  auto save = [&](int64_t steps) {
+    std::unique_ptr<torch::optim::Optimizer> full = zero->consolidate(0);
+    if (rank == 0) train::save_checkpoint(train::make_checkpoint(*model, *full, steps), checkpoint, 0);
+    default_group()->barrier()->wait();  // written before anyone reads it
+  };
+  for (size_t step = 0; step < s.rows.size(); ++step) {
+    if (static_cast<int>(step) == s.resume_after) {
+      save(static_cast<int64_t>(step));
+      // Every rank from the file: the model and a whole optimizer, then its shard of it.
+      const train::Checkpoint c = train::load_checkpoint(checkpoint);
+      std::unique_ptr<torch::optim::Optimizer> full = make(ddp.parameters());
+      train::restore_checkpoint(c, *model, *full);
+      if (s.resume_plain) {
+        plain = std::move(full);
+      } else {
+        zero = std::make_unique<ZeroRedundancyOptimizer>(ddp.parameters(), make);
+        zero->load_full_state(*full);
+      }
+    }
+    const auto data = step_data(s, static_cast<int>(step), 0);
+    if (plain) {
+      plain->zero_grad();
+    } else {
+      zero->zero_grad();
+    }
+    at::cross_entropy_loss(ddp.forward(data[rank].first, true), data[rank].second).backward();
+    if (plain) {
+      plain->step();
+    } else {
+      zero->step();
+    }
+  }
+  std::cout << "state bytes " << zero->state_bytes() << "\n";
+  if (s.resume_after < 0) save(static_cast<int64_t>(s.rows.size()));
+  save_state_dict(ddp.state_dict(), out);
+  destroy_process_group();
+  return 0;
 }
 
 template <typename Net>

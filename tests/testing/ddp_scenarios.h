@@ -5,9 +5,13 @@
 #include <ATen/ATen.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -64,6 +68,12 @@ struct DdpScenario {
   bool every_rank_uses_extra = false;      // else nobody does (except per unused_on_rank)
   bool join = false;
   bool sync_bn = false;  // train SyncBnNet instead of ProbeNet
+  std::string optimizer = "sgd";  // sgd (momentum 0.9), adam, adamw
+  bool zero = false;              // under ZeroRedundancyOptimizer
+  // zero: after `resume_after` steps, checkpoint the consolidated state and go on from the
+  // checkpoint, sharded again (or, with resume_plain, with an ordinary optimizer).
+  int resume_after = -1;
+  bool resume_plain = false;
   DdpOptions options;
 };
 
@@ -76,6 +86,20 @@ inline DdpScenario scenario(const std::string& name, int world) {
   s.options.bucket_cap_mb = 0.004;
   s.every_rank_uses_extra = true;
   if (name == "even") return s;
+  if (name.rfind("zero_", 0) == 0) {  // zero_<optimizer>[_resume[_plain]]
+    s.zero = true;
+    std::string rest = name.substr(5);
+    if (const size_t at = rest.find("_resume"); at != std::string::npos) {
+      s.resume_after = 3;
+      s.resume_plain = rest.substr(at) == "_resume_plain";
+      rest = rest.substr(0, at);
+    }
+    s.optimizer = rest;
+    if (s.optimizer != "sgd" && s.optimizer != "adam" && s.optimizer != "adamw") {
+      throw std::invalid_argument("unknown DDP scenario " + name);
+    }
+    return s;
+  }
   if (name == "uneven") {
     for (int step = 0; step < 5; ++step) {
       for (int r = 0; r < world; ++r) s.rows[step][r] = 3 + 4 * r + step;
@@ -132,12 +156,23 @@ inline torch::optim::SGD make_sgd(const std::vector<at::Tensor>& params) {
   return torch::optim::SGD(params, torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
+inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
+                                                               const std::vector<at::Tensor>& params) {
+  if (kind == "adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
+  if (kind == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  }
+  return std::make_unique<torch::optim::SGD>(make_sgd(params));
+}
+
 // One process training on every rank's rows at once: what DDP must reproduce.
+// `optimizer`, if given, receives the optimizer it trained with.
 template <typename Net>
-Net train_reference(const DdpScenario& s) {
+Net train_reference(const DdpScenario& s, std::unique_ptr<torch::optim::Optimizer>* optimizer = nullptr) {
   torch::manual_seed(1);  // rank 0's initialisation, which DDP broadcasts
   Net model;
-  auto sgd = make_sgd(model->parameters());
+  std::unique_ptr<torch::optim::Optimizer> opt = make_optimizer(s.optimizer, model->parameters());
+  torch::optim::Optimizer& sgd = *opt;
   for (size_t step = 0; step < s.rows.size(); ++step) {
     sgd.zero_grad();
     for (int micro = 0; micro < (s.micro_batches ? 2 : 1); ++micro) {
@@ -155,6 +190,7 @@ Net train_reference(const DdpScenario& s) {
     }
     sgd.step();
   }
+  if (optimizer) *optimizer = std::move(opt);
   return model;
 }
 

@@ -258,6 +258,39 @@ TEST(TrainCli, ResumeEqualsAnUninterruptedRunDdp) {
   expect_same_parameters(straight + "/checkpoint-epoch-4.pt", resumed + "/checkpoint-epoch-4.pt");
 }
 
+// --zero (ZeRO-1): the same parameters and checkpoints as plain DDP, bit for bit (each
+// parameter's update is the same arithmetic, made on its owner); a checkpoint written
+// sharded resumes sharded or not, and holds the whole momentum.
+TEST(TrainCli, ZeroTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
+  const TempDir temp("train_cli_zero");
+  const std::string straight = temp.path() + "/straight", zero = temp.path() + "/zero", mixed = temp.path() + "/mixed";
+  const std::string args = kSmall + " --mode ddp --seed 5 --momentum 0.9 --checkpoint-dir ";
+  for (const auto& p : ddp_job(args + straight + " --epochs 3", 2, straight + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
+  const auto first = ddp_job(args + zero + " --epochs 2 --zero", 2, zero + "/logs");
+  for (const auto& p : first) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(first[0].output.find("optimizer state sharded (ZeRO-1)"), std::string::npos) << first[0].output;
+  fs::create_directories(mixed);
+  fs::copy_file(zero + "/checkpoint-epoch-2.pt", mixed + "/checkpoint-epoch-2.pt");
+  for (const auto& p : ddp_job(args + zero + " --epochs 3 --zero --resume", 2, zero + "/logs2")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  for (const auto& p : ddp_job(args + mixed + " --epochs 3 --resume", 2, mixed + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  for (const std::string& dir : {zero, mixed}) {
+    expect_same_parameters(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt");
+    const auto want = datapar::train::load_checkpoint(straight + "/checkpoint-epoch-3.pt").optimizer;
+    const auto got = datapar::train::load_checkpoint(dir + "/checkpoint-epoch-3.pt").optimizer;
+    const auto want_state = want.at("state").toGenericDict(), got_state = got.at("state").toGenericDict();
+    ASSERT_EQ(got_state.size(), want_state.size()) << dir;
+    for (const auto& entry : want_state) {
+      const at::Tensor w = entry.value().toGenericDict().at("momentum_buffer").toTensor();
+      const at::Tensor g = got_state.at(entry.key()).toGenericDict().at("momentum_buffer").toTensor();
+      EXPECT_TRUE(at::equal(w, g)) << dir << ", momentum of parameter " << entry.key();
+    }
+  }
+}
+
 // Without --data: $DATAPAR_FASHION_MNIST_DIR when set, else the shipped subset (the tool's
 // default; the library has none).
 TEST(TrainCli, DataDefaultsToTheVariableElseTheShippedSubset) {
@@ -316,6 +349,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--mode dp --replicas mirrored", "--replicas: \"mirrored\" is not a replica kind"},
         BadOption{"--plot /nonexistent/plots/p.png", "--plot /nonexistent/plots/p.png: the directory /nonexistent/plots does not exist"},
         BadOption{"--metrics /nonexistent/m.jsonl", "--metrics /nonexistent/m.jsonl: the directory /nonexistent does not exist"},
+        BadOption{"--zero", "--zero shards the optimizer over the ranks of a ddp job; --mode single"},
         BadOption{"--trace /nonexistent/t.json", "--trace /nonexistent/t.json: the directory /nonexistent does not exist"}));
 
 TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {

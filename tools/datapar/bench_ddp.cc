@@ -2,7 +2,7 @@
 //
 // Data are Fashion-MNIST shaped (1x28x28, 10 classes) synthetic batches made up front, so
 // the numbers are about training and synchronisation, not loading. A step is forward,
-// cross-entropy, backward, SGD step. Every phase starts at a barrier and its time is the
+// cross-entropy, backward, optimizer step (SGD, or Adam). Every phase starts at a barrier and its time is the
 // slowest rank's. Hidden share: 1 - (DDP step - local step) / all-reduce time alone.
 // Each training phase also reports where a step's time goes (median forward, backward and
 // optimizer step) and its CPU time: the training thread's, and the other threads' (the
@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
@@ -24,6 +25,7 @@
 
 #include "datapar/cpu_allocator.h"
 #include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/models/lenet.h"
@@ -113,7 +115,13 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
                        at::randint(10, {batch}, gen, at::kLong).to(device)});
   }
   StepParts local_parts, ddp_parts;
-  auto train_step = [&](auto& forward, torch::optim::SGD& sgd, StepParts& parts, int i) {
+  // The optimizer of every phase: SGD (lr 0.01) or Adam (lr 1e-3).
+  auto make_optimizer = [&](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+    if (o.optimizer == "adam") return std::make_unique<torch::optim::Adam>(std::move(params), torch::optim::AdamOptions(1e-3));
+    return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(0.01));
+  };
+  // `sgd`: a torch::optim::Optimizer or a ZeroRedundancyOptimizer.
+  auto train_step = [&](auto& forward, auto& sgd, StepParts& parts, int i) {
     const Batch& b = batches[i % batches.size()];
     trace::set_step(i);
     sgd.zero_grad();
@@ -141,7 +149,8 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   torch::manual_seed(0);
   Module local = make();
   local->to(device);
-  torch::optim::SGD local_sgd(local->parameters(), 0.01);
+  const std::unique_ptr<torch::optim::Optimizer> local_optimizer = make_optimizer(local->parameters());
+  torch::optim::Optimizer& local_sgd = *local_optimizer;
   auto local_forward = [&](const at::Tensor& x) { return local->forward(x); };
   const PhaseTimes local_times = time_steps(
       group, o.warmup, steps, [&](int i) { train_step(local_forward, local_sgd, local_parts, i); }, &local_parts);
@@ -152,7 +161,8 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   DdpOptions ddp_options;
   ddp_options.gradient_as_bucket_view = o.gradient_as_bucket_view;
   DistributedDataParallel ddp(model.ptr(), nullptr, ddp_options);
-  torch::optim::SGD sgd(ddp.parameters(), 0.01);
+  const std::unique_ptr<torch::optim::Optimizer> ddp_optimizer = make_optimizer(ddp.parameters());
+  torch::optim::Optimizer& sgd = *ddp_optimizer;
   auto ddp_forward = [&](const at::Tensor& x) { return ddp.forward(x); };
   // Per step, how long backward waited for its buckets after its last gradient. The rank
   // that finished backward first also waits for the other ranks to catch up; the one that
@@ -173,6 +183,26 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   const std::vector<double> min_wait = host_doubles(min_waits);
   double t_exposed = 0;
   for (int i = o.warmup; i < o.warmup + steps; ++i) t_exposed += min_wait[i] / steps;
+
+  // ZeRO-1: the same DDP steps with the optimizer state sharded; its state per rank.
+  PhaseTimes zero_times;
+  std::vector<double> zero_bytes;  // {largest rank's, sum over ranks}
+  if (o.zero) {
+    torch::manual_seed(0);
+    Module zero_model = make();
+    zero_model->to(device);
+    DistributedDataParallel zero_ddp(zero_model.ptr(), nullptr, ddp_options);
+    ZeroRedundancyOptimizer zero(zero_ddp.parameters(), make_optimizer);
+    StepParts zero_parts;
+    auto zero_forward = [&](const at::Tensor& x) { return zero_ddp.forward(x); };
+    zero_times = time_steps(
+        group, o.warmup, steps, [&](int i) { train_step(zero_forward, zero, zero_parts, i); }, &zero_parts);
+    const double mine = static_cast<double>(zero.state_bytes());
+    at::Tensor largest = metadata_tensor(group, std::vector<double>{mine}), sum = metadata_tensor(group, std::vector<double>{mine});
+    group.all_reduce(largest, ReduceOp::kMax)->synchronize();
+    group.all_reduce(sum, ReduceOp::kSum)->synchronize();
+    zero_bytes = {host_doubles(largest)[0], host_doubles(sum)[0]};
+  }
 
   // The same bytes in the same buckets, all-reduced with nothing else running.
   std::vector<at::Tensor> flats;
@@ -255,6 +285,12 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
                   off * 1e3, on * 1e3, kTraceRounds, (on / off - 1) * 100, per_step, trace_event_seconds * 1e9,
                   per_step * trace_event_seconds / off * 100, o.trace.c_str());
     }
+    if (o.zero) {
+      std::printf("zero (ZeroRedundancyOptimizer, %s): step %.2f ms (%.2f of plain ddp's %.2f ms); optimizer state "
+                  "per rank %.2f MB at most, %.2f MB over all ranks (the unsharded state; 1/%d of it: %.2f MB)\n",
+                  o.optimizer.c_str(), zero_times.step * 1e3, t_ddp / zero_times.step, t_ddp * 1e3,
+                  zero_bytes[0] / 1e6, zero_bytes[1] / 1e6, world, zero_bytes[1] / world / 1e6);
+    }
     std::printf("samples/s: %.0f\n", world * batch / t_ddp);
   }
   return 0;
@@ -288,6 +324,8 @@ int bench_ddp(const BenchDdpOptions& given) {
                 options.model, "\" is not one of mlp, lenet, resnet18.");
   DATAPAR_CHECK(options.batch >= 0 && options.steps >= 0 && options.threads >= 1 && options.threads <= 1024,
                 "--batch and --steps must not be negative; --threads takes 1 .. 1024.");
+  DATAPAR_CHECK(options.optimizer == "sgd" || options.optimizer == "adam", "--optimizer: \"", options.optimizer,
+                "\" is not one of sgd, adam.");
   const std::filesystem::path trace_dir = std::filesystem::path(options.trace).parent_path();
   DATAPAR_CHECK(trace_dir.empty() || std::filesystem::is_directory(trace_dir), "--trace ", options.trace,
                 ": the directory ", trace_dir.string(), " does not exist.\n---> HINT: create it first, or write the "

@@ -15,6 +15,8 @@ struct BenchDdpOptions {
   int threads = 1;            // intra-op threads per process
   bool gradient_as_bucket_view = false;  // DdpOptions::gradient_as_bucket_view
   std::string trace;          // also time DDP steps with the timeline on, and write it here
+  std::string optimizer = "sgd";  // sgd (lr 0.01) or adam (lr 1e-3), in every phase
+  bool zero = false;          // also time DDP steps under ZeroRedundancyOptimizer, with its state per rank
 };
 
 // Each rank, all at once: `steps` local steps with no synchronisation (the ceiling), then

@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
   bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
   bench_ddp->add_flag("--gradient-as-bucket-view", ddp.gradient_as_bucket_view,
                       "DdpOptions::gradient_as_bucket_view: gradients are views of the buckets (no copies)");
+  bench_ddp->add_option("--optimizer", ddp.optimizer, "sgd (lr 0.01; the default) or adam (lr 1e-3), in every phase");
+  bench_ddp->add_flag("--zero", ddp.zero,
+                      "Also time DDP steps with the optimizer state sharded (ZeroRedundancyOptimizer), and report "
+                      "the state each rank holds");
   bench_ddp->add_option("--trace", ddp.trace,
                         "Then time DDP steps with the timeline off and on in turn (its cost), and write the timeline "
                         "here (Chrome trace JSON)");

@@ -32,6 +32,7 @@
 #include "datapar/data/loader.h"
 #include "datapar/data/synthetic.h"
 #include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/models/lenet.h"
@@ -215,6 +216,17 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     ddp = std::make_unique<DistributedDataParallel<Impl>>(model, nullptr, options);
     forward = [&](const at::Tensor& x) { return ddp->forward(x); };
   }
+  // ZeRO-1: each rank keeps the state of its shard only, taken from the restored optimizer,
+  // whose own state then goes.
+  std::unique_ptr<ZeroRedundancyOptimizer> zero;
+  if (o.zero) {
+    const torch::optim::SGDOptions sgd_options = static_cast<const torch::optim::SGDOptions&>(sgd.defaults());
+    zero = std::make_unique<ZeroRedundancyOptimizer>(ddp->parameters(), [sgd_options](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::SGD>(std::move(p), sgd_options);
+    });
+    zero->load_full_state(sgd);
+    sgd.state().clear();
+  }
 
   if (o.evaluate) {
     const auto [correct, samples] = evaluate(plan, data, *model, forward, device);
@@ -261,7 +273,11 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
       }
       if (!batch) break;
       const at::Tensor x = batch->data.to(device), y = batch->target.to(device);
-      sgd.zero_grad();
+      if (zero) {
+        zero->zero_grad();
+      } else {
+        sgd.zero_grad();
+      }
       at::Tensor logits, loss;
       {
         const trace::Span span("forward", "step");
@@ -274,7 +290,11 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
       }
       {
         const trace::Span span("optimizer step", "step");
-        sgd.step();
+        if (zero) {
+          zero->step();  // this rank's shard, then every rank's parameters to all
+        } else {
+          sgd.step();
+        }
       }
       ++step;
       loss_sum += loss.item<double>() * x.size(0);
@@ -299,8 +319,14 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     // Every rank holds the same parameters; rank 0 writes (atomically) for all.
     if (!o.checkpoint_dir.empty()) {
       const trace::Span span("checkpoint", "epoch");
-      train::save_checkpoint(train::make_checkpoint(*model, sgd, epoch + 1, {{"seed", static_cast<int64_t>(o.seed)}}),
-                             train::checkpoint_path(o.checkpoint_dir, epoch + 1), plan.rank);
+      // Under --zero the whole state is gathered on rank 0 first: the checkpoint is the same
+      // as without sharding, and resumes either way.
+      const std::unique_ptr<torch::optim::Optimizer> whole = zero ? zero->consolidate(0) : nullptr;
+      if (!zero || whole) {
+        train::save_checkpoint(
+            train::make_checkpoint(*model, whole ? *whole : sgd, epoch + 1, {{"seed", static_cast<int64_t>(o.seed)}}),
+            train::checkpoint_path(o.checkpoint_dir, epoch + 1), plan.rank);
+      }
     }
     if (!leader) continue;
     train::EpochMetrics m;
@@ -370,7 +396,9 @@ int run_plan(const TrainPlan& plan) {
   if (plan.rank == 0) {
     std::printf("datapar train: %s, %s on %s%s, batch %ld (%ld per %s), lr %g, %ld train / %ld test samples (%s)\n",
                 o.model.c_str(), o.mode.c_str(), plan.devices_label.c_str(),
-                o.mode == "ddp" ? (", " + std::to_string(plan.world_size) + " ranks on " + o.backend).c_str() : "",
+                o.mode == "ddp" ? (", " + std::to_string(plan.world_size) + " ranks on " + o.backend +
+                                   (o.zero ? ", optimizer state sharded (ZeRO-1)" : "")).c_str()
+                                : "",
                 (long)plan.global_batch,
                 (long)(o.mode == "dp" ? (plan.global_batch + plan.parallelism - 1) / plan.parallelism : plan.rank_batch),
                 o.mode == "single" ? "step" : (o.mode == "dp" ? "device" : "rank"), plan.lr, (long)data.train->size(),

@@ -43,6 +43,7 @@ struct TrainOptions {
   std::string metrics;             // JSON lines, one per epoch
   std::string plot;                // PNG of loss and accuracy per epoch
   std::string trace;               // Chrome trace of every step, all ranks (rank 0 writes)
+  bool zero = false;               // ddp only: optimizer state sharded over the ranks (ZeRO-1)
   int64_t limit = 0;               // use only the first N train and N test samples (0: all)
   int64_t workers = 2;             // loader threads
   int threads = 0;                 // intra-op threads per process (0: cores / local ranks)

@@ -51,6 +51,9 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_flag("--evaluate", o.evaluate, "Only evaluate the latest checkpoint in --checkpoint-dir on the test set");
   cmd->add_option("--metrics", o.metrics, "Write per-epoch metrics here as JSON lines");
   cmd->add_option("--plot", o.plot, "Draw loss and accuracy per epoch into this PNG (needs gnuplot)");
+  cmd->add_flag("--zero", o.zero,
+                "ddp: shard the optimizer state over the ranks (ZeroRedundancyOptimizer, ZeRO-1): each rank keeps "
+                "the momentum of its share of the parameters only; checkpoints hold the whole state");
   cmd->add_option("--trace", o.trace,
                   "Write a timeline of every step here, all ranks in one file (Chrome trace JSON: open it in "
                   "Perfetto or chrome://tracing); rank 0 writes it at the end");
@@ -139,6 +142,8 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   DATAPAR_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr ", o.lr,
                 ": the learning rate must be positive and finite (d2l uses 0.1).");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
+  DATAPAR_CHECK(!o.zero || o.mode == "ddp", "--zero shards the optimizer over the ranks of a ddp job; --mode ", o.mode,
+                " has one optimizer.\n---> HINT: add --mode ddp (under datapar launch), or leave out --zero.");
   DATAPAR_CHECK(o.batch_size >= 1, "--batch-size ", o.batch_size, ": the batch must hold at least 1 sample.");
   DATAPAR_CHECK(o.limit >= 0, "--limit ", o.limit, ": use 0 (all samples) or a positive count.");
   DATAPAR_CHECK(o.workers >= 0 && o.workers <= kMaxLoaderWorkers, "--workers ", o.workers, ": use 0 .. ",
