@@ -270,7 +270,14 @@ void kill_a_peer_mid_job(bool shared_memory, const std::string& names_it) {
         auto group = new_gloo_process_group(rdzv.store, rank, 3, {"127.0.0.1", 20s, shared_memory});
         at::Tensor t = at::ones({16});
         group->all_reduce(t)->wait();  // all three together once
-        if (rank == 2) ::raise(SIGKILL);
+        // Rank 2 dies only once every rank has its result: killed earlier, with bytes of the
+        // first all_reduce still unread on its sockets, its kernel resets the connections,
+        // and a survivor still reading that all_reduce loses data already sent to it.
+        rdzv.store->set("first done/" + std::to_string(rank), std::string("1"));
+        if (rank == 2) {
+          rdzv.store->wait({"first done/0", "first done/1"});
+          ::raise(SIGKILL);
+        }
         try {
           group->all_reduce(t)->wait();
           code = 10;  // must not succeed without rank 2
