@@ -5,7 +5,7 @@ Perfetto (ui.perfetto.dev) and chrome://tracing open the same file interactively
 needs neither a network nor a trace viewer, so a headless browser can photograph it:
 
     python3 scripts/trace_to_html.py run.json --steps 3 4 -o run.html
-    chromium --headless --screenshot=run.png --window-size=1600,900 run.html
+    chromium --headless --screenshot=run.png --window-size=1600,200 run.html   # Debian's chromium; as root add --no-sandbox
 
 Rows are a rank's threads; spans are bars coloured by category, a bucket's "queued" moment
 is a tick on the row of the thread that queued it.
