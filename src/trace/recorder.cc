@@ -150,19 +150,18 @@ void record_collective(const Queued& queued, const std::string& what, Clock::tim
     e.index = queued.index;
     e.bytes = queued.bytes;
     e.queued = queued.at;
-    append(std::move(e));
-    if (!queued.kind) return;
-    Event mark;
+    if (!queued.kind) {
+      append(std::move(e));
+      return;
+    }
+    // And the moment it was queued, on the queuing thread's row.
+    Event mark = e;
     mark.text = std::string("queue ") + queued.kind + " " + std::to_string(queued.index);
-    mark.category = queued.kind;
     mark.phase = 'i';
     mark.at = queued.at;
+    mark.duration = Clock::duration{0};
     mark.thread = queued.thread;
-    mark.step = queued.step;
-    mark.kind = queued.kind;
-    mark.index = queued.index;
-    mark.bytes = queued.bytes;
-    mark.queued = queued.at;
+    append(std::move(e));
     append(std::move(mark));
   } catch (...) {
   }

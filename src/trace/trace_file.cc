@@ -9,6 +9,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "datapar/distributed.h"
 #include "datapar/error.h"
@@ -102,17 +104,17 @@ std::string events_json(const Recording& recording, int rank, Clock::duration sh
 
 namespace {
 
-std::string document(const std::string& events) {
-  return R"({"displayTimeUnit":"ms","traceEvents":[)" + events + "]}\n";
-}
+// A document is the prologue, comma-separated events, the epilogue.
+const char* const kPrologue = R"({"displayTimeUnit":"ms","traceEvents":[)";
+const char* const kEpilogue = "]}\n";
 
 int64_t wall_ns(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
-void write_file(const std::string& path, const std::vector<const std::string*>& parts) {
+void write_file(const std::string& path, const std::vector<std::string>& parts) {
   datapar::detail::AtomicFile file(path);
-  for (const std::string* part : parts) file.write(part->data(), part->size());
+  for (const std::string& part : parts) file.write(part.data(), part.size());
   file.commit();
 }
 
@@ -121,7 +123,7 @@ void write_file(const std::string& path, const std::vector<const std::string*>& 
 
 std::string stop_to_json(int rank) {
   const detail::Recording recording = detail::stop("datapar::trace::stop_to_json");
-  return detail::document(detail::events_json(recording, rank, Clock::duration{0}));
+  return detail::kPrologue + detail::events_json(recording, rank, Clock::duration{0}) + detail::kEpilogue;
 }
 
 void save(const std::string& path) {
@@ -129,8 +131,8 @@ void save(const std::string& path) {
   DATAPAR_CHECK(!path.empty(), "datapar::trace::save: the path is empty.");
   const detail::Recording recording = detail::stop("datapar::trace::save");
   if (!is_initialized()) {
-    const std::string doc = detail::document(detail::events_json(recording, 0, Clock::duration{0}));
-    detail::write_file(path, {&doc});
+    detail::write_file(path, {detail::kPrologue, detail::events_json(recording, 0, Clock::duration{0}),
+                              detail::kEpilogue});
     return;
   }
   const int rank = get_rank(), world = get_world_size();
@@ -145,7 +147,7 @@ void save(const std::string& path) {
     throw Error("datapar::trace::save: the job's trace origin in the store is not a number.");
   }
   const Clock::duration shift = std::chrono::nanoseconds(detail::wall_ns(recording.wall_origin) - origin);
-  const std::string mine = detail::events_json(recording, rank, shift);
+  std::string mine = detail::events_json(recording, rank, shift);
   const std::string key = str_cat(detail::kPrefix, rank);
   if (rank != 0) {
     size_t chunks = 0;
@@ -156,7 +158,9 @@ void save(const std::string& path) {
     return;
   }
   // Rank 0: its own events, then each rank's as they come, freed from the store as read.
-  std::vector<std::string> parts{R"({"displayTimeUnit":"ms","traceEvents":[)", mine};
+  std::vector<std::string> parts;
+  parts.emplace_back(detail::kPrologue);
+  parts.push_back(std::move(mine));
   for (int r = 1; r < world; ++r) {
     const std::string their = str_cat(detail::kPrefix, r);
     size_t chunks = 0;
@@ -176,10 +180,8 @@ void save(const std::string& path) {
     store.delete_key(their);
   }
   store.delete_key(origin_key);  // every rank read it before sending
-  parts.emplace_back("]}\n");
-  std::vector<const std::string*> views;
-  for (const std::string& p : parts) views.push_back(&p);
-  detail::write_file(path, views);
+  parts.emplace_back(detail::kEpilogue);
+  detail::write_file(path, parts);
 }
 
 }  // namespace datapar::trace

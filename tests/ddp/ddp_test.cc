@@ -6,7 +6,6 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <regex>
 
 #include "datapar/state_dict.h"
@@ -233,18 +232,11 @@ TEST(ZeroRedundancyOptimizer, ShardedStepsEqualUnshardedTrainingAndConsolidateTo
 // optimizer: the same bits as 5 steps straight.
 TEST(ZeroRedundancyOptimizer, ACheckpointResumesBitForBitWithOrWithoutSharding) {
   for (const std::string optimizer : {"sgd", "adam"}) {
-    testing::TempDir dir("zero");
     auto final_parameters = [&](const std::string& name) {
-      const std::string sub = dir.path() + "/" + name;
-      std::filesystem::create_directories(sub);
-      std::vector<std::vector<std::string>> commands;
-      for (int r = 0; r < 2; ++r) {
-        commands.push_back({std::string(DATAPAR_BIN_DIR) + "/ddp_probe", name, "file://" + sub + "/store",
-                            std::to_string(r), "2", sub + "/rank" + std::to_string(r) + ".pt"});
-      }
-      const auto results = testing::run_processes(commands, sub, 120s);
+      const testing::TempDir dir("zero");
+      const auto results = run_job(name, 2, dir);
       for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << name << " rank " << r << ":\n" << results[r].output;
-      return load_state_dict_file(sub + "/rank1.pt");
+      return load_state_dict_file(dir.path() + "/rank1.pt");
     };
     const StateDict straight = final_parameters("zero_" + optimizer);
     for (const std::string resume : {"_resume", "_resume_plain"}) {
