@@ -146,6 +146,13 @@ TEST(Gpu, DdpMetadataJoinAndSyncBatchNormRunOnNccl) {
   expect_all_passed(run_nccl_job("metadata", 2, 180s));
 }
 
+// ZeRO-1 (Adam) under DDP on NCCL equals one process with the whole Adam, and the timeline
+// records NCCL's bucket all-reduces (tests/gpu/nccl_probe.cc, zero_trace).
+TEST(Gpu, ZeroAndTheTimelineOnNccl) {
+  DATAPAR_REQUIRE_GPUS(2);
+  expect_all_passed(run_nccl_job("zero_trace", 2, 180s));
+}
+
 TEST(Gpu, AKilledRankIsACommErrorWithinTheTimeout) {
   DATAPAR_REQUIRE_GPUS(2);
   const auto start = std::chrono::steady_clock::now();

@@ -12,6 +12,7 @@
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
 #include <chrono>
@@ -111,6 +112,65 @@ int ddp(ProcessGroup& group, const at::Device& gpu) {
       return fail("rank " + std::to_string(rank) + ": " + got[j].key() + " differs from single-process training");
     }
   }
+  return 0;
+}
+
+// ZeRO-1 and the timeline on NCCL: DDP with Adam sharded over the ranks ends where one
+// process with the whole Adam ends, the consolidated state covers every parameter, and the
+// timeline holds each bucket's all-reduce (recorded by the NCCL watchdog) and each owner's
+// broadcast.
+int zero_trace(ProcessGroup& group, const at::Device& gpu) {
+  const int rank = group.rank();
+  const int world = group.size();
+  torch::manual_seed(5);
+  testing::ConvNet model;
+  testing::ConvNet reference;
+  load_state_dict(*reference, state_dict(*model));
+  model->to(gpu);
+  reference->to(gpu);
+  DdpOptions options;
+  options.first_bucket_cap_mb = 0.001;  // several buckets
+  options.bucket_cap_mb = 0.002;
+  DistributedDataParallel ddp_model(model.ptr(), nullptr, options);
+  auto make = [](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::Adam>(std::move(p), torch::optim::AdamOptions(0.01));
+  };
+  ZeroRedundancyOptimizer zero(ddp_model.parameters(), make);
+  torch::optim::Adam adam_ref(reference->parameters(), torch::optim::AdamOptions(0.01));
+  trace::start();
+  const int64_t per_rank = 8;
+  for (int step = 0; step < 3; ++step) {
+    trace::set_step(step);
+    torch::manual_seed(100 + step);  // the same whole batch on every rank
+    const at::Tensor x = at::randn({per_rank * world, 1, 12, 12}).to(gpu);
+    const at::Tensor y = at::randint(0, 10, {per_rank * world}, at::kLong).to(gpu);
+    zero.zero_grad();
+    at::cross_entropy_loss(ddp_model(x.narrow(0, rank * per_rank, per_rank)), y.narrow(0, rank * per_rank, per_rank))
+        .backward();
+    zero.step();
+    adam_ref.zero_grad();
+    at::cross_entropy_loss(reference(x), y).backward();
+    adam_ref.step();
+  }
+  const std::string timeline = trace::stop_to_json(rank);
+  const auto got = model->named_parameters();
+  const auto want = reference->named_parameters();
+  for (size_t j = 0; j < got.size(); ++j) {
+    if (testing::relative_error(got[j].value(), want[j].value()) > 1e-5) {
+      return fail("rank " + std::to_string(rank) + ": " + got[j].key() + " differs from single-process Adam");
+    }
+  }
+  const std::unique_ptr<torch::optim::Optimizer> whole = zero.consolidate(0);
+  if (rank == 0 && whole->state().size() != got.size()) {
+    return fail("consolidated state covers " + std::to_string(whole->state().size()) + " of " +
+                std::to_string(got.size()) + " parameters");
+  }
+  for (size_t b = 0; b < ddp_model.bucket_indices().size(); ++b) {
+    if (timeline.find("\"all_reduce(sum) bucket " + std::to_string(b) + "\"") == std::string::npos) {
+      return fail("rank " + std::to_string(rank) + ": no all-reduce of bucket " + std::to_string(b) + " in the timeline");
+    }
+  }
+  if (timeline.find("zero shard") == std::string::npos) return fail("no ZeRO broadcast in the timeline");
   return 0;
 }
 
@@ -218,6 +278,7 @@ int main(int argc, char** argv) {
     if (scenario == "ddp") return ddp(group, gpu);
     if (scenario == "kill") return kill_scenario(group, on_gpu);
     if (scenario == "metadata") return metadata(group, gpu);
+    if (scenario == "zero_trace") return zero_trace(group, gpu);
     return fail("unknown scenario " + scenario);
   } catch (const std::exception& e) {
     return fail(std::string("rank ") + argv[3] + ": " + e.what());
