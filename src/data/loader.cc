@@ -73,6 +73,30 @@ void DataLoader::start_epoch(const at::Tensor& indices, const at::Tensor& is_pad
     batches_.pop_back();
     padding_.pop_back();
   }
+  start_batches();
+}
+
+void DataLoader::start_epoch(std::vector<at::Tensor> batches) {
+  stop_workers();
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const at::Tensor& b = batches[k];
+    DATAPAR_CHECK(b.defined() && b.dim() == 1 && b.scalar_type() == at::kLong && b.numel() >= 1,
+                  "DataLoader::start_epoch: batch ", k, " must be a non-empty 1-D int64 tensor of indices.");
+    const int64_t lo = b.min().item<int64_t>();
+    const int64_t hi = b.max().item<int64_t>();
+    DATAPAR_CHECK(lo >= 0 && hi < dataset_->size(), "DataLoader::start_epoch: batch ", k, " holds index ",
+                  lo < 0 ? lo : hi, ", outside the dataset [0, ", dataset_->size(), ").");
+  }
+  padding_.clear();
+  for (at::Tensor& b : batches) {
+    b = b.contiguous();
+    padding_.push_back(at::zeros({b.numel()}, at::TensorOptions(at::kBool)));
+  }
+  batches_ = std::move(batches);
+  start_batches();
+}
+
+void DataLoader::start_batches() {
   sampler_ = nullptr;
   delivered_ = 0;
   failed_ = nullptr;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "parallel/device_workers.h"
+
 namespace datapar::detail {
 
 std::vector<Device> default_data_parallel_devices() {
@@ -28,6 +30,32 @@ void check_data_parallel_options(const DataParallelOptions& options) {
                 "DataParallel: ", options.device_weights.size(), " device weights for ", devices.size(),
                 " devices (", to_string(devices), "). Give one weight per device.");
   if (!options.device_weights.empty()) weighted_chunk_sizes(static_cast<int64_t>(devices.size()), options.device_weights);
+  if (options.auto_balance) LoadBalancer(devices.size(), options.balance, options.device_weights);  // checks them
+}
+
+void record_balanced_step(LoadBalancer& balancer, ReplicaTimes& times, const std::vector<int64_t>& rows,
+                          double gather_seconds, const std::vector<Device>& devices, const Device& output_device) {
+  const size_t chunks = times.forward.size();
+  const bool complete = chunks > 0 && chunks == rows.size() &&
+                        std::all_of(times.backward.begin(), times.backward.end(), [](double s) { return s >= 0; });
+  if (!complete) return;
+  std::vector<int64_t> all_rows(devices.size(), 0);
+  std::vector<double> busy(devices.size(), 0.0);
+  for (size_t i = 0; i < chunks; ++i) {
+    all_rows[i] = rows[i];
+    busy[i] = times.forward[i] + times.backward[i];
+  }
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] == output_device) busy[i] += gather_seconds;
+  }
+  times.forward.clear();  // recorded: a forward without backward in between records nothing
+  times.backward.clear();
+  balancer.record(all_rows, busy);
+}
+
+double seconds_until_done(std::chrono::steady_clock::time_point start, const Device& device) {
+  wait_for_device(device);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace datapar::detail

@@ -112,6 +112,13 @@ std::vector<c10::Stream> DeviceWorkers::callers_cuda_streams() const {
   return streams;
 }
 
+void wait_for_device(const Device& device) {
+  if (!device.is_cuda()) return;
+  const c10::Device d = device.torch_device();
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(d.type());
+  impl->synchronizeStream(impl->getStream(d));
+}
+
 bool pin_cpu_devices(const Environment& env) { return env("DATAPAR_PIN_CPU_DEVICES").value_or("1") != "0"; }
 
 std::shared_ptr<DeviceWorkers> DeviceWorkers::for_devices(const std::vector<Device>& devices, bool pin_cpu_devices) {

@@ -24,6 +24,11 @@ namespace datapar::detail {
 // DATAPAR_PIN_CPU_DEVICES=0 (e.g. when an outer scheduler pins threads).
 bool pin_cpu_devices(const Environment& env);
 
+// Blocks until the calling thread's current stream on `device` has run what was queued on
+// it (CUDA), so that a clock read next measures the device's work, not its queueing.
+// Returns at once for a CPU device.
+void wait_for_device(const Device& device);
+
 class DeviceWorkers {
  public:
   // The workers for this device list and pinning, shared by every user of the same list in

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "autograd/node_ptr.h"
@@ -41,6 +42,11 @@ namespace datapar::detail {
 namespace {
 
 using torch::autograd::variable_list;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // What one replica's forward leaves for backward.
 struct ReplicaGraph {
@@ -129,8 +135,10 @@ std::vector<size_t> split_by_size(const std::vector<at::Tensor>& tensors, size_t
 
 class ParallelSectionBackward : public torch::autograd::Node {
  public:
-  ParallelSectionBackward(std::shared_ptr<DeviceWorkers> workers, std::vector<at::Tensor> params)
-      : workers_(std::move(workers)), params_(std::move(params)) {}
+  ParallelSectionBackward(std::shared_ptr<DeviceWorkers> workers, std::vector<at::Tensor> params,
+                          std::shared_ptr<ReplicaTimes> times)
+      : workers_(std::move(workers)), params_(std::move(params)), times_(std::move(times)),
+        generation_(times_ ? times_->generation.load() : 0) {}
 
   std::string name() const override { return "datapar::ParallelSectionBackward"; }
 
@@ -149,6 +157,8 @@ class ParallelSectionBackward : public torch::autograd::Node {
 
   std::shared_ptr<DeviceWorkers> workers_;
   std::vector<at::Tensor> params_;  // the master's parameters that get gradients
+  std::shared_ptr<ReplicaTimes> times_;  // null unless DataParallel balances by measurement
+  uint64_t generation_;                  // the step times_ was reset for
   bool released_ = false;
 };
 
@@ -232,6 +242,8 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
   std::vector<variable_list> grads_of(n);
   variable_list result(num_outputs());
   std::atomic<size_t> arrived{0};
+  // Timed only for the step times_ now describes (not a backward through an older section).
+  ReplicaTimes* const times = times_ && times_->generation.load() == generation_ ? times_.get() : nullptr;
   workers_->run(
       n,
       [&](size_t i) {
@@ -252,9 +264,14 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
           }
           variable_list targets = g.params;
           targets.insert(targets.end(), g.input_leaves.begin(), g.input_leaves.end());
+          const auto start = Clock::now();
           if (!outputs.empty() && !targets.empty()) {
             grads_of[i] = torch::autograd::grad(outputs, targets, output_grads, /*retain_graph=*/true,
                                                 /*create_graph=*/false, /*allow_unused=*/true);
+          }
+          if (times) {
+            wait_for_device(workers_->devices()[i]);
+            times->backward[i] = seconds_since(start);
           }
         }
         if (!fused) return;
@@ -286,7 +303,8 @@ void check_parallel_apply_devices(const ReplicaSet& replicas, size_t num_inputs,
 }
 
 std::vector<c10::IValue> parallel_apply(ReplicaSet& replicas, const ReplicaForward& forward,
-                                        const std::vector<c10::IValue>& inputs) {
+                                        const std::vector<c10::IValue>& inputs,
+                                        const std::shared_ptr<ReplicaTimes>& times) {
   const size_t n = inputs.size();
   DATAPAR_CHECK(n >= 1 && n <= replicas.size(), "parallel_apply: ", n, " inputs for ", replicas.size(),
                 " replicas; give between 1 and ", replicas.size(), " inputs.");
@@ -318,12 +336,22 @@ std::vector<c10::IValue> parallel_apply(ReplicaSet& replicas, const ReplicaForwa
     });
   }
 
+  if (times) {
+    times->generation.fetch_add(1);
+    times->forward.assign(n, -1.0);
+    times->backward.assign(n, -1.0);
+  }
   std::vector<c10::IValue> outputs(n);
   replicas.workers().run(
       n,
       [&](size_t i) {
+        const auto start = Clock::now();
         replicas.refresh_copies(i);
         outputs[i] = forward(i, replica_inputs[i]);
+        if (times) {
+          wait_for_device(replicas.devices()[i]);
+          times->forward[i] = seconds_since(start);
+        }
       },
       "parallel_apply: replica");
   if (!grad_mode || (trained.empty() && originals.empty())) return outputs;
@@ -333,7 +361,7 @@ std::vector<c10::IValue> parallel_apply(ReplicaSet& replicas, const ReplicaForwa
   for (size_t j : trained) trained_params.push_back(master_params[j]);
   std::vector<at::Tensor> edge_tensors = trained_params;
   edge_tensors.insert(edge_tensors.end(), originals.begin(), originals.end());
-  const auto node = make_node<ParallelSectionBackward>(replicas.workers_ptr(), std::move(trained_params));
+  const auto node = make_node<ParallelSectionBackward>(replicas.workers_ptr(), std::move(trained_params), times);
   node->set_next_edges(torch::autograd::collect_next_edges(edge_tensors));
 
   for (size_t i = 0; i < n; ++i) {

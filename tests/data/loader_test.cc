@@ -221,6 +221,28 @@ TEST(DataLoader, WorkerErrorsReachTheConsumerInOrder) {
   }
 }
 
+TEST(DataLoader, ExplicitBatchesOfUnlikeSizesArriveAsGiven) {
+  auto data = rows(20);
+  const std::vector<at::Tensor> given{at::tensor({4, 2, 9}, at::kLong), at::tensor({0}, at::kLong),
+                                      at::arange(10, 20, at::kLong)};
+  for (int64_t workers : {0, 2}) {
+    DataLoader loader(data, opts(5, workers));
+    loader.start_epoch(given);
+    ASSERT_EQ(loader.num_batches(), 3);
+    const std::vector<Batch> batches = drain(loader);
+    ASSERT_EQ(batches.size(), 3u);
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_TRUE(at::equal(batches[k].target, given[k])) << "batch " << k << ", workers " << workers;
+      EXPECT_FALSE(batches[k].is_padding.any().item<bool>());
+    }
+  }
+  DataLoader loader(data, opts(5, 1));
+  EXPECT_THROW_MSG(loader.start_epoch(std::vector<at::Tensor>{at::tensor({1, 20}, at::kLong)}), InvalidArgumentError,
+                   "batch 0 holds index 20, outside the dataset [0, 20)");
+  EXPECT_THROW_MSG(loader.start_epoch(std::vector<at::Tensor>{at::tensor({1}, at::kLong), at::zeros({0}, at::kLong)}),
+                   InvalidArgumentError, "batch 1 must be a non-empty 1-D int64 tensor");
+}
+
 TEST(DataLoader, RejectsBadOptionsAndIndices) {
   auto data = rows(10);
   EXPECT_THROW_MSG(DataLoader(data, opts(0, 1)), InvalidArgumentError, "batch_size is 0");

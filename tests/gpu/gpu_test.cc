@@ -6,7 +6,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+#include <torch/nn/cloneable.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
 #include <torch/optim/sgd.h>
 
 #include <chrono>
@@ -109,6 +111,57 @@ TEST(Gpu, DataParallelFiveSgdStepsMatchOneGpu) {
   for (size_t j = 0; j < got.size(); ++j) {
     EXPECT_LT(relative_error(got[j].value(), want[j].value()), 1e-5) << got[j].key();
   }
+}
+
+// A linear layer whose forward also runs `matmuls_per_row` 1024x1024 products per row on its
+// device: a slower GPU, as the GPU sees it (the host only queues the work).
+class BusyLinearImpl : public torch::nn::Cloneable<BusyLinearImpl> {
+ public:
+  BusyLinearImpl() { reset(); }
+  void reset() override { linear = register_module("linear", torch::nn::Linear(8, 4)); }
+  at::Tensor forward(const at::Tensor& x) {
+    if (matmuls_per_row > 0) {
+      const at::Tensor a = at::randn({1024, 1024}, x.options());
+      at::Tensor sink = a;
+      for (int64_t i = 0; i < matmuls_per_row * x.size(0); ++i) sink = at::mm(a, sink).tanh_();
+      (void)sink;
+    }
+    return linear(x);
+  }
+  torch::nn::Linear linear{nullptr};
+  int64_t matmuls_per_row = 0;
+};
+TORCH_MODULE(BusyLinear);
+
+// auto_balance times each device's work once the device finished it (the stream
+// synchronised), not when the host queued it: the GPU with more work gets fewer rows.
+TEST(Gpu, DataParallelAutoBalanceMeasuresTheDevicesNotTheHost) {
+  DATAPAR_REQUIRE_GPUS(2);
+  const at::Device gpu0(at::kCUDA, 0);
+  torch::manual_seed(3);
+  BusyLinear model;
+  BusyLinear reference;
+  load_state_dict(*reference, state_dict(*model));
+  model->to(gpu0);
+  reference->to(gpu0);
+  DataParallelOptions options;
+  options.devices = gpus(2);
+  options.auto_balance = true;
+  DataParallel dp(model, options);
+  dp.replicas()[1]->matmuls_per_row = 4;
+  for (int step = 0; step < 12; ++step) {
+    const at::Tensor x = at::randn({64, 8}, gpu0);
+    const at::Tensor y = at::randint(0, 4, {64}, at::TensorOptions(gpu0).dtype(at::kLong));
+    model->zero_grad();
+    reference->zero_grad();
+    at::cross_entropy_loss(dp(x), y).backward();
+    at::cross_entropy_loss(reference(x), y).backward();
+    EXPECT_LT(relative_error(model->linear->weight.grad(), reference->linear->weight.grad()), 1e-5) << step;
+  }
+  const std::vector<int64_t> split = dp.last_chunk_sizes();
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_GT(split[0], 2 * split[1]) << split[0] << "/" << split[1];
+  EXPECT_GE(dp.balancer()->rebalances(), 1);
 }
 
 // Multi-process NCCL jobs: tests/gpu/nccl_probe.cc, one process per GPU.

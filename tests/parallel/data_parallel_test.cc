@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
 #include <torch/optim/sgd.h>
+#include <torch/utils.h>
 #include <torch/version.h>
 
+#include <chrono>
 #include <set>
 #include <thread>
 
@@ -356,6 +360,66 @@ TEST(DataParallel, GradientsIntoUnsetGradsAreFreshTensors) {
   }
 }
 
+// A linear layer whose forward also sleeps per row, as a slower device would take longer.
+class SleepyLinearImpl : public torch::nn::Cloneable<SleepyLinearImpl> {
+ public:
+  SleepyLinearImpl() { reset(); }
+  void reset() override { linear = register_module("linear", torch::nn::Linear(8, 4)); }
+  at::Tensor forward(const at::Tensor& x) {
+    std::this_thread::sleep_for(std::chrono::microseconds(micros_per_row * x.size(0)));
+    return linear(x);
+  }
+  torch::nn::Linear linear{nullptr};
+  int64_t micros_per_row = 0;  // copied into the replicas; set per replica after that
+};
+TORCH_MODULE(SleepyLinear);
+
+TEST(DataParallel, AutoBalanceGivesTheSlowerDeviceFewerRowsAndTheSameGradients) {
+  torch::manual_seed(3);
+  SleepyLinear model;
+  SleepyLinear reference;
+  load_state_dict(*reference, state_dict(*model));
+  DataParallelOptions options;
+  options.devices = cpu_devices(2);
+  options.auto_balance = true;
+  DataParallel dp(model, options);
+  dp.replicas()[0]->micros_per_row = 200;
+  dp.replicas()[1]->micros_per_row = 600;  // 3x slower: 3/4 of the rows belong on cpu:0
+
+  std::vector<std::vector<int64_t>> splits;
+  for (int step = 0; step < 14; ++step) {
+    const auto x = at::randn({64, 8});
+    const auto target = at::randint(0, 4, {64});
+    model->zero_grad();
+    reference->zero_grad();
+    at::cross_entropy_loss(dp(x), target).backward();
+    at::cross_entropy_loss(reference(x), target).backward();
+    splits.push_back(dp.last_chunk_sizes());
+    // Whatever the split, the gradient is the whole batch's.
+    for (const auto& [got, want] : {std::pair{model->linear->weight, reference->linear->weight},
+                                    std::pair{model->linear->bias, reference->linear->bias}}) {
+      EXPECT_LT(relative_error(got.grad(), want.grad()), 1e-5) << "step " << step;
+    }
+  }
+  EXPECT_EQ(splits.front(), (std::vector<int64_t>{32, 32}));  // even until measured
+  const std::vector<int64_t>& last = splits.back();
+  EXPECT_GE(last[0], 44) << last[0] << "/" << last[1];
+  EXPECT_LE(last[0], 52) << last[0] << "/" << last[1];
+  ASSERT_NE(dp.balancer(), nullptr);
+  EXPECT_GE(dp.balancer()->rebalances(), 1);
+  const std::vector<double> costs = dp.balancer()->seconds_per_row();
+  EXPECT_GT(costs[1], costs[0]);
+
+  // Without backward (evaluation), nothing is measured and the split stays.
+  const int64_t rebalances = dp.balancer()->rebalances();
+  {
+    torch::NoGradGuard no_grad;
+    for (int i = 0; i < 8; ++i) dp(at::randn({64, 8}));
+  }
+  EXPECT_EQ(dp.last_chunk_sizes(), last);
+  EXPECT_EQ(dp.balancer()->rebalances(), rebalances);
+}
+
 TEST(DataParallel, RejectsBadConfigurations) {
   ConvNet model;
   EXPECT_THROW_MSG(DataParallel(model, {Device::cpu(0), Device::cpu(0)}), InvalidArgumentError, "listed twice");
@@ -363,6 +427,10 @@ TEST(DataParallel, RejectsBadConfigurations) {
                    InvalidArgumentError, "3 device weights for 2 devices");
   EXPECT_THROW_MSG(DataParallel(model, DataParallelOptions{cpu_devices(2), std::nullopt, 0, {0, 0}}),
                    InvalidArgumentError, "every device weight is 0");
+  DataParallelOptions balanced{cpu_devices(2)};
+  balanced.auto_balance = true;
+  balanced.balance.window = 0;
+  EXPECT_THROW_MSG(DataParallel(model, balanced), InvalidArgumentError, "window is 0");
 }
 
 }  // namespace

@@ -291,6 +291,35 @@ TEST(TrainCli, ZeroTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
   }
 }
 
+// --balance: however each global batch is shared out, the ranks (or devices) together compute
+// the gradient of the whole batch, so training ends where even shares end. The sampler and
+// BalancedBatches draw the same global batches (512 samples, batch 64: no padding).
+TEST(TrainCli, UnevenSharesTrainLikeEvenOnes) {
+  const TempDir temp("train_cli_balance");
+  const std::string even = temp.path() + "/even", fixed = temp.path() + "/fixed", measured = temp.path() + "/auto";
+  const std::string args = kSmall + " --mode ddp --seed 5 --momentum 0.9 --epochs 2 --checkpoint-dir ";
+  for (const auto& p : ddp_job(args + even, 2, even + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
+  const auto shared = ddp_job(args + fixed + " --balance 3,1", 2, fixed + "/logs");
+  for (const auto& p : shared) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(shared[0].output.find("balance: fixed shares 3,1"), std::string::npos) << shared[0].output;
+  const auto timed = ddp_job(args + measured + " --balance auto", 2, measured + "/logs");
+  for (const auto& p : timed) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(timed[0].output.find("balance: auto"), std::string::npos) << timed[0].output;
+  expect_same_parameters(even + "/checkpoint-epoch-2.pt", fixed + "/checkpoint-epoch-2.pt");
+  expect_same_parameters(even + "/checkpoint-epoch-2.pt", measured + "/checkpoint-epoch-2.pt");
+
+  // DataParallel, in one process.
+  const std::string dp = " --mode dp --devices cpu:0,cpu:1 --seed 5 --momentum 0.9 --epochs 2 --checkpoint-dir ";
+  const CliRun dp_even = cli(kSmall + dp + temp.path() + "/dp_even");
+  ASSERT_EQ(dp_even.code, 0) << dp_even.output;
+  for (const std::string balance : {"1,3", "auto"}) {
+    const std::string dir = temp.path() + "/dp_" + balance;
+    const CliRun r = cli(kSmall + dp + dir + " --balance " + balance);
+    ASSERT_EQ(r.code, 0) << r.output;
+    expect_same_parameters(temp.path() + "/dp_even/checkpoint-epoch-2.pt", dir + "/checkpoint-epoch-2.pt");
+  }
+}
+
 // Without --data: $DATAPAR_FASHION_MNIST_DIR when set, else the shipped subset (the tool's
 // default; the library has none).
 TEST(TrainCli, DataDefaultsToTheVariableElseTheShippedSubset) {
@@ -350,7 +379,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--plot /nonexistent/plots/p.png", "--plot /nonexistent/plots/p.png: the directory /nonexistent/plots does not exist"},
         BadOption{"--metrics /nonexistent/m.jsonl", "--metrics /nonexistent/m.jsonl: the directory /nonexistent does not exist"},
         BadOption{"--zero", "--zero shards the optimizer over the ranks of a ddp job; --mode single"},
-        BadOption{"--trace /nonexistent/t.json", "--trace /nonexistent/t.json: the directory /nonexistent does not exist"}));
+        BadOption{"--trace /nonexistent/t.json", "--trace /nonexistent/t.json: the directory /nonexistent does not exist"},
+        BadOption{"--mode dp --balance fast", "--balance: \"fast\" is not a balance (\"fast\" is not a share >= 0)"},
+        BadOption{"--mode dp --balance 1,,2", "(\"\" is not a share >= 0)"},
+        BadOption{"--mode dp --balance 0,0", "--balance 0,0: every share is 0"},
+        BadOption{"--mode dp --devices cpu:0,cpu:1 --balance 1,2,3", "--balance 1,2,3: 3 shares for 2 devices"},
+        BadOption{"--balance auto", "--balance auto shares each batch between devices or ranks; --mode single"}));
 
 TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {
   const TempDir temp("train_cli_ddp_errors");

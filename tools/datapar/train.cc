@@ -28,10 +28,12 @@
 #include <vector>
 
 #include "datapar/cpu_allocator.h"
+#include "datapar/data/balanced_batches.h"
 #include "datapar/data/fashion_mnist.h"
 #include "datapar/data/loader.h"
 #include "datapar/data/synthetic.h"
 #include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/ddp/rank_balancer.h"
 #include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
@@ -148,6 +150,26 @@ std::vector<train::EpochMetrics> earlier_epochs(const std::string& path, int64_t
   return kept;
 }
 
+// "171,85": rows per device or rank, as printed when they change.
+std::string join(const std::vector<int64_t>& values) {
+  std::string text;
+  for (int64_t v : values) text += (text.empty() ? "" : ",") + std::to_string(v);
+  return text;
+}
+
+// Rank 0 says when --balance auto moves the split, and why.
+void report_balance(const char* who, int64_t step, const std::vector<int64_t>& rows, const LoadBalancer& balancer) {
+  std::string costs;
+  for (double c : balancer.seconds_per_row()) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%s%.3g", costs.empty() ? "" : ",", c * 1e3);
+    costs += buffer;
+  }
+  std::printf("balance: step %ld: rows per %s %s (measured ms per row %s)\n", (long)step, who, join(rows).c_str(),
+              costs.c_str());
+  std::fflush(stdout);
+}
+
 template <typename Impl>
 int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   const TrainOptions& o = plan.options;
@@ -208,6 +230,8 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     DataParallelOptions options;
     options.devices = plan.devices;
     options.replicas = o.replicas == "copy" ? ReplicaStorage::kCopy : ReplicaStorage::kShared;
+    options.auto_balance = o.balance == "auto";
+    options.device_weights = plan.balance_weights;
     dp = std::make_unique<DataParallel<Impl>>(model, options);
     forward = [&](const at::Tensor& x) { return dp->forward(x); };
   } else if (o.mode == "ddp") {
@@ -255,14 +279,32 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   sampler_options.seed = o.seed;
   DistributedSampler sampler(sampler_options);
   DataLoader loader(data.train, {plan.rank_batch, o.workers});
+  // ddp --balance auto or W0,W1,...: each global batch split by the ranks' measured speed
+  // (rank_balancer.h) or by the given shares; the loader restarts from the next step
+  // whenever measured shares change.
+  std::unique_ptr<RankBalancer> rank_balancer;
+  std::unique_ptr<BalancedBatches> balanced;
+  if (ddp && o.balance != "even") {
+    if (o.balance == "auto") rank_balancer = std::make_unique<RankBalancer>(ddp->process_group());
+    balanced = std::make_unique<BalancedBatches>(BalancedBatchesOptions{
+        data.train->size(), plan.global_batch, plan.world_size, plan.rank, /*shuffle=*/true, o.seed});
+  }
+  auto rank_shares = [&] { return rank_balancer ? rank_balancer->weights() : plan.balance_weights; };
+  int64_t dp_rebalances = 0;
   int64_t step = 0;
   for (int64_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
     model->train();
-    sampler.set_epoch(epoch);
-    loader.start_epoch(sampler);
+    if (balanced) {
+      balanced->set_epoch(epoch);
+      loader.start_epoch(balanced->batches(0, rank_shares()));
+    } else {
+      sampler.set_epoch(epoch);
+      loader.start_epoch(sampler);
+    }
     bar.start(epoch + 1, o.epochs, loader.num_batches());
     double loss_sum = 0;
     int64_t correct = 0, rows = 0, steps = 0;
+    std::chrono::nanoseconds data_wait{0};  // over the epoch's loaders (a re-balance restarts it)
     const auto start = Clock::now();
     for (;;) {
       trace::set_step(step);  // the timeline's steps count from the run's first
@@ -279,6 +321,8 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
         sgd.zero_grad();
       }
       at::Tensor logits, loss;
+      const auto compute_start = Clock::now();
+      const std::chrono::nanoseconds waited_before = ddp ? ddp->communication_stats().exposed_wait : std::chrono::nanoseconds{0};
       {
         const trace::Span span("forward", "step");
         logits = forward(x);                          // (B, 10)
@@ -288,6 +332,16 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
         const trace::Span span("backward", "step");
         loss.backward();                              // ddp: gradients averaged over ranks here
       }
+      if (rank_balancer) {
+        // This rank's compute: forward and backward, less backward's wait for the others.
+        const double waited = std::chrono::duration<double>(ddp->communication_stats().exposed_wait - waited_before).count();
+        const double busy = detail::seconds_until_done(compute_start, plan.devices.front()) - waited;
+        if (rank_balancer->step(x.size(0), std::max(0.0, busy))) {
+          data_wait += loader.stats().wait;
+          loader.start_epoch(balanced->batches(steps + 1, rank_balancer->weights()));
+          if (leader) report_balance("rank", step, balanced->rank_rows(0, rank_balancer->weights()), rank_balancer->balancer());
+        }
+      }
       {
         const trace::Span span("optimizer step", "step");
         if (zero) {
@@ -295,6 +349,10 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
         } else {
           sgd.step();
         }
+      }
+      if (dp && dp->balancer() && dp->balancer()->rebalances() != dp_rebalances) {
+        dp_rebalances = dp->balancer()->rebalances();  // measured at this step's forward
+        if (leader) report_balance("device", step, dp->last_chunk_sizes(), *dp->balancer());
       }
       ++step;
       loss_sum += loss.item<double>() * x.size(0);
@@ -306,7 +364,7 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
         reduce(std::vector<double>{loss_sum, static_cast<double>(correct), static_cast<double>(rows)}, ReduceOp::kSum);
     // The epoch lasts as long as its slowest rank.
     const std::vector<double> times =
-        reduce(std::vector<double>{seconds_since(start), loader.stats().wait.count() / 1e9}, ReduceOp::kMax);
+        reduce(std::vector<double>{seconds_since(start), (data_wait + loader.stats().wait).count() / 1e9}, ReduceOp::kMax);
     bar.clear();
 
     const auto eval_start = Clock::now();
@@ -404,6 +462,11 @@ int run_plan(const TrainPlan& plan) {
                 o.mode == "single" ? "step" : (o.mode == "dp" ? "device" : "rank"), plan.lr, (long)data.train->size(),
                 (long)data.test->size(), plan.data_dir.empty() ? "synthetic" : plan.data_dir.c_str());
     std::fflush(stdout);
+  }
+
+  if (plan.rank == 0 && o.balance != "even" && o.mode != "single") {
+    std::printf("balance: %s\n", o.balance == "auto" ? "auto (shares follow the measured speeds)"
+                                                      : ("fixed shares " + o.balance).c_str());
   }
 
   // 4. The model, initialised from the seed: the same on every rank and in every mode.

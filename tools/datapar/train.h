@@ -44,6 +44,7 @@ struct TrainOptions {
   std::string plot;                // PNG of loss and accuracy per epoch
   std::string trace;               // Chrome trace of every step, all ranks (rank 0 writes)
   bool zero = false;               // ddp only: optimizer state sharded over the ranks (ZeRO-1)
+  std::string balance = "even";    // dp, ddp: even, auto (shares by measured speed), or weights "3,1"
   int64_t limit = 0;               // use only the first N train and N test samples (0: all)
   int64_t workers = 2;             // loader threads
   int threads = 0;                 // intra-op threads per process (0: cores / local ranks)
@@ -66,6 +67,7 @@ struct TrainPlan {
   int64_t rank_batch = 0;          // what this process's loader reads per step
   double lr = 0;                   // after --scale-lr
   std::string data_dir;            // "" for synthetic data
+  std::vector<double> balance_weights;  // --balance W0,W1,...: one share per device (dp) or rank (ddp)
   bool resume = false;             // --resume, or a restart (DATAPAR_RESTART_COUNT > 0)
 };
 

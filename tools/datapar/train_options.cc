@@ -54,6 +54,10 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_flag("--zero", o.zero,
                 "ddp: shard the optimizer state over the ranks (ZeroRedundancyOptimizer, ZeRO-1): each rank keeps "
                 "the momentum of its share of the parameters only; checkpoints hold the whole state");
+  cmd->add_option("--balance", o.balance,
+                  "dp, ddp: even (the default: equal shares of each batch), auto (time every device or rank and "
+                  "give each a share in proportion to its speed, re-measured as training goes), or fixed shares, one "
+                  "per device or rank (e.g. 3,1). The gradient stays the whole batch's");
   cmd->add_option("--trace", o.trace,
                   "Write a timeline of every step here, all ranks in one file (Chrome trace JSON: open it in "
                   "Perfetto or chrome://tracing); rank 0 writes it at the end");
@@ -75,6 +79,29 @@ bool one_of(const std::string& value, std::initializer_list<const char*> names) 
     if (value == n) return true;
   }
   return false;
+}
+
+// --balance W0,W1,...: finite shares >= 0, some > 0; empty for even and auto.
+std::vector<double> balance_weights(const std::string& balance) {
+  if (balance == "even" || balance == "auto") return {};
+  const char* hint = "\n---> HINT: use even (equal shares), auto (shares by measured speed) or one share per device "
+                     "or rank, e.g. 3,1.";
+  std::vector<double> weights;
+  double total = 0;
+  size_t begin = 0;
+  while (begin <= balance.size()) {
+    const size_t end = std::min(balance.find(',', begin), balance.size());
+    const std::string item = balance.substr(begin, end - begin);
+    char* rest = nullptr;
+    const double w = item.empty() ? NAN : std::strtod(item.c_str(), &rest);
+    DATAPAR_CHECK(!item.empty() && *rest == '\0' && std::isfinite(w) && w >= 0, "--balance: \"", balance,
+                  "\" is not a balance (\"", item, "\" is not a share >= 0).", hint);
+    weights.push_back(w);
+    total += w;
+    begin = end + 1;
+  }
+  DATAPAR_CHECK(total > 0, "--balance ", balance, ": every share is 0.", hint);
+  return weights;
 }
 
 bool is_directory(const std::string& path) {
@@ -203,6 +230,16 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
     plan.options.backend = ddp_backend(o.backend, plan.devices.front(), plan.local_rank, inventory.cuda_count);
   }
 
+  // Shares of each batch.
+  plan.balance_weights = balance_weights(o.balance);
+  DATAPAR_CHECK(o.balance == "even" || o.mode != "single", "--balance ", o.balance, " shares each batch between "
+                "devices or ranks; --mode single has one device.\n---> HINT: add --mode dp or --mode ddp, or leave out "
+                "--balance.");
+  DATAPAR_CHECK(plan.balance_weights.empty() || static_cast<int64_t>(plan.balance_weights.size()) == plan.parallelism,
+                "--balance ", o.balance, ": ", plan.balance_weights.size(), " shares for ", plan.parallelism,
+                o.mode == "ddp" ? " ranks" : " devices", ".\n---> HINT: give one share per ",
+                o.mode == "ddp" ? "rank" : "device", ", or use even or auto.");
+
   // Report files go into directories that exist: found now, not after the first epoch.
   // Only rank 0 writes them (its machine's file system).
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--plot", o.plot}, {"--metrics", o.metrics}, {"--trace", o.trace}}) {
@@ -219,7 +256,10 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   DATAPAR_CHECK(plan.global_batch >= plan.parallelism, "--batch-size ", plan.global_batch, " is smaller than the ",
                 plan.parallelism, what, ": each needs at least one sample per step.\n---> HINT: raise --batch-size to ",
                 plan.parallelism, " or more, or use fewer", what, ".");
-  if (o.mode == "ddp") {
+  if (o.mode == "ddp" && o.balance != "even") {
+    // BalancedBatches splits each global batch itself; evaluation reads even shares.
+    plan.rank_batch = (plan.global_batch + plan.world_size - 1) / plan.world_size;
+  } else if (o.mode == "ddp") {
     DATAPAR_CHECK(plan.global_batch % plan.world_size == 0, "--batch-size ", plan.global_batch,
                   " does not split evenly over ", plan.world_size,
                   " ranks (every rank must take the same number of steps).\n---> HINT: use a multiple of ",

@@ -81,6 +81,10 @@ class DataLoader {
   // Starts an epoch over the whole dataset: 0..n-1, or shuffled by seed + epoch when
   // options.shuffle is set.
   void start_epoch(int64_t epoch = 0);
+  // Starts an epoch over these batches as given ((rows,) int64 indices each, rows >= 1;
+  // their sizes may differ): e.g. BalancedBatches' shares. batch_size and drop_last do not
+  // apply.
+  void start_epoch(std::vector<at::Tensor> batches);
 
   // The next batch of the epoch, or nullopt at its end (also before any epoch). Blocks
   // until the batch is loaded. Rethrows a worker's exception for that batch.
@@ -98,6 +102,8 @@ class DataLoader {
   };
 
   void stop_workers();
+  // Starts the epoch over batches_ and padding_, as set by a start_epoch.
+  void start_batches();
   void worker_loop();
   Slot load(int64_t k) const;
 

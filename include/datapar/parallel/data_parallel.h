@@ -23,6 +23,9 @@
 //   module in both directions.
 // - Replicas are built once, at construction; the module's structure must not change later.
 //   The module must be clonable (see replicate.h) and live on device_ids[0].
+// - Balancing (auto_balance): each training step's forward and backward are timed per device
+//   (the output device's gather too), and the split follows the devices' measured speed
+//   (load_balancer.h). Any split gives the same gradient; only who computes which rows changes.
 // - Not thread-safe: one forward/backward at a time per DataParallel.
 #pragma once
 
@@ -30,6 +33,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <tuple>
@@ -40,6 +44,7 @@
 #include "datapar/devices.h"
 #include "datapar/error.h"
 #include "datapar/parallel/chunk_sizes.h"
+#include "datapar/parallel/load_balancer.h"
 #include "datapar/parallel/parallel_apply.h"
 #include "datapar/parallel/replicate.h"
 #include "datapar/parallel/scatter_gather.h"
@@ -60,12 +65,25 @@ struct DataParallelOptions {
   // Whether replicas on the module's own device share its parameters (the default: no
   // copies) or hold copies, as replicas on other GPUs must (replicate.h).
   ReplicaStorage replicas = ReplicaStorage::kShared;
+  // Split by measurement (`datapar train --balance auto`): time each device's forward and
+  // backward over the training steps (and the output device's gather, which is its extra
+  // work) and give each device a share in proportion to its speed, so that all finish
+  // together; keep measuring and re-split when speeds drift, with hysteresis.
+  // device_weights, if given, is where it starts. Steps without a backward are not measured.
+  bool auto_balance = false;
+  LoadBalancerOptions balance;
 };
 
 namespace detail {
 // Every visible CUDA device, or one CPU device per core when there is no CUDA device.
 std::vector<Device> default_data_parallel_devices();
 void check_data_parallel_options(const DataParallelOptions& options);
+// Feeds the last step to the balancer if its backward ran (every replica's times are in),
+// and marks it recorded. The output device's gather counts as its work.
+void record_balanced_step(LoadBalancer& balancer, ReplicaTimes& times, const std::vector<int64_t>& rows,
+                          double gather_seconds, const std::vector<Device>& devices, const Device& output_device);
+// Seconds from `start` until the device has run what this thread queued on it.
+double seconds_until_done(std::chrono::steady_clock::time_point start, const Device& device);
 }  // namespace detail
 
 template <typename ModuleImpl>
@@ -82,6 +100,10 @@ class DataParallel {
       for (size_t i = 0; i < replicas_->size(); ++i) {
         typed_replicas_.push_back(std::dynamic_pointer_cast<ModuleImpl>(replicas_->replica(i)));
         DATAPAR_INTERNAL_ASSERT(typed_replicas_.back() != nullptr, "replica ", i, " has the wrong type");
+      }
+      if (options_.auto_balance) {
+        balancer_ = std::make_unique<LoadBalancer>(options_.devices.size(), options_.balance, options_.device_weights);
+        times_ = std::make_shared<detail::ReplicaTimes>();
       }
     }
   }
@@ -108,6 +130,10 @@ class DataParallel {
       last_chunk_sizes_ = {batch_size(pack(args...), options_.dim)};
       return module_->forward(on_device(std::forward<Args>(args))...);
     }
+    if (balancer_) {
+      detail::record_balanced_step(*balancer_, *times_, last_chunk_sizes_, gather_seconds_, options_.devices,
+                                   *options_.output_device);
+    }
     const c10::IValue packed = pack(args...);
     std::vector<int64_t> sizes = split_sizes(packed);
     const std::vector<c10::IValue> chunks = scatter(packed, options_.devices, options_.dim, sizes);
@@ -117,8 +143,11 @@ class DataParallel {
         [this](size_t i, const c10::IValue& input) {
           return call_replica<std::decay_t<Args>...>(i, input, std::index_sequence_for<Args...>{});
         },
-        chunks);
-    return gather(outputs, *options_.output_device, options_.dim).template to<Output>();
+        chunks, times_);
+    const auto gather_start = std::chrono::steady_clock::now();
+    c10::IValue gathered = gather(outputs, *options_.output_device, options_.dim);
+    if (balancer_) gather_seconds_ = detail::seconds_until_done(gather_start, *options_.output_device);
+    return std::move(gathered).template to<Output>();
   }
 
   template <typename... Args>
@@ -157,6 +186,11 @@ class DataParallel {
   bool is_training() const { return module_->is_training(); }
   void zero_grad(bool set_to_none = true) { module_->zero_grad(set_to_none); }
 
+  // The balancer that sets the split (auto_balance), or null: its weights() are the shares
+  // the next forward uses, seconds_per_row() what it measured, rebalances() how often it
+  // changed them.
+  const LoadBalancer* balancer() const { return balancer_.get(); }
+
   // Parameter tensors copied into replicas so far (0 with shared replicas on CPU devices).
   int64_t parameter_copies() const { return replicas_ ? replicas_->parameter_copies() : 0; }
 
@@ -179,11 +213,13 @@ class DataParallel {
   std::vector<int64_t> split_sizes(const c10::IValue& packed) const {
     const int64_t rows = batch_size(packed, options_.dim);
     DATAPAR_CHECK(rows >= 0, "DataParallel: the inputs hold no tensor to split along dim ", options_.dim, ".");
+    if (balancer_) return weighted_chunk_sizes(rows, balancer_->weights());
     if (options_.device_weights.empty()) {
       return chunk_sizes(rows, static_cast<int64_t>(options_.devices.size()));
     }
     return weighted_chunk_sizes(rows, options_.device_weights);
   }
+
 
   template <typename... Decayed, size_t... I>
   c10::IValue call_replica(size_t i, const c10::IValue& input, std::index_sequence<I...>) const {
@@ -196,6 +232,9 @@ class DataParallel {
   std::shared_ptr<detail::ReplicaSet> replicas_;
   std::vector<std::shared_ptr<ModuleImpl>> typed_replicas_;  // replicas_, as ModuleImpl
   std::vector<int64_t> last_chunk_sizes_;
+  std::unique_ptr<LoadBalancer> balancer_;          // auto_balance only
+  std::shared_ptr<detail::ReplicaTimes> times_;     // the step being timed (auto_balance)
+  double gather_seconds_ = 0;                       // the last forward's gather
 };
 
 template <typename ModuleImpl>

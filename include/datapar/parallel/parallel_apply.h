@@ -11,7 +11,10 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -24,10 +27,23 @@ namespace detail {
 // forward(i, input) runs replica i on its (already scattered) input.
 using ReplicaForward = std::function<c10::IValue(size_t replica, const c10::IValue& input)>;
 
+// Seconds each replica kept its device busy in one step, for DataParallel's balancing
+// (load_balancer.h): forward written by parallel_apply, backward by the parallel section's
+// backward, each by the replica's own thread once its device finished (CUDA: the stream
+// synchronised). -1: not run (yet). A backward through an older step's section, whose
+// generation is past, writes nothing.
+struct ReplicaTimes {
+  std::vector<double> forward;
+  std::vector<double> backward;
+  std::atomic<uint64_t> generation{0};
+};
+
 // Refreshes the replicas, then runs forward(i, inputs[i]) for i < inputs.size() as
-// described above. REQUIRES: 1 <= inputs.size() <= replicas.size().
+// described above; `times`, when given, is reset and filled for this step.
+// REQUIRES: 1 <= inputs.size() <= replicas.size().
 std::vector<c10::IValue> parallel_apply(ReplicaSet& replicas, const ReplicaForward& forward,
-                                        const std::vector<c10::IValue>& inputs);
+                                        const std::vector<c10::IValue>& inputs,
+                                        const std::shared_ptr<ReplicaTimes>& times = nullptr);
 
 // Checks that the caller's device list is the replicas' (a prefix of it is fine).
 void check_parallel_apply_devices(const ReplicaSet& replicas, size_t num_inputs,

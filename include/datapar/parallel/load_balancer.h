@@ -1,0 +1,84 @@
+// LoadBalancer: the shares of a batch that make unlike devices (or ranks) finish a step
+// together, found by measuring them.
+//
+// Each step, record() takes the rows every device ran and how long it was busy. A device's
+// cost is the moving median of its seconds per row over its last `window` measured steps:
+// one step slowed by a page fault or a busy neighbour does not move it. A device's share is
+// proportional to its speed, 1 / cost, so that each takes as long as the others.
+//
+// Note [Hysteresis]
+// The shares change only when the step, as the costs predict it (the slowest device's
+// share x cost), would be shorter by more than `hysteresis` (10%) under the balanced
+// shares. Noise and small drift leave the split alone, so it does not flap; a device that
+// became slower or faster moves it. After a change the windows start afresh: the costs are
+// measured again under the new split before the next decision.
+//
+// Note [Halfway back]
+// Measured costs can depend on the split itself: two ranks that finish together overlap their
+// communication with each other's compute, which slows the faster one's compute on a busy
+// core. Moving all the way to each new measurement then swings the split back and forth
+// (168, 152, 174, 155, ... rows of 256, measured). So a move against the previous one goes
+// half as far as that one did; the split settles between the two instead of swinging, and
+// once a move would change no share by 1% of the batch (min_move), it stays.
+//
+// Pure: no clock, no threads, no communication. DataParallel times its devices and calls
+// it; `datapar train --balance auto` under DDP feeds it every rank's times, all-reduced, so
+// every rank computes the same shares from the same numbers.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+namespace datapar {
+
+struct LoadBalancerOptions {
+  // A device's cost is the median of its last `window` measurements. REQUIRES: >= 1.
+  int64_t window = 5;
+  // Measurements each device needs before a decision (the first, and after each change).
+  // REQUIRES: 1 <= min_steps <= window.
+  int64_t min_steps = 3;
+  // Steps recorded but not measured at the start (allocations, caches warming up).
+  // REQUIRES: >= 0.
+  int64_t skip_steps = 1;
+  // Re-split only when the predicted step shortens by more than this fraction (Note
+  // [Hysteresis]). REQUIRES: >= 0.
+  double hysteresis = 0.10;
+  // A move that changes no share by at least this fraction of the batch is not made: it is
+  // within the measurements' noise. REQUIRES: 0 <= min_move < 1.
+  double min_move = 0.01;
+};
+
+class LoadBalancer {
+ public:
+  // `initial_weights`: the shares to start from (one per device, >= 0, some > 0); empty:
+  // equal shares. Throws InvalidArgumentError for options outside their REQUIRES.
+  explicit LoadBalancer(size_t devices, LoadBalancerOptions options = {}, std::vector<double> initial_weights = {});
+
+  // One step: rows[i] rows ran on device i and kept it busy for seconds[i]. Devices that
+  // ran no rows are not measured. Returns whether the shares changed.
+  // REQUIRES: one entry per device; rows >= 0; seconds finite and >= 0.
+  bool record(const std::vector<int64_t>& rows, const std::vector<double>& seconds);
+
+  // The current shares, summing to 1 (for weighted_chunk_sizes).
+  const std::vector<double>& weights() const { return weights_; }
+  // Each device's seconds per row as last measured (its window's median; after a re-split,
+  // until measured again, the cost that decided it); 0 while never measured.
+  const std::vector<double>& seconds_per_row() const { return latest_; }
+  // Times the shares changed.
+  int64_t rebalances() const { return rebalances_; }
+  size_t devices() const { return weights_.size(); }
+  const LoadBalancerOptions& options() const { return options_; }
+
+ private:
+  LoadBalancerOptions options_;
+  std::vector<double> weights_;
+  std::vector<std::deque<double>> costs_;  // per device, its last `window` seconds per row
+  std::vector<double> latest_;             // per device, the median of its window when last measured
+  std::vector<double> last_move_;          // the last change of weights_ (Note [Halfway back])
+  double move_scale_ = 1;                  // its length, relative to a full move
+  int64_t recorded_ = 0;
+  int64_t rebalances_ = 0;
+};
+
+}  // namespace datapar

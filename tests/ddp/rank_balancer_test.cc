@@ -1,0 +1,85 @@
+#include "datapar/ddp/rank_balancer.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "datapar/data/balanced_batches.h"
+#include "datapar/error.h"
+#include "datapar/process_group/process_group.h"
+#include "testing/expect_throw.h"
+#include "testing/ports.h"
+
+namespace datapar {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs fn(rank, group) on `size` threads, each a rank of one Gloo group over loopback.
+void spawn(int size, const std::function<void(int, std::shared_ptr<ProcessGroup>)>& fn) {
+  testing::ThreadJobStore job(30s);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto group = new_gloo_process_group(job.join(rank), rank, size, {"127.0.0.1", 30s});
+        fn(rank, group);
+        group->barrier()->wait();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << rank << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(RankBalancer, ASlowerRankGetsASmallerShareAndEveryRankAgrees) {
+  // Rank 2 computes 3x slower per row than ranks 0 and 1 (it sleeps longer): shares
+  // converge to speed / total speed = 3/7, 3/7, 1/7, the same on every rank.
+  constexpr int kWorld = 3;
+  constexpr int64_t kBatch = 140;
+  std::vector<std::vector<int64_t>> last_rows(kWorld);
+  std::vector<int64_t> rebalances(kWorld);
+  spawn(kWorld, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    RankBalancer balancer(group);
+    BalancedBatches batches({1400, kBatch, kWorld, rank, true, 0});
+    std::vector<int64_t> rows;
+    for (int64_t step = 0; step < batches.num_steps(); ++step) {
+      rows = batches.rank_rows(step, balancer.weights());
+      const auto micros_per_row = std::chrono::microseconds(rank == 2 ? 600 : 200);
+      const auto start = std::chrono::steady_clock::now();
+      std::this_thread::sleep_for(micros_per_row * rows[rank]);
+      balancer.step(rows[rank], std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    last_rows[rank] = rows;
+    rebalances[rank] = balancer.balancer().rebalances();
+  });
+  for (int r = 1; r < kWorld; ++r) {
+    EXPECT_EQ(last_rows[r], last_rows[0]) << "rank " << r << " disagrees with rank 0";
+    EXPECT_EQ(rebalances[r], rebalances[0]);
+  }
+  ASSERT_EQ(last_rows[0].size(), 3u);
+  EXPECT_GE(rebalances[0], 1);
+  // 60, 60, 20 when measured exactly; sleeps overshoot a little, more on short ones.
+  EXPECT_NEAR(last_rows[0][0], 60, 6);
+  EXPECT_NEAR(last_rows[0][1], 60, 6);
+  EXPECT_NEAR(last_rows[0][2], 20, 6);
+}
+
+TEST(RankBalancer, RejectsBadInput) {
+  spawn(1, [](int, std::shared_ptr<ProcessGroup> group) {
+    RankBalancerOptions options;
+    options.interval = 0;
+    EXPECT_THROW_MSG(RankBalancer(group, options), InvalidArgumentError, "interval is 0");
+    RankBalancer balancer(group);
+    EXPECT_THROW_MSG(balancer.step(-1, 0.1), InvalidArgumentError, "-1 rows");
+    EXPECT_THROW_MSG(balancer.step(1, -0.1), InvalidArgumentError, "-0.1 s");
+    EXPECT_EQ(balancer.weights(), (std::vector<double>{1.0}));
+  });
+}
+
+}  // namespace
+}  // namespace datapar

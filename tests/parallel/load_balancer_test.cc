@@ -1,0 +1,128 @@
+#include "datapar/parallel/load_balancer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "datapar/error.h"
+#include "datapar/parallel/chunk_sizes.h"
+#include "testing/expect_throw.h"
+
+namespace datapar {
+namespace {
+
+// Runs `steps` steps of a batch of `batch` rows on devices whose seconds per row are
+// `costs` (times multiplied by 1 +- noise), splitting as the balancer says. Returns the last split.
+std::vector<int64_t> simulate(LoadBalancer& balancer, const std::vector<double>& costs, int64_t batch, int steps,
+                              double noise = 0, uint32_t seed = 1) {
+  std::mt19937 random(seed);
+  std::uniform_real_distribution<double> jitter(1 - noise, 1 + noise);
+  std::vector<int64_t> rows;
+  for (int s = 0; s < steps; ++s) {
+    rows = weighted_chunk_sizes(batch, balancer.weights());
+    std::vector<double> seconds(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) seconds[i] = static_cast<double>(rows[i]) * costs[i] * jitter(random);
+    balancer.record(rows, seconds);
+  }
+  return rows;
+}
+
+TEST(LoadBalancer, StartsEvenOrFromTheGivenWeights) {
+  EXPECT_EQ(LoadBalancer(4).weights(), (std::vector<double>{0.25, 0.25, 0.25, 0.25}));
+  EXPECT_EQ(LoadBalancer(2, {}, {1, 3}).weights(), (std::vector<double>{0.25, 0.75}));
+}
+
+TEST(LoadBalancer, ASlowerDeviceGetsAShareInProportionToItsSpeed) {
+  // Device 1 takes 3x as long per row: 3/4 of the batch to device 0, 1/4 to device 1.
+  LoadBalancer balancer(2);
+  const std::vector<int64_t> rows = simulate(balancer, {1e-3, 3e-3}, 256, 10);
+  EXPECT_EQ(rows, (std::vector<int64_t>{192, 64}));
+  EXPECT_EQ(balancer.rebalances(), 1);
+  EXPECT_NEAR(balancer.weights()[0], 0.75, 1e-12);
+}
+
+TEST(LoadBalancer, WaitsForSkippedAndMinimumSteps) {
+  LoadBalancerOptions options;
+  options.skip_steps = 2;
+  options.min_steps = 3;
+  LoadBalancer balancer(2, options);
+  // Step 5 is the first decision: 2 skipped, then 3 measured.
+  for (int s = 1; s <= 4; ++s) EXPECT_FALSE(balancer.record({10, 10}, {0.01, 0.04})) << "step " << s;
+  EXPECT_TRUE(balancer.record({10, 10}, {0.01, 0.04}));
+  EXPECT_NEAR(balancer.weights()[0], 0.8, 1e-12);
+}
+
+TEST(LoadBalancer, NoiseWithinTheHysteresisNeverMovesTheSplit) {
+  // Equal devices, +-5% noise per step: a balancer without hysteresis would chase it.
+  LoadBalancer balancer(3);
+  simulate(balancer, {1e-3, 1e-3, 1e-3}, 300, 500, 0.05);
+  EXPECT_EQ(balancer.rebalances(), 0);
+
+  LoadBalancerOptions eager;
+  eager.hysteresis = 0;
+  LoadBalancer flapping(3, eager);
+  simulate(flapping, {1e-3, 1e-3, 1e-3}, 300, 500, 0.05);
+  EXPECT_GT(flapping.rebalances(), 10);
+}
+
+TEST(LoadBalancer, OneBadStepDoesNotMoveTheSplitButADriftDoes) {
+  LoadBalancer balancer(2);
+  simulate(balancer, {1e-3, 1e-3}, 100, 10);
+  EXPECT_EQ(balancer.rebalances(), 0);
+  // One step 10x slower on device 1 (a page fault, a neighbour): the median ignores it.
+  balancer.record({50, 50}, {0.05, 0.5});
+  simulate(balancer, {1e-3, 1e-3}, 100, 10);
+  EXPECT_EQ(balancer.rebalances(), 0);
+  // Device 0 becomes 2x slower for good: the split follows, once.
+  const std::vector<int64_t> rows = simulate(balancer, {2e-3, 1e-3}, 99, 30);
+  EXPECT_EQ(rows, (std::vector<int64_t>{33, 66}));
+  EXPECT_EQ(balancer.rebalances(), 1);
+}
+
+TEST(LoadBalancer, ASplitThatSlowsItsOwnDeviceSettlesInsteadOfSwinging) {
+  // Device 0's cost per row grows with its share beyond half (it overlaps device 1's
+  // communication). Going all the way to every measurement would swing the split between
+  // about 52% and 69% for ever; halfway back, it settles within a few moves.
+  LoadBalancer balancer(2);
+  std::vector<int64_t> rows;
+  for (int step = 0; step < 200; ++step) {
+    rows = weighted_chunk_sizes(1000, balancer.weights());
+    const double share = static_cast<double>(rows[0]) / 1000;
+    const double cost0 = 1e-3 * (1 + 6 * (share - 0.5));
+    balancer.record(rows, {static_cast<double>(rows[0]) * cost0, static_cast<double>(rows[1]) * 2.5e-3});
+  }
+  EXPECT_LE(balancer.rebalances(), 3);
+  EXPECT_GT(rows[0], 580);
+  EXPECT_LT(rows[0], 680);
+}
+
+TEST(LoadBalancer, DevicesWithoutRowsAreNotMeasured) {
+  LoadBalancerOptions options;
+  options.skip_steps = 0;
+  options.min_steps = 1;
+  LoadBalancer balancer(3, options);
+  EXPECT_FALSE(balancer.record({2, 0, 0}, {0.01, 0, 0}));  // a 2-row batch: devices 1, 2 idle
+  EXPECT_EQ(balancer.seconds_per_row(), (std::vector<double>{0.005, 0, 0}));
+  EXPECT_TRUE(balancer.record({10, 10, 10}, {0.01, 0.01, 0.03}));
+}
+
+TEST(LoadBalancer, RejectsBadInputNamingIt) {
+  EXPECT_THROW_MSG(LoadBalancer(0), InvalidArgumentError, "no devices");
+  EXPECT_THROW_MSG(LoadBalancer(2, {}, {1}), InvalidArgumentError, "1 weights for 2 devices");
+  EXPECT_THROW_MSG(LoadBalancer(2, {}, {0, 0}), InvalidArgumentError, "every weight is 0");
+  EXPECT_THROW_MSG(LoadBalancer(2, {}, {1, NAN}), InvalidArgumentError, "not a finite number");
+  LoadBalancerOptions options;
+  options.min_steps = 6;
+  EXPECT_THROW_MSG(LoadBalancer(2, options), InvalidArgumentError, "min_steps is 6");
+  options = {};
+  options.hysteresis = -0.1;
+  EXPECT_THROW_MSG(LoadBalancer(2, options), InvalidArgumentError, "hysteresis is -0.1");
+  LoadBalancer balancer(2);
+  EXPECT_THROW_MSG(balancer.record({1}, {0.1, 0.1}), InvalidArgumentError, "1 row counts and 2 times for 2 devices");
+  EXPECT_THROW_MSG(balancer.record({1, -1}, {0.1, 0.1}), InvalidArgumentError, "device 1 ran -1 rows");
+  EXPECT_THROW_MSG(balancer.record({1, 1}, {0.1, INFINITY}), InvalidArgumentError, "device 1 took inf s");
+}
+
+}  // namespace
+}  // namespace datapar
