@@ -3,38 +3,18 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <functional>
-#include <mutex>
 #include <thread>
 
 #include "datapar/data/balanced_batches.h"
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
 #include "testing/expect_throw.h"
-#include "testing/ports.h"
+#include "testing/gloo_ranks.h"
 
 namespace datapar {
 namespace {
 
-using namespace std::chrono_literals;
-
-// Runs fn(rank, group) on `size` threads, each a rank of one Gloo group over loopback.
-void spawn(int size, const std::function<void(int, std::shared_ptr<ProcessGroup>)>& fn) {
-  testing::ThreadJobStore job(30s);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto group = new_gloo_process_group(job.join(rank), rank, size, {"127.0.0.1", 30s});
-        fn(rank, group);
-        group->barrier()->wait();
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << rank << ": " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-}
+using testing::run_gloo_ranks;
 
 TEST(RankBalancer, ASlowerRankGetsASmallerShareAndEveryRankAgrees) {
   // Rank 2 computes 3x slower per row than ranks 0 and 1 (it sleeps longer): shares
@@ -43,7 +23,7 @@ TEST(RankBalancer, ASlowerRankGetsASmallerShareAndEveryRankAgrees) {
   constexpr int64_t kBatch = 140;
   std::vector<std::vector<int64_t>> last_rows(kWorld);
   std::vector<int64_t> rebalances(kWorld);
-  spawn(kWorld, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+  run_gloo_ranks(kWorld, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     RankBalancer balancer(group);
     BalancedBatches batches({1400, kBatch, kWorld, rank, true, 0});
     std::vector<int64_t> rows;
@@ -70,7 +50,7 @@ TEST(RankBalancer, ASlowerRankGetsASmallerShareAndEveryRankAgrees) {
 }
 
 TEST(RankBalancer, RejectsBadInput) {
-  spawn(1, [](int, std::shared_ptr<ProcessGroup> group) {
+  run_gloo_ranks(1, [](int, std::shared_ptr<ProcessGroup> group) {
     RankBalancerOptions options;
     options.interval = 0;
     EXPECT_THROW_MSG(RankBalancer(group, options), InvalidArgumentError, "interval is 0");

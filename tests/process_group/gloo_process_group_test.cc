@@ -16,6 +16,7 @@
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
+#include "testing/gloo_ranks.h"
 #include "testing/ports.h"
 #include "testing/temp_dir.h"
 
@@ -28,20 +29,7 @@ std::optional<std::string> no_env(const std::string&) { return std::nullopt; }
 
 // Runs fn(rank, group) on `size` threads, each a rank of one Gloo group over loopback.
 void spawn(int size, const std::function<void(int, ProcessGroup&)>& fn) {
-  testing::ThreadJobStore job(30s);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto group = new_gloo_process_group(job.join(rank), rank, size, {"127.0.0.1", 30s});
-        fn(rank, *group);
-        group->barrier()->wait();  // keep rank 0's store up until everyone is done
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << rank << ": " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::run_gloo_ranks(size, [&](int rank, std::shared_ptr<ProcessGroup> group) { fn(rank, *group); });
 }
 
 TEST(GlooProcessGroup, AllReduceSumsRankIdsAtEveryWorldSize) {

@@ -1,0 +1,37 @@
+// Ranks that are threads of the test, each a member of one Gloo group over loopback.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "datapar/process_group/process_group.h"
+#include "testing/ports.h"
+
+namespace datapar::testing {
+
+// Runs fn(rank, group) on `size` threads; a rank's exception fails the test, naming it.
+inline void run_gloo_ranks(int size, const std::function<void(int, std::shared_ptr<ProcessGroup>)>& fn) {
+  using namespace std::chrono_literals;
+  ThreadJobStore job(30s);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto group = new_gloo_process_group(job.join(rank), rank, size, {"127.0.0.1", 30s});
+        fn(rank, group);
+        group->barrier()->wait();  // keep rank 0's store up until everyone is done
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << rank << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace datapar::testing
