@@ -80,7 +80,7 @@ fuzz: setup
 	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) \
 	  -DDATAPAR_SANITIZE=address,undefined -DDATAPAR_FUZZ=ON -DDATAPAR_FUZZ_SECONDS=$(FUZZ_SECONDS)
 	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
-	cd $(ASAN_BUILD_DIR) && $(ASAN_ENV) ctest --output-on-failure -L fuzz -j $(JOBS)
+	cd $(ASAN_BUILD_DIR) && $(FUZZ_ENV) ctest --output-on-failure -L fuzz -j $(JOBS)
 
 # The tests that need CUDA devices (CTest label gpu), on pip's CUDA torch.
 test-gpu: build-torch2
