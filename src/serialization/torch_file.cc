@@ -113,14 +113,23 @@ c10::IValue torch_load(const std::string& path) {
     if (!reader->hasRecord("data.pkl")) {
       throw CheckpointError("the archive has no data.pkl; it is not a torch.save file");
     }
-    // Each record is checked against the CRC-32 the archive holds for it (zip_crc.h).
-    const auto crcs = read_zip_crcs(path);
+    // Each record is checked against the CRC-32 the archive holds for it (zip_crc.h), and
+    // its announced size against the file's before libtorch allocates that size.
+    const auto entries = read_zip_entries(path);
     auto record = [&](const std::string& name) {
+      const auto entry = entries.find(name);
+      if (entry == entries.end()) {
+        throw CheckpointError(str_cat("record ", name, " is not in the zip directory (a damaged archive?)",
+                                      ". Load an earlier checkpoint"));
+      }
+      if (entry->second.size > file_size) {
+        throw CheckpointError(str_cat("record ", name, " claims ", entry->second.size, " bytes, more than the whole file (",
+                                      file_size, " bytes): the zip directory is damaged. Load an earlier checkpoint"));
+      }
       at::DataPtr data;
       size_t size = 0;
       std::tie(data, size) = reader->getRecord(name);
-      const auto crc = crcs.find(name);
-      if (crc == crcs.end() || crc32(data.get(), size) != crc->second) {
+      if (crc32(data.get(), size) != entry->second.crc) {
         throw CheckpointError(str_cat("record ", name, " is damaged (its CRC-32 does not match: a changed bit on disk or in a copy?)",
                                       ". Load an earlier checkpoint"));
       }

@@ -1,5 +1,6 @@
-// crc32 and read_zip_crcs. See zip_crc.h. Zip layout: PKWARE's APPNOTE.TXT, sections 4.3.12
-// (central directory header), 4.3.14-4.3.16 (zip64 and plain end of central directory).
+// crc32 and read_zip_entries. See zip_crc.h. Zip layout: PKWARE's APPNOTE.TXT, sections 4.3.12
+// (central directory header), 4.3.14-4.3.16 (zip64 and plain end of central directory),
+// 4.5.3 (the zip64 extended information extra field).
 #include "serialization/zip_crc.h"
 
 #include <algorithm>
@@ -62,7 +63,7 @@ uint32_t crc32(const void* data, size_t size, uint32_t crc) {
   return ~crc;
 }
 
-std::unordered_map<std::string, uint32_t> read_zip_crcs(const std::string& path) {
+std::unordered_map<std::string, ZipEntry> read_zip_entries(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   in.seekg(0, std::ios::end);
   const uint64_t size = static_cast<uint64_t>(in.tellg());
@@ -102,19 +103,34 @@ std::unordered_map<std::string, uint32_t> read_zip_crcs(const std::string& path)
   }
 
   const std::string directory = read_at(directory_offset, directory_size);
-  std::unordered_map<std::string, uint32_t> crcs;
+  std::unordered_map<std::string, ZipEntry> found;
   size_t pos = 0;
   for (uint64_t e = 0; e < entries; ++e) {
     if (directory.size() - pos < 46 || field(directory, pos, 4) != kCentralHeader) damaged("a bad entry header");
     const size_t name = field(directory, pos + 28, 2);
-    const size_t rest = name + field(directory, pos + 30, 2) + field(directory, pos + 32, 2);
+    const size_t extra = field(directory, pos + 30, 2);
+    const size_t rest = name + extra + field(directory, pos + 32, 2);
     if (directory.size() - pos - 46 < rest) damaged("an entry runs past the directory");
     const std::string full = directory.substr(pos + 46, name);
     const size_t slash = full.find('/');
-    crcs[slash == std::string::npos ? full : full.substr(slash + 1)] = static_cast<uint32_t>(field(directory, pos + 16, 4));
+    ZipEntry entry;
+    entry.crc = static_cast<uint32_t>(field(directory, pos + 16, 4));
+    entry.size = field(directory, pos + 24, 4);
+    if (entry.size == 0xffffffff) {
+      // The zip64 extra field (id 1) holds the real size, first among its 8-byte values.
+      for (size_t at = pos + 46 + name; at + 4 <= pos + 46 + name + extra;) {
+        const uint64_t id = field(directory, at, 2), length = field(directory, at + 2, 2);
+        if (at + 4 + length > pos + 46 + name + extra) break;
+        if (id == 1 && length >= 8) entry.size = std::max(entry.size, field(directory, at + 4, 8));
+        at += 4 + length;
+      }
+    }
+    if (!found.emplace(slash == std::string::npos ? full : full.substr(slash + 1), entry).second) {
+      damaged("an entry is named twice");
+    }
     pos += 46 + rest;
   }
-  return crcs;
+  return found;
 }
 
 }  // namespace datapar::detail

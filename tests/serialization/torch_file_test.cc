@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <random>
 
@@ -143,6 +144,32 @@ TEST(CheckpointFile, DamagedFilesNameThePathAndTheProblem) {
   flipped[offset + 100] ^= 0x10;
   write_all(path, flipped);
   EXPECT_THROW_MSG(torch_load(path), CheckpointError, "damaged");
+
+  // The central directory's entry for a record, patched: found by its name.
+  auto patch_entry = [&](const std::string& suffix, const std::function<void(std::string&, size_t)>& patch) {
+    std::string bytes = good;
+    for (size_t at = bytes.find("PK\x01\x02"); at != std::string::npos; at = bytes.find("PK\x01\x02", at + 1)) {
+      const size_t name_length = uint8_t(bytes[at + 28]) | uint8_t(bytes[at + 29]) << 8;
+      const std::string name = bytes.substr(at + 46, name_length);
+      if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        patch(bytes, at);
+        return bytes;
+      }
+    }
+    ADD_FAILURE() << "no directory entry ends with " << suffix;
+    return bytes;
+  };
+  // A record that claims 4 GiB in a small file (fuzzing found it: libtorch's reader would
+  // allocate the claimed size before reading a byte): refused before any allocation.
+  write_all(path, patch_entry("/data.pkl", [](std::string& b, size_t at) { b.replace(at + 24, 4, "\xff\xff\xff\xff"); }));
+  EXPECT_THROW_MSG(torch_load(path), CheckpointError,
+                   "record data.pkl claims 4294967295 bytes, more than the whole file (" + std::to_string(good.size()));
+  // Two entries with one name: which one a reader finds is up to the reader.
+  write_all(path, patch_entry("/data/0", [](std::string& b, size_t at) {
+    const size_t name_length = uint8_t(b[at + 28]) | uint8_t(b[at + 29]) << 8;
+    b[at + 46 + name_length - 1] = '1';
+  }));
+  EXPECT_THROW_MSG(torch_load(path), CheckpointError, "an entry is named twice");
 }
 
 TEST(CheckpointFile, Crc32MatchesZlib) {
