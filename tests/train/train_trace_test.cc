@@ -1,6 +1,7 @@
 // `datapar train --trace`: two ranks under the launcher write one timeline, every rank's
 // steps in it, and it shows what DDP is for: gradient buckets all-reduced while backward
 // still computes (ResNet-18: three buckets, the first ready long before backward ends).
+// scripts/trace_to_html.py draws it.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -8,10 +9,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "testing/processes.h"
+#include "testing/python.h"
 #include "testing/temp_dir.h"
 
 namespace {
@@ -19,6 +22,19 @@ namespace {
 using nlohmann::json;
 
 const std::string kBin = std::string(DATAPAR_BIN_DIR) + "/datapar";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
 
 struct Step {
   std::map<std::string, json> spans;  // forward, backward, optimizer step, wait for buckets
@@ -40,6 +56,7 @@ TEST(TrainTrace, TwoRanksInOneFileWithBucketsOverlappingBackward) {
   const json doc = json::parse(in);
   std::map<int, std::map<int64_t, Step>> ranks;  // rank -> step -> what happened
   std::set<std::string> processes;
+  int events_of_steps_0_and_1 = 0;
   for (const json& e : doc.at("traceEvents")) {
     if (e["ph"] == "M") {
       if (e["name"] == "process_name") processes.insert(e["args"]["name"].get<std::string>());
@@ -49,6 +66,7 @@ TEST(TrainTrace, TwoRanksInOneFileWithBucketsOverlappingBackward) {
     ASSERT_EQ(e.at("args").at("rank"), rank) << e.dump();  // rank and step in every event
     const int64_t step = e.at("args").at("step");
     const std::string name = e.at("name");
+    if (step == 0 || step == 1) ++events_of_steps_0_and_1;
     if (step < 0) continue;
     Step& s = ranks[rank][step];
     if (e["ph"] == "X" && e["cat"] == "bucket") {
@@ -92,6 +110,29 @@ TEST(TrainTrace, TwoRanksInOneFileWithBucketsOverlappingBackward) {
     // Bucket 0 (and 1) start while backward computes the rest of the network, every step.
     EXPECT_GE(overlapping, 2 * 2) << "rank " << rank;
   }
+
+  // The page README shows how to make: a row per thread of each rank, and each event of
+  // the steps asked for drawn once (a bar, or a tick for an instant), its step in its tooltip.
+  const std::string script = std::string(DATAPAR_SOURCE_DIR) + "/scripts/trace_to_html.py";
+  const std::string page = temp.path() + "/run.html", log = temp.path() + "/trace_to_html.log";
+  ASSERT_EQ(datapar::testing::run_python_file(script, "'" + path + "' --steps 0 1 -o '" + page + "' > '" + log +
+                                                          "' 2>&1"),
+            0)
+      << read_file(log);
+  const std::string html = read_file(page);
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  for (const char* row : {">rank 0: ", ">rank 1: "}) EXPECT_NE(html.find(row), std::string::npos) << row;
+  EXPECT_EQ(count(html, "<g><title>"), events_of_steps_0_and_1);
+  EXPECT_GT(count(html, "<title>backward (step 1): "), 0);
+  EXPECT_EQ(count(html, "(step 2)"), 0) << "step 2 was not asked for";
+
+  // Steps the trace does not have: an error that says so, and no page.
+  const std::string none = temp.path() + "/none.html";
+  EXPECT_NE(datapar::testing::run_python_file(script, "'" + path + "' --steps 7 9 -o '" + none + "' > '" + log +
+                                                          "' 2>&1"),
+            0);
+  EXPECT_NE(read_file(log).find("trace_to_html: no events to draw in steps 7-9"), std::string::npos) << read_file(log);
+  EXPECT_FALSE(std::ifstream(none).good());
 }
 
 }  // namespace
