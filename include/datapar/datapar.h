@@ -26,6 +26,7 @@
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/job_config.h"
 #include "datapar/rendezvous/prefix_store.h"
+#include "datapar/rendezvous/reserved_port.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "datapar/state_dict.h"
 #include "datapar/timeout.h"

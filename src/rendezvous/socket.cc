@@ -37,20 +37,14 @@ int resolve(const std::string& host, uint16_t port, bool passive, AddrInfo* out)
 
 std::string address(const std::string& host, uint16_t port) { return host + ":" + std::to_string(port); }
 
-}  // namespace
-
-void set_nonblocking(int fd, bool on) {
-  const int flags = fcntl(fd, F_GETFL, 0);
-  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
-}
-
-int listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port,
-               const std::function<void(uint16_t port)>& before_listen) {
+// A socket bound to host:port with SO_REUSEADDR (port 0: any free port), not listening; -1
+// with `error` set when no address of host could be bound.
+int bind_tcp(const std::string& host, uint16_t port, uint16_t* bound_port, std::string* error) {
   AddrInfo info;
   const int rc = resolve(host, port, /*passive=*/true, &info);
   DATAPAR_CHECK(rc == 0, "TcpStore: cannot listen on ", address(host, port), ": ", gai_strerror(rc),
                 ". Give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0.");
-  std::string last_error = "no address";
+  *error = "no address";
   for (addrinfo* a = info.list; a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
@@ -62,23 +56,50 @@ int listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port,
       getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
       *bound_port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-      try {
-        if (before_listen) before_listen(*bound_port);
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
-      if (listen(fd, 1024) == 0) {
-        set_nonblocking(fd, true);
-        return fd;
-      }
+      return fd;
     }
-    last_error = std::strerror(errno);
+    *error = std::strerror(errno);
     ::close(fd);
   }
-  throw InvalidArgumentError(str_cat("TcpStore: cannot listen on ", address(host, port), ": ", last_error,
+  return -1;
+}
+
+}  // namespace
+
+void set_nonblocking(int fd, bool on) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+int listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port,
+               const std::function<void(uint16_t port)>& before_listen) {
+  std::string error;
+  const int fd = bind_tcp(host, port, bound_port, &error);
+  if (fd >= 0) {
+    try {
+      if (before_listen) before_listen(*bound_port);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    if (listen(fd, 1024) == 0) {
+      set_nonblocking(fd, true);
+      return fd;
+    }
+    error = std::strerror(errno);
+    ::close(fd);
+  }
+  throw InvalidArgumentError(str_cat("TcpStore: cannot listen on ", address(host, port), ": ", error,
                                      ". If the port is in use (another job, or an earlier one still exiting), ",
                                      "pick another port (MASTER_PORT) or let the server take a free one (port 0)."));
+}
+
+int reserve_tcp_port(const std::string& host, uint16_t* port) {
+  std::string error;
+  const int fd = bind_tcp(host, 0, port, &error);
+  DATAPAR_CHECK(fd >= 0, "cannot reserve a port on ", host, ": ", error,
+                ". Give an address of this machine (--master-addr), e.g. 127.0.0.1.");
+  return fd;
 }
 
 int connect_tcp(const std::string& host, uint16_t port, std::chrono::milliseconds timeout, const char* who) {

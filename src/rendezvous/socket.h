@@ -16,6 +16,10 @@ namespace datapar::detail {
 int listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port,
                const std::function<void(uint16_t port)>& before_listen = {});
 
+// A socket bound to a free port of host with SO_REUSEADDR that never listens (ReservedPort);
+// sets *port. Throws InvalidArgumentError when no address of host can be bound.
+int reserve_tcp_port(const std::string& host, uint16_t* port);
+
 // Connects to host:port, retrying with backoff until `timeout` passes. Returns a blocking
 // socket with TCP_NODELAY. Throws TimeoutError naming the address and the last error.
 int connect_tcp(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,

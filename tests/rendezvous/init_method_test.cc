@@ -25,8 +25,8 @@ using namespace std::chrono_literals;
 using testing::fake_env;
 
 // The tcp:// and env:// tests name rank 0's port in the URL or MASTER_PORT, as users do,
-// so they take a testing::ReservedPort (ports.h) that no other process can take meanwhile.
-using testing::ReservedPort;
+// so they take a ReservedPort (datapar/rendezvous/reserved_port.h), which no other process
+// can take meanwhile.
 
 // Runs rendezvous for each (rank, world_size) on its own thread; returns what each threw ("" if nothing).
 std::vector<std::string> join_all(const std::string& url, const std::vector<std::pair<int, int>>& members,
@@ -95,13 +95,13 @@ TEST(InitMethod, ReadsTorchrunOpenMpiAndSlurmVariables) {
 
 TEST(Rendezvous, TcpWithThreeRanks) {
   const ReservedPort port;
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.number());
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.port());
   for (const std::string& e : join_all(url, {{0, 3}, {1, 3}, {2, 3}})) EXPECT_EQ(e, "");
 }
 
 TEST(Rendezvous, EnvReadsMasterAddrPortRankAndWorldSize) {
   const ReservedPort reserved;
-  const std::string port = std::to_string(reserved.number());
+  const std::string port = std::to_string(reserved.port());
   std::vector<std::thread> threads;
   std::vector<int> ranks(2, -1);
   for (int r = 0; r < 2; ++r) {
@@ -135,13 +135,13 @@ TEST(Rendezvous, ClearErrorsForBadRanksAndDisagreements) {
   EXPECT_THROW_MSG(rendezvous("tcp://127.0.0.1:1", 3, 3, 1s, fake_env({})), InvalidArgumentError,
                    "rank 3 is outside [0, 3)");
   const ReservedPort port, port2;
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.number());
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.port());
   // Rank 1 twice, and rank 2 with another world size; the short timeout ends the rest.
   auto errors = join_all(url, {{0, 3}, {1, 3}, {1, 3}}, 2s);
   EXPECT_EQ(std::count_if(errors.begin(), errors.end(),
                           [](const std::string& e) { return e.find("rank 1 is claimed by two processes") != std::string::npos; }),
             1);
-  const std::string url2 = "tcp://127.0.0.1:" + std::to_string(port2.number());
+  const std::string url2 = "tcp://127.0.0.1:" + std::to_string(port2.port());
   errors = join_all(url2, {{0, 2}, {1, 3}}, 2s);
   EXPECT_TRUE(errors[1].find("has world size 3 but the job agreed on 2") != std::string::npos ||
               errors[0].find("has world size 2 but the job agreed on 3") != std::string::npos)
@@ -150,7 +150,7 @@ TEST(Rendezvous, ClearErrorsForBadRanksAndDisagreements) {
 
 TEST(Rendezvous, MissingRanksAreNamedWhenTheTimeoutEnds) {
   const ReservedPort port;
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.number());
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.port());
   const auto errors = join_all(url, {{0, 4}, {2, 4}}, 300ms);
   EXPECT_NE(errors[0].find("2 of 4 ranks never arrived (1, 3)"), std::string::npos) << errors[0];
   // Rank 2 times out the same way, unless rank 0 gave up first and took its server with it.
@@ -190,7 +190,7 @@ TEST(InitMethod, JobAcrossMachinesWithoutATokenRefusesToStart) {
 TEST(InitMethod, ProcessesOfOneMachineShareAGeneratedToken) {
   ::unsetenv("DATAPAR_STORE_TOKEN");
   const ReservedPort port;
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.number());
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.port());
   const testing::TempDir temp("rendezvous");
   const std::string& dir = temp.path();
   const std::string probe = std::string(DATAPAR_BIN_DIR) + "/store_probe";
@@ -202,7 +202,7 @@ TEST(InitMethod, ProcessesOfOneMachineShareAGeneratedToken) {
 
 TEST(Rendezvous, UnreachableMasterTimesOut) {
   const ReservedPort port;  // nothing listens there, and nothing else can start to
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.number());
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port.port());
   EXPECT_THROW_MSG(rendezvous(url, 1, 2, 300ms, fake_env({})), TimeoutError, "Is the store server (rank 0) running?");
 }
 

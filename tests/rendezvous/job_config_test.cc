@@ -110,9 +110,9 @@ TEST(JobConfig, SharedMemorySwitchesTokenRunIdAndGlooHostname) {
 
 // init_process_group with a JobConfig reads no environment: env:// from the config alone.
 TEST(JobConfig, InitProcessGroupTakesTheConfigInsteadOfTheEnvironment) {
-  const testing::ReservedPort port;
+  const ReservedPort port;
   const JobConfig c = resolve_job_config(fake_env({{"MASTER_ADDR", "127.0.0.1"},
-                                                   {"MASTER_PORT", std::to_string(port.number())},
+                                                   {"MASTER_PORT", std::to_string(port.port())},
                                                    {"RANK", "0"}, {"WORLD_SIZE", "1"},
                                                    {"DATAPAR_SHM", "0"}, {"DATAPAR_BACKEND", "gloo"}}));
   init_process_group("", "env://", -1, -1, 30s, c);

@@ -1,6 +1,7 @@
 // A worker program for the `datapar launch` tests (tests/tools/launch_test.cc). It reads
 // its place in the job from the launcher's environment. Modes:
-//   env                       prints the launcher's variables, then a last line with no newline
+//   env                       prints the launcher's variables and whether MASTER_PORT is held
+//                             (a plain bind to it fails), then a last line with no newline
 //   sleep DIR [ignore-term]   writes DIR/pid-RANK, then sleeps 60 s (optionally deaf to SIGTERM)
 //   fail DIR RANK CODE        every rank writes DIR/pid-RANK and sleeps 60 s, except RANK,
 //                             which waits until all pid files exist and exits with CODE
@@ -19,9 +20,12 @@
 //                             on the first attempt (DATAPAR_RESTART_COUNT=0) the last rank
 //                             exits 3 at the start of epoch FAIL_AT (-1: never). Rank 0
 //                             prints the final weights.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +40,18 @@
 #include "datapar/train/checkpoint.h"
 
 namespace {
+
+// Whether a socket without SO_REUSEADDR, as any other program's, fails to bind 127.0.0.1:port.
+bool port_is_held(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool held = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  return held;
+}
 
 int env_int(const char* name) {
   const char* v = std::getenv(name);
@@ -111,7 +127,8 @@ int main(int argc, char** argv) {
               << " TOKEN=" << (std::getenv("DATAPAR_STORE_TOKEN") ? std::getenv("DATAPAR_STORE_TOKEN") : "")
               << " RESTART=" << env_int("DATAPAR_RESTART_COUNT")
               << " BACKEND=" << (std::getenv("DATAPAR_BACKEND") ? std::getenv("DATAPAR_BACKEND") : "-")
-              << " MPI_WORLD=" << (std::getenv("OMPI_COMM_WORLD_SIZE") ? std::getenv("OMPI_COMM_WORLD_SIZE") : "-") << "\n";
+              << " MPI_WORLD=" << (std::getenv("OMPI_COMM_WORLD_SIZE") ? std::getenv("OMPI_COMM_WORLD_SIZE") : "-")
+              << " MASTER_PORT_HELD=" << (port_is_held(env_int("MASTER_PORT")) ? "yes" : "no") << "\n";
     std::cerr << "to stderr from " << rank << "\n";
     std::cout << "no newline from " << rank << std::flush;
     return 0;

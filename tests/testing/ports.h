@@ -3,29 +3,23 @@
 //
 // - ThreadJobStore: ranks that are threads of the test. Rank 0's server binds port 0 and
 //   the other ranks connect to the port it got.
-// - ReservedPort: for the few tests that must name a port before any server starts,
-//   because what they test takes it from a URL or MASTER_PORT (tcp:// and env://
-//   rendezvous, `datapar train` under torchrun's variables): every rank needs the number
-//   up front, and rank 0 binds it itself.
+// - datapar::ReservedPort (datapar/rendezvous/reserved_port.h, which this includes): for the
+//   few tests that must name a port before any server starts, because what they test takes
+//   it from a URL or MASTER_PORT (tcp:// and env:// rendezvous, `datapar train` under
+//   torchrun's variables): every rank needs the number up front, and rank 0 binds it itself.
 // Multi-process jobs whose store is not what they test need no port: they rendezvous
 // through a FileStore (file://) in a testing::TempDir, as ddp_test does.
 #pragma once
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <future>
 #include <memory>
-#include <stdexcept>
 #include <string>
 
 #include "datapar/error.h"
+#include "datapar/rendezvous/reserved_port.h"
 #include "datapar/rendezvous/tcp_store.h"
 
 namespace datapar::testing {
@@ -61,46 +55,6 @@ class ThreadJobStore {
   std::chrono::milliseconds timeout_;
   std::promise<uint16_t> port_;
   std::shared_future<uint16_t> server_port_ = port_.get_future().share();
-};
-
-// A port on 127.0.0.1 that no other process can take while this object lives, yet a
-// TcpStore server can bind and listen on. It holds a socket bound to port 0 with
-// SO_REUSEADDR and never listens on it: the kernel gives a port that has a bound socket to
-// no bind(0) or connect() elsewhere, and Linux lets another SO_REUSEADDR socket (our
-// server's, src/rendezvous/socket.cc) listen beside one that does not. Until a server
-// listens, connecting to it is refused. Programs the test starts do not inherit the
-// socket (SOCK_CLOEXEC): the reservation ends with this object.
-class ReservedPort {
- public:
-  // Throws std::runtime_error when no socket can be bound.
-  ReservedPort() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) fail("socket");
-    const int one = 1;
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(address);
-    if (::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) fail("setsockopt");
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) fail("bind");
-    if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) fail("getsockname");
-    number_ = ntohs(address.sin_port);
-  }
-  ~ReservedPort() { ::close(fd_); }
-  ReservedPort(const ReservedPort&) = delete;
-  ReservedPort& operator=(const ReservedPort&) = delete;
-
-  uint16_t number() const { return number_; }
-
- private:
-  [[noreturn]] void fail(const char* call) {
-    const std::string reason = std::strerror(errno);
-    if (fd_ >= 0) ::close(fd_);
-    throw std::runtime_error(std::string("ReservedPort: ") + call + " failed: " + reason);
-  }
-
-  int fd_ = -1;
-  uint16_t number_ = 0;
 };
 
 }  // namespace datapar::testing

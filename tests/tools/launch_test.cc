@@ -177,6 +177,9 @@ TEST(Launch, EnvironmentOfTwoAndThreeWorkers) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     expect_environment(r.output, nproc, 1, 0);
     EXPECT_TRUE(std::regex_search(r.output, std::regex("TOKEN=[0-9a-f]{32} "))) << "a fresh random token:\n" << r.output;
+    // The port the launcher chose stays its own while the workers start: a port found free
+    // and let go could be taken by any process before rank 0 binds it.
+    EXPECT_EQ(count(r.output, "MASTER_PORT_HELD=yes"), nproc) << r.output;
   }
 }
 

@@ -67,9 +67,9 @@ TEST(MpirunJob, DdpTrainsOnMpiWithoutDataparLaunch) {
 TEST(MpirunJob, DdpTrainsOnGlooWithTheStoreAtMasterAddrAndPort) {
   if (!skip_reason().empty()) GTEST_SKIP() << skip_reason();
   const TempDir dir("mpirun_job_test");
-  const datapar::testing::ReservedPort port;
+  const datapar::ReservedPort port;
   const JobResult r = run_job(under_mpirun(train_args("gloo")),
-                              {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port.number())},
+                              {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port.port())},
                               dir.path() + "/mpirun.log", 120s);
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code, 0) << "every rank must exit 0:\n" << r.output;
@@ -93,9 +93,9 @@ TEST_P(MpirunHungRank, FailsTheOtherRankWithinTheTimeoutAndEndsTheJob) {
   if (!skip_reason().empty()) GTEST_SKIP() << skip_reason();
   if (GetParam() == "mpi" && !DATAPAR_HAVE_MPI) GTEST_SKIP() << "this build of datapar has no mpi backend";
   const TempDir dir("mpirun_job_test");
-  const datapar::testing::ReservedPort port;
+  const datapar::ReservedPort port;
   const JobResult r = run_job(under_mpirun({bin("launch_probe"), "hang", GetParam()}),
-                              {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port.number())},
+                              {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port.port())},
                               dir.path() + "/mpirun.log", 90s);
   EXPECT_FALSE(r.timed_out) << "the job hung; after 90 s:\n" << r.output;
   EXPECT_NE(r.exit_code, 0) << r.output;

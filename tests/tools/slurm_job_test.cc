@@ -38,7 +38,7 @@ using datapar::testing::train_result;
 std::string bin(const std::string& name) { return std::string(DATAPAR_BIN_DIR) + "/" + name; }
 
 // A TCP port free now. The daemons bind it themselves, so it cannot stay reserved
-// (testing::ReservedPort); a port taken in between fails the cluster's start, which says so.
+// (ReservedPort); a port taken in between fails the cluster's start, which says so.
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in address{};
@@ -229,9 +229,9 @@ TEST(SlurmJob, SrunTrainsDdpOnGlooWithRankAndStoreFromTheEnvironment) {
 
   const SlurmCluster cluster;
   ASSERT_EQ(cluster.problem(), "") << cluster.logs();
-  const datapar::testing::ReservedPort port;
+  const datapar::ReservedPort port;
   std::vector<std::string> environment = cluster.environment();
-  environment.insert(environment.end(), {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port.number())});
+  environment.insert(environment.end(), {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port.port())});
   // --overcommit: two tasks even where the node has one core; --kill-on-bad-exit: a rank
   // that fails ends the step instead of leaving the other waiting.
   std::vector<std::string> command = {find_program("srun"), "--ntasks=2", "--overcommit", "--kill-on-bad-exit=1",

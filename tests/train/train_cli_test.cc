@@ -65,8 +65,8 @@ std::vector<std::string> split(const std::string& args) {
 // MASTER_PORT must be known before rank 0 binds it, as under torchrun: a ReservedPort.
 std::vector<datapar::testing::ProcessResult> ddp_job(const std::string& args, int world, const std::string& dir,
                                                     const std::vector<std::string>& per_rank_args = {}) {
-  const datapar::testing::ReservedPort reserved;
-  const std::string port = std::to_string(reserved.number());
+  const datapar::ReservedPort reserved;
+  const std::string port = std::to_string(reserved.port());
   std::vector<std::vector<std::string>> commands;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> c = {"/usr/bin/env", "RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),

@@ -208,9 +208,9 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
                 "with your own mpirun -np N PROGRAM; for Slurm, with srun.");
   o.runner = "fork";
   if (o.token.empty()) o.token = make_store_token();
-  if (o.master_port == 0) {  // single node: a port free now on the master address
-    TcpStore probe({o.master_addr, 0, true, o.token, std::chrono::seconds(5)});
-    o.master_port = probe.port();
+  if (o.master_port == 0) {  // single node: a free port of the master address, held for the job
+    o.master_port_reservation = std::make_shared<const ReservedPort>(o.master_addr);
+    o.master_port = o.master_port_reservation->port();
   }
   return o;
 }

@@ -8,7 +8,9 @@
 //   WORLD_SIZE        nnodes * nproc_per_node
 //   LOCAL_WORLD_SIZE  nproc_per_node
 //   GROUP_RANK        node_rank
-//   MASTER_ADDR, MASTER_PORT   where rank 0 serves the TcpStore (init method env://)
+//   MASTER_ADDR, MASTER_PORT   where rank 0 serves the TcpStore (init method env://); a port
+//                              the launcher chose is kept for rank 0 until the job ends
+//                              (datapar/rendezvous/reserved_port.h)
 // and, datapar's own:
 //   DATAPAR_STORE_TOKEN     the job's store token (TcpStore refuses other jobs' processes)
 //   DATAPAR_RESTART_COUNT   0 on the first start, k after the k-th restart (torchrun's
@@ -25,8 +27,11 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "datapar/rendezvous/reserved_port.h"
 
 namespace datapar::tools {
 
@@ -36,6 +41,9 @@ struct LaunchOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port on this node (single node only)
+  // The port resolve_launch_options chose for master_port, kept from other processes until
+  // the last copy of these options is gone (reserved_port.h): rank 0 of every attempt binds it.
+  std::shared_ptr<const ReservedPort> master_port_reservation;
   // The store token shared by every worker of the job. Empty: read from token_file, else
   // DATAPAR_STORE_TOKEN from the launcher's environment, else (single node only) a fresh
   // random one. Workers get it in their environment, which only this user can read; a

@@ -15,6 +15,7 @@
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
+#include "datapar/rendezvous/reserved_port.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "worker_group.h"
 
@@ -95,12 +96,8 @@ int run_job(int nproc, const std::string& tool, const std::function<int(const st
   if ((backend.empty() ? default_backend() : backend) == "mpi") exec_under_mpirun(nproc, tool);
   // As a launcher would: one token for the ranks forked below.
   if (std::getenv("DATAPAR_STORE_TOKEN") == nullptr) ::setenv("DATAPAR_STORE_TOKEN", make_store_token().c_str(), 1);
-  uint16_t port;
-  {
-    TcpStore probe({"127.0.0.1", 0, true, std::getenv("DATAPAR_STORE_TOKEN"), std::chrono::seconds(5)});
-    port = probe.port();
-  }
-  const std::string init_method = "tcp://127.0.0.1:" + std::to_string(port);
+  const ReservedPort port("127.0.0.1");  // rank 0's store port, until every rank has exited
+  const std::string init_method = "tcp://127.0.0.1:" + std::to_string(port.port());
   std::vector<pid_t> children;
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = ::fork();
