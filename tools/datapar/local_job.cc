@@ -53,10 +53,9 @@ void exec_under_mpirun(int nproc, const std::string& tool) {
                 "Install libopenmpi-dev and openmpi-bin, then configure and build again.");
   std::string mpirun = find_mpirun();
   if (mpirun.empty()) mpirun = "mpirun";  // execvp fails below with the clear error
-  char self[4096] = {};
-  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string self = this_program();
   std::vector<std::string> original = own_command_line();
-  DATAPAR_CHECK(length > 0 && !original.empty(), tool, ": cannot read this program's command line to start it ",
+  DATAPAR_CHECK(!self.empty() && !original.empty(), tool, ": cannot read this program's command line to start it ",
                 "through mpirun. Start it yourself: mpirun -n ", nproc, " <the same command>");
   std::vector<std::string> args = {mpirun, "-n", std::to_string(nproc), self};
   args.insert(args.end(), original.begin() + 1, original.end());

@@ -14,6 +14,7 @@
 #include "datapar/config.h"
 #include "datapar/error.h"
 #include "launch.h"
+#include "worker_group.h"
 
 namespace {
 
@@ -32,13 +33,8 @@ std::string version_line() {
 // arguments (argv[0] too, so that messages name the command the user typed). Returns only
 // when that fails, with the exit status to use.
 int exec_torch_program(char** argv) {
-  char self[4096] = {};
-  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::string path = datapar::tools::kTorchProgram;
-  if (length > 0) {
-    const std::string exe(self, static_cast<size_t>(length));
-    path = exe.substr(0, exe.rfind('/') + 1) + path;
-  }
+  const std::string self = datapar::tools::this_program();
+  const std::string path = self.substr(0, self.rfind('/') + 1) + datapar::tools::kTorchProgram;
   ::execv(path.c_str(), argv);
   std::cerr << "datapar: " << argv[1] << " runs in " << path << ", which cannot be started: " << std::strerror(errno)
             << ". It is built with this program (CMake target datapar_cli) into the same directory; build it again.\n";

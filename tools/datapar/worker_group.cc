@@ -96,6 +96,12 @@ std::string find_executable(const std::string& program) {
   return "";
 }
 
+std::string this_program() {
+  char path[4096] = {};
+  const ssize_t length = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  return length > 0 ? std::string(path, static_cast<size_t>(length)) : std::string();
+}
+
 void WorkerGroup::catch_signals() {
   if (g_signal_pipe[0] >= 0) return;
   g_launcher = ::getpid();

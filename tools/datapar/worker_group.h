@@ -99,6 +99,9 @@ class WorkerGroup {
 // if that is not an executable file.
 std::string find_executable(const std::string& program);
 
+// The path of this program's own executable (/proc/self/exe), or "" if it cannot be read.
+std::string this_program();
+
 // The forked child's side of starting a worker, before exec: default signal handling and
 // an empty signal mask, its own process group, PR_SET_PDEATHSIG = SIGKILL (exits at once
 // if `parent` is gone already), stdin /dev/null, stdout `out_fd`, stderr `err_fd`, the
