@@ -19,6 +19,7 @@
 #include <iostream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "datapar/datapar.h"
 #include "datapar/ddp/distributed_data_parallel.h"
@@ -79,38 +80,62 @@ int collectives(ProcessGroup& group, const at::TensorOptions& on_gpu) {
   return 0;
 }
 
+// A ConvNet on the GPU and an identical one, the reference, which trains on every rank's
+// rows at once as one process would.
+struct ModelAndReference {
+  testing::ConvNet model;
+  testing::ConvNet reference;
+};
+
+ModelAndReference model_and_reference(const at::Device& gpu) {
+  torch::manual_seed(5);
+  ModelAndReference m;
+  load_state_dict(*m.reference, state_dict(*m.model));
+  m.model->to(gpu);
+  m.reference->to(gpu);
+  return m;
+}
+
+// Step `step`'s whole batch, the same on every rank: images and labels.
+std::pair<at::Tensor, at::Tensor> whole_batch(int step, int64_t rows, const at::Device& gpu) {
+  torch::manual_seed(100 + step);
+  const at::Tensor x = at::randn({rows, 1, 12, 12}).to(gpu);
+  const at::Tensor y = at::randint(0, 10, {rows}, at::kLong).to(gpu);
+  return {x, y};
+}
+
+// The first parameter of `m.model` that differs from the reference's (relative error over
+// 1e-5), or "" when none does.
+std::string first_difference(const ModelAndReference& m) {
+  const auto got = m.model->named_parameters();
+  const auto want = m.reference->named_parameters();
+  for (size_t j = 0; j < got.size(); ++j) {
+    if (testing::relative_error(got[j].value(), want[j].value()) > 1e-5) return got[j].key();
+  }
+  return "";
+}
+
 int ddp(ProcessGroup& group, const at::Device& gpu) {
   const int rank = group.rank();
   const int world = group.size();
-  torch::manual_seed(5);
-  testing::ConvNet model;
-  testing::ConvNet reference;
-  load_state_dict(*reference, state_dict(*model));
-  model->to(gpu);
-  reference->to(gpu);
-  DistributedDataParallel ddp_model(model.ptr());
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD sgd_ref(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  ModelAndReference m = model_and_reference(gpu);
+  DistributedDataParallel ddp_model(m.model.ptr());
+  torch::optim::SGD sgd(m.model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD sgd_ref(m.reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   const int64_t per_rank = 8;
   for (int step = 0; step < 5; ++step) {
-    torch::manual_seed(100 + step);  // the same whole batch on every rank
-    const at::Tensor x = at::randn({per_rank * world, 1, 12, 12}).to(gpu);
-    const at::Tensor y = at::randint(0, 10, {per_rank * world}, at::kLong).to(gpu);
-    const at::Tensor mine = x.narrow(0, rank * per_rank, per_rank);
-    const at::Tensor my_y = y.narrow(0, rank * per_rank, per_rank);
+    const auto [x, y] = whole_batch(step, per_rank * world, gpu);
     sgd.zero_grad();
-    at::cross_entropy_loss(ddp_model(mine), my_y).backward();
+    at::cross_entropy_loss(ddp_model(x.narrow(0, rank * per_rank, per_rank)), y.narrow(0, rank * per_rank, per_rank))
+        .backward();
     sgd.step();
     sgd_ref.zero_grad();
-    at::cross_entropy_loss(reference(x), y).backward();
+    at::cross_entropy_loss(m.reference(x), y).backward();
     sgd_ref.step();
   }
-  const auto got = model->named_parameters();
-  const auto want = reference->named_parameters();
-  for (size_t j = 0; j < got.size(); ++j) {
-    if (testing::relative_error(got[j].value(), want[j].value()) > 1e-5) {
-      return fail("rank " + std::to_string(rank) + ": " + got[j].key() + " differs from single-process training");
-    }
+  const std::string differs = first_difference(m);
+  if (!differs.empty()) {
+    return fail("rank " + std::to_string(rank) + ": " + differs + " differs from single-process training");
   }
   return 0;
 }
@@ -122,48 +147,39 @@ int ddp(ProcessGroup& group, const at::Device& gpu) {
 int zero_trace(ProcessGroup& group, const at::Device& gpu) {
   const int rank = group.rank();
   const int world = group.size();
-  torch::manual_seed(5);
-  testing::ConvNet model;
-  testing::ConvNet reference;
-  load_state_dict(*reference, state_dict(*model));
-  model->to(gpu);
-  reference->to(gpu);
+  ModelAndReference m = model_and_reference(gpu);
   DdpOptions options;
   options.first_bucket_cap_mb = 0.001;  // several buckets
   options.bucket_cap_mb = 0.002;
-  DistributedDataParallel ddp_model(model.ptr(), nullptr, options);
+  DistributedDataParallel ddp_model(m.model.ptr(), nullptr, options);
   auto make = [](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
     return std::make_unique<torch::optim::Adam>(std::move(p), torch::optim::AdamOptions(0.01));
   };
   ZeroRedundancyOptimizer zero(ddp_model.parameters(), make);
-  torch::optim::Adam adam_ref(reference->parameters(), torch::optim::AdamOptions(0.01));
+  torch::optim::Adam adam_ref(m.reference->parameters(), torch::optim::AdamOptions(0.01));
   trace::start();
   const int64_t per_rank = 8;
   for (int step = 0; step < 3; ++step) {
     trace::set_step(step);
-    torch::manual_seed(100 + step);  // the same whole batch on every rank
-    const at::Tensor x = at::randn({per_rank * world, 1, 12, 12}).to(gpu);
-    const at::Tensor y = at::randint(0, 10, {per_rank * world}, at::kLong).to(gpu);
+    const auto [x, y] = whole_batch(step, per_rank * world, gpu);
     zero.zero_grad();
     at::cross_entropy_loss(ddp_model(x.narrow(0, rank * per_rank, per_rank)), y.narrow(0, rank * per_rank, per_rank))
         .backward();
     zero.step();
     adam_ref.zero_grad();
-    at::cross_entropy_loss(reference(x), y).backward();
+    at::cross_entropy_loss(m.reference(x), y).backward();
     adam_ref.step();
   }
   const std::string timeline = trace::stop_to_json(rank);
-  const auto got = model->named_parameters();
-  const auto want = reference->named_parameters();
-  for (size_t j = 0; j < got.size(); ++j) {
-    if (testing::relative_error(got[j].value(), want[j].value()) > 1e-5) {
-      return fail("rank " + std::to_string(rank) + ": " + got[j].key() + " differs from single-process Adam");
-    }
+  const std::string differs = first_difference(m);
+  if (!differs.empty()) {
+    return fail("rank " + std::to_string(rank) + ": " + differs + " differs from single-process Adam");
   }
   const std::unique_ptr<torch::optim::Optimizer> whole = zero.consolidate(0);
-  if (rank == 0 && whole->state().size() != got.size()) {
+  const size_t parameters = m.model->parameters().size();
+  if (rank == 0 && whole->state().size() != parameters) {
     return fail("consolidated state covers " + std::to_string(whole->state().size()) + " of " +
-                std::to_string(got.size()) + " parameters");
+                std::to_string(parameters) + " parameters");
   }
   for (size_t b = 0; b < ddp_model.bucket_indices().size(); ++b) {
     if (timeline.find("\"all_reduce(sum) bucket " + std::to_string(b) + "\"") == std::string::npos) {
