@@ -117,11 +117,12 @@ std::unordered_map<std::string, ZipEntry> read_zip_entries(const std::string& pa
     entry.crc = static_cast<uint32_t>(field(directory, pos + 16, 4));
     entry.size = field(directory, pos + 24, 4);
     if (entry.size == 0xffffffff) {
-      // The zip64 extra field (id 1) holds the real size, first among its 8-byte values.
+      // The zip64 extra field (id 1) holds the real size, first among its 8-byte values: the
+      // size a zip reader (libtorch's miniz) takes, and so allocates.
       for (size_t at = pos + 46 + name; at + 4 <= pos + 46 + name + extra;) {
         const uint64_t id = field(directory, at, 2), length = field(directory, at + 2, 2);
         if (at + 4 + length > pos + 46 + name + extra) break;
-        if (id == 1 && length >= 8) entry.size = std::max(entry.size, field(directory, at + 4, 8));
+        if (id == 1 && length >= 8) entry.size = field(directory, at + 4, 8);
         at += 4 + length;
       }
     }

@@ -22,10 +22,10 @@ uint32_t crc32(const void* data, size_t size, uint32_t crc = 0);
 // What the central directory says of one entry.
 struct ZipEntry {
   uint32_t crc = 0;
-  // The uncompressed size: the larger of the 32-bit field and, when that is the zip64 mark
-  // 0xffffffff, the zip64 extra field's. libtorch's reader allocates it before reading a
-  // record, so torch_load checks it against the file's size first (a 2 KB file announcing
-  // a 4 GB record).
+  // The uncompressed size: the 32-bit field or, when that is the zip64 mark 0xffffffff, the
+  // zip64 extra field's (0xffffffff without one). libtorch's reader allocates it before
+  // reading a record, so torch_load checks it against the file's size first (a 2 KB file
+  // announcing a 4 GB record).
   uint64_t size = 0;
 };
 

@@ -164,6 +164,42 @@ TEST(CheckpointFile, DamagedFilesNameThePathAndTheProblem) {
   write_all(path, patch_entry("/data.pkl", [](std::string& b, size_t at) { b.replace(at + 24, 4, "\xff\xff\xff\xff"); }));
   EXPECT_THROW_MSG(torch_load(path), CheckpointError,
                    "record data.pkl claims 4294967295 bytes, more than the whole file (" + std::to_string(good.size()));
+  // When the entry's 32-bit size is 0xffffffff, the size in its zip64 extra field counts, as
+  // zip readers (libtorch's too) take it: the real size loads, a claimed 5 GiB is refused.
+  auto le = [](const std::string& b, size_t at, size_t width) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < width; ++i) v |= uint64_t(uint8_t(b[at + i])) << (8 * i);
+    return v;
+  };
+  auto put_le = [](std::string& b, size_t at, size_t width, uint64_t v) {
+    for (size_t i = 0; i < width; ++i) b[at + i] = static_cast<char>(v >> (8 * i));
+  };
+  auto with_zip64_size = [&](uint64_t size) {
+    std::string extra("\x01\x00\x08\x00", 4);  // id 1, 8 bytes: the uncompressed size
+    extra.resize(12);
+    put_le(extra, 4, 8, size);
+    std::string bytes = patch_entry("/data.pkl", [&](std::string& b, size_t at) {
+      EXPECT_EQ(le(b, at + 30, 2), 0u) << "torch_save's entries have no extra field";
+      put_le(b, at + 24, 4, 0xffffffff);
+      put_le(b, at + 30, 2, extra.size());
+      b.insert(at + 46 + le(b, at + 28, 2), extra);
+    });
+    // The directory grew: its size in both end records, and where the zip64 one starts.
+    const size_t zip64_end = bytes.rfind("PK\x06\x06"), locator = bytes.rfind("PK\x06\x07");
+    const size_t end = bytes.rfind("PK\x05\x06");
+    put_le(bytes, zip64_end + 40, 8, le(bytes, zip64_end + 40, 8) + extra.size());
+    put_le(bytes, locator + 8, 8, le(bytes, locator + 8, 8) + extra.size());
+    put_le(bytes, end + 12, 4, le(bytes, end + 12, 4) + extra.size());
+    return bytes;
+  };
+  uint64_t pickle_size = 0;
+  patch_entry("/data.pkl", [&](std::string& b, size_t at) { pickle_size = le(b, at + 24, 4); });
+  write_all(path, with_zip64_size(pickle_size));
+  EXPECT_EQ(torch_load(path).toGenericDict().size(), d.size());
+  write_all(path, with_zip64_size(uint64_t(5) << 30));
+  EXPECT_THROW_MSG(torch_load(path), CheckpointError,
+                   "record data.pkl claims 5368709120 bytes, more than the whole file (" +
+                       std::to_string(good.size() + 12));
   // Two entries with one name: which one a reader finds is up to the reader.
   write_all(path, patch_entry("/data/0", [](std::string& b, size_t at) {
     const size_t name_length = uint8_t(b[at + 28]) | uint8_t(b[at + 29]) << 8;
