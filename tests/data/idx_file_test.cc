@@ -15,9 +15,12 @@
 #include "testing/expect_throw.h"
 #include "testing/idx.h"
 #include "testing/temp_dir.h"
+#include "testing/text.h"
 
 namespace datapar {
 namespace {
+
+using datapar::testing::read_text;
 
 // An IDX file's bytes: big-endian magic and dims, then `payload` (or prod(dims) bytes i % 251).
 std::string idx_bytes(uint32_t magic, const std::vector<uint32_t>& dims, int64_t payload = -1) {
@@ -45,11 +48,6 @@ void write_gz(const std::string& path, const std::string& bytes) {
   ASSERT_NE(f, nullptr);
   ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
   ASSERT_EQ(gzclose(f), Z_OK);
-}
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 class IdxFile : public ::testing::Test {
@@ -102,7 +100,7 @@ TEST_F(IdxFile, TruncatedFilesSayWhereTheyEnd) {
 
   // A gzip stream cut in the middle: zlib's own complaint is passed on.
   write_gz(dir_ + "/cut.gz", idx_bytes(kIdxImagesMagic, {50, 28, 28}));
-  const std::string whole = read_all(dir_ + "/cut.gz");
+  const std::string whole = read_text(dir_ + "/cut.gz");
   write_plain(dir_ + "/cut.gz", whole.substr(0, whole.size() / 2));
   EXPECT_THROW_MSG(read_idx_file(dir_ + "/cut.gz", 3), Error, "unexpected end of file; truncated file?");
 
@@ -119,7 +117,7 @@ TEST_F(IdxFile, ExtraBytesAndMissingFilesAreErrors) {
                    dir_ + "/missing.gz: cannot open (No such file or directory)");
   // A flipped byte inside the compressed data fails the gzip check, not silently.
   write_gz(dir_ + "/flip.gz", idx_bytes(kIdxLabelsMagic, {1000}));
-  std::string bytes = read_all(dir_ + "/flip.gz");
+  std::string bytes = read_text(dir_ + "/flip.gz");
   bytes[bytes.size() - 6] ^= 0x5a;  // inside the CRC-32 trailer
   write_plain(dir_ + "/flip.gz", bytes);
   EXPECT_THROW_MSG(read_idx_file(dir_ + "/flip.gz", 1), Error, "corrupt gzip data");

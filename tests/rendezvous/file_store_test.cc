@@ -15,10 +15,12 @@
 #include "datapar/error.h"
 #include "testing/expect_throw.h"
 #include "testing/temp_dir.h"
+#include "testing/text.h"
 
 namespace datapar {
 namespace {
 
+using datapar::testing::read_text;
 using namespace std::chrono_literals;
 
 bool exists(const std::string& path) {
@@ -139,11 +141,6 @@ TEST(FileStore, AStaleFileFromAnEarlierRunDoesNotLeakIntoANewOne) {
   }
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // Finding: a file:// path naming a file that is not a store (a typo, a checkpoint) was
 // truncated, written to and deleted at the end. Now it is refused and left as it was.
 TEST(FileStore, RefusesAFileThatIsNotAStoreAndLeavesItAlone) {
@@ -154,7 +151,7 @@ TEST(FileStore, RefusesAFileThatIsNotAStoreAndLeavesItAlone) {
     const std::string path = dir + "/precious";
     std::ofstream(path, std::ios::binary) << content;
     EXPECT_THROW_MSG(FileStore(path, world(1)), InvalidArgumentError, path + " is not a datapar store");
-    EXPECT_EQ(read_file(path), content);
+    EXPECT_EQ(read_text(path), content);
   }
   // An empty file is fine to use, and so is a store left by an earlier run.
   const std::string empty = dir + "/empty";

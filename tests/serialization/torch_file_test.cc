@@ -22,19 +22,16 @@
 #include "serialization/zip_crc.h"
 #include "testing/child.h"
 #include "testing/expect_throw.h"
+#include "testing/text.h"
 
 namespace datapar::detail {
 namespace {
 
+using datapar::testing::read_text;
 using c10::IValue;
 using Dict = c10::impl::GenericDict;
 
 std::string temp_path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 void write_all(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
@@ -120,7 +117,7 @@ TEST(CheckpointFile, DamagedFilesNameThePathAndTheProblem) {
   Dict d = sample();
   d.insert("big", at::randn({1000}));
   torch_save(d, path);
-  const std::string good = read_all(path);
+  const std::string good = read_text(path);
 
   write_all(path, good.substr(0, good.size() / 2));
   EXPECT_THROW_MSG(torch_load(path), CheckpointError, path + ": cannot read");
@@ -281,7 +278,7 @@ TEST(CheckpointFile, AtomicFileKeepsTheOldFileWhenTheWriterDies) {
     ASSERT_EQ(::waitpid(pid, &status, 0), pid);
     EXPECT_EQ(torch_load(path).toStringRef(), "old");
     const std::string stale = path + ".tmp." + std::to_string(pid);
-    EXPECT_EQ(read_all(stale).size(), size_t{1} << 16);  // the interrupted write, left aside
+    EXPECT_EQ(read_text(stale).size(), size_t{1} << 16);  // the interrupted write, left aside
     EXPECT_TRUE(is_atomic_temp_name(stale));
     ::unlink(stale.c_str());
   }

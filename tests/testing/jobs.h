@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "testing/processes.h"
+#include "testing/text.h"
 
 namespace datapar::testing {
 
@@ -73,13 +74,6 @@ inline pid_t start_in_own_group(const std::vector<std::string>& argv, const std:
   if (pid > 0) ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
   ::close(fd);
   return pid;
-}
-
-inline std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // Runs `argv` with `extra` variables to its end or to `deadline`, when it and its process

@@ -28,9 +28,12 @@
 #include "testing/namespaces.h"
 #include "testing/processes.h"
 #include "testing/temp_dir.h"
+#include "testing/text.h"
 
 namespace {
 
+using datapar::testing::count;
+using datapar::testing::read_text;
 using namespace std::chrono_literals;
 namespace train = datapar::train;
 using datapar::testing::ProcessResult;
@@ -38,20 +41,6 @@ using datapar::testing::run_processes;
 using datapar::testing::TempDir;
 
 std::string bin(const std::string& name) { return std::string(DATAPAR_BIN_DIR) + "/" + name; }
-
-// How many times `text` holds `what`.
-int count(const std::string& text, const std::string& what) {
-  int found = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++found;
-  return found;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // `datapar launch ARGS` run to the end (deadline 60 s).
 ProcessResult launch(const std::vector<std::string>& args) {
@@ -110,7 +99,7 @@ std::vector<pid_t> worker_pids(const std::string& dir, int n) {
   while (std::chrono::steady_clock::now() < end) {
     pids.clear();
     for (int r = 0; r < n; ++r) {
-      const std::string text = read_file(dir + "/pid-" + std::to_string(r));
+      const std::string text = read_text(dir + "/pid-" + std::to_string(r));
       if (!text.empty()) pids.push_back(std::stoi(text));
     }
     if (static_cast<int>(pids.size()) == n) return pids;
@@ -122,7 +111,7 @@ std::vector<pid_t> worker_pids(const std::string& dir, int n) {
 
 // Gone, or a zombie nobody reaped yet (an orphan's new parent may be slow to reap it).
 bool is_dead(pid_t pid) {
-  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
   if (stat.empty()) return true;
   const size_t paren = stat.rfind(')');
   return paren != std::string::npos && paren + 2 < stat.size() && (stat[paren + 2] == 'Z' || stat[paren + 2] == 'X');
@@ -343,8 +332,8 @@ TEST(Launch, SigtermStopsEveryWorker) {
   ::kill(b.pid, SIGTERM);
   EXPECT_EQ(wait_exit(b.pid, 10s), 128 + SIGTERM);
   EXPECT_TRUE(all_die(pids, 1s));
-  EXPECT_NE(read_file(b.log).find("datapar launch: got SIGTERM; forwarding it to 3 workers"), std::string::npos)
-      << read_file(b.log);
+  EXPECT_NE(read_text(b.log).find("datapar launch: got SIGTERM; forwarding it to 3 workers"), std::string::npos)
+      << read_text(b.log);
 }
 
 TEST(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
@@ -357,8 +346,8 @@ TEST(Launch, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
   ::kill(b.pid, SIGTERM);
   EXPECT_EQ(wait_exit(b.pid, 10s), 128 + SIGTERM);
   EXPECT_TRUE(all_die(pids, 1s));
-  EXPECT_NE(read_file(b.log).find("2 workers still running 500 ms after SIGTERM; killing them"), std::string::npos)
-      << read_file(b.log);
+  EXPECT_NE(read_text(b.log).find("2 workers still running 500 ms after SIGTERM; killing them"), std::string::npos)
+      << read_text(b.log);
 }
 
 TEST(Launch, NoOrphansAfterTheLauncherIsKilled) {
@@ -381,7 +370,7 @@ std::map<int, pid_t> workers_of(pid_t launcher, int restart) {
   for (const auto& e : std::filesystem::directory_iterator("/proc", ignored)) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = read_file("/proc/" + name + "/stat");
+    const std::string stat = read_text("/proc/" + name + "/stat");
     const size_t paren = stat.rfind(')');
     if (paren == std::string::npos) continue;
     std::istringstream fields(stat.substr(paren + 2));
@@ -389,7 +378,7 @@ std::map<int, pid_t> workers_of(pid_t launcher, int restart) {
     pid_t parent = 0;
     fields >> state >> parent;
     if (parent != launcher || state == 'Z') continue;
-    std::string environment = read_file("/proc/" + name + "/environ");
+    std::string environment = read_text("/proc/" + name + "/environ");
     std::replace(environment.begin(), environment.end(), '\0', '\n');
     std::smatch rank, attempt;
     static const std::regex rank_line("(^|\n)RANK=(\\d+)"), restart_line("(^|\n)DATAPAR_RESTART_COUNT=(\\d+)");
@@ -446,15 +435,15 @@ TEST(LaunchChaos, ThreeRandomKillsEndWithTheParametersOfAnUninterruptedRun) {
       if (workers.size() == 2 && latest_epoch(chaos_dir) >= after) break;
       std::this_thread::sleep_for(5ms);
     }
-    ASSERT_EQ(workers.size(), 2u) << "attempt " << kill << " has no two workers:\n" << read_file(b.log);
-    ASSERT_GE(latest_epoch(chaos_dir), after) << read_file(b.log);
+    ASSERT_EQ(workers.size(), 2u) << "attempt " << kill << " has no two workers:\n" << read_text(b.log);
+    ASSERT_GE(latest_epoch(chaos_dir), after) << read_text(b.log);
     epoch_seen = latest_epoch(chaos_dir);
     std::this_thread::sleep_for(std::chrono::milliseconds(random() % 300));
     const int victim = static_cast<int>(random() % 2);
     ASSERT_EQ(::kill(workers[victim], SIGKILL), 0) << "rank " << victim << " of attempt " << kill;
   }
-  EXPECT_EQ(wait_exit(b.pid, 180s), 0) << read_file(b.log);
-  const std::string log = read_file(b.log);
+  EXPECT_EQ(wait_exit(b.pid, 180s), 0) << read_text(b.log);
+  const std::string log = read_text(b.log);
   EXPECT_NE(log.find("restart 3 of 3"), std::string::npos) << log;
 
   const train::Checkpoint expected = train::load_checkpoint(train::checkpoint_path(straight_dir.path(), 8));
@@ -551,7 +540,7 @@ TEST(TwoHosts, PartitionFailsBothRanksNamingThePeerWithinTheTimeout) {
     std::this_thread::sleep_for(10ms);
   }
   ASSERT_TRUE(std::filesystem::exists(dir + "/ready-0") && std::filesystem::exists(dir + "/ready-1"))
-      << read_file(dir + "/0.log") << read_file(dir + "/1.log");
+      << read_text(dir + "/0.log") << read_text(dir + "/1.log");
   int status = -1;
   const std::string cut = datapar::testing::run_shell(
       "ip -n " + hosts.a() + " link set dev $(ip -n " + hosts.a() + " -o link show type veth | cut -d: -f2 | cut -d@ -f1) down",
@@ -560,8 +549,8 @@ TEST(TwoHosts, PartitionFailsBothRanksNamingThePeerWithinTheTimeout) {
   std::ofstream(dir + "/partitioned") << "now\n";
   job.join();
   for (int r : {0, 1}) {
-    const std::string log = read_file(dir + "/" + std::to_string(r) + ".log");
-    EXPECT_EQ(read_file(dir + "/" + std::to_string(r) + ".exit"), "1\n") << "rank " << r << ":\n" << log;
+    const std::string log = read_text(dir + "/" + std::to_string(r) + ".log");
+    EXPECT_EQ(read_text(dir + "/" + std::to_string(r) + ".exit"), "1\n") << "rank " << r << ":\n" << log;
     std::string lower = log;
     std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
     EXPECT_NE(lower.find("rank " + std::to_string(1 - r)), std::string::npos)
@@ -593,7 +582,7 @@ TEST(TwoHosts, LaunchAcrossANetworkNamespacePair) {
                               "echo \"exit codes $a $?\"";
   int status = -1;
   const std::string output = datapar::testing::run_shell("sh -c '" + command + "'", &status);
-  const std::string a = read_file(dir + "/a.log"), b = read_file(dir + "/b.log");
+  const std::string a = read_text(dir + "/a.log"), b = read_text(dir + "/b.log");
   EXPECT_NE(output.find("exit codes 0 0"), std::string::npos) << output << "\nnode 0:\n" << a << "\nnode 1:\n" << b;
   for (int rank : {0, 1}) {
     EXPECT_NE(a.find("[rank " + std::to_string(rank) + "] sum 6 over 4 ranks"), std::string::npos) << a;

@@ -27,9 +27,11 @@
 #include "testing/ports.h"
 #include "testing/processes.h"
 #include "testing/temp_dir.h"
+#include "testing/text.h"
 
 namespace {
 
+using datapar::testing::read_text;
 namespace fs = std::filesystem;
 using datapar::testing::TempDir;
 
@@ -447,16 +449,11 @@ TEST(TrainCli, AnEmptyDatasetIsAnError) {
 
 // ---- damaged checkpoints: reported, moved aside, never overwritten (issue 13) ----
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // Flips one bit inside the first tensor of a checkpoint: the zip directory still reads
 // (the cheap check passes), the record's CRC-32 does not.
 std::string flip_a_tensor_bit(const std::string& path) {
   const size_t offset = caffe2::serialize::PyTorchStreamReader(path).getRecordOffset("data/0");
-  std::string bytes = read_file(path);
+  std::string bytes = read_text(path);
   bytes[offset + 3] ^= 0x10;
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
   return bytes;
@@ -473,7 +470,7 @@ TEST(TrainCli, ResumeMovesADamagedNewestCheckpointAsideAndUsesTheOneBefore) {
   EXPECT_NE(r.output.find(dir + "/checkpoint-epoch-2.pt: record data/0 is damaged"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("moved it to " + dir + "/checkpoint-epoch-2.pt.damaged"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(1 epochs done)"), std::string::npos) << r.output;
-  EXPECT_EQ(read_file(dir + "/checkpoint-epoch-2.pt.damaged"), damaged);  // kept as it was
+  EXPECT_EQ(read_text(dir + "/checkpoint-epoch-2.pt.damaged"), damaged);  // kept as it was
   EXPECT_EQ(datapar::train::load_checkpoint(dir + "/checkpoint-epoch-2.pt").epoch, 2);  // written afresh
   EXPECT_EQ(datapar::train::load_checkpoint(dir + "/checkpoint-epoch-3.pt").epoch, 3);
 }
@@ -484,14 +481,14 @@ TEST(TrainCli, ResumeWithEveryCheckpointDamagedDoesNotStartOverUnlessTold) {
   const std::string args = kSmall + " --checkpoint-dir " + dir;
   ASSERT_EQ(cli(args + " --epochs 1").code, 0);
   ::truncate((dir + "/checkpoint-epoch-1.pt").c_str(), 100);
-  const std::string damaged = read_file(dir + "/checkpoint-epoch-1.pt");
+  const std::string damaged = read_text(dir + "/checkpoint-epoch-1.pt");
   CliRun r = cli(args + " --epochs 2 --resume");
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find(dir + "/checkpoint-epoch-1.pt: cannot read"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--start-over"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("epoch 1/2"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir + "/checkpoint-epoch-1.pt"));
-  EXPECT_EQ(read_file(dir + "/checkpoint-epoch-1.pt.damaged"), damaged);
+  EXPECT_EQ(read_text(dir + "/checkpoint-epoch-1.pt.damaged"), damaged);
 
   // A launcher's restart finds only the damaged file now: still not a fresh start.
   ::setenv("DATAPAR_RESTART_COUNT", "1", 1);
@@ -504,7 +501,7 @@ TEST(TrainCli, ResumeWithEveryCheckpointDamagedDoesNotStartOverUnlessTold) {
   r = cli(args + " --epochs 2 --resume --start-over");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("starting from epoch 1"), std::string::npos) << r.output;
-  EXPECT_EQ(read_file(dir + "/checkpoint-epoch-1.pt.damaged"), damaged);  // still there
+  EXPECT_EQ(read_text(dir + "/checkpoint-epoch-1.pt.damaged"), damaged);  // still there
   EXPECT_EQ(datapar::train::load_checkpoint(dir + "/checkpoint-epoch-2.pt").epoch, 2);
 }
 

@@ -9,32 +9,21 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "testing/processes.h"
 #include "testing/python.h"
 #include "testing/temp_dir.h"
+#include "testing/text.h"
 
 namespace {
 
+using datapar::testing::count;
+using datapar::testing::read_text;
 using nlohmann::json;
 
 const std::string kBin = std::string(DATAPAR_BIN_DIR) + "/datapar";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
-  return n;
-}
 
 struct Step {
   std::map<std::string, json> spans;  // forward, backward, optimizer step, wait for buckets
@@ -118,8 +107,8 @@ TEST(TrainTrace, TwoRanksInOneFileWithBucketsOverlappingBackward) {
   ASSERT_EQ(datapar::testing::run_python_file(script, "'" + path + "' --steps 0 1 -o '" + page + "' > '" + log +
                                                           "' 2>&1"),
             0)
-      << read_file(log);
-  const std::string html = read_file(page);
+      << read_text(log);
+  const std::string html = read_text(page);
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
   for (const char* row : {">rank 0: ", ">rank 1: "}) EXPECT_NE(html.find(row), std::string::npos) << row;
   EXPECT_EQ(count(html, "<g><title>"), events_of_steps_0_and_1);
@@ -131,7 +120,7 @@ TEST(TrainTrace, TwoRanksInOneFileWithBucketsOverlappingBackward) {
   EXPECT_NE(datapar::testing::run_python_file(script, "'" + path + "' --steps 7 9 -o '" + none + "' > '" + log +
                                                           "' 2>&1"),
             0);
-  EXPECT_NE(read_file(log).find("trace_to_html: no events to draw in steps 7-9"), std::string::npos) << read_file(log);
+  EXPECT_NE(read_text(log).find("trace_to_html: no events to draw in steps 7-9"), std::string::npos) << read_text(log);
   EXPECT_FALSE(std::ifstream(none).good());
 }
 
