@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -193,10 +194,24 @@ TEST(CheckpointFile, DamagedFilesNameThePathAndTheProblem) {
   patch_entry("/data.pkl", [&](std::string& b, size_t at) { pickle_size = le(b, at + 24, 4); });
   write_all(path, with_zip64_size(pickle_size));
   EXPECT_EQ(torch_load(path).toGenericDict().size(), d.size());
+  // A claimed 5 GiB is refused before it is allocated: by torch_load's check (libtorch 1.13)
+  // or, in libtorch 2.x, already by its zip reader, which compares the sizes with the file's
+  // when it opens it.
   write_all(path, with_zip64_size(uint64_t(5) << 30));
-  EXPECT_THROW_MSG(torch_load(path), CheckpointError,
-                   "record data.pkl claims 5368709120 bytes, more than the whole file (" +
-                       std::to_string(good.size() + 12));
+  const std::string claims =
+      "record data.pkl claims 5368709120 bytes, more than the whole file (" + std::to_string(good.size() + 12);
+#if TORCH_VERSION_MAJOR < 2
+  EXPECT_THROW_MSG(torch_load(path), CheckpointError, claims);
+#else
+  try {
+    torch_load(path);
+    ADD_FAILURE() << "a record claiming 5 GiB was loaded";
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind(path + ": ", 0), 0u) << what;
+    EXPECT_TRUE(what.find(claims) != std::string::npos || what.find(path + ": cannot read") == 0) << what;
+  }
+#endif
   // Two entries with one name: which one a reader finds is up to the reader.
   write_all(path, patch_entry("/data/0", [](std::string& b, size_t at) {
     const size_t name_length = uint8_t(b[at + 28]) | uint8_t(b[at + 29]) << 8;
