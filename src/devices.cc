@@ -175,8 +175,6 @@ std::vector<Device> parse_devices(const std::string& raw_spec, const DeviceInven
     DATAPAR_CHECK(std::find(devices.begin(), devices.end(), device) == devices.end(),
                   "devices \"", spec, "\": ", device.str(),
                   " is listed twice. List each device once.");
-    DATAPAR_CHECK(devices.empty() || devices.front().type == device.type, "devices \"", spec,
-                  "\": mixes CPU and CUDA devices. Use only cpu:K or only cuda:K devices.");
     devices.push_back(device);
   }
   return devices;

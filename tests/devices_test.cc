@@ -72,7 +72,15 @@ TEST(Devices, RejectsBadLists) {
   EXPECT_THROW_MSG(parse_devices("cpu:0,,cpu:1", machine(0)), InvalidArgumentError, "empty entry");
   EXPECT_THROW_MSG(parse_devices("cpu:x", machine(0)), InvalidArgumentError, "non-negative integer");
   EXPECT_THROW_MSG(parse_devices("cpu:-1", machine(0)), InvalidArgumentError, "non-negative integer");
-  EXPECT_THROW_MSG(parse_devices("cpu:0,cuda:0", machine(1)), InvalidArgumentError, "mixes CPU and CUDA");
+  EXPECT_THROW_MSG(parse_devices("cuda:0,cpu:0,cuda:0", machine(1)), InvalidArgumentError, "listed twice");
+}
+
+// Unlike devices side by side (DataParallel over a GPU and CPU cores), in the order given.
+TEST(Devices, MixesCudaAndCpuDevicesInTheOrderGiven) {
+  EXPECT_EQ(parse_devices("cuda:0,cpu:0,cpu:1", machine(1)),
+            (std::vector<Device>{Device::cuda(0), Device::cpu(0), Device::cpu(1)}));
+  EXPECT_EQ(parse_devices("cpu:0,cuda:0", machine(1)), (std::vector<Device>{Device::cpu(0), Device::cuda(0)}));
+  EXPECT_THROW_MSG(parse_devices("cuda:0,cpu:0", machine(0)), InvalidArgumentError, "cuda:0");
 }
 
 TEST(Devices, DetectsThisMachine) {

@@ -76,8 +76,9 @@ Device parse_device(const std::string& spec, const DeviceInventory& inventory);
 Device parse_device(const std::string& spec);
 
 // Parses a comma-separated device list. "cuda" alone expands to every visible CUDA device
-// and "cpu" alone to cpu:0. Throws InvalidArgumentError for an empty list, a device listed
-// twice, a list that mixes CPU and CUDA devices, or any device parse_device rejects.
+// and "cpu" alone to cpu:0. CPU and CUDA devices may be mixed ("cuda:0,cpu:0": DataParallel
+// over unlike devices). Throws InvalidArgumentError for an empty list, a device listed twice,
+// or any device parse_device rejects.
 std::vector<Device> parse_devices(const std::string& spec, const DeviceInventory& inventory);
 std::vector<Device> parse_devices(const std::string& spec);
 

@@ -23,8 +23,6 @@ void check_data_parallel_options(const DataParallelOptions& options) {
       DATAPAR_CHECK(devices[i] != devices[j], "DataParallel: ", devices[i], " is listed twice in ",
                     to_string(devices), ". List each device once.");
     }
-    DATAPAR_CHECK(devices[i].type == devices.front().type, "DataParallel: ", to_string(devices),
-                  " mixes CPU and CUDA devices. Use only cpu:K or only cuda:K devices.");
   }
   DATAPAR_CHECK(options.device_weights.empty() || options.device_weights.size() == devices.size(),
                 "DataParallel: ", options.device_weights.size(), " device weights for ", devices.size(),

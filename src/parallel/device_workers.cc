@@ -234,6 +234,11 @@ void DeviceWorkers::loop(size_t index) {
         c10::MultiStreamGuard on_callers_streams(*streams);
         c10::DeviceGuard guard(device.torch_device());
         (*task)(index);
+      } else if (!streams->empty()) {
+        // A CPU device beside CUDA ones: its copies from and to the GPUs are ordered after
+        // the caller's work too (Note [The caller's streams]).
+        c10::MultiStreamGuard on_callers_streams(*streams);
+        (*task)(index);
       } else {
         (*task)(index);
       }

@@ -162,10 +162,12 @@ class ParallelSectionBackward : public torch::autograd::Node {
   bool released_ = false;
 };
 
+// The engine runs a node on the thread of the first CUDA device among its incoming gradients
+// (InputBuffer::device(): the first that is not the CPU), whatever the order of the CPU
+// ones: with unlike devices (cuda:0,cpu:0) a CPU replica's gradient may come first.
 size_t ParallelSectionBackward::replica_on_this_thread(const variable_list& grads) const {
   for (const at::Tensor& g : grads) {
-    if (!g.defined()) continue;
-    if (!g.is_cuda()) return DeviceWorkers::kNone;
+    if (!g.defined() || !g.is_cuda()) continue;
     for (size_t i = 0; i < graphs_.size(); ++i) {
       if (workers_->devices()[i].torch_device() == g.device()) return i;
     }
@@ -228,7 +230,11 @@ variable_list ParallelSectionBackward::apply(variable_list&& grads) {
       result[j] = std::move(sum);
     }
   };
-  const bool all_cpu = std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) { return p.is_cpu(); });
+  // Replicas on CUDA devices (a CPU master beside a GPU: cpu:0,cuda:0) hand back gradients
+  // that must be moved before they are added: the engine's path below does.
+  const auto& devices = workers_->devices();
+  const bool all_cpu = std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) { return p.is_cpu(); }) &&
+                       std::none_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_cuda(); });
   // CPU threads sum their share right after a barrier instead of in a second round of
   // tasks: one hand-off fewer per step (Note [Spin before sleeping] in device_workers.cc).
   const bool fused = all_cpu && n > 1 && num_params > 0 && workers_->runs_concurrently();

@@ -37,9 +37,11 @@ std::shared_ptr<torch::nn::Module> clone_keeping_rng(const torch::nn::Module& ma
 // the graph of an earlier forward that saved this replica's parameters (two forwards
 // before one backward, retain_graph) must stay usable, as with shared replicas, which
 // the optimizer also writes through p.data().
+// Non-blocking only towards CUDA: a CPU replica of a CUDA master (unlike devices) reads its
+// copy on its own thread right away.
 void copy_into(at::Tensor& replica, const at::Tensor& master, const c10::Device& device) {
   if (replica.is_same_size(master) && replica.dtype() == master.dtype() && replica.data_ptr() != master.data_ptr()) {
-    replica.variable_data().copy_(master, /*non_blocking=*/true);
+    replica.variable_data().copy_(master, /*non_blocking=*/device.is_cuda());
   } else {
     replica.set_data(master.to(device, master.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
   }

@@ -26,12 +26,16 @@ OrderedRunner::~OrderedRunner() {
 
 std::shared_ptr<Work> OrderedRunner::push(std::string what, std::function<void()> op) {
   auto work = std::make_shared<Work>(std::move(what));
+  push(work, std::move(op));
+  return work;
+}
+
+void OrderedRunner::push(std::shared_ptr<Work> work, std::function<void()> op) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({work, std::move(op), trace::detail::queued()});
+    queue_.push_back({std::move(work), std::move(op), trace::detail::queued()});
   }
   wake_.notify_one();
-  return work;
 }
 
 void OrderedRunner::loop() {

@@ -30,6 +30,8 @@ class OrderedRunner {
   // Queues `op`; its Work finishes when op returns and fails with what op throws
   // (as_datapar_error in work_completion.h).
   std::shared_ptr<Work> push(std::string what, std::function<void()> op);
+  // The same for a Work the caller made (a subclass of its own).
+  void push(std::shared_ptr<Work> work, std::function<void()> op);
 
  private:
   void loop();

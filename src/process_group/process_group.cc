@@ -86,8 +86,8 @@ void ProcessGroup::check_tensor(const at::Tensor& tensor, const char* what) cons
   DATAPAR_CHECK(tensor.defined(), what, ": the tensor is undefined.");
   const c10::Device mine = device();
   if (mine.is_cpu()) {
-    DATAPAR_CHECK(tensor.device().is_cpu(), what, ": the ", backend(), " backend takes CPU tensors, not ",
-                  tensor.device(), ". Use the nccl backend for CUDA tensors.");
+    DATAPAR_CHECK(tensor.device().is_cpu() || (tensor.is_cuda() && takes_cuda_tensors()), what, ": the ", backend(),
+                  " backend takes CPU tensors, not ", tensor.device(), ". Use the nccl backend for CUDA tensors.");
   } else {
     DATAPAR_CHECK(tensor.device() == mine, what, ": the ", backend(), " backend takes tensors on this rank's device ",
                   mine, ", not ", tensor.device(), ". Use the gloo or mpi backend for CPU tensors.");
@@ -100,7 +100,7 @@ void ProcessGroup::check_list(const std::vector<at::Tensor>& list, const at::Ten
                               const char* name) const {
   DATAPAR_CHECK(static_cast<int>(list.size()) == size(), what, ": ", list.size(), " ", name, " for ", size(),
                 " processes; give one per process.");
-  const c10::Device mine = device();
+  const c10::Device mine = like.device();  // checked by check_tensor
   for (size_t i = 0; i < list.size(); ++i) {
     const at::Tensor& t = list[i];
     DATAPAR_CHECK(t.defined() && t.device() == mine && t.layout() == at::kStrided && t.sizes() == like.sizes() &&

@@ -18,6 +18,7 @@ void Work::synchronize(std::chrono::milliseconds timeout) {
                                        " s. Did every process issue the same collectives in the same order?"));
   }
   done_.get();  // rethrows the operation's error
+  deliver();
 }
 
 bool Work::is_completed() const { return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }

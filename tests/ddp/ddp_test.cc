@@ -12,6 +12,7 @@
 #include "datapar/train/checkpoint.h"
 #include "datapar/train/optimizer_state.h"
 #include "ddp/bucket_assignment.h"
+#include "testing/ddp_jobs.h"
 #include "testing/ddp_scenarios.h"
 #include "testing/expect_throw.h"
 #include "testing/processes.h"
@@ -23,41 +24,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Runs `scenario` on `world` ddp_probe processes; returns their results.
+using testing::expect_matches_reference;
+
 std::vector<testing::ProcessResult> run_job(const std::string& scenario, int world, const testing::TempDir& dir,
                                             std::chrono::seconds deadline = 120s, bool* timed_out = nullptr) {
-  const std::string init = "file://" + dir.path() + "/store";  // no port to agree on in advance
-  std::vector<std::vector<std::string>> commands;
-  for (int r = 0; r < world; ++r) {
-    commands.push_back({std::string(DATAPAR_BIN_DIR) + "/ddp_probe", scenario, init, std::to_string(r),
-                        std::to_string(world), dir.path() + "/rank" + std::to_string(r) + ".pt"});
-  }
-  return testing::run_processes(commands, dir.path(), deadline, timed_out);
-}
-
-// Returns rank 0's output.
-std::string expect_matches_reference(const std::string& name, int world, double rtol, double atol) {
-  testing::TempDir dir("ddp");
-  const auto results = run_job(name, world, dir);
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    if (results[r].exit_code != 0) return "";
-  }
-  const testing::DdpScenario s = testing::scenario(name, world);
-  const StateDict expected = s.sync_bn ? state_dict(*testing::train_reference<testing::SyncBnNet>(s))
-                                       : state_dict(*testing::train_reference<testing::ProbeNet>(s));
-  for (int r = 0; r < world; ++r) {
-    const StateDict got = load_state_dict_file(dir.path() + "/rank" + std::to_string(r) + ".pt");
-    EXPECT_EQ(got.size(), expected.size());
-    if (got.size() != expected.size()) return "";
-    for (const auto& item : expected) {
-      const at::Tensor& mine = got[item.key()];
-      EXPECT_TRUE(at::allclose(mine, item.value(), rtol, atol))
-          << name << " at world size " << world << ", rank " << r << ", " << item.key() << ": max difference "
-          << (mine - item.value()).abs().max().item<double>();
-    }
-  }
-  return results[0].output;
+  return testing::run_ddp_job(scenario, world, dir, "cpu", deadline, timed_out);
 }
 
 TEST(DistributedDataParallel, FiveStepsEqualOneProcessOnTheConcatenatedBatch) {

@@ -1,8 +1,11 @@
 // Tests that need CUDA devices (CTest label `gpu`; `make test-gpu` on a GPU machine). Where
 // there is none, or datapar was built without CUDA, each reports itself skipped with the
-// reason. They check issue "CUDA semantics": the reference cases on GPUs, DataParallel's copy
-// replicas never stale, and the NCCL backend against closed-form values, single-process
-// training and a killed rank.
+// reason and the number of GPUs it needs. They check issue "CUDA semantics": the reference
+// cases on GPUs, DataParallel's copy replicas never stale, and the NCCL backend against
+// closed-form values, single-process training and a killed rank; and, on ONE GPU (issue 25):
+// DataParallel over unlike devices (cuda:0 beside CPU cores), DDP of models on cuda:0 over
+// gloo (CUDA tensors staged through pinned host memory), 2 and 3 processes sharing the GPU.
+// TF32 is off in every comparison (testing/tf32.h).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -12,14 +15,18 @@
 #include <torch/optim/sgd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include "datapar/config.h"
 #include "datapar/datapar.h"
+#include "testing/ddp_jobs.h"
 #include "testing/models.h"
 #include "testing/processes.h"
 #include "testing/temp_dir.h"
+#include "testing/tf32.h"
 
 namespace datapar {
 namespace {
@@ -28,14 +35,24 @@ using namespace std::chrono_literals;
 using testing::ConvNet;
 using testing::relative_error;
 
-// Skips the test unless `n` CUDA devices are visible to a CUDA build of datapar.
+// Skips the test unless `n` CUDA devices are visible to a CUDA build of datapar. Says how
+// many it needs first, in a line that scripts/gpu_check.sh reads for its report.
 #define DATAPAR_REQUIRE_GPUS(n)                                                                        \
   do {                                                                                                 \
+    std::cout << "gpu test: needs " << (n) << " CUDA device(s)" << std::endl;                          \
     if (!DATAPAR_HAVE_CUDA) GTEST_SKIP() << "datapar was built without CUDA (a CPU libtorch)";        \
     const int visible = static_cast<int>(torch::cuda::device_count());                                \
     if (visible < (n))                                                                                 \
       GTEST_SKIP() << "needs " << (n) << " CUDA devices; torch::cuda::device_count() is " << visible; \
   } while (0)
+
+class Tf32Off : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (DATAPAR_HAVE_CUDA) testing::turn_off_tf32();
+  }
+};
+const ::testing::Environment* const tf32_off = ::testing::AddGlobalTestEnvironment(new Tf32Off);
 
 std::vector<Device> gpus(int n) {
   std::vector<Device> devices;
@@ -84,20 +101,23 @@ TEST(Gpu, FunctionalDataParallelSplits16And15) {
   }
 }
 
-// The copy replicas that CUDA devices use must follow every update of the master, also
-// libtorch SGD's, which writes through p.data() and moves no version counter.
-TEST(Gpu, DataParallelFiveSgdStepsMatchOneGpu) {
-  DATAPAR_REQUIRE_GPUS(2);
+// Five SGD steps (momentum, weight decay) of a ConvNet in `dtype` under DataParallel over
+// `devices` (the master on cuda:0) end where the same steps on cuda:0 alone end, within
+// `tolerance` (relative, over each parameter). The copy replicas must follow every update of
+// the master, also libtorch SGD's, which writes through p.data() and moves no version counter.
+void expect_five_sgd_steps_match_one_gpu(const std::vector<Device>& devices, at::ScalarType dtype, double tolerance) {
   const at::Device gpu0(at::kCUDA, 0);
   torch::manual_seed(3);
   ConvNet model;
+  model->to(dtype);
   ConvNet reference = copy_to(model, gpu0);
+  reference->to(dtype);
   model->to(gpu0);
-  DataParallel dp(model, gpus(2));
+  DataParallel dp(model, devices);
   torch::optim::SGD sgd(dp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3));
   torch::optim::SGD sgd_ref(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3));
   for (int step = 0; step < 5; ++step) {
-    const at::Tensor x = at::randn({24, 1, 12, 12}, gpu0);
+    const at::Tensor x = at::randn({24, 1, 12, 12}, at::TensorOptions(gpu0).dtype(dtype));
     const at::Tensor y = at::randint(0, 10, {24}, at::TensorOptions(gpu0).dtype(at::kLong));
     sgd.zero_grad();
     at::cross_entropy_loss(dp(x), y).backward();
@@ -105,12 +125,19 @@ TEST(Gpu, DataParallelFiveSgdStepsMatchOneGpu) {
     sgd_ref.zero_grad();
     at::cross_entropy_loss(reference(x), y).backward();
     sgd_ref.step();
+    EXPECT_EQ(dp.last_chunk_sizes().size(), devices.size());
   }
   const auto got = model->named_parameters();
   const auto want = reference->named_parameters();
   for (size_t j = 0; j < got.size(); ++j) {
-    EXPECT_LT(relative_error(got[j].value(), want[j].value()), 1e-5) << got[j].key();
+    EXPECT_EQ(got[j].value().device(), gpu0);
+    EXPECT_LT(relative_error(got[j].value(), want[j].value()), tolerance) << dtype << " " << got[j].key();
   }
+}
+
+TEST(Gpu, DataParallelFiveSgdStepsMatchOneGpu) {
+  DATAPAR_REQUIRE_GPUS(2);
+  expect_five_sgd_steps_match_one_gpu(gpus(2), at::kFloat, 1e-5);
 }
 
 // A linear layer whose forward also runs `matmuls_per_row` 1024x1024 products per row on its
@@ -164,6 +191,157 @@ TEST(Gpu, DataParallelAutoBalanceMeasuresTheDevicesNotTheHost) {
   EXPECT_GE(dp.balancer()->rebalances(), 1);
 }
 
+// ---- One GPU: unlike devices in DataParallel -------------------------------------------
+
+// cuda:0 and then `cpus` CPU devices.
+std::vector<Device> gpu_and_cpus(int cpus) {
+  std::vector<Device> devices{Device::cuda(0)};
+  for (int i = 0; i < cpus; ++i) devices.push_back(Device::cpu(i));
+  return devices;
+}
+
+// PyTorch's data-parallel tutorial (Linear(5, 2), batches of 30, the last of 10; batch 25)
+// on cuda:0 beside three CPU devices: the chunks, the output's device, and its values.
+TEST(Gpu, UnlikeDevicesSplitLikeTheTutorial) {
+  DATAPAR_REQUIRE_GPUS(1);
+  const at::Device gpu0(at::kCUDA, 0);
+  auto model = torch::nn::Linear(5, 2);
+  model->to(gpu0);
+  DataParallel dp(model, gpu_and_cpus(3));
+  for (const auto& [rows, want] : std::vector<std::pair<int64_t, std::vector<int64_t>>>{
+           {30, {8, 8, 8, 6}}, {10, {3, 3, 3, 1}}, {25, {7, 7, 7, 4}}}) {
+    const at::Tensor x = at::randn({rows, 5}, gpu0);
+    const at::Tensor out = dp(x);
+    EXPECT_EQ(dp.last_chunk_sizes(), want) << rows << " rows";
+    EXPECT_EQ(out.device(), gpu0);
+    EXPECT_LT(relative_error(out, model(x)), 1e-6) << rows << " rows";
+  }
+}
+
+// cuda:0 and a CPU device train a ConvNet as cuda:0 alone does: the CPU replica's copies
+// follow every update of the GPU master, and its gradients reach the master's .grad. Within
+// 1e-9 in float64; in float32 within 1e-5: the CPU and the GPU sum in different orders.
+TEST(Gpu, UnlikeDevicesFiveSgdStepsMatchOneDevice) {
+  DATAPAR_REQUIRE_GPUS(1);
+  expect_five_sgd_steps_match_one_gpu(gpu_and_cpus(1), at::kDouble, 1e-9);
+  expect_five_sgd_steps_match_one_gpu(gpu_and_cpus(1), at::kFloat, 1e-5);
+}
+
+// --balance auto over cuda:0 and a CPU device: the CPU's measured share is what it gets (a
+// few rows of every batch, far fewer than half), and the gradient stays that of one device.
+TEST(Gpu, UnlikeDevicesAutoBalanceGivesTheCpuItsMeasuredShare) {
+  DATAPAR_REQUIRE_GPUS(1);
+  const at::Device gpu0(at::kCUDA, 0);
+  torch::manual_seed(3);
+  ConvNet model;
+  ConvNet reference = copy_to(model, gpu0);
+  model->to(gpu0);
+  DataParallelOptions options;
+  options.devices = gpu_and_cpus(1);
+  options.auto_balance = true;
+  DataParallel dp(model, options);
+  for (int step = 0; step < 16; ++step) {
+    const at::Tensor x = at::randn({512, 1, 12, 12}, gpu0);
+    const at::Tensor y = at::randint(0, 10, {512}, at::TensorOptions(gpu0).dtype(at::kLong));
+    model->zero_grad();
+    reference->zero_grad();
+    at::cross_entropy_loss(dp(x), y).backward();
+    at::cross_entropy_loss(reference(x), y).backward();
+    const auto got = model->named_parameters();
+    const auto want = reference->named_parameters();
+    for (size_t j = 0; j < got.size(); ++j) {
+      EXPECT_LT(relative_error(got[j].value().grad(), want[j].value().grad()), 1e-5) << step << " " << got[j].key();
+    }
+  }
+  const std::vector<int64_t> split = dp.last_chunk_sizes();
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_GT(split[0], 3 * split[1]) << split[0] << "/" << split[1];
+  EXPECT_GE(dp.balancer()->rebalances(), 1);
+}
+
+// ---- One GPU: DDP of models on cuda:0 over gloo -----------------------------------------
+// 2 and 3 ddp_probe processes share cuda:0; their gloo groups stage the CUDA buckets
+// through pinned host memory (src/process_group/cuda_staging.cc). Each ends where one
+// process training on the concatenated batches on the CPU ends: within 1e-4 relative and
+// 1e-5 absolute in float32 (GPU against CPU kernels), 2e-2 and 2e-3 with a 16-bit hook.
+
+// DATAPAR_SHM for the probes this test starts (the gloo group reads it).
+class SharedMemory {
+ public:
+  explicit SharedMemory(bool on) { ::setenv("DATAPAR_SHM", on ? "1" : "0", 1); }
+  ~SharedMemory() { ::unsetenv("DATAPAR_SHM"); }
+};
+
+TEST(Gpu, DdpOnCudaOverGlooSharedMemoryEqualsOneProcess) {
+  DATAPAR_REQUIRE_GPUS(1);
+  const SharedMemory shm(true);
+  for (int world : {2, 3}) {
+    testing::expect_matches_reference("even", world, 1e-4, 1e-5, "cuda:0");
+    testing::expect_matches_reference("uneven", world, 1e-4, 1e-5, "cuda:0");  // average_by_samples
+  }
+}
+
+TEST(Gpu, DdpOnCudaOverGlooTcpEqualsOneProcess) {
+  DATAPAR_REQUIRE_GPUS(1);
+  const SharedMemory tcp(false);
+  testing::expect_matches_reference("even", 2, 1e-4, 1e-5, "cuda:0");
+  testing::expect_matches_reference("uneven", 3, 1e-4, 1e-5, "cuda:0");
+}
+
+TEST(Gpu, DdpOnCudaOverGlooNoSyncJoinAndUnusedParameters) {
+  DATAPAR_REQUIRE_GPUS(1);
+  const std::string output = testing::expect_matches_reference("no_sync", 2, 1e-4, 1e-5, "cuda:0");
+  EXPECT_NE(output.find("synchronised passes 5\n"), std::string::npos) << output;
+  testing::expect_matches_reference("join", 3, 1e-4, 1e-5, "cuda:0");
+  testing::expect_matches_reference("unused", 2, 1e-4, 1e-5, "cuda:0");
+  testing::expect_matches_reference("bucket_view", 2, 1e-4, 1e-5, "cuda:0");
+}
+
+TEST(Gpu, DdpOnCudaOverGlooCompressionHooks) {
+  DATAPAR_REQUIRE_GPUS(1);
+  testing::expect_matches_reference("bf16", 2, 2e-2, 2e-3, "cuda:0");
+  testing::expect_matches_reference("fp16", 2, 2e-2, 2e-3, "cuda:0");
+}
+
+TEST(Gpu, DdpOnCudaOverGlooSyncBatchNormAndZero) {
+  DATAPAR_REQUIRE_GPUS(1);
+  testing::expect_matches_reference("sync_bn", 2, 1e-4, 1e-5, "cuda:0");
+  testing::expect_matches_reference("zero_adam", 2, 1e-4, 1e-5, "cuda:0");
+}
+
+// The last of 3 ranks on cuda:0 SIGKILLs itself in its second backward: the others' staged
+// bucket all-reduce fails, and backward throws a datapar error naming it, within the timeout.
+TEST(Gpu, DdpOnCudaOverGlooAKilledRankFailsTheOthers) {
+  DATAPAR_REQUIRE_GPUS(1);
+  testing::TempDir dir("ddp_cuda_kill");
+  bool timed_out = false;
+  const auto start = std::chrono::steady_clock::now();
+  const auto results = testing::run_ddp_job("kill", 3, dir, "cuda:0", 90s, &timed_out);
+  EXPECT_FALSE(timed_out);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 60s);
+  EXPECT_EQ(results[2].signal, SIGKILL) << results[2].output;
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+}
+
+// `datapar train` on one GPU: DDP of 2 ranks sharing cuda:0 over gloo, and DataParallel over
+// cuda:0 and a CPU device balanced by measurement; each trains an epoch and reports.
+TEST(Gpu, TrainCliOnOneGpuDdpOverGlooAndUnlikeDevices) {
+  DATAPAR_REQUIRE_GPUS(1);
+  const testing::TempDir temp("train_one_gpu");
+  const std::string datapar = DATAPAR_BIN_DIR "/datapar";
+  const std::vector<std::vector<std::string>> runs{
+      {datapar, "launch", "--nproc-per-node", "2", "--", datapar, "train", "--model", "mlp", "--epochs", "2", "--limit",
+       "2000", "--batch-size", "64", "--lr", "0.05", "--momentum", "0.9", "--mode", "ddp", "--backend", "gloo"},
+      {datapar, "train", "--model", "mlp", "--epochs", "2", "--limit", "2000", "--batch-size", "64", "--lr", "0.05",
+       "--momentum", "0.9", "--mode", "dp", "--devices", "cuda:0,cpu:0", "--balance", "auto"},
+  };
+  for (const auto& run : runs) {
+    const auto results = testing::run_processes({run}, temp.path(), 300s);
+    EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
+    EXPECT_NE(results[0].output.find("test acc"), std::string::npos) << results[0].output;
+  }
+}
+
 // Multi-process NCCL jobs: tests/gpu/nccl_probe.cc, one process per GPU.
 std::vector<testing::ProcessResult> run_nccl_job(const std::string& scenario, int world, std::chrono::seconds deadline) {
   const testing::TempDir temp("nccl_" + scenario);
@@ -204,6 +382,22 @@ TEST(Gpu, DdpMetadataJoinAndSyncBatchNormRunOnNccl) {
 TEST(Gpu, ZeroAndTheTimelineOnNccl) {
   DATAPAR_REQUIRE_GPUS(2);
   expect_all_passed(run_nccl_job("zero_trace", 2, 180s));
+}
+
+// ONE GPU: NCCL with world size 1, every path a single GPU can show (nccl_world_one.cc),
+// and DDP, its metadata, ZeRO and the collectives' closed forms at world size 1.
+TEST(Gpu, NcclWorldOneEveryPath) {
+  DATAPAR_REQUIRE_GPUS(1);
+  const auto results = run_nccl_job("world1", 1, 240s);
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
+}
+
+TEST(Gpu, NcclWorldOneCollectivesDdpMetadataAndZero) {
+  DATAPAR_REQUIRE_GPUS(1);
+  for (const std::string scenario : {"collectives", "ddp", "metadata", "zero_trace"}) {
+    SCOPED_TRACE(scenario);
+    expect_all_passed(run_nccl_job(scenario, 1, 180s));
+  }
 }
 
 TEST(Gpu, AKilledRankIsACommErrorWithinTheTimeout) {

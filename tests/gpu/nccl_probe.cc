@@ -7,6 +7,9 @@
 //                inputs and SyncBatchNorm: every metadata tensor on the GPU
 //   kill         rank 1 SIGKILLs itself before its second all_reduce; rank 0 exits 0 when its
 //                all_reduce fails with CommError (or TimeoutError) instead of hanging
+//   world1       WORLD_SIZE 1: dtypes, non-contiguous tensors, the caller's stream, freed
+//                inputs, the waits, destroying and aborting groups (nccl_world_one.cc)
+// collectives, ddp, metadata and zero_trace run at WORLD_SIZE 1 too.
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,12 +24,17 @@
 #include <thread>
 #include <utility>
 
+#include "datapar/config.h"
 #include "datapar/datapar.h"
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/ddp/sync_batch_norm.h"
 #include "datapar/distributed.h"
 #include "datapar/state_dict.h"
 #include "testing/models.h"
+#include "testing/tf32.h"
+#if DATAPAR_HAVE_NCCL
+#include "gpu/nccl_world_one.h"
+#endif
 
 namespace {
 
@@ -53,9 +61,10 @@ int collectives(ProcessGroup& group, const at::TensorOptions& on_gpu) {
   group.all_reduce(t, ReduceOp::kMax)->wait();
   if (!near(t, at::full({7}, double(world), on_gpu))) return fail("all_reduce(max)");
 
-  t = at::full({5}, rank == 1 ? 42.0 : -1.0, on_gpu);
-  group.broadcast(t, 1)->wait();
-  if (!near(t, at::full({5}, 42.0, on_gpu))) return fail("broadcast from rank 1");
+  const int root = world > 1 ? 1 : 0;
+  t = at::full({5}, rank == root ? 42.0 : -1.0, on_gpu);
+  group.broadcast(t, root)->wait();
+  if (!near(t, at::full({5}, 42.0, on_gpu))) return fail("broadcast from rank " + std::to_string(root));
 
   std::vector<at::Tensor> gathered;
   for (int r = 0; r < world; ++r) gathered.push_back(at::empty({3}, on_gpu));
@@ -288,6 +297,7 @@ int main(int argc, char** argv) {
     init_process_group("nccl", argv[2], rank, world, scenario == "kill" ? std::chrono::milliseconds(20s)
                                                                          : kDefaultTimeout);
     const at::Device gpu(at::kCUDA, rank);
+    testing::turn_off_tf32();
     const auto on_gpu = at::TensorOptions(gpu).dtype(at::kFloat);
     ProcessGroup& group = *default_group();
     if (scenario == "collectives") return collectives(group, on_gpu);
@@ -295,6 +305,12 @@ int main(int argc, char** argv) {
     if (scenario == "kill") return kill_scenario(group, on_gpu);
     if (scenario == "metadata") return metadata(group, gpu);
     if (scenario == "zero_trace") return zero_trace(group, gpu);
+#if DATAPAR_HAVE_NCCL
+    if (scenario == "world1") {
+      const std::string init = argv[2];  // file://DIR/rendezvous
+      return testing::world_one(group, init.substr(7, init.rfind('/') - 7));
+    }
+#endif
     return fail("unknown scenario " + scenario);
   } catch (const std::exception& e) {
     return fail(std::string("rank ") + argv[3] + ": " + e.what());

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -127,6 +128,43 @@ TEST(ProcessGroup, AnEngineErrorBecomesACommErrorNamingTheOperation) {
   EXPECT_THROW_MSG(group.all_reduce(at::ones({2})), CommError,
                    "all_reduce(sum) on rank 1 of 2 (recording) failed: Connection reset by peer");
   EXPECT_THROW_MSG(group.barrier(), CommError, "barrier on rank 1 of 2 (recording) failed");
+}
+
+// A Work whose results still have to reach a device (gloo's staged CUDA tensors): every
+// wait() and synchronize() that finds it done hands the waiter the results (deliver), and one
+// that finds it failed throws instead.
+class DeliveringWork : public Work {
+ public:
+  using Work::Work;
+  int delivered = 0;
+
+ protected:
+  void deliver() override { ++delivered; }
+};
+
+TEST(Work, WaitAndSynchronizeDeliverOnlyWhatSucceeded) {
+  auto ok = std::make_shared<DeliveringWork>("all_reduce(sum)");
+  EXPECT_THROW_MSG(ok->wait(std::chrono::milliseconds(10)), TimeoutError, "all_reduce(sum): not finished");
+  EXPECT_EQ(ok->delivered, 0);
+  detail::WorkCompletion::finish(*ok);
+  ok->wait();
+  ok->synchronize();
+  EXPECT_EQ(ok->delivered, 2);
+
+  auto failed = std::make_shared<DeliveringWork>("broadcast(root 0)");
+  detail::WorkCompletion::fail(*failed, std::make_exception_ptr(std::runtime_error("Connection reset by peer")));
+  EXPECT_THROW_MSG(failed->wait(), CommError, "broadcast(root 0) failed: Connection reset by peer");
+  EXPECT_THROW(failed->synchronize(), CommError);
+  EXPECT_EQ(failed->delivered, 0);
+}
+
+// Host groups refuse CUDA tensors unless they say they take them (takes_cuda_tensors: gloo's
+// staging in CUDA builds); lists must be on the device of the tensor they go with.
+TEST(ProcessGroup, ACpuGroupNamesTheDeviceOfAListThatStrays) {
+  RecordingGroup group(0, 2);
+  EXPECT_FALSE(group.takes_cuda_tensors());
+  EXPECT_THROW_MSG(group.all_gather({at::ones({2}), at::ones({2}).to(at::kDouble)}, at::ones({2})),
+                   InvalidArgumentError, "outputs[1] must be a CPU tensor of shape [2] and type Float");
 }
 
 TEST(ProcessGroup, RankAndSizeAreChecked) {

@@ -1,7 +1,8 @@
-// A rank of a DDP test job: ddp_probe SCENARIO INIT_METHOD RANK WORLD_SIZE OUT_FILE
+// A rank of a DDP test job: ddp_probe SCENARIO INIT_METHOD RANK WORLD_SIZE OUT_FILE [DEVICE]
 // Trains the scenario (tests/testing/ddp_scenarios.h) under DistributedDataParallel on the
-// Gloo backend and saves the final parameters to OUT_FILE (zero_* scenarios: under
-// ZeroRedundancyOptimizer, see train_zero). Special scenarios:
+// Gloo backend, with the model and batches on DEVICE (default cpu; cuda:0: CUDA tensors
+// staged through the gloo group), and saves the final parameters to OUT_FILE, on the CPU
+// (zero_* scenarios: under ZeroRedundancyOptimizer, see train_zero). Special scenarios:
 //   mismatch  rank 1 builds a different model: exits 0 if construction fails on this rank
 //             with the error naming the difference
 //   kill      the last rank SIGKILLs itself in its second backward: the others exit 0 if
@@ -22,12 +23,27 @@
 #include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/train/checkpoint.h"
 #include "testing/ddp_scenarios.h"
+#include "testing/tf32.h"
 
 namespace {
 
 using namespace datapar;
 using namespace datapar::testing;
 using namespace std::chrono_literals;
+
+c10::Device device(c10::kCPU);  // where this rank trains (DEVICE)
+
+// A batch on this rank's device.
+std::pair<at::Tensor, at::Tensor> on_device(const std::pair<at::Tensor, at::Tensor>& batch) {
+  return {batch.first.to(device), batch.second.to(device)};
+}
+
+// What OUT_FILE holds: the state on the CPU, wherever it was trained.
+void save_on_cpu(const StateDict& state, const std::string& out) {
+  StateDict cpu;
+  for (const auto& item : state) cpu.insert(item.key(), item.value().cpu());
+  save_state_dict(cpu, out);
+}
 
 int run_special(const std::string& name, int rank, int world) {
   if (name == "mismatch") {
@@ -49,12 +65,13 @@ int run_special(const std::string& name, int rank, int world) {
   default_group()->set_stall_warning(1s);
   torch::manual_seed(1);
   ProbeNet model;
+  model->to(device);
   DistributedDataParallel ddp(model.ptr(), nullptr, s.options);
   auto sgd = make_sgd(ddp.parameters());
   for (int step = 0; step < 3; ++step) {
-    const auto data = step_data(s, step, 0);
+    const auto data = on_device(step_data(s, step, 0)[rank]);
     sgd.zero_grad();
-    at::Tensor loss = at::cross_entropy_loss(ddp.forward(data[rank].first, true), data[rank].second);
+    at::Tensor loss = at::cross_entropy_loss(ddp.forward(data.first, true), data.second);
     if (step == 1 && name == "kill" && rank == world - 1) {
       loss.register_hook([](at::Tensor g) {
         ::raise(SIGKILL);
@@ -103,6 +120,7 @@ int run(const std::string& name, const std::string& init, int rank, int world, c
 int train_zero(const DdpScenario& s, int rank, const std::string& out) {
   torch::manual_seed(rank + 1);
   ProbeNet model;
+  model->to(device);
   DistributedDataParallel ddp(model.ptr(), nullptr, s.options);
   auto make = [&](std::vector<at::Tensor> params) { return make_optimizer(s.optimizer, params); };
   auto zero = std::make_unique<ZeroRedundancyOptimizer>(ddp.parameters(), make);
@@ -127,13 +145,13 @@ int train_zero(const DdpScenario& s, int rank, const std::string& out) {
         zero->load_full_state(*full);
       }
     }
-    const auto data = step_data(s, static_cast<int>(step), 0);
+    const auto data = on_device(step_data(s, static_cast<int>(step), 0)[rank]);
     if (plain) {
       plain->zero_grad();
     } else {
       zero->zero_grad();
     }
-    at::cross_entropy_loss(ddp.forward(data[rank].first, true), data[rank].second).backward();
+    at::cross_entropy_loss(ddp.forward(data.first, true), data.second).backward();
     if (plain) {
       plain->step();
     } else {
@@ -142,7 +160,7 @@ int train_zero(const DdpScenario& s, int rank, const std::string& out) {
   }
   std::cout << "state bytes " << zero->state_bytes() << "\n";
   if (s.resume_after < 0) save(static_cast<int64_t>(s.rows.size()));
-  save_state_dict(ddp.state_dict(), out);
+  save_on_cpu(ddp.state_dict(), out);
   destroy_process_group();
   return 0;
 }
@@ -152,20 +170,22 @@ int train(const DdpScenario& s, const std::string& name, int rank, const std::st
   torch::manual_seed(rank + 1);  // different on every rank: DDP must broadcast rank 0's
   Net model;
   if (s.sync_bn) convert_sync_batchnorm(*model);
+  model->to(device);
   DistributedDataParallel ddp(model.ptr(), nullptr, s.options);
   if (name == "bf16") ddp.register_comm_hook(bf16_compress_hook());
+  if (name == "fp16") ddp.register_comm_hook(fp16_compress_hook());
   auto sgd = make_sgd(ddp.parameters());
   const bool extra = uses_extra(s, rank);
   auto train = [&] {
     for (size_t step = 0; step < s.rows.size() && s.rows[step][rank] > 0; ++step) {
       sgd.zero_grad();
       if (s.micro_batches) {
-        const auto first = step_data(s, static_cast<int>(step), 0);
+        const auto first = on_device(step_data(s, static_cast<int>(step), 0)[rank]);
         auto guard = ddp.no_sync();
-        at::cross_entropy_loss(ddp.forward(first[rank].first, extra), first[rank].second).backward();
+        at::cross_entropy_loss(ddp.forward(first.first, extra), first.second).backward();
       }
-      const auto data = step_data(s, static_cast<int>(step), s.micro_batches ? 1 : 0);
-      at::cross_entropy_loss(ddp.forward(data[rank].first, extra), data[rank].second).backward();
+      const auto data = on_device(step_data(s, static_cast<int>(step), s.micro_batches ? 1 : 0)[rank]);
+      at::cross_entropy_loss(ddp.forward(data.first, extra), data.second).backward();
       sgd.step();
     }
   };
@@ -174,7 +194,7 @@ int train(const DdpScenario& s, const std::string& name, int rank, const std::st
   } else {
     train();
   }
-  save_state_dict(ddp.state_dict(), out);
+  save_on_cpu(ddp.state_dict(), out);
   std::cout << "buckets " << ddp.bucket_indices().size() << "\n";
   std::cout << "synchronised passes " << ddp.communication_stats().synchronised_passes << "\n";
   destroy_process_group();
@@ -184,11 +204,13 @@ int train(const DdpScenario& s, const std::string& name, int rank, const std::st
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::cerr << "usage: ddp_probe SCENARIO INIT_METHOD RANK WORLD_SIZE OUT_FILE\n";
+  if (argc != 6 && argc != 7) {
+    std::cerr << "usage: ddp_probe SCENARIO INIT_METHOD RANK WORLD_SIZE OUT_FILE [DEVICE]\n";
     return 2;
   }
   try {
+    if (argc == 7) device = c10::Device(argv[6]);
+    if (device.is_cuda()) datapar::testing::turn_off_tf32();
     return run(argv[1], argv[2], std::stoi(argv[3]), std::stoi(argv[4]), argv[5]);
   } catch (const std::exception& e) {
     std::cerr << "ddp_probe rank " << argv[3] << ": " << e.what() << "\n";

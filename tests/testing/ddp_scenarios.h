@@ -114,8 +114,8 @@ inline DdpScenario scenario(const std::string& name, int world) {
     s.options.gradient_as_bucket_view = true;
   } else if (name == "one_bucket") {
     s.options.first_bucket_cap_mb = s.options.bucket_cap_mb = 25;
-  } else if (name == "bf16") {
-    // Set by the caller: register_comm_hook(bf16_compress_hook()).
+  } else if (name == "bf16" || name == "fp16") {
+    // Set by the caller: register_comm_hook(bf16_compress_hook() or fp16_compress_hook()).
   } else if (name == "sync_bn") {
     s.sync_bn = true;
   } else if (name == "join") {

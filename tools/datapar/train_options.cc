@@ -140,9 +140,11 @@ std::string ddp_backend(const std::string& given, const Device& device, int loca
     DATAPAR_CHECK(device.index == group_device, "--devices: local rank ", local_rank, " would train on ", device,
                   ", but its nccl group uses cuda:", group_device,
                   ".\n---> HINT: leave out --devices (rank k takes cuda:k) and pick GPUs with CUDA_VISIBLE_DEVICES.");
-  } else {
+  } else if (backend != "gloo") {
+    // gloo stages CUDA tensors through pinned host memory (new_gloo_process_group); mpi does not.
     DATAPAR_CHECK(!device.is_cuda(), "--backend ", backend, ": this rank trains on ", device, ", but ", backend,
-                  " moves CPU tensors only.\n---> HINT: use --backend nccl (the default on CUDA devices).");
+                  " moves CPU tensors only.\n---> HINT: use --backend nccl (the default on CUDA devices) or "
+                  "--backend gloo (CUDA tensors staged through host memory).");
   }
   return backend;
 }

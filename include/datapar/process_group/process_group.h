@@ -6,7 +6,9 @@
 // group's CUDA stream), so several may be in flight without deadlock. Tensors must stay
 // alive and untouched until their Work is done (nccl: until work queued after wait() on the
 // current stream runs; see work.h).
-// Backends: Gloo (CPU tensors over TCP), MPI (CPU tensors; shared memory within a node,
+// Backends: Gloo (CPU tensors over TCP; CUDA tensors too where Torch has CUDA, staged
+// through pinned host memory: their Work's wait() queues the copy back on the caller's
+// current stream), MPI (CPU tensors; shared memory within a node,
 // when datapar was built with MPI: DATAPAR_HAVE_MPI in datapar/config.h), NCCL (CUDA
 // tensors, in builds where Torch has CUDA: datapar/process_group/nccl.h).
 #pragma once
@@ -53,9 +55,15 @@ class ProcessGroup {
   virtual c10::Device device() const { return c10::Device(c10::kCPU); }
   at::TensorOptions options(at::ScalarType dtype) const { return at::TensorOptions().dtype(dtype).device(device()); }
 
+  // Whether a group on the CPU also takes CUDA tensors: gloo's do in builds where Torch has
+  // CUDA (staged through pinned host memory, as PyTorch's gloo does; DDP of a model on a GPU
+  // over gloo). Metadata still belongs on device().
+  virtual bool takes_cuda_tensors() const { return false; }
+
   // Every operation below checks its arguments on the caller's thread and throws
   // InvalidArgumentError for a bad call before anything is queued: tensors defined, dense,
-  // on device(), lists of size() tensors alike, roots and peers in [0, size()).
+  // on device() (or CUDA, where takes_cuda_tensors()), lists of size() tensors alike, roots
+  // and peers in [0, size()).
   // Supported dtypes: float32/64, float16, bfloat16, int32/64 (nccl also int8 and uint8).
 
   // Reduces `tensor` element-wise over all processes; every process gets the result in
@@ -196,7 +204,9 @@ struct GlooOptions {
 // A Gloo process group of `size` processes, this one being `rank`, meeting through `store`
 // (which every process must share, e.g. from rendezvous()). Blocks until all processes
 // have connected. Throws InvalidArgumentError for a bad rank or size, TimeoutError or
-// CommError when the others do not connect in time.
+// CommError when the others do not connect in time. Its collectives take CPU tensors, and
+// CUDA tensors in builds where Torch has CUDA (takes_cuda_tensors()); send and recv take
+// CPU tensors only.
 std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                      GlooOptions options = {});
 

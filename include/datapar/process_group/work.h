@@ -49,6 +49,12 @@ class Work {
   // return true, so that wait() does not block the host; false: wait() blocks.
   virtual bool wait_on_stream() { return false; }
 
+  // Host backends whose results still have to reach a device (gloo's CUDA tensors, staged
+  // through host memory): called on the waiting thread each time a wait() or synchronize()
+  // finds the operation done, to queue the results' way back on its current stream. Must
+  // not block, and must deliver once however often it is called.
+  virtual void deliver() {}
+
  private:
   // Only the backends report the outcome (src/process_group/work_completion.h).
   friend class detail::WorkCompletion;

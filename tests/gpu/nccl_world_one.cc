@@ -1,0 +1,226 @@
+// nccl_probe's world1 scenario (issue 25): what NCCL's CUDA paths do, shown on ONE GPU.
+// Compiled only where datapar has the nccl backend. Each check returns "" or what failed.
+#include <ATen/ATen.h>
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <chrono>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "datapar/error.h"
+#include "datapar/process_group/nccl.h"
+#include "datapar/rendezvous/file_store.h"
+#include "gpu/nccl_world_one.h"
+
+namespace datapar::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+bool same(const at::Tensor& got, const at::Tensor& want) {
+  return at::equal(got.cpu().to(at::kDouble), want.cpu().to(at::kDouble));
+}
+
+// Every collective on every dtype NCCL takes: with one rank each is the identity (or a copy),
+// so the values must come back exactly.
+std::string every_collective_and_dtype(ProcessGroup& group, const at::Device& gpu) {
+  for (const at::ScalarType dtype : {at::kFloat, at::kHalf, at::kBFloat16, at::kChar, at::kByte, at::kLong}) {
+    const std::string name = c10::toString(dtype);
+    const at::TensorOptions on_gpu = at::TensorOptions(gpu).dtype(dtype);
+    const at::Tensor values = at::arange(0, 24, at::TensorOptions(gpu).dtype(at::kLong)).remainder(100).to(dtype);
+    for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kProduct}) {
+      at::Tensor t = values.clone();
+      group.all_reduce(t, op)->wait();
+      if (!same(t, values)) return "all_reduce(" + std::string(to_string(op)) + ") of " + name;
+    }
+    at::Tensor t = values.clone();
+    group.broadcast(t, 0)->wait();
+    if (!same(t, values)) return "broadcast of " + name;
+    t = values.clone();
+    group.reduce(t, 0)->wait();
+    if (!same(t, values)) return "reduce of " + name;
+    std::vector<at::Tensor> gathered{at::zeros({24}, on_gpu)};
+    group.all_gather(gathered, values)->wait();
+    if (!same(gathered[0], values)) return "all_gather of " + name;
+    at::Tensor out = at::zeros({24}, on_gpu);
+    group.reduce_scatter(out, {values}, ReduceOp::kSum)->wait();
+    if (!same(out, values)) return "reduce_scatter of " + name;
+    out = at::zeros({24}, on_gpu);
+    group.all_to_all_single(out, values)->wait();
+    if (!same(out, values)) return "all_to_all_single of " + name;
+    std::vector<at::Tensor> several{values.clone(), values.narrow(0, 0, 5).clone()};
+    group.all_reduce_coalesced(several)->wait();
+    if (!same(several[0], values) || !same(several[1], values.narrow(0, 0, 5))) return "all_reduce_coalesced of " + name;
+    group.broadcast_coalesced(several, 0)->wait();
+    if (!same(several[0], values)) return "broadcast_coalesced of " + name;
+  }
+  group.barrier()->wait();
+  return "";
+}
+
+// A non-contiguous tensor (a transposed view) gets its result through a contiguous copy, back
+// into the view's own elements; the rest of its storage is untouched.
+std::string non_contiguous(ProcessGroup& group, const at::Device& gpu) {
+  const at::Tensor whole = at::arange(0, 40, at::TensorOptions(gpu).dtype(at::kFloat)).view({4, 10});
+  at::Tensor view = whole.narrow(1, 0, 5).t();  // (5, 4), strides (1, 10)
+  const at::Tensor before = whole.clone();
+  group.all_reduce(view, ReduceOp::kAvg)->wait();
+  if (view.is_contiguous()) return "the view became contiguous";
+  if (!same(whole, before)) return "all_reduce of a transposed view changed its values or its storage's others";
+  std::vector<at::Tensor> outputs{at::zeros({10, 4}, at::TensorOptions(gpu)).t()};  // (4, 10), non-contiguous
+  group.all_gather(outputs, whole)->wait();
+  if (!same(outputs[0], whole)) return "all_gather into a non-contiguous output";
+  return "";
+}
+
+// The caller on a stream of its own, busy for a while: the collective runs after what that
+// stream queued before it (it reads 5, not the 1 the tensor held when the call returned on
+// the host), and work queued there after wait() sees its result.
+std::string callers_stream(ProcessGroup& group, const at::Device& gpu) {
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, gpu.index());
+  const c10::cuda::CUDAStreamGuard on_side(side);
+  at::Tensor t = at::ones({1 << 20}, at::TensorOptions(gpu));
+  at::cuda::sleep(200'000'000);  // about 0.1 s of the GPU on this stream
+  t.fill_(5);
+  std::vector<at::Tensor> gathered{at::zeros({1 << 20}, at::TensorOptions(gpu))};
+  group.all_gather(gathered, t)->wait();
+  const at::Tensor doubled = gathered[0] * 2;  // on the side stream, after wait()
+  if (!same(doubled, at::full({1 << 20}, 10.0))) return "all_gather on the caller's stream did not see its input";
+  return "";
+}
+
+// Inputs dropped right after the call: their memory goes back to the caching allocator at
+// once, but must not be handed out (and overwritten) before the group's stream read it
+// (recordStream). Each all_gather must deliver the value its dropped input had.
+std::string inputs_freed_after_launch(ProcessGroup& group, const at::Device& gpu) {
+  std::vector<at::Tensor> outputs;
+  std::vector<std::shared_ptr<Work>> works;
+  at::cuda::sleep(100'000'000);  // the group's stream starts late: the inputs are gone by then
+  for (int i = 0; i < 16; ++i) {
+    outputs.push_back(at::zeros({1 << 18}, at::TensorOptions(gpu)));
+    {
+      const at::Tensor input = at::full({1 << 18}, double(i), at::TensorOptions(gpu));
+      works.push_back(group.all_gather({outputs.back()}, input));
+    }
+    at::full({1 << 18}, -1.0, at::TensorOptions(gpu));  // would take the input's block
+  }
+  for (auto& w : works) w->wait();
+  for (int i = 0; i < 16; ++i) {
+    if (!same(outputs[i], at::full({1 << 18}, double(i)))) return "all_gather " + std::to_string(i) + " read a reused input";
+  }
+  return "";
+}
+
+// A group of its own on a fresh store namespace, rank 0 of 1.
+std::shared_ptr<ProcessGroup> own_group(const std::string& dir, const std::string& name, NcclOptions options) {
+  options.device = 0;
+  return new_nccl_process_group(std::make_shared<FileStore>(dir + "/" + name), 0, 1, options);
+}
+
+// blocking_wait: wait() returns when the GPU has run the operation; synchronize() does on
+// any group; and the default wait() returns before the GPU has (the host goes on).
+std::string waits(ProcessGroup& group, const std::string& dir, const at::Device& gpu) {
+  NcclOptions blocking;
+  blocking.blocking_wait = true;
+  const auto blocking_group = own_group(dir, "blocking", blocking);
+  at::Tensor t = at::ones({1 << 20}, at::TensorOptions(gpu));
+  at::cuda::sleep(200'000'000);
+  auto work = blocking_group->all_reduce(t);
+  work->wait();
+  if (!work->is_completed()) return "blocking_wait: wait() returned before the operation completed";
+
+  at::cuda::sleep(200'000'000);
+  work = group.all_reduce(t);
+  work->wait();
+  const bool returned_early = !work->is_completed();
+  work->synchronize();
+  if (!work->is_completed()) return "synchronize() returned before the operation completed";
+  if (!returned_early) return "the default wait() blocked the host until the GPU finished";
+  return "";
+}
+
+// Destroying a group with operations still queued behind a busy stream returns (it waits
+// for them, then finalizes) without a hang or a CUDA error.
+std::string destroy_in_flight(const std::string& dir, const at::Device& gpu) {
+  auto group = own_group(dir, "in-flight", {});
+  at::Tensor t = at::ones({1 << 22}, at::TensorOptions(gpu));
+  at::cuda::sleep(200'000'000);
+  for (int i = 0; i < 8; ++i) group->all_reduce(t);
+  const auto start = std::chrono::steady_clock::now();
+  group.reset();
+  if (std::chrono::steady_clock::now() - start > 60s) return "destroying a group with work in flight took over 60 s";
+  if (!same(t, at::ones({1 << 22}))) return "the in-flight all_reduces of one rank changed the values";
+  return "";
+}
+
+// An operation past the group's timeout aborts the group (TimeoutError or CommError, and
+// CommError for every later call); a group made afresh afterwards works.
+std::string abort_and_again(const std::string& dir, const at::Device& gpu) {
+  NcclOptions quick;
+  quick.timeout = 5s;
+  auto group = own_group(dir, "aborted", quick);
+  at::Tensor t = at::ones({16}, at::TensorOptions(gpu));
+  at::cuda::sleep(20'000'000'000LL);  // about 10 s of the GPU: past the timeout
+  const auto late = group->all_reduce(t);
+  bool failed = false;
+  for (int i = 0; i < 100 && !failed; ++i) {  // bounded: 20 s and the barriers' timeouts
+    std::this_thread::sleep_for(200ms);
+    try {
+      group->barrier()->wait();
+    } catch (const CommError&) {
+      failed = true;
+    } catch (const TimeoutError&) {
+      failed = true;
+    }
+  }
+  if (!failed) return "an operation past the timeout did not abort the group";
+  try {
+    group->all_reduce(t)->wait();
+    return "a call on an aborted group did not throw";
+  } catch (const CommError&) {
+  }
+  c10::cuda::getCurrentCUDAStream(gpu.index()).synchronize();  // the sleep is over
+  auto again = own_group(dir, "again", {});
+  at::Tensor u = at::full({16}, 3.0, at::TensorOptions(gpu));
+  again->all_reduce(u)->wait();
+  if (!same(u, at::full({16}, 3.0))) return "a group made after an abort gave a wrong all_reduce";
+  return "";
+}
+
+}  // namespace
+
+int world_one(ProcessGroup& group, const std::string& dir) {
+  if (group.size() != 1) {
+    std::cerr << "nccl_probe: world1 runs with WORLD_SIZE 1\n";
+    return 1;
+  }
+  const at::Device gpu(at::kCUDA, 0);
+  const std::vector<std::pair<std::string, std::function<std::string()>>> checks{
+      {"every collective and dtype", [&] { return every_collective_and_dtype(group, gpu); }},
+      {"non-contiguous tensors", [&] { return non_contiguous(group, gpu); }},
+      {"the caller's stream", [&] { return callers_stream(group, gpu); }},
+      {"inputs freed after launch", [&] { return inputs_freed_after_launch(group, gpu); }},
+      {"wait, blocking_wait, synchronize", [&] { return waits(group, dir, gpu); }},
+      {"destroying a group with work in flight", [&] { return destroy_in_flight(dir, gpu); }},
+      {"abort, then a new group", [&] { return abort_and_again(dir, gpu); }},
+  };
+  int failed = 0;
+  for (const auto& [name, check] : checks) {
+    std::string problem;
+    try {
+      problem = check();
+    } catch (const std::exception& e) {
+      problem = std::string("threw: ") + e.what();
+    }
+    std::cout << (problem.empty() ? "ok      " : "FAILED  ") << name << (problem.empty() ? "" : ": " + problem) << "\n";
+    failed += !problem.empty();
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace datapar::testing
