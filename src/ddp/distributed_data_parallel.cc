@@ -89,7 +89,9 @@ void DdpCore::pre_forward(int64_t samples) {
     group_->all_reduce(flags)->wait(options_.timeout);
     if (grad && sync_) ++impl_->iterations;
   }
-  broadcast_buffers();
+  // As PyTorch: buffers follow rank 0 in training forwards only, so that a forward without
+  // grad (evaluation) may run on one rank alone.
+  if (grad) broadcast_buffers();
   if (grad) impl_->reducer->prepare_forward(sync_, samples_override_ >= 0 ? samples_override_ : samples);
   samples_override_ = -1;
 }
@@ -128,7 +130,7 @@ void DdpCore::join(const std::function<void()>& train) {
     group_->all_reduce(flags)->synchronize(options_.timeout);  // read on the host
     const std::vector<int64_t> f = host_int64s(flags);
     if (f[0] == 0) break;
-    broadcast_buffers();
+    if (f[1] > 0) broadcast_buffers();
     if (f[1] > 0) impl_->reducer->prepare_forward(/*sync=*/true, /*samples=*/0);
     if (f[2] > 0) impl_->reducer->shadow_backward();
   }

@@ -113,6 +113,19 @@ TEST(DistributedDataParallel, ARankKilledMidBackwardFailsTheOthers) {
   EXPECT_FALSE(timed_out);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 40s);
   EXPECT_EQ(results[2].signal, SIGKILL) << results[2].output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("Rank 2"), std::string::npos) << "the error names the dead rank:\n" << results[r].output;
+  }
+}
+
+// Rank 0 evaluates through the wrapper without grad, alone: no collective, so no hang, and
+// the ranks go on training in step (issue 26; PyTorch broadcasts buffers in training only).
+TEST(DistributedDataParallel, EvaluationOnOneRankAloneDoesNotHang) {
+  testing::TempDir dir("ddp");
+  bool timed_out = false;
+  const auto results = run_job("eval_on_rank0", 2, dir, 60s, &timed_out);
+  EXPECT_FALSE(timed_out);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
 }
 

@@ -310,7 +310,7 @@ TEST(Gpu, DdpOnCudaOverGlooSyncBatchNormAndZero) {
 }
 
 // The last of 3 ranks on cuda:0 SIGKILLs itself in its second backward: the others' staged
-// bucket all-reduce fails, and backward throws a datapar error naming it, within the timeout.
+// bucket all-reduce fails, and backward throws a datapar error naming rank 2, within the timeout.
 TEST(Gpu, DdpOnCudaOverGlooAKilledRankFailsTheOthers) {
   DATAPAR_REQUIRE_GPUS(1);
   testing::TempDir dir("ddp_cuda_kill");
@@ -320,7 +320,10 @@ TEST(Gpu, DdpOnCudaOverGlooAKilledRankFailsTheOthers) {
   EXPECT_FALSE(timed_out);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 60s);
   EXPECT_EQ(results[2].signal, SIGKILL) << results[2].output;
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("Rank 2"), std::string::npos) << "the error names the dead rank:\n" << results[r].output;
+  }
 }
 
 // `datapar train` on one GPU: DDP of 2 ranks sharing cuda:0 over gloo, and DataParallel over

@@ -8,6 +8,9 @@
 //   kill      the last rank SIGKILLs itself in its second backward: the others exit 0 if
 //             backward fails with a datapar error instead of hanging
 //   stall     rank 1 sleeps 3 s before its second backward (stall warning after 1 s)
+//   eval_on_rank0  a model with buffers; rank 0 alone evaluates it through the wrapper
+//             (no grad) between two training steps: exits 0 when nobody hangs and the
+//             ranks end with the same parameters and buffers
 #include <signal.h>
 #include <unistd.h>
 
@@ -45,6 +48,40 @@ void save_on_cpu(const StateDict& state, const std::string& out) {
   save_state_dict(cpu, out);
 }
 
+// Evaluation without grad on rank 0 alone, between training steps: it must issue no
+// collective (buffers are broadcast in training forwards only, as in PyTorch's DDP).
+int eval_on_rank0(const DdpScenario& s, int rank) {
+  torch::manual_seed(1);
+  SyncBnNet model;  // SyncBatchNorm: buffers; in eval mode it uses them and moves nothing
+  convert_sync_batchnorm(*model);
+  model->to(device);
+  DistributedDataParallel ddp(model.ptr(), nullptr, s.options);
+  auto sgd = make_sgd(ddp.parameters());
+  for (int step = 0; step < 2; ++step) {
+    const auto data = on_device(step_data(s, step, 0)[rank]);
+    sgd.zero_grad();
+    at::cross_entropy_loss(ddp.forward(data.first, true), data.second).backward();
+    sgd.step();
+    if (step == 0 && rank == 0) {
+      model->eval();
+      at::NoGradGuard no_grad;
+      (void)ddp.forward(data.first, true);
+      model->train();
+    }
+  }
+  // Everyone's parameters and buffers against rank 0's.
+  for (const auto& item : ddp.state_dict()) {
+    at::Tensor mine = item.value().detach().clone();
+    at::Tensor rank0 = mine.clone();
+    default_group()->broadcast(rank0, 0)->wait();
+    if (!at::equal(mine, rank0)) {
+      std::cerr << "rank " << rank << ": " << item.key() << " differs from rank 0's\n";
+      return 12;
+    }
+  }
+  return 0;
+}
+
 int run_special(const std::string& name, int rank, int world) {
   if (name == "mismatch") {
     torch::manual_seed(1);
@@ -62,6 +99,7 @@ int run_special(const std::string& name, int rank, int world) {
   }
   DdpScenario s = scenario("even", world);
   s.options.timeout = 10s;
+  if (name == "eval_on_rank0") return eval_on_rank0(s, rank);
   default_group()->set_stall_warning(1s);
   torch::manual_seed(1);
   ProbeNet model;
@@ -103,7 +141,7 @@ int train_zero(const DdpScenario& s, int rank, const std::string& out);
 
 int run(const std::string& name, const std::string& init, int rank, int world, const std::string& out) {
   init_process_group("gloo", init, rank, world, 30s);
-  if (name == "mismatch" || name == "kill" || name == "stall") {
+  if (name == "mismatch" || name == "kill" || name == "stall" || name == "eval_on_rank0") {
     const int code = run_special(name, rank, world);
     if (name != "kill") destroy_process_group();
     return code;

@@ -16,7 +16,8 @@
 // - Construction is a collective: every rank must construct DDP together. It checks that all
 //   ranks hold the same parameters and buffers (names, shapes, dtypes; a mismatch throws on
 //   every rank naming the first difference) and copies rank 0's values to everyone.
-// - forward() broadcasts rank 0's buffers first (broadcast_buffers), and decides whether the
+// - forward() with grad enabled broadcasts rank 0's buffers first (broadcast_buffers; a
+//   forward without grad, e.g. evaluation on rank 0 alone, is local), and decides whether the
 //   following backward synchronises: inside a no_sync() scope it does not, and gradients
 //   accumulate locally until the first backward after a forward outside the scope.
 // - Averaging: by world size (PyTorch's), or by samples (average_by_samples): each rank's
@@ -56,7 +57,8 @@ struct DdpOptions {
   // of backward still runs, is smaller.
   double bucket_cap_mb = 25;
   double first_bucket_cap_mb = 1;
-  // Broadcast rank 0's buffers (e.g. BatchNorm running statistics) before each forward.
+  // Broadcast rank 0's buffers (e.g. BatchNorm running statistics) before each forward with
+  // grad enabled, as PyTorch does.
   bool broadcast_buffers = true;
   // Search the autograd graph after each forward for parameters the loss does not depend
   // on, and treat their gradient as zero (costs a graph walk and a small all-reduce).
