@@ -14,13 +14,15 @@
 // Note [Averaging by samples]
 // PyTorch divides the summed gradients by the world size, which is the gradient of the
 // global batch only when every rank had the same number of samples. With
-// average_by_samples each rank scales its gradients by its own sample count n_r before the
-// all-reduce (ready()) and the sum is divided by the total N = sum n_r afterwards
-// (finalize): sum_r n_r g_r / N, exactly the gradient of the whole global batch, however
-// uneven the split (the last batch of an epoch, unlike devices, ranks that joined). The
-// counts travel in a small metadata all-reduce issued as backward starts, ahead of the
-// buckets, so it overlaps backward as they do; a pass where no rank had a sample is an
-// error, not a division by zero.
+// average_by_samples each rank scales its gradients by its share n_r / N of the global
+// batch (N = sum n_r) before the all-reduce (ready()): sum_r (n_r / N) g_r, exactly the
+// gradient of the whole global batch, however uneven the split (the last batch of an epoch,
+// unlike devices, ranks that joined). The counts travel in a small metadata all-reduce
+// issued as backward starts, ahead of the buckets; the first gradient waits for it (on the
+// device, for nccl). Scaling by the share before, not by n_r before and 1/N after, keeps
+// what goes on the wire the size of a gradient, as PyTorch's 1/world_size does: summed in a
+// 16-bit compression hook, n_r g_r overflows float16 for a global batch of thousands. A
+// pass where no rank had a sample is an error, not a division by zero.
 #include "ddp/reducer.h"
 
 #include <ATen/ATen.h>
@@ -171,6 +173,7 @@ void Reducer::reset_pass() {
     bucket.work.reset();
   }
   meta_work_.reset();
+  share_.reset();
 }
 
 void Reducer::prepare_backward(const std::vector<at::Tensor>& outputs) {
@@ -222,18 +225,31 @@ void Reducer::mark_ready(size_t index) {
   ready(index, /*has_gradient=*/true);
 }
 
+const at::Tensor& Reducer::sample_share() {
+  if (!share_.defined()) {
+    meta_work_->wait(options_.timeout);
+    share_ = meta_.select(0, 0).reciprocal().mul_(samples_);
+  }
+  return share_;
+}
+
 void Reducer::ready(size_t index, bool has_gradient) {
   ready_[index] = true;
   at::Tensor out = slice(index);
-  const double scale = options_.average_by_samples ? samples_ : 1.0 / group_->size();  // Note [Averaging by samples]
   const at::Tensor& grad = params_[index].grad();
   if (!has_gradient || !grad.defined()) {
     out.zero_();
-  } else if (grad.data_ptr() == out.data_ptr()) {
-    out.mul_(scale);  // the gradient is the bucket view already
   } else {
-    at::mul_out(out, grad.reshape({-1}), scale);
-    if (options_.gradient_as_bucket_view) params_[index].mutable_grad() = grad_view(index);
+    // Note [Averaging by samples]; a 0-dim tensor on the group's device scales tensors on
+    // any device (gloo's CPU count, a CUDA model).
+    const at::Scalar by_world = 1.0 / group_->size();
+    const bool by_samples = options_.average_by_samples;
+    if (grad.data_ptr() == out.data_ptr()) {  // the gradient is the bucket view already
+      by_samples ? out.mul_(sample_share()) : out.mul_(by_world);
+    } else {
+      by_samples ? at::mul_out(out, grad.reshape({-1}), sample_share()) : at::mul_out(out, grad.reshape({-1}), by_world);
+      if (options_.gradient_as_bucket_view) params_[index].mutable_grad() = grad_view(index);
+    }
   }
   Bucket& bucket = buckets_[bucket_of_[index]];
   if (--bucket.pending == 0) launch_ready_buckets();
@@ -291,10 +307,8 @@ void Reducer::finalize() {
   stats_.exposed_wait += std::chrono::steady_clock::now() - waiting_since;
   waiting.reset();
   ++stats_.synchronised_passes;
-  if (options_.average_by_samples) {
-    DATAPAR_CHECK(total_samples > 0, "DistributedDataParallel: averaging by samples, but no rank had a sample.");
-    for (Bucket& bucket : buckets_) bucket.flat.div_(total_samples);
-  }
+  DATAPAR_CHECK(!options_.average_by_samples || total_samples > 0,
+                "DistributedDataParallel: averaging by samples, but no rank had a sample.");
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!used_anywhere[i]) continue;  // unused on every rank: .grad stays as it was, as in PyTorch
     at::Tensor reduced = slice(i).view(params_[i].sizes());

@@ -81,6 +81,8 @@ class Reducer {
   void reset_pass();
   void mark_ready(size_t index);  // from the hook
   void ready(size_t index, bool has_gradient);
+  // average_by_samples: the rank's share of the global batch (Note [Averaging by samples]).
+  const at::Tensor& sample_share();
   void launch_ready_buckets();
   void issue_meta(double samples, const std::vector<bool>& used);
   void finalize();
@@ -112,6 +114,7 @@ class Reducer {
   size_t next_bucket_ = 0;
   at::Tensor meta_;  // [samples, used flags...], all-reduced
   std::shared_ptr<Work> meta_work_;
+  at::Tensor share_;  // average_by_samples: this rank's samples / all ranks', 0-dim on the group's device
   std::vector<size_t> arrival_;  // gradient arrival order, recorded in the first synchronised pass
   int64_t synced_passes_ = 0;
   CommunicationStats stats_;  // of synchronised backward passes (not join()'s shadow passes)

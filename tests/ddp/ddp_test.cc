@@ -78,6 +78,13 @@ TEST(DistributedDataParallel, GradientsAsBucketViewsAndOneBigBucket) {
 
 TEST(DistributedDataParallel, Bf16CompressionHookStaysClose) { expect_matches_reference("bf16", 2, 2e-2, 2e-3); }
 
+// fp16 on the wire, a global batch of 8192 averaged by samples, gradients of about ten:
+// each rank sends its share of the gradient, so nothing overflows float16's 65504 (issue 26;
+// sending n_r times the gradient made the sum inf and the parameters NaN).
+TEST(DistributedDataParallel, Fp16CompressionHookAtAGlobalBatchOf8192) {
+  expect_matches_reference("fp16_8192", 2, 2e-2, 2e-3);
+}
+
 TEST(DistributedDataParallel, JoinLetsARankWithOneBatchFinishBesideOneWithThree) {
   expect_matches_reference("join", 2, 1e-5, 1e-6);
 }

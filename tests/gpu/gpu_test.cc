@@ -407,9 +407,11 @@ TEST(Gpu, AKilledRankIsACommErrorWithinTheTimeout) {
   DATAPAR_REQUIRE_GPUS(2);
   const auto start = std::chrono::steady_clock::now();
   const auto results = run_nccl_job("kill", 2, 120s);
-  // Rank 1 SIGKILLs itself; rank 0 must fail its all_reduce with CommError (exit 0 means it did).
+  // Rank 1 SIGKILLs itself; rank 0 must fail its all_reduce with CommError (exit 0 means it
+  // did) within the group's timeout (20 s) and the watchdog's reaction, well before the
+  // probe's own deadline of three timeouts.
   EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 90s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 50s);
 }
 
 }  // namespace

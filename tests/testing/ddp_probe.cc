@@ -211,7 +211,7 @@ int train(const DdpScenario& s, const std::string& name, int rank, const std::st
   model->to(device);
   DistributedDataParallel ddp(model.ptr(), nullptr, s.options);
   if (name == "bf16") ddp.register_comm_hook(bf16_compress_hook());
-  if (name == "fp16") ddp.register_comm_hook(fp16_compress_hook());
+  if (name == "fp16" || name == "fp16_8192") ddp.register_comm_hook(fp16_compress_hook());
   auto sgd = make_sgd(ddp.parameters());
   const bool extra = uses_extra(s, rank);
   auto train = [&] {
@@ -223,7 +223,7 @@ int train(const DdpScenario& s, const std::string& name, int rank, const std::st
         at::cross_entropy_loss(ddp.forward(first.first, extra), first.second).backward();
       }
       const auto data = on_device(step_data(s, static_cast<int>(step), s.micro_batches ? 1 : 0)[rank]);
-      at::cross_entropy_loss(ddp.forward(data.first, extra), data.second).backward();
+      (at::cross_entropy_loss(ddp.forward(data.first, extra), data.second) * s.loss_scale).backward();
       sgd.step();
     }
   };

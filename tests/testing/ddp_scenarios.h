@@ -74,6 +74,7 @@ struct DdpScenario {
   // checkpoint, sharded again (or, with resume_plain, with an ordinary optimizer).
   int resume_after = -1;
   bool resume_plain = false;
+  double loss_scale = 1;  // the loss is the batch's mean cross entropy times this
   DdpOptions options;
 };
 
@@ -116,6 +117,15 @@ inline DdpScenario scenario(const std::string& name, int world) {
     s.options.first_bucket_cap_mb = s.options.bucket_cap_mb = 25;
   } else if (name == "bf16" || name == "fp16") {
     // Set by the caller: register_comm_hook(bf16_compress_hook() or fp16_compress_hook()).
+  } else if (name == "fp16_8192") {
+    // fp16_compress_hook over a global batch of 8192, averaged by samples, the loss scaled
+    // by 50 (gradients of about ten): the wire must carry each rank's share of the gradient;
+    // n_r times it overflows float16 (measured with PyTorch: NaN from the first step).
+    for (int step = 0; step < 5; ++step) {
+      for (int r = 0; r < world; ++r) s.rows[step][r] = 8192 / world + (r == 0 ? 8192 % world : 0);
+    }
+    s.loss_scale = 50;
+    s.options.average_by_samples = true;
   } else if (name == "sync_bn") {
     s.sync_bn = true;
   } else if (name == "join") {
@@ -186,7 +196,7 @@ Net train_reference(const DdpScenario& s, std::unique_ptr<torch::optim::Optimize
         ys.push_back(data[r].second);
       }
       if (s.sync_bn) outs.push_back(model->forward(at::cat(xs), true));
-      at::cross_entropy_loss(at::cat(outs), at::cat(ys)).backward();
+      (at::cross_entropy_loss(at::cat(outs), at::cat(ys)) * s.loss_scale).backward();
     }
     sgd.step();
   }

@@ -5,8 +5,7 @@
 // same order on every rank) and finish() at the end of backward, once run()'s Work has
 // completed. Together they must leave in bucket.buffer the element-wise SUM of every rank's
 // buffer: DDP has already scaled each rank's contribution (1/world_size, or the rank's
-// sample share) and applies nothing afterwards except the division by the global sample
-// count when averaging by samples.
+// share of the global batch when averaging by samples) and applies nothing afterwards.
 #pragma once
 
 #include <ATen/core/Tensor.h>
