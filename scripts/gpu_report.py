@@ -169,7 +169,7 @@ def figure_one_gpu(args, gpus, datapar, out):
                "--device", "cuda", "--nproc", "1", "--batch-size", "256", "--lr", "0.1",
                "--epochs", str(args.figure_epochs), "--rounds", str(args.figure_rounds),
                "--python", args.python, "--json", result]
-    rc, text = run(command, 1200)
+    rc, text = run(command, 480)  # bounded: the whole check should end within 15 minutes
     fig["command"] = " ".join(command)
     with open(os.path.join(out, "figure-one-gpu.log"), "w") as f:
         f.write(text)
@@ -201,7 +201,7 @@ def figure_two_gpu_d2l(args, gpus, datapar, out):
     env = dict(os.environ, DEVICES="cuda", RUNS="single dp", EPOCHS=str(args.figure_epochs), BIN=datapar,
                OUT=d2l_out)
     command = ["bash", os.path.join(args.source, "scripts", "d2l_experiment.sh")]
-    rc, text = run(command, 1200, env=env)
+    rc, text = run(command, 300, env=env)
     fig["command"] = f"DEVICES=cuda RUNS='single dp' EPOCHS={args.figure_epochs} BIN={datapar} OUT={d2l_out} " \
                      + " ".join(command)
     with open(os.path.join(out, "figure-two-gpu-d2l.log"), "w") as f:
@@ -235,7 +235,7 @@ def figure_collectives(args, gpus, datapar, out):
     }
     tables, texts = {}, []
     for tool, command in commands.items():
-        rc, text = run(command, 600)
+        rc, text = run(command, 180)
         texts.append(f"$ {' '.join(command)}\n{text}")
         tables[tool] = {m.group(1): (float(m.group(2)), float(m.group(4))) for m in ROW.finditer(text)}
         if rc != 0 or not tables[tool]:
