@@ -16,6 +16,9 @@
 #               do not support DEEPBIND.
 # One leg alone: make test-asan, make test-torch2, make test-tsan; the plain Debian build:
 # make test-debian. On a GPU machine: make test-gpu. Longer fuzzing: make fuzz.
+# For a GPU node without network: make bundle (build/datapar-bundle.tar.gz; there, run
+# datapar/scripts/gpu_check.sh OUTDIR); make test-bundle proves it builds and runs in a Debian
+# chroot that has none of the -dev packages (tests/bundle/chroot_check.sh).
 BUILD_DIR ?= build
 TORCH2_BUILD_DIR ?= build-torch2
 ASAN_BUILD_DIR ?= build-asan
@@ -25,7 +28,8 @@ TORCH_VERSION ?= 2.15.0
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all setup build build-torch2 demo test test-debian test-torch2 test-asan test-tsan test-gpu fuzz bench clean
+.PHONY: all setup build build-torch2 demo test test-debian test-torch2 test-asan test-tsan test-gpu fuzz bench \
+  bundle test-bundle clean
 
 include tests/sanitizers/sanitizers.mk
 
@@ -85,6 +89,17 @@ fuzz: setup
 # The tests that need CUDA devices (CTest label gpu), on pip's CUDA torch.
 test-gpu: build-torch2
 	cd $(TORCH2_BUILD_DIR) && ctest --output-on-failure -j 1 -L gpu
+
+# The source and every dependency but libtorch and CUDA, from Debian's packages (README.md,
+# On a GPU machine).
+bundle: setup
+	bash scripts/make_bundle.sh $(BUILD_DIR)/datapar-bundle.tar.gz
+
+# The bundle in a debootstrapped chroot with a compiler, CMake, ninja, pip's torch and CUDA
+# but no -dev package: gpu_check.sh builds, runs the gpu tests (all skipped) and reports.
+test-bundle: bundle
+	bash scripts/setup_torch.sh $(TORCH_VERSION) >/dev/null
+	DATAPAR_TORCH_VERSION=$(TORCH_VERSION) bash tests/bundle/chroot_check.sh $(BUILD_DIR)/datapar-bundle.tar.gz
 
 bench: build
 	$(BUILD_DIR)/bin/dp_step_bench

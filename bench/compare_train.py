@@ -83,12 +83,17 @@ class Quiet:
 def commands(args, tool, metrics):
     common = ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
               "--seed", str(args.seed), "--workers", str(args.workers), "--threads", str(args.threads),
-              "--metrics", metrics] + (["--limit", str(args.limit)] if args.limit else [])
+              "--metrics", metrics, "--model", args.model] + (["--limit", str(args.limit)] if args.limit else [])
     if tool == "datapar":
-        return [args.bin, "launch", "--nproc-per-node", "2", "--", args.bin, "train", "--mode", "ddp",
-                "--model", "lenet", "--data", args.data] + common
-    return [args.python, os.path.join(ROOT, "bench", "torch_train.py"), "--nproc", "2", "--data", args.data,
-            "--loader", args.torch_loader] + common
+        if args.nproc == 1:  # one process, no DDP: datapar's single mode on the device's first unit
+            return [args.bin, "train", "--mode", "single", "--devices", f"{args.device}:0", "--data", args.data] + common
+        if args.device != "cpu":
+            sys.exit("compare_train.py: --device cuda compares one process (--nproc 1) only")
+        return [args.bin, "launch", "--nproc-per-node", str(args.nproc), "--", args.bin, "train", "--mode", "ddp",
+                "--data", args.data] + common
+    return [args.python, os.path.join(ROOT, "bench", "torch_train.py"), "--nproc", str(args.nproc), "--data", args.data,
+            "--loader", args.torch_loader, "--device", args.device] + (["--mode", "single"] if args.nproc == 1 else []) \
+        + common
 
 
 def run_one(args, tool, quiet):
@@ -156,6 +161,11 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=1, help="epochs per run (times add up, accuracy of the last)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", choices=["lenet", "resnet18"], default="lenet")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: with --nproc 1, datapar train --devices cuda:0 against torch_train.py --device cuda")
+    parser.add_argument("--nproc", type=int, default=2, help="processes (DDP ranks); 1: single mode, no DDP")
+    parser.add_argument("--json", default="", help="also write the rounds and medians here as JSON")
     parser.add_argument("--limit", type=int, default=0, help="first N train and test samples (0: all)")
     parser.add_argument("--workers", type=int, default=2, help="loader threads (datapar) / worker processes per rank")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
@@ -176,7 +186,9 @@ def main():
 
     quiet = Quiet(args.wait_quiet, args.max_load, args.max_wait * 60, args.stop_when_busy)
     rounds = []
-    print(f"# LeNet, 2-process DDP, {args.epochs} epoch(s), batch {args.batch_size} ({args.batch_size // 2} per rank), "
+    setup = "1 process, no DDP" if args.nproc == 1 else f"{args.nproc}-process DDP"
+    print(f"# {args.model}, {setup} on {args.device}, {args.epochs} epoch(s), batch {args.batch_size} "
+          f"({args.batch_size // args.nproc} per rank), "
           f"lr {args.lr:g}, seed {args.seed}, {args.threads} intra-op thread(s) and {args.workers} loader workers "
           f"per process, data {args.data}{f', limit {args.limit}' if args.limit else ''}")
     for r in range(args.rounds):
@@ -222,6 +234,11 @@ def main():
     print("\ncommands (metrics file per run in a temporary directory):")
     for t in TOOLS:
         print(f"  {shlex.join(rounds[0][t]['command'])}")
+    if args.json:  # for scripts/gpu_report.py and the like
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "device": args.device, "nproc": args.nproc, "epochs": args.epochs,
+                       "batch_size": args.batch_size, "lr": args.lr, "medians": med, "speed_median_of_rounds": ratio,
+                       "speed_of_medians": of_medians, "accuracy_points_median": diff, "rounds": rounds}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,12 @@ doing the same work the same way (tools/datapar/train.cc):
 - test accuracy exact over the whole test set: DistributedSampler(shuffle=False), padding
   positions skipped, counts all-reduced.
 
+Also d2l's ResNet-18 (--model resnet18: datapar_models.resnet18, weights of every Conv2d and
+Linear from N(0, 0.01^2) after torch.manual_seed(seed), as datapar's d2l_init), on CUDA
+(--device cuda: rank r on cuda:r, batches copied there; DDP still over gloo, which moves CUDA
+tensors too), and with --mode single (--nproc 1): the bare model, no DDP, as `datapar train
+--mode single`.
+
 Rank 0 prints one line per epoch and a `metrics {json}` line with datapar's --metrics keys
 (and writes them to --metrics FILE as JSON lines), so bench/compare_train.py reads both
 tools alike.
@@ -111,6 +117,18 @@ def datapar_lenet(seed):
     return net
 
 
+def datapar_resnet18(seed):
+    """d2l's ResNet-18 initialised as datapar's: default draws in definition order, then
+    N(0, 0.01^2) on every Conv2d and Linear weight (tools/datapar/train.cc, d2l_init)."""
+    torch.manual_seed(seed)
+    net = datapar_models.resnet18()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                m.weight.normal_(0, 0.01)
+    return net
+
+
 def xavier_init(model):
     """datapar's xavier_init: Xavier-uniform on Conv2d and Linear weights, in module order."""
     with torch.no_grad():
@@ -119,7 +137,7 @@ def xavier_init(model):
                 nn.init.xavier_uniform_(m.weight)
 
 
-def evaluate(model, test, rank, world, batch, workers, batched):
+def evaluate(model, test, rank, world, batch, workers, batched, device):
     """Exact test accuracy over all ranks: (correct, samples) summed over the job."""
     model.eval()
     sampler = DistributedSampler(test, num_replicas=world, rank=rank, shuffle=False)
@@ -132,7 +150,7 @@ def evaluate(model, test, rank, world, batch, workers, batched):
             # Position p of this rank's list is position rank + p * world of the padded list.
             real = (torch.arange(position, position + rows) * world + rank) < n
             position += rows
-            predicted = model(x).argmax(1)
+            predicted = model(x.to(device)).argmax(1).cpu()
             correct += int(predicted.eq(y).logical_and(real).sum())
             samples += int(real.sum())
     counts = torch.tensor([correct, samples], dtype=torch.int64)
@@ -148,14 +166,17 @@ def run(rank, args):
         sys.exit(f"--batch-size {args.batch_size} does not split evenly over {world} ranks")
     rank_batch = args.batch_size // world
     train, test = load_split(args.data, True, args.limit), load_split(args.data, False, args.limit)
+    device = torch.device(f"cuda:{rank}" if args.device == "cuda" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if rank == 0:
-        print(f"torch {torch.__version__} train: lenet, ddp (gloo) on {world} processes x "
+        print(f"torch {torch.__version__} train: {args.model}, {args.mode} (gloo) on {world} processes x "
               f"{torch.get_num_threads()} thread(s), batch {args.batch_size} ({rank_batch} per rank), lr {args.lr:g}, "
               f"{len(train)} train / {len(test)} test samples ({args.data}), DataLoader with {args.workers} "
               f"worker(s), {args.loader} fetch", flush=True)
 
-    net = datapar_lenet(args.seed)
-    model = nn.parallel.DistributedDataParallel(net)
+    net = (datapar_lenet if args.model == "lenet" else datapar_resnet18)(args.seed).to(device)
+    model = nn.parallel.DistributedDataParallel(net) if args.mode == "ddp" else net
     sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
@@ -174,6 +195,7 @@ def run(rank, args):
             except StopIteration:
                 break
             wait += time.perf_counter() - t
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             sgd.zero_grad()
             logits = model(x)
             loss = F.cross_entropy(logits, y)
@@ -182,6 +204,8 @@ def run(rank, args):
             loss_sum += loss.item() * x.shape[0]
             correct += int(logits.argmax(1).eq(y).sum())
             rows += x.shape[0]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the epoch ends when its last kernel has
         times = torch.tensor([time.perf_counter() - start, wait], dtype=torch.float64)
         sums = torch.tensor([loss_sum, float(correct), float(rows)], dtype=torch.float64)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
@@ -189,7 +213,7 @@ def run(rank, args):
 
         eval_start = time.perf_counter()
         test_correct, test_samples = evaluate(model, test, rank, world, rank_batch, args.workers,
-                                              args.loader == "batch")
+                                              args.loader == "batch", device)
         eval_seconds = time.perf_counter() - eval_start
         if rank != 0:
             continue
@@ -202,7 +226,7 @@ def run(rank, args):
             "seconds": float(times[0]), "samples_per_second": train_samples / float(times[0]),
             "eval_seconds": eval_seconds, "data_wait_seconds": float(times[1]),
             "data_wait_share": float(times[1]) / float(times[0]),
-            "model": "lenet", "mode": "ddp", "world_size": world, "batch_size": args.batch_size, "lr": args.lr,
+            "model": args.model, "mode": args.mode, "world_size": world, "batch_size": args.batch_size, "lr": args.lr,
         }
         print(f"epoch {m['epoch']}/{m['epochs']}  loss {m['train_loss']:.3f}  train acc {m['train_accuracy']:.3f}  "
               f"test acc {m['test_accuracy']:.3f} ({test_correct}/{test_samples})  {m['seconds']:.1f} s  "
@@ -229,6 +253,10 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=0, help="first N train and N test samples (0: all)")
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--model", choices=["lenet", "resnet18"], default="lenet")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: rank r trains on cuda:r")
+    parser.add_argument("--mode", choices=["ddp", "single"], default="ddp",
+                        help="single (--nproc 1): the bare model without DDP, as datapar train --mode single")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
     parser.add_argument("--loader", choices=["sample", "batch"], default="sample",
@@ -239,6 +267,10 @@ def main():
     args = parser.parse_args()
     if not os.path.isdir(args.data):
         sys.exit(f"--data {args.data}: no such directory")
+    if args.mode == "single" and args.nproc != 1:
+        sys.exit(f"--mode single trains one process: give --nproc 1, not {args.nproc}")
+    if args.device == "cuda" and torch.cuda.device_count() < args.nproc:
+        sys.exit(f"--device cuda --nproc {args.nproc}: torch sees {torch.cuda.device_count()} CUDA device(s)")
     if args.rank >= 0:  # one rank, started below
         run(args.rank, args)
         return

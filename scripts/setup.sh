@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-openmp libgloo-dev
-  libgtest-dev
+  libgtest-dev patchelf debootstrap
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   python3-torch python3-venv
   libopenmpi-dev openmpi-bin

@@ -1,0 +1,370 @@
+"""The second half of scripts/gpu_check.sh: the machine, the gpu tests' results (CTest's JUnit
+file), the GPU figures (run here, each with its peer in the same run) and the report,
+OUTDIR/gpu_report.md and OUTDIR/gpu_report.json. Exits 1 when a gpu test failed, the build
+failed or CTest ran no gpu test; a failed figure is reported and does not count.
+
+Figures, where the GPUs are there (else each is reported skipped with the reason):
+- 1 GPU: d2l's ResNet-18 on the shipped Fashion-MNIST subset, `datapar train --mode single
+  --devices cuda:0` against bench/torch_train.py (the same model, initialisation, batch 256,
+  lr 0.1), through bench/compare_train.py;
+- 2 GPUs: the d2l experiment (scripts/d2l_experiment.sh: cuda:0 at batch 256 / lr 0.1 against
+  DataParallel on cuda:0,cuda:1 at batch 512 / lr 0.2), and all_reduce bus bandwidth over 2
+  processes on NCCL, `datapar bench collectives` against bench/torch_collectives.py.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+SIZES = "1MiB,4MiB,16MiB,64MiB,256MiB"
+TAIL = 40
+
+
+def tail(text, lines=TAIL):
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def run(command, timeout, env=None, cwd=None):
+    """(exit status, stdout+stderr); status 124 when it ran past timeout."""
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout, env=env, cwd=cwd)
+        return done.returncode, done.stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return 124, out + f"\n(stopped after {timeout} s)"
+    except OSError as e:
+        return 127, str(e)
+
+
+TORCH_INFO = r"""
+import json, torch
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
+try:
+    info["device_count"] = torch.cuda.device_count()
+    info["devices"] = [dict(name=p.name, capability=f"{p.major}.{p.minor}", memory_gib=round(p.total_memory / 2**30, 1))
+                       for p in map(torch.cuda.get_device_properties, range(info["device_count"]))]
+    info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    if info["device_count"]:
+        info["driver"] = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
+except Exception as e:  # no driver: device_count() is 0 on most builds, an error on some
+    info.setdefault("device_count", 0)
+    info["cuda_error"] = str(e)
+print(json.dumps(info))
+"""
+
+
+def machine(python):
+    """Date, host, nvidia-smi (when there is one) and torch's view of the devices."""
+    m = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+         "host": socket.gethostname(), "cpus": os.cpu_count(), "python": python}
+    # In a child process, so this one never holds a CUDA context while the figures run.
+    rc, text = run([python, "-c", TORCH_INFO], 300)
+    try:
+        m["torch"] = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        m["torch"] = {"error": tail(text, 10), "device_count": 0}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        _, m["nvidia_smi"] = run([smi], 60)
+        rc, q = run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"], 60)
+        if rc == 0:
+            m["gpus"] = [dict(zip(("name", "driver", "memory"), map(str.strip, line.split(","))))
+                         for line in q.strip().splitlines()]
+            m["driver"] = m["gpus"][0]["driver"] if m["gpus"] else None
+    else:
+        m["nvidia_smi"] = None
+    if not m.get("driver") and m["torch"].get("driver"):
+        m["driver"] = str(m["torch"]["driver"])
+    return m
+
+
+def gpus_needed_by_source(source):
+    """{"Suite.Name": n} from DATAPAR_REQUIRE_GPUS(n) in each TEST of tests/gpu/*.cc."""
+    needed = {}
+    gpu_dir = os.path.join(source, "tests", "gpu")
+    test = re.compile(r"^\s*TEST(?:_F|_P)?\(\s*(\w+)\s*,\s*(\w+)\s*\)", re.M)
+    for name in sorted(os.listdir(gpu_dir)) if os.path.isdir(gpu_dir) else []:
+        if not name.endswith(".cc"):
+            continue
+        with open(os.path.join(gpu_dir, name)) as f:
+            text = f.read()
+        starts = list(test.finditer(text))
+        for i, t in enumerate(starts):
+            body = text[t.end():starts[i + 1].start() if i + 1 < len(starts) else len(text)]
+            r = re.search(r"DATAPAR_REQUIRE_GPUS\(\s*(\d+)\s*\)", body)
+            if r:
+                needed[f"{t.group(1)}.{t.group(2)}"] = int(r.group(1))
+    return needed
+
+
+def gpus_needed_by_script(build, name):
+    """For a test that runs a script: the N of its "needs N CUDA devices" message."""
+    rc, text = run(["ctest", "--show-only=json-v1", "-R", f"^{re.escape(name)}$"], 60, cwd=build)
+    try:
+        tests = json.loads(text)["tests"]
+    except (ValueError, KeyError):
+        return None
+    for t in tests:
+        for arg in t.get("command", []):
+            if os.path.isfile(arg) and arg.endswith(".sh"):
+                with open(arg) as f:
+                    r = re.search(r"needs (\d+) CUDA device", f.read())
+                if r:
+                    return int(r.group(1))
+    return None
+
+
+def tests(junit, source, build):
+    """Each gpu test: name, gpus (needed), status passed / failed / skipped, reason, seconds."""
+    if not junit or not os.path.exists(junit):
+        return []
+    needed = gpus_needed_by_source(source)
+    found = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = case.get("name")
+        output = case.findtext("system-out") or ""
+        status = case.get("status", "")
+        skipped, failure = case.find("skipped"), case.find("failure")
+        reason = ""
+        if failure is not None or status == "fail":
+            result = "failed"
+            reason = (failure.get("message") if failure is not None else "") or "failed"
+        elif skipped is not None or status in ("notrun", "disabled"):
+            result = "skipped"
+            gtest = re.search(r": Skipped\n(.+)", output)
+            script = re.search(r"^skipped: (.+)$", output, re.M)
+            reason = (gtest or script).group(1).strip() if (gtest or script) else \
+                (skipped.get("message") if skipped is not None else status) or "skipped (no reason printed)"
+        else:
+            result = "passed"
+        n = needed.get(name)
+        if n is None:
+            r = re.search(r"needs (\d+) CUDA device", reason)
+            n = int(r.group(1)) if r else gpus_needed_by_script(build, name)
+        found.append({"name": name, "gpus": n, "status": result, "reason": reason,
+                      "seconds": float(case.get("time") or 0),
+                      **({"output_tail": tail(output)} if result == "failed" else {})})
+    return found
+
+
+def figure_one_gpu(args, gpus, datapar, out):
+    fig = {"name": "d2l ResNet-18, one GPU: datapar train vs PyTorch",
+           "setup": f"Fashion-MNIST subset ({os.path.join(args.source, 'data', 'fashion-mnist')}), batch 256, "
+                    f"lr 0.1, seed 0, {args.figure_epochs} epochs, {args.figure_rounds} rounds (medians)"}
+    if gpus < 1:
+        return dict(fig, status="skipped", reason=f"no CUDA device (torch.cuda.device_count() is {gpus})")
+    result = os.path.join(out, "figure-one-gpu.json")
+    command = [args.python, os.path.join(args.source, "bench", "compare_train.py"), "--bin", datapar,
+               "--data", os.path.join(args.source, "data", "fashion-mnist"), "--model", "resnet18",
+               "--device", "cuda", "--nproc", "1", "--batch-size", "256", "--lr", "0.1",
+               "--epochs", str(args.figure_epochs), "--rounds", str(args.figure_rounds),
+               "--python", args.python, "--json", result]
+    rc, text = run(command, 480)  # bounded: the whole check should end within 15 minutes
+    fig["command"] = " ".join(command)
+    with open(os.path.join(out, "figure-one-gpu.log"), "w") as f:
+        f.write(text)
+    if rc != 0 or not os.path.exists(result):
+        return dict(fig, status="failed", reason=f"exit {rc}", output_tail=tail(text))
+    with open(result) as f:
+        r = json.load(f)
+    rows = []
+    for tool in ("datapar", "PyTorch"):
+        m = r["medians"][tool]
+        rows.append({"run": tool, "seconds_per_epoch": m["seconds"] / args.figure_epochs,
+                     "samples_per_second": m["samples_per_second"], "test_accuracy": m["test_accuracy"]})
+    return dict(fig, status="measured", rows=rows,
+                summary=f"datapar / PyTorch speed {r['speed_of_medians']:.2f}x; test accuracy datapar - PyTorch "
+                        f"{r['accuracy_points_median']:+.2f} points")
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def figure_two_gpu_d2l(args, gpus, datapar, out):
+    fig = {"name": "d2l experiment: 1 GPU (batch 256, lr 0.1) vs DataParallel on 2 GPUs (batch 512, lr 0.2)",
+           "setup": f"scripts/d2l_experiment.sh DEVICES=cuda RUNS='single dp', {args.figure_epochs} epochs"}
+    if gpus < 2:
+        return dict(fig, status="skipped", reason=f"needs 2 CUDA devices; torch.cuda.device_count() is {gpus}")
+    d2l_out = os.path.join(out, "d2l-two-gpus")
+    env = dict(os.environ, DEVICES="cuda", RUNS="single dp", EPOCHS=str(args.figure_epochs), BIN=datapar,
+               OUT=d2l_out)
+    command = ["bash", os.path.join(args.source, "scripts", "d2l_experiment.sh")]
+    rc, text = run(command, 300, env=env)
+    fig["command"] = f"DEVICES=cuda RUNS='single dp' EPOCHS={args.figure_epochs} BIN={datapar} OUT={d2l_out} " \
+                     + " ".join(command)
+    with open(os.path.join(out, "figure-two-gpu-d2l.log"), "w") as f:
+        f.write(text)
+    runs = {"1 GPU": "single.jsonl", "2 GPUs (DataParallel)": "dp.jsonl"}
+    if rc != 0 or not all(os.path.exists(os.path.join(d2l_out, p)) for p in runs.values()):
+        return dict(fig, status="failed", reason=f"exit {rc}", output_tail=tail(text))
+    rows = []
+    for label, path in runs.items():
+        epochs = read_jsonl(os.path.join(d2l_out, path))
+        rows.append({"run": label, "seconds_per_epoch": statistics.median(e["seconds"] for e in epochs),
+                     "samples_per_second": statistics.median(e["samples_per_second"] for e in epochs),
+                     "test_accuracy": epochs[-1]["test_accuracy"]})
+    return dict(fig, status="measured", rows=rows,
+                summary=f"2 GPUs / 1 GPU speed {rows[1]['samples_per_second'] / rows[0]['samples_per_second']:.2f}x "
+                        "(samples/s, median epoch)")
+
+
+ROW = re.compile(r"^(?:\[rank 0\] )?\| ([0-9.]+ [KMG]?i?B) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|", re.M)
+
+
+def figure_collectives(args, gpus, datapar, out):
+    fig = {"name": "all_reduce on NCCL, 2 processes: datapar bench collectives vs torch.distributed",
+           "setup": f"sizes {SIZES} per process, 20 iterations, rank 0's median; bus bandwidth as nccl-tests"}
+    if gpus < 2:
+        return dict(fig, status="skipped", reason=f"needs 2 CUDA devices; torch.cuda.device_count() is {gpus}")
+    commands = {
+        "datapar": [datapar, "bench", "collectives", "--backend", "nccl", "--nproc", "2", "--sizes", SIZES],
+        "PyTorch": [args.python, os.path.join(args.source, "bench", "torch_collectives.py"), "--backend", "nccl",
+                    "--nproc", "2", "--sizes", SIZES],
+    }
+    tables, texts = {}, []
+    for tool, command in commands.items():
+        rc, text = run(command, 180)
+        texts.append(f"$ {' '.join(command)}\n{text}")
+        tables[tool] = {m.group(1): (float(m.group(2)), float(m.group(4))) for m in ROW.finditer(text)}
+        if rc != 0 or not tables[tool]:
+            fig["command"] = " ".join(command)
+            return dict(fig, status="failed", reason=f"{tool}: exit {rc}", output_tail=tail(text))
+    with open(os.path.join(out, "figure-collectives.log"), "w") as f:
+        f.write("\n".join(texts))
+    fig["command"] = "; ".join(" ".join(c) for c in commands.values())
+    rows = [{"size": size, "datapar_us": us, "datapar_busbw_gbs": bw,
+             "pytorch_us": tables["PyTorch"].get(size, (None, None))[0],
+             "pytorch_busbw_gbs": tables["PyTorch"].get(size, (None, None))[1]}
+            for size, (us, bw) in tables["datapar"].items()]
+    return dict(fig, status="measured", rows=rows)
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def markdown(report):
+    m = report["machine"]
+    t = m.get("torch", {})
+    lines = [f"# datapar GPU check, {m['date']}", "",
+             f"- host: {m['host']} ({m['cpus']} CPUs)",
+             f"- devices: " + (", ".join(f"{g['name']} ({g['memory']})" for g in m.get("gpus", [])) or
+                               ", ".join(f"{d['name']} ({d['memory_gib']} GiB, sm {d['capability']})"
+                                         for d in t.get("devices", [])) or "none (no CUDA device visible)"),
+             f"- driver: {m.get('driver') or 'none found'}",
+             f"- torch {t.get('torch')}, CUDA {t.get('cuda')}, cuDNN {t.get('cudnn')}, NCCL {t.get('nccl')}; "
+             f"torch.cuda.device_count() {t.get('device_count')} ({m['python']})",
+             f"- datapar: {report['source']}; total time {report['seconds']:.0f} s"
+             f" (configure and build {report.get('build_seconds', 0):.0f} s)", ""]
+    if report.get("failed_step"):
+        lines += [f"**The {report['failed_step']} failed**; no test ran. Last lines of its log:", "", "```",
+                  report["failed_log_tail"], "```", ""]
+    c = report["counts"]
+    lines += ["## gpu tests (ctest -L gpu)", "",
+              f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped of {c['total']}.", "",
+              "| test | GPUs | result | reason |", "|---|---|---|---|"]
+    for x in report["tests"]:
+        lines.append(f"| {x['name']} | {x['gpus'] if x['gpus'] is not None else '?'} | {x['status']} | "
+                     f"{x['reason'].replace('|', '/')} |")
+    for x in report["tests"]:
+        if x["status"] == "failed":
+            lines += ["", f"### {x['name']} (failed): last lines of its output", "", "```", x["output_tail"], "```"]
+    if report.get("ctest_problem"):
+        lines += ["", f"**{report['ctest_problem']}**", "", "```", report.get("ctest_log_tail", ""), "```"]
+    lines += ["", "## Figures", ""]
+    for f in report["figures"]:
+        lines += [f"### {f['name']}", "", f"{f['setup']}.", ""]
+        if f["status"] == "skipped":
+            lines += [f"Skipped: {f['reason']}.", ""]
+            continue
+        if f["status"] == "failed":
+            lines += [f"**Failed** ({f['reason']}): `{f.get('command', '')}`", "", "```", f["output_tail"], "```", ""]
+            continue
+        if "size" in f["rows"][0]:
+            lines += ["| size | datapar us | datapar busbw GB/s | PyTorch us | PyTorch busbw GB/s |", "|---|---|---|---|---|"]
+            lines += [f"| {r['size']} | {fmt(r['datapar_us'], '.1f')} | {fmt(r['datapar_busbw_gbs'], '.2f')} | "
+                      f"{fmt(r['pytorch_us'], '.1f')} | {fmt(r['pytorch_busbw_gbs'], '.2f')} |" for r in f["rows"]]
+        else:
+            lines += ["| run | s / epoch | samples/s | test accuracy |", "|---|---|---|---|"]
+            lines += [f"| {r['run']} | {r['seconds_per_epoch']:.2f} | {r['samples_per_second']:.0f} | "
+                      f"{r['test_accuracy']:.4f} |" for r in f["rows"]]
+        lines += [""] + ([f["summary"] + ".", ""] if f.get("summary") else []) + [f"`{f['command']}`", ""]
+    if m.get("nvidia_smi"):
+        lines += ["## nvidia-smi", "", "```", m["nvidia_smi"].rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--source", required=True)
+    p.add_argument("--build", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--python", required=True)
+    p.add_argument("--started", type=float, required=True, help="when gpu_check.sh started (epoch seconds)")
+    p.add_argument("--build-seconds", type=float, default=0, help="configure and build took this long")
+    p.add_argument("--failed-step", default="", help="configure or build, when it failed")
+    p.add_argument("--failed-log", default="")
+    p.add_argument("--ctest-junit", default="")
+    p.add_argument("--ctest-log", default="")
+    p.add_argument("--ctest-rc", type=int, default=0)
+    p.add_argument("--figure-epochs", type=int, default=5)
+    p.add_argument("--figure-rounds", type=int, default=2)
+    args = p.parse_args()
+
+    report = {"source": "", "machine": machine(args.python), "build_seconds": args.build_seconds}
+    manifest = os.path.join(args.source, "third_party", "MANIFEST")
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            report["source"] = "bundle, " + next((line[2:].strip() for line in f if line.startswith("# source:")),
+                                                 "source unknown")
+    else:
+        rc, rev = run(["git", "-C", args.source, "describe", "--always", "--dirty"], 30)
+        report["source"] = f"checkout {rev.strip()}" if rc == 0 else "checkout"
+    if args.failed_step:
+        report["failed_step"] = args.failed_step
+        with open(args.failed_log, errors="replace") as f:
+            report["failed_log_tail"] = tail(f.read())
+    report["tests"] = tests(args.ctest_junit, args.source, args.build)
+    counts = {s: sum(t["status"] == s for t in report["tests"]) for s in ("passed", "failed", "skipped")}
+    report["counts"] = dict(counts, total=len(report["tests"]))
+    if not args.failed_step and (not report["tests"] or (args.ctest_rc and not counts["failed"])):
+        report["ctest_problem"] = ("CTest ran no gpu test" if not report["tests"]
+                                   else f"ctest exited {args.ctest_rc} with no failed test in its JUnit file")
+        if args.ctest_log and os.path.exists(args.ctest_log):
+            with open(args.ctest_log, errors="replace") as f:
+                report["ctest_log_tail"] = tail(f.read())
+
+    gpus = int(report["machine"]["torch"].get("device_count") or 0)
+    datapar = os.path.join(args.build, "bin", "datapar")
+    report["figures"] = []
+    for figure in (figure_one_gpu, figure_two_gpu_d2l, figure_collectives):
+        if args.failed_step:
+            break
+        print(f"gpu_report: figure {figure.__name__}", flush=True)
+        report["figures"].append(figure(args, gpus, datapar, args.out))
+    report["seconds"] = time.time() - args.started
+    with open(os.path.join(args.out, "gpu_report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(args.out, "gpu_report.md"), "w") as f:
+        f.write(markdown(report) + "\n")
+    bad = args.failed_step or counts["failed"] or report.get("ctest_problem")
+    print(f"gpu_report: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; "
+          f"figures: {', '.join(f['status'] for f in report['figures']) or 'none'}; "
+          f"report in {os.path.join(args.out, 'gpu_report.md')} and gpu_report.json")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
