@@ -9,8 +9,10 @@
 #               AddressSanitizer + UndefinedBehaviorSanitizer, every test and each fuzz target
 #               for FUZZ_SECONDS (build-asan/); pip's torch 2.x (CUDA: the CUDA sources compile
 #               and link; the CPU suite runs, the `gpu` tests skip without a GPU) in
-#               build-torch2/, beside a CPU-bound process; and the threaded suites under
-#               ThreadSanitizer (build-tsan/).
+#               build-torch2/, beside a CPU-bound process; the threaded suites under
+#               ThreadSanitizer (build-tsan/); and the offline bundle built and run by
+#               scripts/gpu_check.sh in a Debian chroot without datapar's -dev packages
+#               (test-bundle: every gpu test reported skipped with its reason).
 #               Sanitizers run on Debian's line: pip's libtorch carries its own gloo, which
 #               datapar's gloo module shadows with RTLD_DEEPBIND, and the sanitizers' runtimes
 #               do not support DEEPBIND.
@@ -54,7 +56,7 @@ demo: build
 	  --model mlp --epochs 10 --batch-size 64 --lr 0.005 --momentum 0.9 \
 	  --plot $(BUILD_DIR)/demo.png --metrics $(BUILD_DIR)/demo.jsonl
 
-test: test-asan test-torch2 test-tsan
+test: test-asan test-torch2 test-tsan test-bundle
 
 test-debian: build
 	$(BUILD_DIR)/bin/datapar --version

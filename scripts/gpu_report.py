@@ -220,6 +220,64 @@ def figure_two_gpu_d2l(args, gpus, datapar, out):
                         "(samples/s, median epoch)")
 
 
+def figure_train_runs(args, gpus, datapar, out, name, key, runs):
+    """`datapar train` runs side by side on one GPU (ResNet-18, the shipped subset, batch 256),
+    alternating for --figure-rounds rounds; per run the median over rounds of its median epoch
+    (the first epoch, warm-up, left out when there are more)."""
+    fig = {"name": name, "setup": f"ResNet-18, Fashion-MNIST subset, batch 256, lr 0.1, {args.figure_epochs} epochs, "
+                                  f"{args.figure_rounds} rounds alternating (medians)"}
+    if gpus < 1:
+        return dict(fig, status="skipped", reason=f"no CUDA device (torch.cuda.device_count() is {gpus})")
+    common = ["--model", "resnet18", "--epochs", str(args.figure_epochs), "--batch-size", "256",
+              "--lr", "0.1", "--seed", "0", "--data", os.path.join(args.source, "data", "fashion-mnist")]
+    samples = {label: [] for label, _ in runs}
+    last = {}
+    texts = []
+    for round_ in range(args.figure_rounds):
+        for label, argv in runs:
+            metrics = os.path.join(out, f"figure-{key}-{len(samples[label])}-{re.sub(r'[^a-z0-9]+', '-', label.lower())}.jsonl")
+            command = [a.replace("{datapar}", datapar) for a in argv] + common + ["--metrics", metrics]
+            rc, text = run(command, 240)
+            texts.append(f"$ {' '.join(command)}\n{text}")
+            if rc != 0 or not os.path.exists(metrics):
+                fig["command"] = " ".join(command)
+                return dict(fig, status="failed", reason=f"{label}: exit {rc}", output_tail=tail(text))
+            epochs = read_jsonl(metrics)
+            kept = epochs[1:] if len(epochs) > 1 else epochs
+            samples[label].append((statistics.median(e["seconds"] for e in kept),
+                                   statistics.median(e["samples_per_second"] for e in kept)))
+            last[label] = epochs[-1]["test_accuracy"]
+    with open(os.path.join(out, f"figure-{key}.log"), "w") as f:
+        f.write("\n".join(texts))
+    rows = [{"run": label, "seconds_per_epoch": statistics.median(x[0] for x in samples[label]),
+             "samples_per_second": statistics.median(x[1] for x in samples[label]), "test_accuracy": last[label]}
+            for label, _ in runs]
+    fig["command"] = "; ".join(" ".join(a.replace("{datapar}", datapar) for a in argv) + " " + " ".join(common)
+                               for _, argv in runs)
+    return dict(fig, status="measured", rows=rows,
+                summary=f"{rows[1]['run']} / {rows[0]['run']} speed "
+                        f"{rows[1]['samples_per_second'] / rows[0]['samples_per_second']:.2f}x (samples/s)")
+
+
+def figure_ddp_world_one(args, gpus, datapar, out):
+    return figure_train_runs(args, gpus, datapar, out, "DDP's overhead, one GPU: plain training vs DDP world 1 on NCCL",
+                             "ddp-world-one", [
+                                 ("plain, cuda:0", ["{datapar}", "train", "--devices", "cuda:0"]),
+                                 ("DDP world 1, nccl", ["{datapar}", "launch", "--nproc-per-node", "1", "--",
+                                                        "{datapar}", "train", "--mode", "ddp", "--backend", "nccl"]),
+                             ])
+
+
+def figure_unlike_devices(args, gpus, datapar, out):
+    return figure_train_runs(args, gpus, datapar, out,
+                             "Unlike devices, one GPU: cuda:0 alone vs DataParallel cuda:0,cpu:0 --balance auto",
+                             "unlike-devices", [
+                                 ("cuda:0 alone", ["{datapar}", "train", "--devices", "cuda:0"]),
+                                 ("cuda:0,cpu:0 balanced", ["{datapar}", "train", "--mode", "dp", "--devices", "cuda:0,cpu:0",
+                                                            "--balance", "auto"]),
+                             ])
+
+
 ROW = re.compile(r"^(?:\[rank 0\] )?\| ([0-9.]+ [KMG]?i?B) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|", re.M)
 
 
@@ -349,7 +407,7 @@ def main():
     gpus = int(report["machine"]["torch"].get("device_count") or 0)
     datapar = os.path.join(args.build, "bin", "datapar")
     report["figures"] = []
-    for figure in (figure_one_gpu, figure_two_gpu_d2l, figure_collectives):
+    for figure in (figure_one_gpu, figure_ddp_world_one, figure_unlike_devices, figure_two_gpu_d2l, figure_collectives):
         if args.failed_step:
             break
         print(f"gpu_report: figure {figure.__name__}", flush=True)
