@@ -30,6 +30,23 @@ std::vector<int64_t> reduce_dims(const at::Tensor& input) {
   return dims;
 }
 
+// The dtype statistics and gradient sums are computed in: float64 for float64 inputs, else
+// float32 (float16 sums overflow past 65504, bfloat16 keeps 8 bits of mantissa).
+at::ScalarType accumulate_type(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// Note [SyncBatchNorm statistics]
+// Each rank centres its values on its own mean c_r, computed in the accumulate type, and
+// sums the deviations d = x - c_r and their squares: s_r = sum d, q_r = sum d^2. Never
+// E[x^2] - mean^2, which loses every digit of the variance when the mean is large against
+// the spread. The ranks all-gather [n_r, c_r, s_r, q_r] in float64, where c_r's own rounding
+// is undone exactly: the rank's mean is m_r = c_r + s_r / n_r and its sum of squared
+// deviations M2_r = q_r - s_r^2 / n_r. They are combined as Chan et al.'s parallel variance:
+//   N = sum n_r, mean = sum n_r m_r / N, M2 = sum (M2_r + n_r (m_r - mean)^2).
+// PyTorch's SyncBatchNorm likewise gathers per-rank statistics with counts rather than
+// summing raw moments.
+
 // Normalisation with statistics over every rank. The group travels as a pointer in the
 // context: the module that owns the group outlives the graph it builds.
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
@@ -39,33 +56,47 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
                                int64_t group_address) {
     auto* group = reinterpret_cast<ProcessGroup*>(group_address);
     const at::Tensor x = input.contiguous();
+    const at::ScalarType acc = accumulate_type(x);
+    const at::Tensor xa = x.to(acc);
     const int64_t channels = x.size(1);
     const auto dims = reduce_dims(x);
-    // [sum (C), sum of squares (C), count]: one all-reduce, in double for stable variance.
-    // On the group's device (nccl: this rank's GPU), as every tensor a group moves.
+    const auto shape = channel_shape(x);
+    // Note [SyncBatchNorm statistics]: this rank's [n, c (C), s (C), q (C)], all-gathered in
+    // float64 on the group's device (nccl: this rank's GPU), as every tensor a group moves.
+    const double local_count = static_cast<double>(x.numel() / channels);
+    at::Tensor centre = xa.mean(dims);
+    if (local_count == 0) centre.zero_();  // an empty batch on this rank: nothing to add
+    const at::Tensor deviations = xa - centre.view(shape);
     const at::TensorOptions on_group = group->options(at::kDouble);
-    at::Tensor stats = at::cat({x.sum(dims).to(on_group), x.pow(2).sum(dims).to(on_group),
-                                at::full({1}, static_cast<double>(x.numel() / channels), on_group)});
-    group->all_reduce(stats, ReduceOp::kSum)->synchronize();  // the count is read on the host
-    const double count = host_doubles(stats.narrow(0, 2 * channels, 1)).front();
+    const at::Tensor mine = at::cat({at::full({1}, local_count, on_group), centre.to(on_group),
+                                     deviations.sum(dims).to(on_group), deviations.square().sum(dims).to(on_group)});
+    std::vector<at::Tensor> all;
+    for (int r = 0; r < group->size(); ++r) all.push_back(at::empty_like(mine));
+    group->all_gather(all, mine)->synchronize();  // the count is read on the host
+    const at::Tensor gathered = at::stack(all).to(x.device());  // (world, 1 + 3C)
+    const at::Tensor counts = gathered.narrow(1, 0, 1);          // (world, 1)
+    const double count = host_doubles(counts.sum().reshape({1})).front();
     DATAPAR_CHECK(count > 1, "SyncBatchNorm: ", count, " value(s) per channel over all ranks; need more than 1.");
-    stats = stats.to(x.device());
-    const at::Tensor mean = stats.narrow(0, 0, channels) / count;
-    const at::Tensor var = (stats.narrow(0, channels, channels) / count - mean * mean).clamp_min(0);
+    const at::Tensor per_rank = counts.clamp_min(1);
+    const at::Tensor sums = gathered.narrow(1, 1 + channels, channels);
+    const at::Tensor means = gathered.narrow(1, 1, channels) + sums / per_rank;                   // m_r
+    const at::Tensor m2s = gathered.narrow(1, 1 + 2 * channels, channels) - sums.square() / per_rank;  // M2_r
+    const at::Tensor mean = (counts * means).sum(0) / count;
+    const at::Tensor m2 = (m2s + counts * (means - mean).square()).sum(0).clamp_min(0);
+    const at::Tensor var = m2 / count;
     const at::Tensor invstd = (var + eps).rsqrt();
     if (running_mean.defined()) {
       running_mean.mul_(1 - momentum).add_(mean.to(running_mean.scalar_type()), momentum);
-      running_var.mul_(1 - momentum).add_((var * (count / (count - 1))).to(running_var.scalar_type()), momentum);
+      running_var.mul_(1 - momentum).add_((m2 / (count - 1)).to(running_var.scalar_type()), momentum);
     }
-    const auto shape = channel_shape(x);
-    const at::Tensor mean_x = mean.to(x.scalar_type()).view(shape);
-    const at::Tensor invstd_x = invstd.to(x.scalar_type()).view(shape);
-    at::Tensor out = (x - mean_x) * invstd_x;
-    if (weight.defined()) out = out * weight.view(shape) + bias.view(shape);
-    ctx->save_for_backward({x, weight, mean_x, invstd_x});
+    const at::Tensor mean_a = mean.to(acc).view(shape);
+    const at::Tensor invstd_a = invstd.to(acc).view(shape);
+    at::Tensor out = (xa - mean_a) * invstd_a;
+    if (weight.defined()) out = out * weight.to(acc).view(shape) + bias.to(acc).view(shape);
+    ctx->save_for_backward({x, weight, mean_a, invstd_a});
     ctx->saved_data["group"] = group_address;
     ctx->saved_data["count"] = count;
-    return {out};
+    return {out.to(x.scalar_type())};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -73,11 +104,12 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const double count = ctx->saved_data["count"].toDouble();
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3];
-    const at::Tensor dy = grads[0].contiguous();
+    const at::ScalarType acc = mean.scalar_type();  // accumulate_type(x), as in forward
+    const at::Tensor dy = grads[0].contiguous().to(acc);
     const auto dims = reduce_dims(x);
     const auto shape = channel_shape(x);
     const int64_t channels = x.size(1);
-    const at::Tensor xhat = (x - mean) * invstd;
+    const at::Tensor xhat = (x.to(acc) - mean) * invstd;
     // Local sums for weight and bias (DDP averages those like any gradient); global sums
     // of dy and dy * xhat for the input's gradient through the shared statistics.
     const at::Tensor sum_dy = dy.sum(dims);
@@ -85,15 +117,15 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     at::Tensor global = at::cat({sum_dy, sum_dy_xhat}).to(group->options(at::kDouble));
     group->all_reduce(global, ReduceOp::kSum)->wait();
     global = global.to(x.device());
-    const at::Tensor mean_dy = (global.narrow(0, 0, channels) / count).to(x.scalar_type()).view(shape);
-    const at::Tensor mean_dy_xhat = (global.narrow(0, channels, channels) / count).to(x.scalar_type()).view(shape);
+    const at::Tensor mean_dy = (global.narrow(0, 0, channels) / count).to(acc).view(shape);
+    const at::Tensor mean_dy_xhat = (global.narrow(0, channels, channels) / count).to(acc).view(shape);
     at::Tensor scale = invstd;
-    if (weight.defined()) scale = scale * weight.view(shape);
-    const at::Tensor grad_input = (dy - mean_dy - xhat * mean_dy_xhat) * scale;
+    if (weight.defined()) scale = scale * weight.to(acc).view(shape);
+    const at::Tensor grad_input = ((dy - mean_dy - xhat * mean_dy_xhat) * scale).to(x.scalar_type());
     at::Tensor grad_weight, grad_bias;
     if (weight.defined()) {
-      grad_weight = sum_dy_xhat;
-      grad_bias = sum_dy;
+      grad_weight = sum_dy_xhat.to(weight.scalar_type());
+      grad_bias = sum_dy.to(weight.scalar_type());
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -25,6 +25,7 @@
 #include "testing/ddp_jobs.h"
 #include "testing/models.h"
 #include "testing/processes.h"
+#include "testing/sync_batch_norm_check.h"
 #include "testing/temp_dir.h"
 #include "testing/tf32.h"
 
@@ -326,6 +327,14 @@ TEST(Gpu, DdpOnCudaOverGlooAKilledRankFailsTheOthers) {
   }
 }
 
+// SyncBatchNorm on float16 inputs on cuda:0 (2 ranks, threads of one gloo group): statistics
+// and gradient sums in float32, a mean of 100 against a spread of 1 (issue 26: float16 sums of
+// squares overflow, and E[x^2] - mean^2 loses the variance).
+TEST(Gpu, SyncBatchNormOnFloat16) {
+  DATAPAR_REQUIRE_GPUS(1);
+  testing::expect_matches_batch_norm_on_the_whole_batch({at::kHalf, 100, 2e-2, {6, 10}, at::Device(at::kCUDA, 0)});
+}
+
 // `datapar train` on one GPU: DDP of 2 ranks sharing cuda:0 over gloo, and DataParallel over
 // cuda:0 and a CPU device balanced by measurement; each trains an epoch and reports.
 TEST(Gpu, TrainCliOnOneGpuDdpOverGlooAndUnlikeDevices) {
@@ -387,7 +396,7 @@ TEST(Gpu, ZeroAndTheTimelineOnNccl) {
   expect_all_passed(run_nccl_job("zero_trace", 2, 180s));
 }
 
-// ONE GPU: NCCL with world size 1, every path a single GPU can show (nccl_world_one.cc),
+// ONE GPU: NCCL with world size 1, every path a single GPU can show (nccl_groups.cc),
 // and DDP, its metadata, ZeRO and the collectives' closed forms at world size 1.
 TEST(Gpu, NcclWorldOneEveryPath) {
   DATAPAR_REQUIRE_GPUS(1);
@@ -401,6 +410,13 @@ TEST(Gpu, NcclWorldOneCollectivesDdpMetadataAndZero) {
     SCOPED_TRACE(scenario);
     expect_all_passed(run_nccl_job(scenario, 1, 180s));
   }
+}
+
+// Two nccl groups made on one store, one after the other, each its own NCCL communicator
+// (issue 26: they shared the store's "nccl/id" and check-in count).
+TEST(Gpu, TwoNcclGroupsOnOneStore) {
+  DATAPAR_REQUIRE_GPUS(2);
+  expect_all_passed(run_nccl_job("two_groups", 2, 180s));
 }
 
 TEST(Gpu, AKilledRankIsACommErrorWithinTheTimeout) {

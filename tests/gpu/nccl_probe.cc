@@ -8,7 +8,8 @@
 //   kill         rank 1 SIGKILLs itself before its second all_reduce; rank 0 exits 0 when its
 //                all_reduce fails with CommError (or TimeoutError) instead of hanging
 //   world1       WORLD_SIZE 1: dtypes, non-contiguous tensors, the caller's stream, freed
-//                inputs, the waits, destroying and aborting groups (nccl_world_one.cc)
+//                inputs, the waits, destroying and aborting groups (nccl_groups.cc)
+//   two_groups   two groups made on one store, one after the other (nccl_groups.cc)
 // collectives, ddp, metadata and zero_trace run at WORLD_SIZE 1 too.
 #include <signal.h>
 #include <unistd.h>
@@ -33,7 +34,7 @@
 #include "testing/models.h"
 #include "testing/tf32.h"
 #if DATAPAR_HAVE_NCCL
-#include "gpu/nccl_world_one.h"
+#include "gpu/nccl_groups.h"
 #endif
 
 namespace {
@@ -313,6 +314,10 @@ int main(int argc, char** argv) {
     if (scenario == "world1") {
       const std::string init = argv[2];  // file://DIR/rendezvous
       return testing::world_one(group, init.substr(7, init.rfind('/') - 7));
+    }
+    if (scenario == "two_groups") {
+      const std::string init = argv[2];
+      return testing::two_groups(rank, world, init.substr(7, init.rfind('/') - 7));
     }
 #endif
     return fail("unknown scenario " + scenario);

@@ -405,10 +405,10 @@ class ProcessGroupNccl : public ProcessGroup {
     };
   }
 
-  ncclUniqueId meet(const std::shared_ptr<Store>& store, NcclClock::time_point deadline) const {
+  // `nccl_store`: this group's own namespace (new_nccl_process_group).
+  ncclUniqueId meet(const std::shared_ptr<Store>& nccl_store, NcclClock::time_point deadline) const {
     // Rank 0 makes the unique id; everyone checks in before the init, so that a rank that
     // never comes shows as a count of arrivals rather than as a silent NCCL init.
-    auto nccl_store = std::make_shared<PrefixStore>("nccl", store);
     ncclUniqueId id;
     if (rank() == 0) {
       const ncclResult_t made = ncclGetUniqueId(&id);
@@ -453,8 +453,14 @@ std::shared_ptr<ProcessGroup> new_nccl_process_group(std::shared_ptr<Store> stor
                 ").");
   DATAPAR_CHECK(store != nullptr, "ProcessGroup(nccl): the store is null.");
   const c10::DeviceIndex device = choose_device(options.device, options.local_rank);
-  auto group = std::make_shared<ProcessGroupNccl>(store, rank, size, device, options);
-  if (size > 1) group->inspect_stalls(std::make_shared<PrefixStore>("stall", store), options.stall_warning);
+  // Each group made on a store gets a namespace of its own, "nccl/<k>" for the k-th group
+  // this rank made there: every rank makes a store's groups in the same order (as PyTorch
+  // requires), so the ranks of one group agree on k, and a second group never reads the
+  // first one's NCCL id, check-ins or stall reports.
+  const int64_t k = store->add(detail::str_cat("nccl/groups-made-by-rank-", rank), 1);
+  auto own = std::make_shared<PrefixStore>(detail::str_cat("nccl/", k), store);
+  auto group = std::make_shared<ProcessGroupNccl>(own, rank, size, device, options);
+  if (size > 1) group->inspect_stalls(std::make_shared<PrefixStore>("stall", own), options.stall_warning);
   return group;
 }
 

@@ -1,5 +1,6 @@
-// nccl_probe's world1 scenario (issue 25): what NCCL's CUDA paths do, shown on ONE GPU.
-// Compiled only where datapar has the nccl backend. Each check returns "" or what failed.
+// nccl_probe's scenarios with groups of their own: world1 (issue 25), what NCCL's CUDA paths
+// do, shown on ONE GPU (each check returns "" or what failed); two_groups (issue 26).
+// Compiled only where datapar has the nccl backend.
 #include <ATen/ATen.h>
 #include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -15,7 +16,7 @@
 #include "datapar/error.h"
 #include "datapar/process_group/nccl.h"
 #include "datapar/rendezvous/file_store.h"
-#include "gpu/nccl_world_one.h"
+#include "gpu/nccl_groups.h"
 
 namespace datapar::testing {
 namespace {
@@ -221,6 +222,28 @@ int world_one(ProcessGroup& group, const std::string& dir) {
     failed += !problem.empty();
   }
   return failed == 0 ? 0 : 1;
+}
+
+int two_groups(int rank, int world, const std::string& dir) {
+  auto store = std::make_shared<FileStore>(dir + "/two-groups");
+  NcclOptions options;
+  options.device = rank;
+  for (int made = 0; made < 2; ++made) {
+    // Rank 0 is slow to make the second group: a rank that read the first group's id and
+    // check-ins would start an NCCL init nobody else joins, and time out.
+    if (made == 1 && rank == 0) std::this_thread::sleep_for(2s);
+    options.timeout = 60s;
+    const auto group = new_nccl_process_group(store, rank, world, options);
+    at::Tensor t = at::full({8}, double(rank + 1 + made), at::TensorOptions(at::Device(at::kCUDA, rank)));
+    group->all_reduce(t)->wait();
+    const double want = world * (world + 1) / 2.0 + world * made;
+    if (!same(t, at::full({8}, want))) {
+      std::cerr << "nccl_probe: group " << made << " on rank " << rank << " summed to " << t[0].item<double>()
+                << ", not " << want << "\n";
+      return 1;
+    }
+  }
+  return 0;
 }
 
 }  // namespace datapar::testing
