@@ -27,15 +27,18 @@ common=(train --model resnet18 --epochs "$EPOCHS" --batch-size 256 --lr 0.1 --li
 [[ -n "${DATA:-}" ]] && common+=(--data "$DATA")
 
 echo "d2l experiment: ResNet-18, $EPOCHS epochs, limit $LIMIT, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+# Plots where gnuplot is installed; a GPU node often has none, and the metrics say it all.
+plot() { if command -v gnuplot >/dev/null; then echo --plot "$OUT/$1.png"; fi; }
+command -v gnuplot >/dev/null || echo "no gnuplot on PATH: metrics only, no plots"
 for run in $RUNS; do
   echo "== $run"
   case $run in
     single) "$BIN" "${common[@]}" --mode single --devices "$one" \
-              --metrics "$OUT/single.jsonl" --plot "$OUT/single.png" ;;
+              --metrics "$OUT/single.jsonl" $(plot single) ;;
     dp)     "$BIN" "${common[@]}" --mode dp --devices "$two" --scale-lr \
-              --metrics "$OUT/dp.jsonl" --plot "$OUT/dp.png" ;;
+              --metrics "$OUT/dp.jsonl" $(plot dp) ;;
     ddp)
-      args=("${common[@]}" --mode ddp --scale-lr --metrics "$OUT/ddp.jsonl" --plot "$OUT/ddp.png")
+      args=("${common[@]}" --mode ddp --scale-lr --metrics "$OUT/ddp.jsonl" $(plot ddp))
       if "$BIN" --help 2>/dev/null | grep -qE "^ +launch"; then
         "$BIN" launch --nproc-per-node 2 -- "$BIN" "${args[@]}"
       else  # no launcher in this build: start the two ranks with torchrun's variables

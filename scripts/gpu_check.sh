@@ -10,7 +10,8 @@
 # nothing: the other dependencies are in third_party/prefix (a git checkout uses Debian's).
 # Builds with all cores (nproc) only what the gpu tests and figures run, into
 # $GPU_CHECK_BUILD_DIR (default: build-gpu beside this script's folder; a second run reuses it).
-# FIGURE_EPOCHS (default 5) and FIGURE_ROUNDS (default 2) size the training figures.
+# FIGURE_EPOCHS (default 5) and FIGURE_ROUNDS (default 2) size the training figures;
+# GPU_CHECK_CMAKE_ARGS adds CMake arguments (e.g. -DCMAKE_CXX_FLAGS=-g1 for line numbers).
 #
 # Exit status: 0 when no gpu test failed (tests skipped for want of GPUs are fine), 1 when one
 # failed or the build did; a figure that fails is reported as failed and does not count.
@@ -38,6 +39,8 @@ generator=("Unix Makefiles")
 command -v ninja >/dev/null && generator=(Ninja)
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" -DDATAPAR_TEST_PYTHON="$python"
   -DDATAPAR_WITH_MPI=OFF)  # MPI: not used by the gpu tests, and a node's MPI module may not match
+read -r -a extra <<<"${GPU_CHECK_CMAKE_ARGS:-}"
+cmake_args+=("${extra[@]}")
 if ! command -v nvcc >/dev/null; then  # a CUDA torch needs the toolkit; nodes often have it off PATH
   for cuda in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda; do
     [[ -n $cuda && -x $cuda/bin/nvcc ]] && { cmake_args+=(-DCUDAToolkit_ROOT="$cuda"); break; }

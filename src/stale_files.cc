@@ -7,7 +7,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <filesystem>
+
+#include "file_system.h"
 
 namespace datapar::detail {
 
@@ -26,8 +27,7 @@ int remove_stale_entries(const std::string& dir, const std::string& prefix) noex
     const std::string path = dir + "/" + name;
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
-    std::error_code ignored;
-    if (std::filesystem::remove_all(path, ignored) > 0) ++removed;
+    if (remove_tree(path) > 0) ++removed;
   }
   ::closedir(d);
   return removed;

@@ -6,16 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "testing/temp_dir.h"
+#include "file_system.h"  // not std::filesystem (src/file_system.h)
 
 namespace datapar::detail {
 namespace {
-
-namespace fs = std::filesystem;
 
 // The pid of a process that has ended (and was reaped), so no process has it now.
 pid_t dead_pid() {
@@ -27,24 +25,24 @@ pid_t dead_pid() {
 
 TEST(StaleFiles, RemovesEntriesOfDeadProcessesOnly) {
   const testing::TempDir temp("stale_files");
-  const fs::path dir = temp.path();
+  const std::string dir = temp.path() + "/";
   const std::string dead = std::to_string(dead_pid());
   const std::string live = std::to_string(::getpid());
-  fs::create_directories(dir / ("datapar-launch-" + dead + "-abc/inner"));
-  std::ofstream(dir / ("datapar-launch-" + dead + "-abc/inner/file")) << "x";
-  std::ofstream(dir / ("datapar-shm-" + dead + "-0123")) << "region";
-  fs::create_directories(dir / ("datapar-launch-" + live + "-def"));
-  fs::create_directories(dir / "datapar-launch-notapid-x");
-  fs::create_directories(dir / ("other-" + dead + "-x"));
+  make_directories(dir + ("datapar-launch-" + dead + "-abc/inner"));
+  std::ofstream(dir + ("datapar-launch-" + dead + "-abc/inner/file")) << "x";
+  std::ofstream(dir + ("datapar-shm-" + dead + "-0123")) << "region";
+  make_directories(dir + ("datapar-launch-" + live + "-def"));
+  make_directories(dir + "datapar-launch-notapid-x");
+  make_directories(dir + ("other-" + dead + "-x"));
 
   EXPECT_EQ(remove_stale_entries(dir, "datapar-launch-"), 1);
   EXPECT_EQ(remove_stale_entries(dir, "datapar-shm-"), 1);
-  EXPECT_FALSE(fs::exists(dir / ("datapar-launch-" + dead + "-abc")));
-  EXPECT_FALSE(fs::exists(dir / ("datapar-shm-" + dead + "-0123")));
-  EXPECT_TRUE(fs::exists(dir / ("datapar-launch-" + live + "-def")));
-  EXPECT_TRUE(fs::exists(dir / "datapar-launch-notapid-x"));
-  EXPECT_TRUE(fs::exists(dir / ("other-" + dead + "-x")));
-  EXPECT_EQ(remove_stale_entries((dir / "missing").string(), "datapar-"), 0);
+  EXPECT_FALSE(exists(dir + ("datapar-launch-" + dead + "-abc")));
+  EXPECT_FALSE(exists(dir + ("datapar-shm-" + dead + "-0123")));
+  EXPECT_TRUE(exists(dir + ("datapar-launch-" + live + "-def")));
+  EXPECT_TRUE(exists(dir + "datapar-launch-notapid-x"));
+  EXPECT_TRUE(exists(dir + ("other-" + dead + "-x")));
+  EXPECT_EQ(remove_stale_entries(dir + "missing", "datapar-"), 0);
 }
 
 }  // namespace

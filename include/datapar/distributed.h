@@ -77,7 +77,9 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
 
 // Releases the default group, the groups made by new_group (for this process's use
 // through these functions) and the store. Groups still held elsewhere stay usable until
-// released.
+// released. Call it before the process ends: it waits for the other ranks first. A default
+// group still there at exit is released then without that wait, before the CUDA runtime
+// unloads (an NCCL group torn down after it crashed the process).
 void destroy_process_group();
 
 }  // namespace datapar

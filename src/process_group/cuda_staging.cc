@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "datapar/error.h"
+#include "process_group/exit_order.h"
 #include "process_group/ordered_runner.h"
 
 namespace datapar::detail {
@@ -216,6 +217,7 @@ class CudaStagingGroup final : public ProcessGroup {
   std::shared_ptr<Work> issue(const std::string& what, Staging& staging, std::function<std::shared_ptr<Work>()> start) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!staging.staged() && waiting_ == 0) return start();
+    if (staging.staged()) std::call_once(cuda_started_, release_default_group_at_exit);  // CUDA runs now
     auto work = std::make_shared<StagedWork>(describe(what), staging.take_results());
     ++waiting_;
     staging_.push(work, [this, inputs_copied = staging.copies_done(), start = std::move(start)] {
@@ -237,6 +239,7 @@ class CudaStagingGroup final : public ProcessGroup {
   const std::shared_ptr<ProcessGroup> host_;  // outlives staging_, whose thread uses it
   std::mutex mutex_;
   size_t waiting_ = 0;  // staged operations not yet handed to host_
+  std::once_flag cuda_started_;
   OrderedRunner staging_;
 };
 

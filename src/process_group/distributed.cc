@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "datapar/config.h"
@@ -15,6 +16,7 @@
 #include "datapar/rendezvous/prefix_store.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "process_group/backends.h"
+#include "process_group/exit_order.h"
 
 namespace datapar {
 namespace {
@@ -154,6 +156,7 @@ void init_process_group(const std::string& backend, const std::string& init_meth
     if (s->world_size > 1) s->group->inspect_stalls(group_store(*s, "group/default/stall"), s->settings.stall_warning);
   }
   state() = std::move(s);
+  detail::release_default_group_at_exit();  // after nccl started CUDA (exit_order.h)
 }
 
 bool is_initialized() { return state() != nullptr; }
@@ -187,6 +190,16 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) {
   }
   return group;
 }
+
+namespace detail {
+
+// A default group the program did not destroy, released without the barrier of
+// destroy_process_group, which could wait the whole timeout for a rank that is gone.
+void release_default_group_at_exit() {
+  std::atexit([] { state().reset(); });
+}
+
+}  // namespace detail
 
 void destroy_process_group() {
   if (!state()) return;

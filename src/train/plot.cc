@@ -12,12 +12,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <filesystem>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "datapar/error.h"
+#include "file_system.h"
 
 extern char** environ;
 
@@ -121,13 +123,13 @@ void plot_metrics(const std::vector<EpochMetrics>& history, const std::string& p
     output = read_all(log);
     if (code == 0) break;
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
+  detail::remove_tree(dir);
   if (code != 0) {
-    std::filesystem::remove(tmp_png, ignored);
+    ::unlink(tmp_png.c_str());
     throw Error("--plot " + png_path + ": gnuplot failed (exit " + std::to_string(code) + "): " + output);
   }
-  std::filesystem::rename(tmp_png, png_path);
+  DATAPAR_CHECK(::rename(tmp_png.c_str(), png_path.c_str()) == 0, "--plot ", png_path, ": cannot move ", tmp_png,
+                " into place: ", std::strerror(errno), ".");
 }
 
 }  // namespace datapar::train

@@ -31,6 +31,7 @@
 #include "datapar/ddp/sync_batch_norm.h"
 #include "datapar/distributed.h"
 #include "datapar/state_dict.h"
+#include "testing/crash_report.h"
 #include "testing/models.h"
 #include "testing/tf32.h"
 #if DATAPAR_HAVE_NCCL
@@ -293,6 +294,7 @@ int kill_scenario(ProcessGroup& group, const at::TensorOptions& on_gpu) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  testing::install_crash_report();
   if (argc != 5) return fail("usage: nccl_probe SCENARIO INIT_METHOD RANK WORLD_SIZE");
   const std::string scenario = argv[1];
   const int rank = std::stoi(argv[3]);

@@ -14,7 +14,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -25,8 +24,10 @@
 #include "datapar/state_dict.h"
 #include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/train/checkpoint.h"
+#include "testing/crash_report.h"
 #include "testing/ddp_scenarios.h"
 #include "testing/tf32.h"
+#include "file_system.h"
 
 namespace {
 
@@ -163,7 +164,7 @@ int train_zero(const DdpScenario& s, int rank, const std::string& out) {
   auto make = [&](std::vector<at::Tensor> params) { return make_optimizer(s.optimizer, params); };
   auto zero = std::make_unique<ZeroRedundancyOptimizer>(ddp.parameters(), make);
   std::unique_ptr<torch::optim::Optimizer> plain;  // resume_plain: after the checkpoint
-  const std::string checkpoint = (std::filesystem::path(out).parent_path() / "zero.ckpt").string();  // one for all
+  const std::string checkpoint = datapar::detail::parent_directory(out) + "/zero.ckpt";  // one for all
   auto save = [&](int64_t steps) {
     std::unique_ptr<torch::optim::Optimizer> full = zero->consolidate(0);
     if (rank == 0) train::save_checkpoint(train::make_checkpoint(*model, *full, steps), checkpoint, 0);
@@ -242,6 +243,7 @@ int train(const DdpScenario& s, const std::string& name, int rank, const std::st
 }  // namespace
 
 int main(int argc, char** argv) {
+  datapar::testing::install_crash_report();
   if (argc != 6 && argc != 7) {
     std::cerr << "usage: ddp_probe SCENARIO INIT_METHOD RANK WORLD_SIZE OUT_FILE [DEVICE]\n";
     return 2;

@@ -20,7 +20,10 @@ struct Case {
   double mean;       // of every channel's values; their spread is about 1
   double tolerance;  // on outputs and input gradients, absolute (they are about 1 in size)
   std::vector<int64_t> rows;  // per rank
-  at::Device device = at::kCPU;  // where the ranks' batches and modules live
+  // Where each rank's batch and module live. Two ranks that are threads of one process
+  // cannot share a GPU here: libtorch runs a device's backward functions on one engine
+  // thread, where the first rank's all_reduce would wait for the second's forever.
+  std::vector<at::Device> devices{at::kCPU, at::kCPU};
 };
 
 // Each rank normalises its rows of one batch (N, 3, 5) with SyncBatchNorm and backpropagates
@@ -44,11 +47,11 @@ inline void expect_matches_batch_norm_on_the_whole_batch(const Case& c) {
   run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     SyncBatchNorm bn(SyncBatchNormOptions(3));
     bn->set_process_group(group);
-    bn->to(c.device);
+    bn->to(c.devices[rank]);
     const int64_t begin = rank == 0 ? 0 : c.rows[0];
-    const at::Tensor x = whole.narrow(0, begin, c.rows[rank]).to(c.device).requires_grad_(true);
+    const at::Tensor x = whole.narrow(0, begin, c.rows[rank]).to(c.devices[rank]).requires_grad_(true);
     const at::Tensor out = bn->forward(x);
-    (out.to(at::kDouble) * w.narrow(0, begin, c.rows[rank]).to(c.device)).sum().backward();
+    (out.to(at::kDouble) * w.narrow(0, begin, c.rows[rank]).to(c.devices[rank])).sum().backward();
     std::lock_guard<std::mutex> lock(mutex);
     outputs[rank] = out.detach().to(at::kDouble).cpu();
     grads[rank] = x.grad().to(at::kDouble).cpu();

@@ -12,10 +12,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <stdexcept>
 #include <string>
-#include <system_error>
+
+#include "file_system.h"  // not std::filesystem: src/file_system.h says why
 
 namespace datapar::testing {
 
@@ -36,8 +36,7 @@ class TempDir {
   // must not delete files its parent still uses.
   ~TempDir() {
     if (::getpid() != owner_) return;
-    std::error_code ignored;  // a destructor must not throw; a leftover is harmless
-    std::filesystem::remove_all(path_, ignored);
+    detail::remove_tree(path_);  // never throws; a leftover is harmless
   }
 
   TempDir(const TempDir&) = delete;

@@ -14,7 +14,6 @@
 #include <map>
 #include <random>
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -29,6 +28,7 @@
 #include "testing/processes.h"
 #include "testing/temp_dir.h"
 #include "testing/text.h"
+#include "file_system.h"  // not std::filesystem (src/file_system.h)
 
 namespace {
 
@@ -366,9 +366,7 @@ TEST(Launch, NoOrphansAfterTheLauncherIsKilled) {
 // DATAPAR_RESTART_COUNT=restart), by RANK.
 std::map<int, pid_t> workers_of(pid_t launcher, int restart) {
   std::map<int, pid_t> out;
-  std::error_code ignored;
-  for (const auto& e : std::filesystem::directory_iterator("/proc", ignored)) {
-    const std::string name = e.path().filename().string();
+  for (const std::string& name : datapar::detail::list_directory("/proc")) {
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     const std::string stat = read_text("/proc/" + name + "/stat");
     const size_t paren = stat.rfind(')');
@@ -393,11 +391,9 @@ std::map<int, pid_t> workers_of(pid_t launcher, int restart) {
 // The highest epoch of the checkpoints in `dir` (0: none yet).
 int latest_epoch(const std::string& dir) {
   int latest = 0;
-  std::error_code ignored;
   static const std::regex checkpoint("checkpoint-epoch-(\\d+)\\.pt");
-  for (const auto& e : std::filesystem::directory_iterator(dir, ignored)) {
+  for (const std::string& name : datapar::detail::list_directory(dir)) {
     std::smatch m;
-    const std::string name = e.path().filename().string();
     if (std::regex_match(name, m, checkpoint)) latest = std::max(latest, std::stoi(m[1]));
   }
   return latest;
@@ -536,10 +532,10 @@ TEST(TwoHosts, PartitionFailsBothRanksNamingThePeerWithinTheTimeout) {
   });
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (std::chrono::steady_clock::now() < deadline &&
-         !(std::filesystem::exists(dir + "/ready-0") && std::filesystem::exists(dir + "/ready-1"))) {
+         !(datapar::detail::exists(dir + "/ready-0") && datapar::detail::exists(dir + "/ready-1"))) {
     std::this_thread::sleep_for(10ms);
   }
-  ASSERT_TRUE(std::filesystem::exists(dir + "/ready-0") && std::filesystem::exists(dir + "/ready-1"))
+  ASSERT_TRUE(datapar::detail::exists(dir + "/ready-0") && datapar::detail::exists(dir + "/ready-1"))
       << read_text(dir + "/0.log") << read_text(dir + "/1.log");
   int status = -1;
   const std::string cut = datapar::testing::run_shell(

@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -24,6 +23,7 @@
 #include "testing/jobs.h"
 #include "testing/ports.h"
 #include "testing/temp_dir.h"
+#include "file_system.h"  // not std::filesystem (src/file_system.h)
 
 namespace {
 
@@ -76,9 +76,7 @@ std::string skip_reason() {
 // carry SLURM_CONF=<ours> in their environment. The daemons themselves are children.
 std::vector<pid_t> processes_with(const std::string& variable) {
   std::vector<pid_t> found;
-  std::error_code ignored;
-  for (const auto& e : std::filesystem::directory_iterator("/proc", ignored)) {
-    const std::string name = e.path().filename().string();
+  for (const std::string& name : datapar::detail::list_directory("/proc")) {
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::string environment = read_text("/proc/" + name + "/environ");
     std::replace(environment.begin(), environment.end(), '\0', '\n');
@@ -106,7 +104,7 @@ class SlurmCluster {
     start("munged", {find_program("munged"), "--foreground", "--force", "--key-file=" + d + "/munge.key",
                      "--socket=" + socket, "--pid-file=" + d + "/munged.pid", "--log-file=" + d + "/munged.log",
                      "--seed-file=" + d + "/munged.seed"});
-    if (!wait_for([&] { return std::filesystem::exists(socket); }, 20s)) {
+    if (!wait_for([&] { return datapar::detail::exists(socket); }, 20s)) {
       problem_ = "munged did not create its socket " + socket + " within 20 s";
       return;
     }
@@ -127,8 +125,8 @@ class SlurmCluster {
                          << "ReturnToService=2\nInactiveLimit=0\nMinJobAge=5\nKillWait=2\nWaittime=0\n"
                          << "NodeName=" << host << " NodeAddr=127.0.0.1 CPUs=" << cpus() << " State=UNKNOWN\n"
                          << "PartitionName=test Nodes=" << host << " Default=YES MaxTime=INFINITE State=UP\n";
-    std::filesystem::create_directories(d + "/state");
-    std::filesystem::create_directories(d + "/spool");
+    datapar::detail::make_directories(d + "/state");
+    datapar::detail::make_directories(d + "/spool");
     start("slurmctld", {find_program("slurmctld"), "-D", "-vv", "-f", conf_});
     start("slurmd", {find_program("slurmd"), "-D", "-vv", "-f", conf_, "-N", host});
     std::string state;

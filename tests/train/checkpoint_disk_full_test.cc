@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <string>
 
 #include <torch/nn/modules/linear.h>
@@ -16,11 +15,11 @@
 #include "datapar/error.h"
 #include "datapar/train/checkpoint.h"
 #include "testing/temp_dir.h"
+#include "file_system.h"  // not std::filesystem (src/file_system.h)
 
 namespace datapar::train {
 namespace {
 
-namespace fs = std::filesystem;
 
 // A tmpfs of `bytes` mounted on a fresh directory for the test's lifetime.
 class SmallDisk {
@@ -65,11 +64,11 @@ TEST(CheckpointDiskFull, ClearErrorAndTheEarlierCheckpointsIntact) {
   ASSERT_EQ(latest_checkpoint(disk.dir()), checkpoint_path(disk.dir(), written));
   const Checkpoint last = load_checkpoint(checkpoint_path(disk.dir(), written));
   EXPECT_EQ(last.epoch, written);
-  EXPECT_FALSE(fs::exists(checkpoint_path(disk.dir(), written + 1)));
+  EXPECT_FALSE(datapar::detail::exists(checkpoint_path(disk.dir(), written + 1)));
   int files = 0;
-  for (const auto& e : fs::directory_iterator(disk.dir())) {
+  for (const std::string& name : datapar::detail::list_directory(disk.dir())) {
     ++files;
-    EXPECT_EQ(e.path().filename().string().rfind("checkpoint-epoch-", 0), 0u) << "left behind: " << e.path();
+    EXPECT_EQ(name.rfind("checkpoint-epoch-", 0), 0u) << "left behind: " << name;
   }
   EXPECT_EQ(files, written);
 }

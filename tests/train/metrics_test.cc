@@ -4,13 +4,15 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "datapar/error.h"
 #include "datapar/train/plot.h"
+#include "file_system.h"  // not std::filesystem (src/file_system.h)
 
 namespace datapar::train {
 namespace {
@@ -107,16 +109,18 @@ TEST(ProgressBar, DrawsOnlyWhenEnabledAndClearsItsLine) {
 TEST(Plot, WritesAPng) {
   if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
   const std::string path = testing::TempDir() + "/plot_test.png";
-  std::filesystem::remove(path);
+  ::unlink(path.c_str());
   plot_metrics({sample(1), sample(2), sample(3)}, path, "a \"quoted\" title");
   std::ifstream in(path, std::ios::binary);
   char magic[8] = {};
   in.read(magic, 8);
   EXPECT_EQ(std::string(magic, 8), std::string("\x89PNG\r\n\x1a\n", 8));
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_FALSE(datapar::detail::exists(path + ".tmp"));
   // One epoch plots too (gnuplot needs a non-empty x range).
   plot_metrics({sample(1)}, path, "one epoch");
-  EXPECT_GT(std::filesystem::file_size(path), 1000u);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_GT(st.st_size, 1000);
 }
 
 TEST(Plot, MissingGnuplotSaysWhatToInstall) {

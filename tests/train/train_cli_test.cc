@@ -12,7 +12,6 @@
 
 #include <array>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -28,11 +27,11 @@
 #include "testing/processes.h"
 #include "testing/temp_dir.h"
 #include "testing/text.h"
+#include "file_system.h"  // not std::filesystem (src/file_system.h)
 
 namespace {
 
 using datapar::testing::read_text;
-namespace fs = std::filesystem;
 using datapar::testing::TempDir;
 
 struct CliRun {
@@ -44,9 +43,10 @@ const std::string kCli = std::string(DATAPAR_BIN_DIR) + "/datapar";
 // Small and fast: an MLP on 512 synthetic samples (and 512 test samples).
 const std::string kSmall = " train --model mlp --data synthetic --limit 512 --batch-size 64 --lr 0.1 --workers 1";
 
-CliRun cli(const std::string& args) {
+// `datapar ARGS`, with the environment variables `env` ("NAME=value ...") set for it alone.
+CliRun cli(const std::string& args, const std::string& env = "") {
   CliRun r;
-  FILE* pipe = ::popen((kCli + " " + args + " 2>&1").c_str(), "r");
+  FILE* pipe = ::popen(((env.empty() ? "" : "env " + env + " ") + kCli + " " + args + " 2>&1").c_str(), "r");
   if (!pipe) return r;
   std::array<char, 4096> buffer;
   size_t n;
@@ -80,7 +80,7 @@ std::vector<datapar::testing::ProcessResult> ddp_job(const std::string& args, in
     }
     commands.push_back(c);
   }
-  fs::create_directories(dir);
+  datapar::detail::make_directories(dir);
   return datapar::testing::run_processes(commands, dir, std::chrono::seconds(120));
 }
 
@@ -184,8 +184,8 @@ TEST(TrainCli, DdpModeRunsAsTwoRanksAndOnlyRankZeroReports) {
   EXPECT_EQ(results[1].output.find("epoch 1/1"), std::string::npos) << results[1].output;
   expect_metrics_file(dir + "/m.jsonl", "ddp", 512);
   expect_png(dir + "/p.png");
-  EXPECT_FALSE(fs::exists(dir + "/rank1.jsonl"));
-  EXPECT_FALSE(fs::exists(dir + "/rank1.png"));
+  EXPECT_FALSE(datapar::detail::exists(dir + "/rank1.jsonl"));
+  EXPECT_FALSE(datapar::detail::exists(dir + "/rank1.png"));
 }
 
 // "test acc 0.7830 (783/999)" from an --evaluate run.
@@ -271,8 +271,11 @@ TEST(TrainCli, ZeroTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
   const auto first = ddp_job(args + zero + " --epochs 2 --zero", 2, zero + "/logs");
   for (const auto& p : first) ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_NE(first[0].output.find("optimizer state sharded (ZeRO-1)"), std::string::npos) << first[0].output;
-  fs::create_directories(mixed);
-  fs::copy_file(zero + "/checkpoint-epoch-2.pt", mixed + "/checkpoint-epoch-2.pt");
+  datapar::detail::make_directories(mixed);
+  {
+    std::ifstream from(zero + "/checkpoint-epoch-2.pt", std::ios::binary);
+    std::ofstream(mixed + "/checkpoint-epoch-2.pt", std::ios::binary) << from.rdbuf();
+  }
   for (const auto& p : ddp_job(args + zero + " --epochs 3 --zero --resume", 2, zero + "/logs2")) {
     ASSERT_EQ(p.exit_code, 0) << p.output;
   }
@@ -388,6 +391,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--mode dp --devices cpu:0,cpu:1 --balance 1,2,3", "--balance 1,2,3: 3 shares for 2 devices"},
         BadOption{"--balance auto", "--balance auto shares each batch between devices or ranks; --mode single"}));
 
+// A GPU node often has no gnuplot: --plot says so before training, not after epoch 1.
+TEST(TrainCli, PlotWithoutGnuplotFailsBeforeTraining) {
+  const TempDir temp("train_cli_no_gnuplot");  // an empty directory as the whole PATH
+  const CliRun r = cli("train --data synthetic --epochs 1 --plot " + temp.path() + "/p.png", "PATH=" + temp.path());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("gnuplot is not installed"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("samples ("), std::string::npos) << "work started: " << r.output;
+}
+
 TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {
   const TempDir temp("train_cli_ddp_errors");
   const std::string& dir = temp.path();
@@ -487,7 +499,7 @@ TEST(TrainCli, ResumeWithEveryCheckpointDamagedDoesNotStartOverUnlessTold) {
   EXPECT_NE(r.output.find(dir + "/checkpoint-epoch-1.pt: cannot read"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--start-over"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("epoch 1/2"), std::string::npos) << r.output;
-  EXPECT_FALSE(fs::exists(dir + "/checkpoint-epoch-1.pt"));
+  EXPECT_FALSE(datapar::detail::exists(dir + "/checkpoint-epoch-1.pt"));
   EXPECT_EQ(read_text(dir + "/checkpoint-epoch-1.pt.damaged"), damaged);
 
   // A launcher's restart finds only the damaged file now: still not a fresh start.
@@ -496,7 +508,7 @@ TEST(TrainCli, ResumeWithEveryCheckpointDamagedDoesNotStartOverUnlessTold) {
   ::unsetenv("DATAPAR_RESTART_COUNT");
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("--start-over"), std::string::npos) << r.output;
-  EXPECT_FALSE(fs::exists(dir + "/checkpoint-epoch-1.pt"));
+  EXPECT_FALSE(datapar::detail::exists(dir + "/checkpoint-epoch-1.pt"));
 
   r = cli(args + " --epochs 2 --resume --start-over");
   ASSERT_EQ(r.code, 0) << r.output;

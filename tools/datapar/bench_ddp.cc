@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 
 #include "datapar/cpu_allocator.h"
 #include "datapar/ddp/distributed_data_parallel.h"
@@ -32,6 +31,7 @@
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/process_group/metadata.h"
+#include "file_system.h"
 #include "datapar/trace.h"
 #include "local_job.h"
 
@@ -326,9 +326,9 @@ int bench_ddp(const BenchDdpOptions& given) {
                 "--batch and --steps must not be negative; --threads takes 1 .. 1024.");
   DATAPAR_CHECK(options.optimizer == "sgd" || options.optimizer == "adam", "--optimizer: \"", options.optimizer,
                 "\" is not one of sgd, adam.");
-  const std::filesystem::path trace_dir = std::filesystem::path(options.trace).parent_path();
-  DATAPAR_CHECK(trace_dir.empty() || std::filesystem::is_directory(trace_dir), "--trace ", options.trace,
-                ": the directory ", trace_dir.string(), " does not exist.\n---> HINT: create it first, or write the "
+  const std::string trace_dir = detail::parent_directory(options.trace);
+  DATAPAR_CHECK(trace_dir.empty() || detail::is_directory(trace_dir), "--trace ", options.trace,
+                ": the directory ", trace_dir, " does not exist.\n---> HINT: create it first, or write the "
                 "file elsewhere.");
   return run_job(
       options.nproc, "datapar bench ddp",

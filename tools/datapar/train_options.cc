@@ -3,17 +3,17 @@
 // Every check here runs before data is read or a process group formed: a typo in a flag
 // must not cost a rendezvous timeout or a minute of loading. The messages follow the house
 // form "subject: problem" plus a hint line saying what to do.
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <utility>
 
 #include "commands.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
+#include "datapar/train/plot.h"
+#include "file_system.h"
 #include "train.h"
 
 namespace datapar::tools {
@@ -104,11 +104,6 @@ std::vector<double> balance_weights(const std::string& balance) {
   return weights;
 }
 
-bool is_directory(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 // ddp: which device each local rank uses. --devices lists one per local rank; by default
 // local rank k takes cuda:k, or on a machine without CUDA the CPU (labelled cpu:k: each
 // rank is its own process, so the index only names the rank's share of the cores).
@@ -186,17 +181,16 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   // Data: "synthetic", or a directory that must exist now, not after the rendezvous.
   if (o.data != "synthetic") {
     plan.data_dir = o.data.empty() ? default_data_dir(env) : o.data;
-    DATAPAR_CHECK(is_directory(plan.data_dir), "--data ", plan.data_dir,
+    DATAPAR_CHECK(detail::is_directory(plan.data_dir), "--data ", plan.data_dir,
                   ": no such directory.\n---> HINT: give a directory with the Fashion-MNIST IDX files "
                   "(train-images-idx3-ubyte[.gz], ...), or --data synthetic.");
   }
 
   // The checkpoint directory is made now, so that a bad path fails before any training.
   if (!o.checkpoint_dir.empty()) {
-    std::error_code error;
-    std::filesystem::create_directories(o.checkpoint_dir, error);
-    DATAPAR_CHECK(std::filesystem::is_directory(o.checkpoint_dir), "--checkpoint-dir ", o.checkpoint_dir,
-                  ": cannot make this directory", error ? " (" + error.message() + ")" : std::string(),
+    const std::string problem = detail::make_directories(o.checkpoint_dir);
+    DATAPAR_CHECK(detail::is_directory(o.checkpoint_dir), "--checkpoint-dir ", o.checkpoint_dir,
+                  ": cannot make this directory", problem.empty() ? std::string() : " (" + problem + ")",
                   ".\n---> HINT: give a writable directory path; it is created if missing.");
   }
 
@@ -246,10 +240,13 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   // Only rank 0 writes them (its machine's file system).
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--plot", o.plot}, {"--metrics", o.metrics}, {"--trace", o.trace}}) {
     if (path.empty() || plan.rank != 0) continue;
-    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-    DATAPAR_CHECK(parent.empty() || std::filesystem::is_directory(parent), flag, " ", path, ": the directory ",
-                  parent.string(), " does not exist.\n---> HINT: create it first, or write the file elsewhere.");
+    const std::string parent = detail::parent_directory(path);
+    DATAPAR_CHECK(parent.empty() || detail::is_directory(parent), flag, " ", path, ": the directory ", parent,
+                  " does not exist.\n---> HINT: create it first, or write the file elsewhere.");
   }
+  // gnuplot draws --plot after every epoch: its absence is found now, not after the first.
+  DATAPAR_CHECK(o.plot.empty() || plan.rank != 0 || !train::find_gnuplot().empty(), "--plot ", o.plot,
+                ": gnuplot is not installed (not on PATH).\n---> HINT: apt-get install gnuplot-nox, or leave out --plot.");
 
   // Linear scaling (d2l, Goyal et al.): N workers, N times the batch and the learning rate.
   plan.global_batch = o.scale_lr ? o.batch_size * plan.parallelism : o.batch_size;
