@@ -21,8 +21,25 @@
 // issued as backward starts, ahead of the buckets; the first gradient waits for it (on the
 // device, for nccl). Scaling by the share before, not by n_r before and 1/N after, keeps
 // what goes on the wire the size of a gradient, as PyTorch's 1/world_size does: summed in a
-// 16-bit compression hook, n_r g_r overflows float16 for a global batch of thousands. A
-// pass where no rank had a sample is an error, not a division by zero.
+// 16-bit compression hook, n_r g_r overflows float16 for a global batch of thousands. The
+// host never reads N: the share is computed where N is (on the GPU for nccl), so a step
+// waits for no device. A pass where no rank had a sample has N = 0 and every n_r = 0: the
+// share is taken as 0 (N counted as at least 1), and the gradient is zero, the sum over no
+// sample, not NaN.
+//
+// Note [Bucket views follow the parameters' strides]
+// A parameter's part of its bucket is laid out as the parameter is in memory (its strides,
+// when it is dense), as PyTorch's reducer does: a channels_last convolution's gradient
+// goes into the bucket as a plain memory copy, the gradient written back keeps the
+// parameter's layout, and with gradient_as_bucket_view the gradient is the bucket itself,
+// channels_last too. A parameter with gaps or overlaps in memory gets contiguous strides.
+//
+// Note [No host sync in a step]
+// Without find_unused_parameters, a synchronised step reads nothing back on the host: the
+// counts go up by a non-blocking copy (metadata.h), the share is a device tensor, and the
+// buckets are waited for on the stream (Work::wait). With find_unused_parameters the host
+// must read which parameters some rank used, to know which gradients to write; that is
+// the one read, as in PyTorch. Tests count the reads (metadata_host_reads).
 #include "ddp/reducer.h"
 
 #include <ATen/ATen.h>
@@ -137,7 +154,9 @@ at::Tensor Reducer::grad_view(size_t index) const {
   // An alias made with set_, not a view: libtorch's Optimizer::zero_grad() calls detach_()
   // on every gradient, which autograd refuses for views.
   const at::Tensor s = slice(index);
-  return at::empty({0}, s.options()).set_(s.storage(), s.storage_offset(), params_[index].sizes());
+  const at::Tensor& param = params_[index];
+  const at::IntArrayRef strides = param.is_non_overlapping_and_dense() ? param.strides() : at::IntArrayRef();
+  return at::empty({0}, s.options()).set_(s.storage(), s.storage_offset(), param.sizes(), strides);  // {}: contiguous
 }
 
 at::Tensor Reducer::slice(size_t index) const {
@@ -228,7 +247,7 @@ void Reducer::mark_ready(size_t index) {
 const at::Tensor& Reducer::sample_share() {
   if (!share_.defined()) {
     meta_work_->wait(options_.timeout);
-    share_ = meta_.select(0, 0).reciprocal().mul_(samples_);
+    share_ = meta_.select(0, 0).clamp_min(1).reciprocal().mul_(samples_);
   }
   return share_;
 }
@@ -247,8 +266,11 @@ void Reducer::ready(size_t index, bool has_gradient) {
     if (grad.data_ptr() == out.data_ptr()) {  // the gradient is the bucket view already
       by_samples ? out.mul_(sample_share()) : out.mul_(by_world);
     } else {
-      by_samples ? at::mul_out(out, grad.reshape({-1}), sample_share()) : at::mul_out(out, grad.reshape({-1}), by_world);
-      if (options_.gradient_as_bucket_view) params_[index].mutable_grad() = grad_view(index);
+      // Into the bucket laid out as the parameter (Note [Bucket views follow the parameters'
+      // strides]): a memory-order copy when the gradient has the parameter's layout.
+      at::Tensor view = grad_view(index);
+      by_samples ? at::mul_out(view, grad, sample_share()) : at::mul_out(view, grad, by_world);
+      if (options_.gradient_as_bucket_view) params_[index].mutable_grad() = view;
     }
   }
   Bucket& bucket = buckets_[bucket_of_[index]];
@@ -295,30 +317,28 @@ void Reducer::finalize() {
   const auto waiting_since = std::chrono::steady_clock::now();
   std::optional<trace::Span> waiting;
   waiting.emplace("wait for buckets", "ddp");
-  double total_samples = samples_;
   std::vector<bool> used_anywhere(params_.size(), true);
-  if (meta_work_) {
-    meta_work_->synchronize(options_.timeout);  // read on the host
+  if (options_.find_unused_parameters) {  // the one host read (Note [No host sync in a step])
+    meta_work_->synchronize(options_.timeout);
     const std::vector<double> data = host_doubles(meta_);
-    total_samples = data[0];
     for (size_t i = 0; i < params_.size(); ++i) used_anywhere[i] = data[i + 1] > 0;
+  } else if (meta_work_) {
+    meta_work_->wait(options_.timeout);  // its failure surfaces here; on nccl a wait on the stream
   }
   wait_buckets();
   stats_.exposed_wait += std::chrono::steady_clock::now() - waiting_since;
   waiting.reset();
   ++stats_.synchronised_passes;
-  DATAPAR_CHECK(!options_.average_by_samples || total_samples > 0,
-                "DistributedDataParallel: averaging by samples, but no rank had a sample.");
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!used_anywhere[i]) continue;  // unused on every rank: .grad stays as it was, as in PyTorch
-    at::Tensor reduced = slice(i).view(params_[i].sizes());
+    const at::Tensor reduced = grad_view(i);
     at::Tensor& grad = params_[i].mutable_grad();
     if (options_.gradient_as_bucket_view) {
-      if (!grad.defined() || grad.data_ptr() != reduced.data_ptr()) grad = grad_view(i);
+      if (!grad.defined() || grad.data_ptr() != reduced.data_ptr()) grad = reduced;
     } else if (grad.defined()) {
       grad.copy_(reduced);
     } else {
-      grad = reduced.clone();
+      grad = reduced.clone();  // keeps the parameter's layout (at::MemoryFormat::Preserve)
     }
   }
   samples_ = 0;

@@ -89,7 +89,7 @@ class Reducer {
   void wait_bucket(Bucket& bucket);
   void wait_buckets();  // every bucket, in order, each finished by the hook
   at::Tensor slice(size_t index) const;      // the parameter's part of its bucket, flat
-  at::Tensor grad_view(size_t index) const;  // the same memory shaped as the parameter
+  at::Tensor grad_view(size_t index) const;  // the same memory laid out as the parameter
 
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;

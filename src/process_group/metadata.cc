@@ -5,21 +5,36 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "datapar/error.h"
 
 namespace datapar {
 namespace {
 
+std::atomic<int64_t> host_reads{0};
+
+// A host tensor for values bound for `device`: page-locked when that is a GPU, so that the
+// copy there can be non-blocking (from pageable memory it would wait for the stream). The
+// caching host allocator reuses the block only once the copy that read it has run.
+at::Tensor staging_tensor(const c10::Device& device, int64_t count, at::ScalarType dtype) {
+  return at::empty({count}, at::TensorOptions().dtype(dtype).pinned_memory(device.is_cuda()));
+}
+
+at::Tensor to_group_device(const ProcessGroup& group, const at::Tensor& host) {
+  return host.to(group.device(), host.scalar_type(), /*non_blocking=*/true);
+}
+
 template <typename T>
 at::Tensor from_host(const ProcessGroup& group, const std::vector<T>& values, at::ScalarType dtype) {
-  at::Tensor host = at::empty({static_cast<int64_t>(values.size())}, at::TensorOptions().dtype(dtype));
+  at::Tensor host = staging_tensor(group.device(), static_cast<int64_t>(values.size()), dtype);
   std::copy(values.begin(), values.end(), host.data_ptr<T>());
-  return host.to(group.device());
+  return to_group_device(group, host);
 }
 
 template <typename T>
 std::vector<T> to_host(const at::Tensor& tensor, at::ScalarType dtype) {
+  ++host_reads;
   const at::Tensor host = tensor.to(at::kCPU, dtype).contiguous();
   const T* data = host.data_ptr<T>();
   return std::vector<T>(data, data + host.numel());
@@ -42,9 +57,9 @@ at::Tensor metadata_zeros(const ProcessGroup& group, int64_t count, at::ScalarTy
 at::Tensor metadata_text(const ProcessGroup& group, const std::string& text, int64_t length) {
   DATAPAR_INTERNAL_ASSERT(length >= static_cast<int64_t>(text.size()), "metadata_text: ", text.size(),
                           " bytes do not fit in ", length);
-  at::Tensor host = at::zeros({length}, at::kByte);
-  std::copy(text.begin(), text.end(), host.data_ptr<uint8_t>());
-  return host.to(group.device());
+  at::Tensor host = staging_tensor(group.device(), length, at::kByte);
+  std::fill(std::copy(text.begin(), text.end(), host.data_ptr<uint8_t>()), host.data_ptr<uint8_t>() + length, 0);
+  return to_group_device(group, host);
 }
 
 std::vector<int64_t> host_int64s(const at::Tensor& tensor) { return to_host<int64_t>(tensor, at::kLong); }
@@ -52,9 +67,16 @@ std::vector<int64_t> host_int64s(const at::Tensor& tensor) { return to_host<int6
 std::vector<double> host_doubles(const at::Tensor& tensor) { return to_host<double>(tensor, at::kDouble); }
 
 std::string host_text(const at::Tensor& tensor, int64_t length) {
+  ++host_reads;
   const at::Tensor host = tensor.to(at::kCPU).contiguous();
   const auto* bytes = host.data_ptr<uint8_t>();
   return std::string(bytes, bytes + std::clamp<int64_t>(length, 0, host.numel()));  // a peer's length: bound it
 }
+
+namespace detail {
+
+int64_t metadata_host_reads() { return host_reads.load(); }
+
+}  // namespace detail
 
 }  // namespace datapar

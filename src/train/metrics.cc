@@ -108,12 +108,15 @@ void ProgressBar::start(int64_t epoch, int64_t epochs, int64_t total_steps) {
   drawn_ = false;
 }
 
-void ProgressBar::update(int64_t steps, double loss, int64_t samples) {
-  if (!enabled_) return;
-  const auto now = std::chrono::steady_clock::now();
+bool ProgressBar::due(int64_t steps) const {
   // Terminals are slow; 10 redraws a second look live and cost nothing.
-  if (drawn_ && steps < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
-  last_draw_ = now;
+  return enabled_ && (!drawn_ || steps >= total_ ||
+                      std::chrono::steady_clock::now() - last_draw_ >= std::chrono::milliseconds(100));
+}
+
+void ProgressBar::update(int64_t steps, double loss, int64_t samples) {
+  if (!due(steps)) return;
+  last_draw_ = std::chrono::steady_clock::now();
   draw(steps, loss, samples);
 }
 

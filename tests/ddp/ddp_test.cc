@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include "testing/ddp_jobs.h"
 #include "testing/ddp_scenarios.h"
 #include "testing/expect_throw.h"
+#include "testing/gloo_ranks.h"
 #include "testing/processes.h"
 #include "testing/python.h"
 #include "testing/temp_dir.h"
@@ -70,6 +72,63 @@ TEST(DistributedDataParallel, NoSyncAccumulatesMicroBatches) {
 }
 
 TEST(DistributedDataParallel, AParameterUnusedOnOneRank) { expect_matches_reference("unused", 2, 1e-5, 1e-6); }
+
+// Issue 26: a synchronised step reads nothing back on the host (on a GPU, it would wait for
+// the device) unless find_unused_parameters must learn which parameters were used: averaging
+// by samples (the counts), and join (the roll call of every forward) included. Counted by
+// the metadata layer (detail::metadata_host_reads) in each rank's steps from the third.
+TEST(DistributedDataParallel, AStepReadsNothingBackOnTheHost) {
+  struct Case {
+    std::string scenario;
+    int world;
+    std::vector<int> ranks;  // those with 3 steps or more
+    int reads;               // from step 3 on, per rank
+  };
+  for (const Case& c : {Case{"uneven", 2, {0, 1}, 0}, Case{"even", 2, {0, 1}, 0}, Case{"join", 3, {1, 2}, 0},
+                        Case{"unused", 2, {0, 1}, 3}}) {  // unused: one read per step, steps 3 to 5
+    testing::TempDir dir("ddp_host_reads");
+    const auto results = run_job(c.scenario, c.world, dir);
+    for (int r : c.ranks) {
+      ASSERT_EQ(results[r].exit_code, 0) << c.scenario << ", rank " << r << ":\n" << results[r].output;
+      EXPECT_NE(results[r].output.find("host reads from step 3: " + std::to_string(c.reads) + "\n"), std::string::npos)
+          << c.scenario << ", rank " << r << ":\n" << results[r].output;
+    }
+  }
+}
+
+// Issue 26: a channels_last convolution's gradient keeps the parameter's layout through the
+// buckets (Note [Bucket views follow the parameters' strides] in reducer.cc); as a bucket
+// view it is the bucket's memory, channels_last too, step after step. Both ranks train on
+// the same batch, so the averaged gradient is the local one.
+TEST(DistributedDataParallel, GradientsKeepAChannelsLastLayout) {
+  for (const bool as_view : {false, true}) {
+    SCOPED_TRACE(as_view ? "gradient_as_bucket_view" : "gradients copied");
+    testing::run_gloo_ranks(2, [&](int, std::shared_ptr<ProcessGroup> group) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(3);  // the ranks are threads: not the global one
+      torch::nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3));
+      conv->weight.set_data(at::randn({8, 3, 3, 3}, gen).contiguous(at::MemoryFormat::ChannelsLast));
+      conv->bias.set_data(at::randn({8}, gen));
+      const at::Tensor x = at::randn({4, 3, 6, 6}, gen).contiguous(at::MemoryFormat::ChannelsLast);
+      conv(x).square().sum().backward();
+      const at::Tensor local = conv->weight.grad().clone();
+      conv->weight.mutable_grad() = at::Tensor();
+      DdpOptions options;
+      options.gradient_as_bucket_view = as_view;
+      DistributedDataParallel<torch::nn::Conv2dImpl> ddp(conv, group, options);
+      const void* first = nullptr;
+      for (int step = 0; step < 3; ++step) {
+        if (conv->weight.grad().defined()) conv->weight.mutable_grad().zero_();
+        ddp.forward(x).square().sum().backward();
+        const at::Tensor& grad = conv->weight.grad();
+        EXPECT_TRUE(grad.is_contiguous(at::MemoryFormat::ChannelsLast)) << "step " << step << ": " << grad.strides();
+        EXPECT_TRUE(at::allclose(grad, local, 1e-5, 1e-6)) << "step " << step;
+        // The buckets are rebuilt once, at the second forward; from then on the same memory.
+        if (as_view && step == 1) first = grad.data_ptr();
+        if (as_view && step == 2) EXPECT_EQ(grad.data_ptr(), first) << "the gradient is no longer the bucket";
+      }
+    });
+  }
+}
 
 TEST(DistributedDataParallel, GradientsAsBucketViewsAndOneBigBucket) {
   expect_matches_reference("bucket_view", 2, 1e-5, 1e-6);

@@ -5,6 +5,7 @@
 #include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/nn/modules/linear.h>
 
 #include <chrono>
 #include <functional>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/error.h"
 #include "datapar/process_group/nccl.h"
 #include "datapar/rendezvous/file_store.h"
@@ -93,6 +95,39 @@ std::string callers_stream(ProcessGroup& group, const at::Device& gpu) {
   const at::Tensor doubled = gathered[0] * 2;  // on the side stream, after wait()
   if (!same(doubled, at::full({1 << 20}, 10.0))) return "all_gather on the caller's stream did not see its input";
   return "";
+}
+
+// Issue 26: a DDP step never waits for the GPU (Note [No host sync in a step] in reducer.cc).
+// Averaging by samples, inside join(), on the default group: forward and backward return to
+// the host while a kernel of about a second, queued before them, still runs.
+std::string ddp_step_leaves_the_gpu_working(const at::Device& gpu) {
+  torch::manual_seed(0);
+  torch::nn::Linear model(64, 8);
+  model->to(gpu);
+  DdpOptions options;
+  options.average_by_samples = true;
+  DistributedDataParallel<torch::nn::LinearImpl> ddp(model, nullptr, options);
+  const at::Tensor x = at::randn({32, 64}, at::TensorOptions(gpu));
+  const at::Tensor y = at::zeros({32}, at::TensorOptions(gpu).dtype(at::kLong));
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(gpu.index());
+  std::string problem;
+  ddp.join([&] {
+    for (int step = 0; step < 5; ++step) {
+      if (step == 4) {
+        stream.synchronize();  // warm caches (device and page-locked memory) all free
+        at::cuda::sleep(2'000'000'000);
+      }
+      const auto start = std::chrono::steady_clock::now();
+      at::cross_entropy_loss(ddp.forward(x), y).backward();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (step == 4 && stream.query()) problem = "the GPU was idle when backward returned: the step waited for it";
+      if (step == 4 && problem.empty() && seconds > 0.5) {
+        problem = "forward and backward took " + std::to_string(seconds) + " s behind a long kernel";
+      }
+    }
+  });
+  stream.synchronize();
+  return problem;
 }
 
 // Inputs dropped right after the call: their memory goes back to the caching allocator at
@@ -202,6 +237,7 @@ int world_one(ProcessGroup& group, const std::string& dir) {
   }
   const at::Device gpu(at::kCUDA, 0);
   const std::vector<std::pair<std::string, std::function<std::string()>>> checks{
+      {"a DDP step leaves the GPU working", [&] { return ddp_step_leaves_the_gpu_working(gpu); }},
       {"every collective and dtype", [&] { return every_collective_and_dtype(group, gpu); }},
       {"non-contiguous tensors", [&] { return non_contiguous(group, gpu); }},
       {"the caller's stream", [&] { return callers_stream(group, gpu); }},

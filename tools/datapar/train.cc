@@ -278,7 +278,9 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   DistributedSamplerOptions sampler_options{data.train->size(), plan.world_size, plan.rank};
   sampler_options.seed = o.seed;
   DistributedSampler sampler(sampler_options);
-  DataLoader loader(data.train, {plan.rank_batch, o.workers});
+  DataLoaderOptions loader_options{plan.rank_batch, o.workers};
+  loader_options.pin_memory = device.is_cuda();  // copies to the GPU that do not wait
+  DataLoader loader(data.train, loader_options);
   // ddp --balance auto or W0,W1,...: each global batch split by the ranks' measured speed
   // (rank_balancer.h) or by the given shares; the loader restarts from the next step
   // whenever measured shares change.
@@ -302,8 +304,11 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
       loader.start_epoch(sampler);
     }
     bar.start(epoch + 1, o.epochs, loader.num_batches());
-    double loss_sum = 0;
-    int64_t correct = 0, rows = 0, steps = 0;
+    // Summed on the device, read when the progress bar redraws and at the epoch's end:
+    // a read per step would make every step wait for the GPU.
+    const at::TensorOptions on_device = at::TensorOptions().device(device);
+    at::Tensor loss_sum = at::zeros({}, on_device.dtype(at::kDouble)), correct = at::zeros({}, on_device.dtype(at::kLong));
+    int64_t rows = 0, steps = 0;
     std::chrono::nanoseconds data_wait{0};  // over the epoch's loaders (a re-balance restarts it)
     const auto start = Clock::now();
     for (;;) {
@@ -314,7 +319,8 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
         batch = loader.next();
       }
       if (!batch) break;
-      const at::Tensor x = batch->data.to(device), y = batch->target.to(device);
+      const at::Tensor x = batch->data.to(device, /*non_blocking=*/true);
+      const at::Tensor y = batch->target.to(device, /*non_blocking=*/true);
       if (zero) {
         zero->zero_grad();
       } else {
@@ -355,13 +361,14 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
         if (leader) report_balance("device", step, dp->last_chunk_sizes(), *dp->balancer());
       }
       ++step;
-      loss_sum += loss.item<double>() * x.size(0);
-      correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+      loss_sum.add_(loss.detach().to(at::kDouble), static_cast<double>(x.size(0)));
+      correct.add_(logits.argmax(1).eq(y).sum());
       rows += x.size(0);
-      bar.update(++steps, loss_sum / rows, rows * plan.world_size);
+      if (bar.due(++steps)) bar.update(steps, loss_sum.item<double>() / rows, rows * plan.world_size);
     }
-    const std::vector<double> sums =
-        reduce(std::vector<double>{loss_sum, static_cast<double>(correct), static_cast<double>(rows)}, ReduceOp::kSum);
+    const std::vector<double> sums = reduce(
+        std::vector<double>{loss_sum.item<double>(), static_cast<double>(correct.item<int64_t>()), static_cast<double>(rows)},
+        ReduceOp::kSum);
     // The epoch lasts as long as its slowest rank.
     const std::vector<double> times =
         reduce(std::vector<double>{seconds_since(start), (data_wait + loader.stats().wait).count() / 1e9}, ReduceOp::kMax);

@@ -5,6 +5,11 @@
 // CPU for gloo and mpi, this rank's GPU for nccl, which refuses host memory. This is the
 // one place such tensors are made, so that code written and tested on CPUs is right on
 // GPUs too: values go in from the host here and come back to the host here.
+//
+// Going in never blocks the host: a device gets its values by a non-blocking copy from
+// page-locked memory, ordered on the current stream. Coming back (host_*) waits for the
+// device, so it is for where the host must decide something; each one is counted
+// (detail::metadata_host_reads), and a test holds DDP's step to none.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,5 +38,13 @@ at::Tensor metadata_text(const ProcessGroup& group, const std::string& text, int
 std::vector<int64_t> host_int64s(const at::Tensor& tensor);
 std::vector<double> host_doubles(const at::Tensor& tensor);
 std::string host_text(const at::Tensor& tensor, int64_t length);
+
+namespace detail {
+
+// How many host_* reads this process has made: the points where the host waited for
+// metadata (on a GPU, for the device). For tests.
+int64_t metadata_host_reads();
+
+}  // namespace detail
 
 }  // namespace datapar

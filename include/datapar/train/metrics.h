@@ -75,6 +75,9 @@ class ProgressBar {
   ProgressBar(std::FILE* out, bool enabled);
   // Starts a bar for `total_steps` steps of epoch `epoch` of `epochs`.
   void start(int64_t epoch, int64_t epochs, int64_t total_steps);
+  // Whether update(steps, ...) would redraw now. The loss lives on the training device:
+  // the caller reads it (a wait for the device) only when it is due.
+  bool due(int64_t steps) const;
   // After `steps` steps: the mean loss so far and samples trained so far.
   void update(int64_t steps, double loss, int64_t samples);
   // Erases the bar, so the epoch line that follows starts on a clean line.
