@@ -14,8 +14,8 @@
 namespace datapar::testing {
 
 inline void write_crash_report(int signal) {
-  // Only async-signal-safe calls, but for backtrace(), which glibc makes safe once it has
-  // run (install_crash_report calls it first).
+  // Not all async-signal-safe (snprintf, strsignal), which is acceptable for a report written
+  // once on the way down; backtrace() is safe once it has run (install_crash_report calls it).
   char line[64];
   std::snprintf(line, sizeof line, "\nfatal signal %d (%s); the stack:\n", signal, ::strsignal(signal));
   (void)!::write(STDERR_FILENO, line, std::strlen(line));
