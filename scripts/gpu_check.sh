@@ -12,6 +12,8 @@
 # $GPU_CHECK_BUILD_DIR (default: build-gpu beside this script's folder; a second run reuses it).
 # FIGURE_EPOCHS (default 5) and FIGURE_ROUNDS (default 2) size the training figures;
 # GPU_CHECK_CMAKE_ARGS adds CMake arguments (e.g. -DCMAKE_CXX_FLAGS=-g1 for line numbers).
+# GPU_CHECK_TESTS, a CTest regular expression, reruns just those gpu tests (GPU_CHECK_REPEAT
+# times each, stopping at a failure; default 1) and no figure: for a short second look.
 #
 # Exit status: 0 when no gpu test failed (tests skipped for want of GPUs are fine), 1 when one
 # failed or the build did; a figure that fails is reported as failed and does not count.
@@ -70,12 +72,17 @@ built=$(($(date +%s) - started))
 log "configured and built in $built s"
 
 # 4. The gpu tests, one at a time (they share the GPUs). A failing test does not stop the report.
-log "ctest -L gpu (log: $out/ctest.log)"
+log "ctest -L gpu ${GPU_CHECK_TESTS:+-R $GPU_CHECK_TESTS }(log: $out/ctest.log)"
 ctest_rc=0
-(cd "$build" && ctest -L gpu -j 1 --output-on-failure --output-junit "$out/ctest-gpu.xml") >"$out/ctest.log" 2>&1 ||
-  ctest_rc=$?
+ctest_args=(-L gpu -j 1 --output-on-failure --output-junit "$out/ctest-gpu.xml")
+figures=all
+if [[ -n ${GPU_CHECK_TESTS:-} ]]; then
+  ctest_args+=(-R "$GPU_CHECK_TESTS" --repeat "until-fail:${GPU_CHECK_REPEAT:-1}")
+  figures=none
+fi
+(cd "$build" && ctest "${ctest_args[@]}") >"$out/ctest.log" 2>&1 || ctest_rc=$?
 tail -5 "$out/ctest.log"
 
 # 5. The figures, where there are GPUs, and the report (gpu_report.py runs them).
 report --build-seconds "$built" --ctest-junit "$out/ctest-gpu.xml" --ctest-log "$out/ctest.log" --ctest-rc "$ctest_rc" \
-  --figure-epochs "${FIGURE_EPOCHS:-5}" --figure-rounds "${FIGURE_ROUNDS:-2}"
+  --figure-epochs "${FIGURE_EPOCHS:-5}" --figure-rounds "${FIGURE_ROUNDS:-2}" --figures "$figures"

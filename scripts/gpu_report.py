@@ -342,6 +342,8 @@ def markdown(report):
     if report.get("ctest_problem"):
         lines += ["", f"**{report['ctest_problem']}**", "", "```", report.get("ctest_log_tail", ""), "```"]
     lines += ["", "## Figures", ""]
+    if report.get("figures_not_asked"):
+        lines += ["None: a rerun of some tests (GPU_CHECK_TESTS) makes no figure.", ""]
     for f in report["figures"]:
         lines += [f"### {f['name']}", "", f"{f['setup']}.", ""]
         if f["status"] == "skipped":
@@ -379,6 +381,8 @@ def main():
     p.add_argument("--ctest-rc", type=int, default=0)
     p.add_argument("--figure-epochs", type=int, default=5)
     p.add_argument("--figure-rounds", type=int, default=2)
+    p.add_argument("--figures", choices=("all", "none"), default="all",
+                   help="none: a rerun of some tests (GPU_CHECK_TESTS), no figure")
     args = p.parse_args()
 
     report = {"source": "", "machine": machine(args.python), "build_seconds": args.build_seconds}
@@ -407,8 +411,9 @@ def main():
     gpus = int(report["machine"]["torch"].get("device_count") or 0)
     datapar = os.path.join(args.build, "bin", "datapar")
     report["figures"] = []
+    report["figures_not_asked"] = args.figures == "none"
     for figure in (figure_one_gpu, figure_ddp_world_one, figure_unlike_devices, figure_two_gpu_d2l, figure_collectives):
-        if args.failed_step:
+        if args.failed_step or args.figures == "none":
             break
         print(f"gpu_report: figure {figure.__name__}", flush=True)
         report["figures"].append(figure(args, gpus, datapar, args.out))

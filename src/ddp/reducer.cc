@@ -83,6 +83,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       options_(options),
       hook_(all_reduce_hook()) {
   DATAPAR_CHECK(!params_.empty(), "DistributedDataParallel: the module has no parameter that requires a gradient.");
+  exposed_wait_ = wait_timer_for(params_.front().device());
   build_buckets(reverse_order(params_.size()));
   for (size_t i = 0; i < params_.size(); ++i) {
     accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
@@ -301,6 +302,12 @@ void Reducer::wait_buckets() {
   }
 }
 
+CommunicationStats Reducer::communication_stats() const {
+  CommunicationStats stats = stats_;
+  stats.exposed_wait = exposed_wait_->total();
+  return stats;
+}
+
 void Reducer::finalize() {
   expect_hooks_ = false;
   if (next_bucket_ < buckets_.size()) {
@@ -314,7 +321,7 @@ void Reducer::finalize() {
                         "with DdpOptions::find_unused_parameters = true."));
   }
   // From here on backward only waits: the communication it could not hide.
-  const auto waiting_since = std::chrono::steady_clock::now();
+  exposed_wait_->start();
   std::optional<trace::Span> waiting;
   waiting.emplace("wait for buckets", "ddp");
   std::vector<bool> used_anywhere(params_.size(), true);
@@ -326,7 +333,7 @@ void Reducer::finalize() {
     meta_work_->wait(options_.timeout);  // its failure surfaces here; on nccl a wait on the stream
   }
   wait_buckets();
-  stats_.exposed_wait += std::chrono::steady_clock::now() - waiting_since;
+  exposed_wait_->stop();
   waiting.reset();
   ++stats_.synchronised_passes;
   for (size_t i = 0; i < params_.size(); ++i) {

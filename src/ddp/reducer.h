@@ -20,6 +20,7 @@
 #include "autograd/node_ptr.h"
 #include "datapar/ddp/comm_hook.h"
 #include "datapar/ddp/communication_stats.h"
+#include "ddp/wait_timer.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/store.h"
 #include "ddp/bucket_assignment.h"
@@ -64,7 +65,8 @@ class Reducer {
 
   // Parameter indices per bucket, in reduction order.
   std::vector<BucketIndices> bucket_indices() const;
-  CommunicationStats communication_stats() const { return stats_; }
+  // Reads the GPU's timings of the passes so far (wait_timer.h): blocks until it ran them.
+  CommunicationStats communication_stats() const;
 
  private:
   struct Bucket {
@@ -118,6 +120,7 @@ class Reducer {
   std::vector<size_t> arrival_;  // gradient arrival order, recorded in the first synchronised pass
   int64_t synced_passes_ = 0;
   CommunicationStats stats_;  // of synchronised backward passes (not join()'s shadow passes)
+  std::unique_ptr<WaitTimer> exposed_wait_;  // stats_.exposed_wait, timed where the wait happens
   bool rebuild_pending_ = false;
 };
 

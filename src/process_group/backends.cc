@@ -38,6 +38,7 @@ std::vector<Backend> compiled_in() {
                     options.timeout = s.timeout;
                     options.stall_warning = s.stall_warning;
                     options.local_rank = s.local_rank;
+                    options.end_process_on_failure = s.nccl_end_process_on_failure;
                     return new_nccl_process_group(std::move(store), rank, static_cast<int>(ranks.size()), options);
                   }});
 #endif

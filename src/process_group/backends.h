@@ -25,6 +25,7 @@ struct BackendSettings {
   bool mpi_shared_memory = true;  // mpi: the same
   std::optional<std::string> local_rank;  // nccl: LOCAL_RANK, which picks the GPU
   std::chrono::milliseconds stall_warning = kDefaultStallWarning;
+  bool nccl_end_process_on_failure = true;  // NcclOptions::end_process_on_failure
 };
 
 // This process's place in a job whose launcher already told the backend (mpi).

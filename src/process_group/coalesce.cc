@@ -3,8 +3,27 @@
 #include <ATen/ATen.h>
 
 namespace datapar::detail {
+namespace {
 
-std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors) {
+// The members' memory as one flat tensor, when they lie back to back in it, in order;
+// else undefined.
+at::Tensor view_of_members(const std::vector<at::Tensor>& tensors, const std::vector<size_t>& members) {
+  const at::Tensor& first = tensors[members.front()];
+  int64_t numel = 0;
+  for (size_t i : members) {
+    const at::Tensor& t = tensors[i];
+    if (!t.is_contiguous() || !t.storage().is_alias_of(first.storage()) || t.device() != first.device() ||
+        t.storage_offset() != first.storage_offset() + numel) {
+      return {};
+    }
+    numel += t.numel();
+  }
+  return at::empty({0}, first.options()).set_(first.storage(), first.storage_offset(), {numel}, {1});
+}
+
+}  // namespace
+
+std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors, bool copy_values) {
   std::vector<FlatGroup> groups;
   std::vector<at::ScalarType> types;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -17,6 +36,15 @@ std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors) 
     groups[g].members.push_back(i);
   }
   for (FlatGroup& group : groups) {
+    group.flat = view_of_members(tensors, group.members);
+    group.aliases = group.flat.defined();
+    if (group.aliases) continue;
+    if (!copy_values) {
+      int64_t numel = 0;
+      for (size_t i : group.members) numel += tensors[i].numel();
+      group.flat = at::empty({numel}, tensors[group.members.front()].options());
+      continue;
+    }
     std::vector<at::Tensor> pieces;
     pieces.reserve(group.members.size());
     for (size_t i : group.members) pieces.push_back(tensors[i].reshape({-1}));
@@ -26,6 +54,7 @@ std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors) 
 }
 
 void unflatten_into(const FlatGroup& group, const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+  if (group.aliases && flat.data_ptr() == group.flat.data_ptr()) return;  // the members' own memory
   int64_t offset = 0;
   for (size_t i : group.members) {
     at::Tensor& t = tensors[i];

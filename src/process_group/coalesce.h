@@ -11,13 +11,20 @@ namespace datapar::detail {
 struct FlatGroup {
   at::Tensor flat;
   std::vector<size_t> members;  // indices into the tensor list
+  // `flat` is the members' own memory: they lie back to back, in order, in one storage
+  // (one contiguous tensor, or ZeRO's parameters, zero_redundancy_optimizer.h). Nothing
+  // was copied in, and nothing needs copying out.
+  bool aliases = false;
 };
 
-// Groups `tensors` by dtype (groups in order of first appearance) and flattens each.
-std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors);
+// Groups `tensors` by dtype (groups in order of first appearance) and flattens each: into
+// a new buffer, or, where a group's members lie back to back in one storage, a view of
+// them (FlatGroup::aliases). `copy_values` false: a new buffer is left uninitialised, for
+// a collective that overwrites it (a broadcast's receivers).
+std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors, bool copy_values = true);
 
 // Copies each member's slice of `group.flat` (or of `flat`, a same-sized replacement such
-// as a widened copy) back into its tensor.
+// as a widened copy) back into its tensor; nothing when `flat` is the members' own memory.
 void unflatten_into(const FlatGroup& group, const at::Tensor& flat, std::vector<at::Tensor>& tensors);
 
 // Copies consecutive numel-sized pieces of `flat` into `outputs` (an all_gather's or a

@@ -46,6 +46,11 @@ struct Result {
 class StagedWork final : public Work {
  public:
   StagedWork(std::string what, std::vector<Result> results) : Work(std::move(what)), results_(std::move(results)) {}
+  ~StagedWork() override {
+    // Never delivered (it failed, or nobody waited) and released by the exit handler: the
+    // pinned host allocator may be gone by then (exit_order.h), and a free into it crashed.
+    if (process_exiting() && !results_.empty()) new std::vector<Result>(std::move(results_));  // leaked on purpose
+  }
 
  protected:
   void deliver() override {

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -36,6 +37,11 @@ struct DefaultGroup {
 std::unique_ptr<DefaultGroup>& state() {
   static std::unique_ptr<DefaultGroup> s;
   return s;
+}
+
+std::atomic<bool>& exiting() {
+  static std::atomic<bool> flag{false};  // trivially destructible: readable at any point of exit
+  return flag;
 }
 
 DefaultGroup& require_state(const char* what) {
@@ -128,6 +134,7 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   s->settings.shared_memory = config.gloo_shared_memory;
   s->settings.mpi_shared_memory = config.mpi_shared_memory;
   s->settings.local_rank = config.local_rank;
+  s->settings.nccl_end_process_on_failure = config.nccl_end_process_on_failure;
   if (s->backend->job_shape) {
     // The launcher (mpirun) connected the processes already, and the backend knows rank
     // and world size: given ones must agree with it. The store comes after the group.
@@ -196,8 +203,13 @@ namespace detail {
 // A default group the program did not destroy, released without the barrier of
 // destroy_process_group, which could wait the whole timeout for a rank that is gone.
 void release_default_group_at_exit() {
-  std::atexit([] { state().reset(); });
+  std::atexit([] {
+    exiting().store(true);
+    state().reset();
+  });
 }
+
+bool process_exiting() { return exiting().load(); }
 
 }  // namespace detail
 

@@ -12,4 +12,9 @@ namespace datapar::detail {
 // destroy_process_group's barrier). Cheap and harmless to call more than once.
 void release_default_group_at_exit();
 
+// True once that handler has begun: the program is exiting, and a library's lazily made
+// statics (libtorch's among them) may be gone already, whatever the order above. What
+// would free memory a CUDA allocator handed out leaks it instead: the process ends anyway.
+bool process_exiting();
+
 }  // namespace datapar::detail

@@ -7,12 +7,12 @@
 namespace datapar {
 
 void Work::wait(std::chrono::milliseconds timeout) {
-  if (!is_completed() && wait_on_stream()) return;
+  if (!is_completed() && wait_on_stream(/*hand_out=*/true)) return;
   synchronize(timeout);
 }
 
 void Work::synchronize(std::chrono::milliseconds timeout) {
-  if (!is_completed()) (void)wait_on_stream();
+  if (!is_completed()) (void)wait_on_stream(/*hand_out=*/false);
   if (done_.wait_for(timeout) != std::future_status::ready) {
     throw TimeoutError(detail::str_cat(what_, ": not finished after ", std::chrono::duration<double>(timeout).count(),
                                        " s. Did every process issue the same collectives in the same order?"));

@@ -78,6 +78,7 @@ JobConfig resolve_job_config(const Environment& env) {
   config.gloo_hostname = env("DATAPAR_GLOO_HOSTNAME");
   config.gloo_shared_memory = switched_on(env, "DATAPAR_SHM");
   config.mpi_shared_memory = switched_on(env, "DATAPAR_MPI_SHM");
+  config.nccl_end_process_on_failure = switched_on(env, "DATAPAR_NCCL_END_PROCESS_ON_FAILURE");
   config.local_rank = env("LOCAL_RANK");
   return config;
 }

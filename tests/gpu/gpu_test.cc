@@ -417,6 +417,32 @@ TEST(Gpu, NcclWorldOneCollectivesDdpMetadataAndZero) {
   }
 }
 
+// A collective that times out after its wait() returned (the stream ran on with partial
+// results) ends the process with the error, unless the program opted to handle it; then the
+// next synchronize() and call throw (issue 26, NcclOptions::end_process_on_failure).
+TEST(Gpu, NcclFailureAfterWaitEndsTheProcessUnlessHandled) {
+  DATAPAR_REQUIRE_GPUS(1);
+  const auto ended = run_nccl_job("fail_after_wait", 1, 60s);
+  EXPECT_EQ(ended[0].exit_code, 1) << ended[0].output;
+  const std::string& out = ended[0].output;
+  EXPECT_NE(out.find("wait() returned"), std::string::npos) << out;
+  EXPECT_NE(out.find("datapar: ending the process: all_reduce(sum) on rank 0 of 1 (nccl)"), std::string::npos) << out;
+  EXPECT_NE(out.find("timeout"), std::string::npos) << out;
+  EXPECT_EQ(out.find("did not end"), std::string::npos) << out;
+
+  const auto handled = run_nccl_job("fail_after_wait_handled", 1, 60s);
+  EXPECT_EQ(handled[0].exit_code, 0) << handled[0].output;
+  EXPECT_EQ(handled[0].output.find("datapar: ending the process"), std::string::npos) << handled[0].output;
+}
+
+// --balance auto on NCCL (issue 26): rank 1 computes slower and the others wait for it in
+// backward, on their streams (nccl's wait() does not block the host). The wait is timed by
+// CUDA events, so the waiting ranks are measured fast and rank 1 gets the smallest share.
+TEST(Gpu, BalanceOnNcclGivesASlowedRankASmallerShare) {
+  DATAPAR_REQUIRE_GPUS(2);
+  expect_all_passed(run_nccl_job("balance", 2, 120s));
+}
+
 // Two nccl groups made on one store, one after the other, each its own NCCL communicator
 // (issue 26: they shared the store's "nccl/id" and check-in count).
 TEST(Gpu, TwoNcclGroupsOnOneStore) {

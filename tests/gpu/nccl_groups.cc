@@ -2,6 +2,7 @@
 // do, shown on ONE GPU (each check returns "" or what failed); two_groups (issue 26).
 // Compiled only where datapar has the nccl backend.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/ddp/rank_balancer.h"
+#include "datapar/parallel/data_parallel.h"
 #include "datapar/error.h"
 #include "datapar/process_group/nccl.h"
 #include "datapar/rendezvous/file_store.h"
@@ -130,6 +133,43 @@ std::string ddp_step_leaves_the_gpu_working(const at::Device& gpu) {
   return problem;
 }
 
+// A communication hook whose all_reduce starts only after about 0.2 s of GPU work on a
+// stream of its own (a slow link, or a slow peer): backward's stream waits for it at the
+// end of backward, the host does not.
+class SlowCommunication final : public CommHook {
+ public:
+  std::shared_ptr<Work> run(ProcessGroup& group, GradBucket& bucket) override {
+    const c10::DeviceIndex device = bucket.buffer.device().index();
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+    at::cuda::CUDAEvent gradients_ready;
+    gradients_ready.record(c10::cuda::getCurrentCUDAStream(device));
+    gradients_ready.block(side);
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    at::cuda::sleep(400'000'000);
+    return group.all_reduce(bucket.buffer);  // on nccl: behind what the side stream queued
+  }
+};
+
+// Issue 26: DDP's exposed wait on a GPU is the time the model's stream waited for the
+// buckets, from CUDA events; a host clock reads about 0 on nccl, whose wait() returns at once.
+std::string exposed_wait_is_timed_on_the_gpu(const at::Device& gpu) {
+  torch::manual_seed(0);
+  torch::nn::Linear model(64, 8);
+  model->to(gpu);
+  DistributedDataParallel<torch::nn::LinearImpl> ddp(model);
+  ddp.register_comm_hook(std::make_shared<SlowCommunication>());
+  const at::Tensor x = at::randn({32, 64}, at::TensorOptions(gpu));
+  const at::Tensor y = at::zeros({32}, at::TensorOptions(gpu).dtype(at::kLong));
+  constexpr int kSteps = 3;
+  for (int step = 0; step < kSteps; ++step) at::cross_entropy_loss(ddp.forward(x), y).backward();
+  const CommunicationStats stats = ddp.communication_stats();
+  const double per_pass = std::chrono::duration<double>(stats.exposed_wait).count() / kSteps;
+  std::cout << "        exposed wait per pass " << per_pass * 1e3 << " ms behind about 200 ms of slow communication\n";
+  if (stats.synchronised_passes != kSteps) return "synchronised passes " + std::to_string(stats.synchronised_passes);
+  if (per_pass < 0.1) return "exposed wait " + std::to_string(per_pass) + " s per pass: the stream's wait was not timed";
+  return "";
+}
+
 // Inputs dropped right after the call: their memory goes back to the caching allocator at
 // once, but must not be handed out (and overwritten) before the group's stream read it
 // (recordStream). Each all_gather must deliver the value its dropped input had.
@@ -230,6 +270,74 @@ std::string abort_and_again(const std::string& dir, const at::Device& gpu) {
 
 }  // namespace
 
+int failure_after_wait(const std::string& dir, bool end_process) {
+  const at::Device gpu(at::kCUDA, 0);
+  NcclOptions quick;
+  quick.timeout = 1s;
+  quick.end_process_on_failure = end_process;
+  auto group = own_group(dir, end_process ? "ends" : "handled", quick);
+  at::Tensor t = at::ones({16}, at::TensorOptions(gpu));
+  at::cuda::sleep(10'000'000'000LL);  // about 5 s of the GPU: the all_reduce starts past its timeout
+  const auto work = group->all_reduce(t);
+  work->wait();
+  t.mul_(2);  // queued behind the all_reduce: it would see partial results
+  std::cout << "wait() returned; the watchdog finds the timeout in about 1 s" << std::endl;
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (!work->is_completed() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(50ms);
+  if (end_process) {
+    std::cerr << "FAILED: the process did not end after a failure behind a returned wait()\n";
+    return 1;
+  }
+  std::string problem;
+  try {
+    work->synchronize();
+    problem = "synchronize() of the timed-out all_reduce did not throw";
+  } catch (const TimeoutError&) {
+  } catch (const CommError&) {
+  }
+  try {
+    group->all_reduce(t);
+    if (problem.empty()) problem = "a call on the aborted group did not throw";
+  } catch (const CommError&) {
+  }
+  c10::cuda::getCurrentCUDAStream(gpu.index()).synchronize();  // the sleep is over
+  std::cout << (problem.empty() ? "ok      the failure surfaced in the program" : "FAILED  " + problem) << "\n";
+  return problem.empty() ? 0 : 1;
+}
+
+int balance_slowed_rank(ProcessGroup& group) {
+  const int rank = group.rank();
+  const at::Device gpu(at::kCUDA, rank);
+  torch::manual_seed(0);
+  torch::nn::Linear model(256, 10);
+  model->to(gpu);
+  DistributedDataParallel<torch::nn::LinearImpl> ddp(model);
+  RankBalancer balancer;
+  const at::Tensor x = at::randn({64, 256}, at::TensorOptions(gpu));
+  const at::Tensor y = at::zeros({64}, at::TensorOptions(gpu).dtype(at::kLong));
+  for (int step = 0; step < 24; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto waited_before = ddp.communication_stats().exposed_wait;
+    if (rank == 1) at::cuda::sleep(100'000'000);  // about 50 ms of compute
+    at::cross_entropy_loss(ddp.forward(x), y).backward();
+    const double waited = std::chrono::duration<double>(ddp.communication_stats().exposed_wait - waited_before).count();
+    const double busy = detail::seconds_until_done(start, Device::cuda(rank)) - waited;
+    balancer.step(x.size(0), std::max(0.0, busy));
+  }
+  const std::vector<double>& w = balancer.weights();
+  std::cout << "rank " << rank << ": shares";
+  for (double share : w) std::cout << " " << share;
+  std::cout << "\n";
+  for (int r = 0; r < group.size(); ++r) {
+    if (r != 1 && !(w[1] < 0.7 * w[r])) {
+      std::cerr << "rank " << rank << ": the slowed rank 1 got " << w[1] << ", not less than rank " << r << "'s " << w[r]
+                << ": a rank waiting for it was measured as slow\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
 int world_one(ProcessGroup& group, const std::string& dir) {
   if (group.size() != 1) {
     std::cerr << "nccl_probe: world1 runs with WORLD_SIZE 1\n";
@@ -238,6 +346,7 @@ int world_one(ProcessGroup& group, const std::string& dir) {
   const at::Device gpu(at::kCUDA, 0);
   const std::vector<std::pair<std::string, std::function<std::string()>>> checks{
       {"a DDP step leaves the GPU working", [&] { return ddp_step_leaves_the_gpu_working(gpu); }},
+      {"DDP's exposed wait timed on the GPU", [&] { return exposed_wait_is_timed_on_the_gpu(gpu); }},
       {"every collective and dtype", [&] { return every_collective_and_dtype(group, gpu); }},
       {"non-contiguous tensors", [&] { return non_contiguous(group, gpu); }},
       {"the caller's stream", [&] { return callers_stream(group, gpu); }},

@@ -17,4 +17,16 @@ int world_one(ProcessGroup& group, const std::string& dir);
 // Returns 0 when both give the closed-form sum.
 int two_groups(int rank, int world, const std::string& dir);
 
+// One rank, a group of its own in `dir` with a 1 s timeout: an all_reduce queued behind
+// about 5 s of GPU work, wait() (which returns at once), then the watchdog's timeout.
+// `end_process`: NcclOptions::end_process_on_failure. true: the process must end there,
+// with the error on stderr (this returns 1 if it does not); false: the next synchronize()
+// and call must throw (returns 0 when they do).
+int failure_after_wait(const std::string& dir, bool end_process);
+
+// DDP on `group` (nccl, 2 or more ranks) with a RankBalancer fed as `datapar train --balance
+// auto` feeds it; rank 1 computes slower (a kernel of about 50 ms each step) and the others
+// wait for it in backward. Returns 0 when every rank gives rank 1 the smallest share.
+int balance_slowed_rank(ProcessGroup& group);
+
 }  // namespace datapar::testing

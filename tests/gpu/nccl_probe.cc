@@ -10,6 +10,8 @@
 //   world1       WORLD_SIZE 1: dtypes, non-contiguous tensors, the caller's stream, freed
 //                inputs, the waits, destroying and aborting groups (nccl_groups.cc)
 //   two_groups   two groups made on one store, one after the other (nccl_groups.cc)
+//   balance      --balance auto's measurements with rank 1 slowed (nccl_groups.cc)
+//   fail_after_wait[_handled]  WORLD_SIZE 1: a timeout after wait() returned (nccl_groups.cc)
 // collectives, ddp, metadata and zero_trace run at WORLD_SIZE 1 too.
 #include <signal.h>
 #include <unistd.h>
@@ -86,6 +88,30 @@ int collectives(ProcessGroup& group, const at::TensorOptions& on_gpu) {
   double want = 0;
   for (int r = 0; r < world; ++r) want += r * world + rank;
   if (!near(mine, at::full({2}, want, on_gpu))) return fail("reduce_scatter");
+
+  if (world > 1) {
+    // A ring: even ranks send, then receive; odd ranks receive, then send (NCCL's order
+    // rule). Messages of 64 MiB, past any eager buffer of NCCL's.
+    const int next = (rank + 1) % world;
+    const int previous = (rank + world - 1) % world;
+    const int64_t n = 16 << 20;
+    const at::Tensor out = at::full({n}, double(rank), on_gpu);
+    at::Tensor in = at::empty({n}, on_gpu);
+    if (rank % 2 == 0) {
+      group.send(out, next)->wait();
+      group.recv(in, previous)->wait();
+    } else {
+      group.recv(in, previous)->wait();
+      group.send(out, next)->wait();
+    }
+    if (!near(in, at::full({n}, double(previous), on_gpu))) return fail("send and recv around a ring");
+    try {
+      group.send(out, next, /*tag=*/3);
+      return fail("send with tag 3 was not refused");
+    } catch (const InvalidArgumentError& e) {
+      if (std::string(e.what()).find("no message tags") == std::string::npos) return fail(e.what());
+    }
+  }
 
   group.barrier()->wait();
   return 0;
@@ -317,6 +343,11 @@ int main(int argc, char** argv) {
       const std::string init = argv[2];  // file://DIR/rendezvous
       return testing::world_one(group, init.substr(7, init.rfind('/') - 7));
     }
+    if (scenario == "fail_after_wait" || scenario == "fail_after_wait_handled") {
+      const std::string init = argv[2];
+      return testing::failure_after_wait(init.substr(7, init.rfind('/') - 7), scenario == "fail_after_wait");
+    }
+    if (scenario == "balance") return testing::balance_slowed_rank(group);
     if (scenario == "two_groups") {
       const std::string init = argv[2];
       return testing::two_groups(rank, world, init.substr(7, init.rfind('/') - 7));

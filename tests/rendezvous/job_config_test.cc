@@ -92,13 +92,15 @@ TEST(JobConfig, LauncherVariablesThatDoNotParseFailWhereTheyAreNeeded) {
                    "RANK=\"one\" is not a valid integer");
 }
 
-TEST(JobConfig, SharedMemorySwitchesTokenRunIdAndGlooHostname) {
+TEST(JobConfig, SharedMemoryAndNcclFailureSwitchesTokenRunIdAndGlooHostname) {
   const JobConfig off = resolve_job_config(fake_env({{"DATAPAR_SHM", "0"}, {"DATAPAR_MPI_SHM", "0"}}));
   EXPECT_FALSE(off.gloo_shared_memory);
   EXPECT_FALSE(off.mpi_shared_memory);
   const JobConfig on = resolve_job_config(fake_env({{"DATAPAR_SHM", "1"}, {"DATAPAR_MPI_SHM", "yes"}}));
   EXPECT_TRUE(on.gloo_shared_memory);
   EXPECT_TRUE(on.mpi_shared_memory);
+  EXPECT_TRUE(on.nccl_end_process_on_failure);  // unset: a failure after wait() ends the process
+  EXPECT_FALSE(resolve_job_config(fake_env({{"DATAPAR_NCCL_END_PROCESS_ON_FAILURE", "0"}})).nccl_end_process_on_failure);
 
   const JobConfig token = resolve_job_config(fake_env({{"DATAPAR_STORE_TOKEN", "s3cret"}}));
   EXPECT_EQ(token.store_token, "s3cret");

@@ -184,24 +184,35 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   double t_exposed = 0;
   for (int i = o.warmup; i < o.warmup + steps; ++i) t_exposed += min_wait[i] / steps;
 
-  // ZeRO-1: the same DDP steps with the optimizer state sharded; its state per rank.
-  PhaseTimes zero_times;
+  // ZeRO-1: the same DDP steps with the optimizer state sharded; its state per rank. With
+  // the parameters as bucket views (broadcast in place, the default) and in their own memory
+  // (broadcast through a flat copy), in alternating rounds: the medians of each.
+  constexpr int kZeroRounds = 4;
+  std::vector<double> zero_steps[2], zero_optimizer[2];  // [0]: bucket views, [1]: own memory
   std::vector<double> zero_bytes;  // {largest rank's, sum over ranks}
-  if (o.zero) {
-    torch::manual_seed(0);
-    Module zero_model = make();
-    zero_model->to(device);
-    DistributedDataParallel zero_ddp(zero_model.ptr(), nullptr, ddp_options);
-    ZeroRedundancyOptimizer zero(zero_ddp.parameters(), make_optimizer);
-    StepParts zero_parts;
-    auto zero_forward = [&](const at::Tensor& x) { return zero_ddp.forward(x); };
-    zero_times = time_steps(
-        group, o.warmup, steps, [&](int i) { train_step(zero_forward, zero, zero_parts, i); }, &zero_parts);
-    const double mine = static_cast<double>(zero.state_bytes());
-    at::Tensor largest = metadata_tensor(group, std::vector<double>{mine}), sum = metadata_tensor(group, std::vector<double>{mine});
-    group.all_reduce(largest, ReduceOp::kMax)->synchronize();
-    group.all_reduce(sum, ReduceOp::kSum)->synchronize();
-    zero_bytes = {host_doubles(largest)[0], host_doubles(sum)[0]};
+  for (int round = 0; o.zero && round < kZeroRounds; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      const int variant = (round + k) % 2;  // each goes first in every other round
+      torch::manual_seed(0);
+      Module zero_model = make();
+      zero_model->to(device);
+      DistributedDataParallel zero_ddp(zero_model.ptr(), nullptr, ddp_options);
+      ZeroOptions zero_options;
+      zero_options.parameters_as_bucket_view = variant == 0;
+      ZeroRedundancyOptimizer zero(zero_ddp.parameters(), make_optimizer, nullptr, zero_options);
+      StepParts zero_parts;
+      auto zero_forward = [&](const at::Tensor& x) { return zero_ddp.forward(x); };
+      const PhaseTimes t = time_steps(
+          group, o.warmup, steps, [&](int i) { train_step(zero_forward, zero, zero_parts, i); }, &zero_parts);
+      zero_steps[variant].push_back(t.step);
+      zero_optimizer[variant].push_back(t.optimizer);
+      if (!zero_bytes.empty()) continue;
+      const double mine = static_cast<double>(zero.state_bytes());
+      at::Tensor largest = metadata_tensor(group, std::vector<double>{mine}), sum = metadata_tensor(group, std::vector<double>{mine});
+      group.all_reduce(largest, ReduceOp::kMax)->synchronize();
+      group.all_reduce(sum, ReduceOp::kSum)->synchronize();
+      zero_bytes = {host_doubles(largest)[0], host_doubles(sum)[0]};
+    }
   }
 
   // The same bytes in the same buckets, all-reduced with nothing else running.
@@ -286,10 +297,16 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
                   per_step * trace_event_seconds / off * 100, o.trace.c_str());
     }
     if (o.zero) {
+      const double step = median(zero_steps[0]), step_own = median(zero_steps[1]);
+      const double opt = median(zero_optimizer[0]), opt_own = median(zero_optimizer[1]);
       std::printf("zero (ZeroRedundancyOptimizer, %s): step %.2f ms (%.2f of plain ddp's %.2f ms); optimizer state "
                   "per rank %.2f MB at most, %.2f MB over all ranks (the unsharded state; 1/%d of it: %.2f MB)\n",
-                  o.optimizer.c_str(), zero_times.step * 1e3, t_ddp / zero_times.step, t_ddp * 1e3,
-                  zero_bytes[0] / 1e6, zero_bytes[1] / 1e6, world, zero_bytes[1] / world / 1e6);
+                  o.optimizer.c_str(), step * 1e3, t_ddp / step, t_ddp * 1e3, zero_bytes[0] / 1e6,
+                  zero_bytes[1] / 1e6, world, zero_bytes[1] / world / 1e6);
+      std::printf("zero broadcast in place (parameters as bucket views) against through a flat copy (parameters in "
+                  "their own memory), medians of %d alternating rounds: step %.3f / %.3f ms = %.3f; optimizer step "
+                  "(shard update and broadcasts) %.3f / %.3f ms = %.3f\n",
+                  kZeroRounds, step * 1e3, step_own * 1e3, step / step_own, opt * 1e3, opt_own * 1e3, opt / opt_own);
     }
     std::printf("samples/s: %.0f\n", world * batch / t_ddp);
   }

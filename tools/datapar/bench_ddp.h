@@ -16,7 +16,8 @@ struct BenchDdpOptions {
   bool gradient_as_bucket_view = false;  // DdpOptions::gradient_as_bucket_view
   std::string trace;          // also time DDP steps with the timeline on, and write it here
   std::string optimizer = "sgd";  // sgd (lr 0.01) or adam (lr 1e-3), in every phase
-  bool zero = false;          // also time DDP steps under ZeroRedundancyOptimizer, with its state per rank
+  bool zero = false;          // also time DDP steps under ZeroRedundancyOptimizer, with its state per rank,
+                              // its parameters as bucket views and in their own memory by turns
 };
 
 // Each rank, all at once: `steps` local steps with no synchronisation (the ceiling), then

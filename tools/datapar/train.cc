@@ -328,7 +328,9 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
       }
       at::Tensor logits, loss;
       const auto compute_start = Clock::now();
-      const std::chrono::nanoseconds waited_before = ddp ? ddp->communication_stats().exposed_wait : std::chrono::nanoseconds{0};
+      // Read only to balance: on a GPU, reading it waits for the GPU (wait_timer.h).
+      const std::chrono::nanoseconds waited_before =
+          rank_balancer ? ddp->communication_stats().exposed_wait : std::chrono::nanoseconds{0};
       {
         const trace::Span span("forward", "step");
         logits = forward(x);                          // (B, 10)

@@ -12,7 +12,8 @@
 // job instead of once per rank: about 1/world of the state per rank. step() updates the
 // owned parameters from their (DDP-averaged) gradients, then every rank broadcasts its
 // updated parameters to the others, one coalesced broadcast per owner, all in flight at
-// once. The result equals unsharded training: the same update of the same gradient, made
+// once, into the parameters' own memory (ZeroOptions::parameters_as_bucket_view). The
+// result equals unsharded training: the same update of the same gradient, made
 // by one rank instead of all.
 //
 // Owners are chosen alike on every rank: parameters by size, largest first, each to the
@@ -36,6 +37,17 @@
 
 namespace datapar {
 
+struct ZeroOptions {
+  // Each owner's parameters become views of one flat buffer per dtype, in index order
+  // (PyTorch's parameters_as_bucket_view, whose default is false): step()'s broadcasts then
+  // send and receive them in place, with no flat copy made or read back on any rank.
+  // Parameters keep their values, their Tensor objects and their place in modules and
+  // optimizers; only their memory moves, once, here (data_ptr() changes). An owner's
+  // parameters of a dtype are left in their own memory when one of them is not contiguous
+  // (channels_last) or they are on several devices; their broadcast then copies.
+  bool parameters_as_bucket_view = true;
+};
+
 class ZeroRedundancyOptimizer {
  public:
   // Builds the optimizer of a set of parameters: the same kind and hyperparameters on every
@@ -44,7 +56,8 @@ class ZeroRedundancyOptimizer {
 
   // `params`: the same parameters in the same order on every rank (e.g. ddp.parameters());
   // `group`: the default group if null. Throws InvalidArgumentError for no parameters.
-  ZeroRedundancyOptimizer(std::vector<at::Tensor> params, Factory make, std::shared_ptr<ProcessGroup> group = nullptr);
+  ZeroRedundancyOptimizer(std::vector<at::Tensor> params, Factory make, std::shared_ptr<ProcessGroup> group = nullptr,
+                          ZeroOptions options = {});
   ~ZeroRedundancyOptimizer();
   ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
   ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;

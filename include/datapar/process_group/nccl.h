@@ -41,6 +41,17 @@ struct NcclOptions {
   //   works), but every failure surfaces at the wait() of the operation that failed.
   // barrier()'s wait() always blocks the host, as in PyTorch.
   bool blocking_wait = false;
+  // What a failure or timeout found after wait() returned does. wait() does not block, so
+  // by then the caller's stream has run what it queued behind the operation (DDP's copies
+  // into .grad, an optimizer step) on partial results, and the parameters are corrupt.
+  // true (default): the watchdog aborts the communicator, writes the error (operation,
+  //   rank, group) to stderr and ends the process with status 1, before anything saves
+  //   a checkpoint; restart from the last one. PyTorch's TORCH_NCCL_ASYNC_ERROR_HANDLING.
+  // false: the program handles it: the next wait(), synchronize() or call on the group
+  //   throws the error, and the program must discard the parameters that step touched
+  //   (reload a checkpoint) itself.
+  // Failures found before wait() returned never end the process: wait() throws them.
+  bool end_process_on_failure = true;
   // A collective not completed after this long is reported, with the ranks that have not
   // issued it (ProcessGroup::inspect_stalls); zero: never.
   std::chrono::milliseconds stall_warning = kDefaultStallWarning;
@@ -59,12 +70,15 @@ struct NcclOptions {
 // Operations may be issued from several threads, but the order is NCCL's: every rank must
 // issue the same operations in the same order. send and recv are queued behind earlier
 // operations like collectives, so send/recv pairs that cross (both ranks send first) must
-// be issued so that the receives are posted in time, as NCCL requires.
+// be issued so that the receives are posted in time, as NCCL requires: else both wait
+// until the timeout, whose TimeoutError says so. NCCL has no message tags: a tag other than
+// 0 is an InvalidArgumentError (PyTorch ignores it).
 //
 // Failures: a watchdog thread watches every operation. When NCCL reports an error or an
 // operation runs past options.timeout, it aborts the communicator, fails that operation
 // (CommError, or TimeoutError) and every later one, and every later call on the group
-// throws CommError: make a new group. Destroying the group waits for what is in flight,
+// throws CommError: make a new group. Where a wait() had already returned for a failed
+// operation, the process ends instead (NcclOptions::end_process_on_failure). Destroying the group waits for what is in flight,
 // then finalizes the communicator together with the other ranks (at most the timeout
 // each; then it is aborted): destroy groups in the same order on every rank.
 //

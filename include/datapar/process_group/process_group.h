@@ -114,7 +114,9 @@ class ProcessGroup {
   // src == this rank and the same tag receives it; messages between two processes with one
   // tag arrive in the order they were sent. Sizes and dtypes must match. Unlike
   // collectives, send and recv are started at once, not behind queued collectives, so
-  // two processes may each send to the other before receiving without deadlock.
+  // two processes may each send to the other before receiving without deadlock. Except on
+  // nccl, where NCCL's rules hold (new_nccl_process_group): no tags (tag 0 only), and each
+  // send and recv waits its turn behind the operations issued before it.
   std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag = 0);
   std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag = 0);
 

@@ -47,7 +47,13 @@ class Work {
  protected:
   // Device backends: make the calling thread's current stream wait for the operation and
   // return true, so that wait() does not block the host; false: wait() blocks.
-  virtual bool wait_on_stream() { return false; }
+  // `hand_out`: the caller returns at once (wait()), so work it queues next may consume the
+  // results before the operation is known to succeed; false: it blocks until then
+  // (synchronize()).
+  virtual bool wait_on_stream(bool hand_out) {
+    (void)hand_out;
+    return false;
+  }
 
   // Host backends whose results still have to reach a device (gloo's CUDA tensors, staged
   // through host memory): called on the waiting thread each time a wait() or synchronize()

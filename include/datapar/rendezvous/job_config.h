@@ -60,6 +60,9 @@ struct JobConfig {
   bool mpi_shared_memory = true;
   // LOCAL_RANK, as set: the GPU of an nccl group (NcclOptions::local_rank).
   std::optional<std::string> local_rank;
+  // DATAPAR_NCCL_END_PROCESS_ON_FAILURE=0: a failure found after wait() returned is thrown
+  // by the next call, not the end of the process (NcclOptions::end_process_on_failure).
+  bool nccl_end_process_on_failure = true;
 
   // `launcher`. Throws InvalidArgumentError with launcher_error when that is not empty.
   std::optional<ProcessIdentity> identity() const;

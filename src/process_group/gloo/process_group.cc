@@ -247,7 +247,7 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> do_broadcast_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
                                                int root) override {
     return enqueue(what, [this, tensors, root]() mutable {
-      for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
+      for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors, /*copy_values=*/rank() == root)) {
         gloo::BroadcastOptions opts(context_);
         opts.setTimeout(timeout_);
         opts.setRoot(root);

@@ -220,7 +220,7 @@ class ProcessGroupMpi : public ProcessGroup {
   std::shared_ptr<Work> do_broadcast_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
                                                int root) override {
     return enqueue(what, [this, tensors, root](const std::string& what) mutable {
-      for (detail::FlatGroup& group : detail::flatten_by_dtype(tensors)) {
+      for (detail::FlatGroup& group : detail::flatten_by_dtype(tensors, /*copy_values=*/rank() == root)) {
         broadcast_in_place(group.flat, root, what);
         if (rank() != root) detail::unflatten_into(group, group.flat, tensors);
       }

@@ -145,7 +145,8 @@ class ProcessGroupNccl : public ProcessGroup {
     const NcclClock::time_point deadline = NcclClock::now() + options_.timeout;
     const ncclUniqueId id = meet(store, deadline);
     comm_ = std::make_unique<detail::NcclComm>(id, rank, size, device_, deadline, options_.timeout);
-    watchdog_ = std::make_unique<detail::NcclWatchdog>(*comm_, device_, options_.timeout);
+    watchdog_ = std::make_unique<detail::NcclWatchdog>(*comm_, device_, options_.timeout,
+                                                       options_.end_process_on_failure);
   }
 
   ~ProcessGroupNccl() override {
@@ -299,7 +300,7 @@ class ProcessGroupNccl : public ProcessGroup {
   // One NCCL group call for all dtypes: one Work, one end event.
   std::shared_ptr<Work> do_all_reduce_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
                                                 ReduceOp op) override {
-    return coalesced(what, std::move(tensors),
+    return coalesced(what, std::move(tensors), /*sends=*/true,
                      [op](const at::Tensor& flat, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
                        return ncclAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), type, nccl_op(op), comm,
                                             stream);
@@ -308,13 +309,14 @@ class ProcessGroupNccl : public ProcessGroup {
 
   std::shared_ptr<Work> do_broadcast_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
                                                int root) override {
-    return coalesced(what, std::move(tensors),
+    return coalesced(what, std::move(tensors), /*sends=*/rank() == root,
                      [root](const at::Tensor& flat, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
                        return ncclBroadcast(flat.data_ptr(), flat.data_ptr(), flat.numel(), type, root, comm, stream);
                      });
   }
 
   std::shared_ptr<Work> do_send(const std::string& what, at::Tensor tensor, int dst, int tag) override {
+    refuse_tag(what, tag);
     const ncclDataType_t type = nccl_type(tensor.scalar_type());
     const at::Tensor in = tensor.contiguous();
     return launch({what, {tensor, in},
@@ -325,6 +327,7 @@ class ProcessGroupNccl : public ProcessGroup {
   }
 
   std::shared_ptr<Work> do_recv(const std::string& what, at::Tensor tensor, int src, int tag) override {
+    refuse_tag(what, tag);
     const ncclDataType_t type = nccl_type(tensor.scalar_type());
     const at::Tensor out = contiguous_output(tensor);
     return launch({what, {tensor, out},
@@ -335,6 +338,14 @@ class ProcessGroupNccl : public ProcessGroup {
   }
 
  private:
+  // NCCL matches a send with the peer's next recv, whatever the tag: a tag that would
+  // pick another message is refused rather than ignored (PyTorch ignores it).
+  static void refuse_tag(const std::string& what, int tag) {
+    DATAPAR_CHECK(tag == 0, what, ": the nccl backend has no message tags (NCCL matches each send with the peer's "
+                  "next recv, in issue order). Pass tag 0 and issue the messages in the order they are to match, "
+                  "or use the gloo backend, which has tags.");
+  }
+
   // One operation, as the methods above describe it to launch().
   struct Launch {
     std::string op;                   // "all_reduce(sum)", for messages
@@ -371,11 +382,12 @@ class ProcessGroupNccl : public ProcessGroup {
 
   // The *_coalesced operations: one flat buffer per dtype (made on the caller's stream),
   // `call` on each inside one NCCL group, the buffers copied back behind it.
+  // `sends`: whether this rank's values are read (false: a broadcast's receivers).
   std::shared_ptr<Work> coalesced(
-      const std::string& op, std::vector<at::Tensor> tensors,
+      const std::string& op, std::vector<at::Tensor> tensors, bool sends,
       const std::function<ncclResult_t(const at::Tensor&, ncclDataType_t, ncclComm_t, cudaStream_t)>& call) {
     if (tensors.empty()) return do_barrier(op);  // still one operation, as on every other rank
-    std::vector<detail::FlatGroup> groups = detail::flatten_by_dtype(tensors);
+    std::vector<detail::FlatGroup> groups = detail::flatten_by_dtype(tensors, sends);
     std::vector<ncclDataType_t> types;
     std::vector<at::Tensor> used = tensors;
     for (const detail::FlatGroup& g : groups) {

@@ -36,8 +36,10 @@ class NcclWatchdog {
   };
 
   // Watches operations of `comm`, whose stream lives on `device`. `timeout`: the group's
-  // limit, for messages.
-  NcclWatchdog(NcclComm& comm, c10::DeviceIndex device, std::chrono::milliseconds timeout);
+  // limit, for messages. `end_process_on_failure`: NcclOptions's (Note [A failure after
+  // wait()] in watchdog.cc).
+  NcclWatchdog(NcclComm& comm, c10::DeviceIndex device, std::chrono::milliseconds timeout,
+               bool end_process_on_failure);
   // Waits until every queued Work has finished or failed (at most the timeout, after which
   // the group is aborted), then stops the thread.
   ~NcclWatchdog();
@@ -55,10 +57,13 @@ class NcclWatchdog {
   Entry pop_front();
   // The group is dead: fails every queued Work.
   void fail_queued();
+  // Fails one Work with `error`, or ends the process (Note [A failure after wait()]).
+  void fail(NcclWork& work, const std::exception_ptr& error);
 
   NcclComm& comm_;
   const c10::DeviceIndex device_;
   const std::chrono::milliseconds timeout_;
+  const bool end_process_on_failure_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Entry> queue_;

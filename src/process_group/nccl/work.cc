@@ -6,8 +6,13 @@
 
 namespace datapar::detail {
 
-bool NcclWork::wait_on_stream() {
+bool NcclWork::wait_on_stream(bool hand_out) {
   if (blocking_) return false;
+  if (hand_out) {
+    State was = State::pending;
+    // Failed meanwhile: block instead, and throw its error.
+    if (!state_.compare_exchange_strong(was, State::handed_out) && was == State::failed) return false;
+  }
   // The caller's current stream on the group's device, which need not be its current
   // device; the guard gives that back. Neither thread changes the event once recorded,
   // so waiting here while the watchdog queries it is safe.

@@ -7,6 +7,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/core/Device.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -21,14 +22,22 @@ class NcclWork : public Work {
   NcclWork(std::string what, c10::DeviceIndex device, std::shared_ptr<at::cuda::CUDAEvent> end, bool blocking)
       : Work(std::move(what)), device_(device), end_(std::move(end)), blocking_(blocking) {}
 
+  // For the watchdog, just before it fails the Work: whether a wait() had already returned
+  // with the results queued for the caller's stream (Note [A failure after wait()] in
+  // watchdog.cc). A wait() from then on blocks and throws the error instead.
+  bool failing_after_hand_out() { return state_.exchange(State::failed) == State::handed_out; }
+
  protected:
-  bool wait_on_stream() override;
+  bool wait_on_stream(bool hand_out) override;
 
  private:
+  enum class State { pending, handed_out, failed };
+
   const c10::DeviceIndex device_;
   // Shared with the watchdog; the Work may outlive the group, and the event with it.
   const std::shared_ptr<at::cuda::CUDAEvent> end_;
   const bool blocking_;
+  std::atomic<State> state_{State::pending};
 };
 
 }  // namespace datapar::detail

@@ -130,7 +130,7 @@ class SharedMemoryGroup final : public ProcessGroup {
     const std::string what = describe(op_name);
     if (two_levels_) return through_transport(what, [=] { return transport_->broadcast_coalesced(tensors, root); });
     return collectives_.push(what, [this, tensors, root, what]() mutable {
-      for (const FlatGroup& group : flatten_by_dtype(tensors)) {
+      for (const FlatGroup& group : flatten_by_dtype(tensors, /*copy_values=*/rank() == root)) {
         shm_->broadcast(group.flat.data_ptr(), group.flat.nbytes(), root, what);
         if (rank() != root) unflatten_into(group, group.flat, tensors);
       }
