@@ -19,6 +19,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <chrono>
@@ -68,13 +69,21 @@ void bench_model(const std::string& model_name, int rounds, int steps, int batch
   const at::Tensor x = torch::randn({batch, 1, 28, 28});
   const at::Tensor y = torch::randint(0, 10, {batch});
 
-  ModuleHolder bare1, bare2, single, dual, dual_copy;
+  ModuleHolder bare1, bare2, single, dual, dual_copy, dual_copy_apart;
   datapar::DataParallel dp1(single, datapar::cpu_devices(1));
   datapar::DataParallel dp2(dual, datapar::cpu_devices(2));
   datapar::DataParallelOptions copy_options;
   copy_options.devices = datapar::cpu_devices(2);
   copy_options.replicas = datapar::ReplicaStorage::kCopy;  // the path of several GPUs
   datapar::DataParallel dp2_copy(dual_copy, copy_options);
+  // The same, but each master parameter pointed at memory of its own after replication (as a
+  // user's set_data would): the refresh copies parameter by parameter, as before the packing
+  // (Note [One copy per replica] in src/parallel/replica_set.cc).
+  datapar::DataParallel dp2_copy_apart(dual_copy_apart, copy_options);
+  {
+    const at::NoGradGuard no_grad;
+    for (at::Tensor p : dp2_copy_apart.parameters()) p.set_data(p.clone());
+  }
 
   std::vector<Variant> variants;
   variants.push_back({"module, 1 thread", 1, make_step([bare1](const at::Tensor& t) mutable { return bare1(t); }, bare1->parameters(), x, y), {}});
@@ -82,6 +91,10 @@ void bench_model(const std::string& model_name, int rounds, int steps, int batch
   variants.push_back({"DataParallel, 1 device (1 thread)", 1, make_step([&dp1](const at::Tensor& t) { return dp1(t); }, dp1.parameters(), x, y), {}});
   variants.push_back({"DataParallel, 2 CPU devices", 1, make_step([&dp2](const at::Tensor& t) { return dp2(t); }, dp2.parameters(), x, y), {}});
   variants.push_back({"DataParallel, 2 CPU devices, copy replicas", 1, make_step([&dp2_copy](const at::Tensor& t) { return dp2_copy(t); }, dp2_copy.parameters(), x, y), {}});
+  variants.push_back({"DataParallel, 2 CPU devices, copy replicas, copied per parameter", 1,
+                      make_step([&dp2_copy_apart](const at::Tensor& t) { return dp2_copy_apart(t); },
+                                dp2_copy_apart.parameters(), x, y),
+                      {}});
 
   // The ceiling: each CPU device's thread trains a private copy on half the batch, nothing
   // shared and nothing summed: what two unsynchronised workers would reach.
@@ -123,8 +136,11 @@ void bench_model(const std::string& model_name, int rounds, int steps, int batch
               "DataParallel(1 device) / module(1 thread) time %.3f (goal <= 1.05)\n",
               one / ms["DataParallel, 2 CPU devices"], two / ms["DataParallel, 2 CPU devices"],
               ms["DataParallel, 1 device (1 thread)"] / one);
-  std::printf("copy replicas (refreshed every forward) / shared replicas time %.3f\n",
-              ms["DataParallel, 2 CPU devices, copy replicas"] / ms["DataParallel, 2 CPU devices"]);
+  std::printf("copy replicas (refreshed every forward) / shared replicas time %.3f; one copy per dtype / one per "
+              "parameter time %.3f\n",
+              ms["DataParallel, 2 CPU devices, copy replicas"] / ms["DataParallel, 2 CPU devices"],
+              ms["DataParallel, 2 CPU devices, copy replicas"] /
+                  ms["DataParallel, 2 CPU devices, copy replicas, copied per parameter"]);
   std::printf("ceiling (2 unsynchronised half-batch workers) vs module(1 thread) %.2fx; DataParallel reaches %.0f%% of it\n",
               one / ms["ceiling: 2 CPU devices, no gradient sum"],
               100.0 * ms["ceiling: 2 CPU devices, no gradient sum"] / ms["DataParallel, 2 CPU devices"]);

@@ -23,6 +23,7 @@
 #include "datapar/error.h"
 #include "datapar/process_group/metadata.h"
 #include "optim/state_key.h"
+#include "process_group/coalesce.h"
 #include "trace/recorder.h"
 
 namespace datapar {
@@ -122,40 +123,6 @@ const char* kind_name(Kind kind) {
   return "an optimizer other than SGD, Adam and AdamW";
 }
 
-// Moves `params` of each dtype into one new flat buffer, back to back in their order, each
-// parameter a view of its piece (ZeroOptions::parameters_as_bucket_view): a coalesced
-// collective over them then works in place (FlatGroup::aliases, coalesce.h).
-void pack_back_to_back(const std::vector<at::Tensor>& params) {
-  torch::NoGradGuard no_grad;
-  std::vector<std::vector<at::Tensor>> by_dtype;
-  for (const at::Tensor& p : params) {
-    auto same = std::find_if(by_dtype.begin(), by_dtype.end(),
-                             [&](const auto& g) { return g.front().scalar_type() == p.scalar_type(); });
-    if (same == by_dtype.end()) {
-      by_dtype.push_back({p});
-    } else {
-      same->push_back(p);
-    }
-  }
-  for (std::vector<at::Tensor>& group : by_dtype) {
-    int64_t numel = 0;
-    bool packable = true;
-    for (const at::Tensor& p : group) {
-      packable = packable && p.is_contiguous() && p.device() == group.front().device();
-      numel += p.numel();
-    }
-    if (!packable) continue;
-    const at::Tensor flat = at::empty({numel}, group.front().options());
-    int64_t offset = 0;
-    for (at::Tensor p : group) {
-      const at::Tensor piece = flat.narrow(0, offset, p.numel()).view(p.sizes());
-      piece.copy_(p);
-      p.set_data(piece);  // the same Tensor (modules and optimizers hold it), new memory
-      offset += p.numel();
-    }
-  }
-}
-
 }  // namespace
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params, Factory make,
@@ -179,7 +146,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params,
   owned_.assign(world, {});
   for (size_t i = 0; i < params_.size(); ++i) owned_[owner_[i]].push_back(params_[i]);
   if (options.parameters_as_bucket_view) {
-    for (const std::vector<at::Tensor>& owned : owned_) pack_back_to_back(owned);
+    for (const std::vector<at::Tensor>& owned : owned_) detail::pack_back_to_back(owned);  // broadcast in place
   }
   const std::vector<at::Tensor>& mine = owned_[group_->rank()];
   if (!mine.empty()) {

@@ -6,6 +6,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "parallel/device_workers.h"
+#include "process_group/coalesce.h"
 
 namespace datapar {
 namespace detail {
@@ -75,6 +76,18 @@ ReplicaSet::ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<De
     replica_modules_.push_back(replica->modules(/*include_self=*/true));
     replicas_.push_back(std::move(replica));
   }
+  // Note [One copy per replica]
+  bool copies = false;
+  for (size_t r = 0; r < replicas_.size(); ++r) {
+    for (const at::Tensor& p : master_params_) {
+      if (!shares(r, p)) {
+        detail::pack_back_to_back(replica_params_[r]);
+        copies = true;
+        break;
+      }
+    }
+  }
+  if (copies) detail::pack_back_to_back(master_params_);
   // DataParallel and replicate(), the public entry points here, have no setting for pinning:
   // read at their boundary (README.md, "Environment variables").
   workers_ = DeviceWorkers::for_devices(devices_, pin_cpu_devices(process_environment()));
@@ -147,9 +160,38 @@ void ReplicaSet::refresh_shared() {
   }
 }
 
+// Note [One copy per replica]
+// Where a replica holds copies, its parameters and the master's are each packed back to
+// back in one buffer per dtype when the replicas are made (coalesce.h), so that a refresh
+// is one copy per dtype and replica, not one per parameter: on GPUs one transfer instead of
+// a launch per tensor (62 for ResNet-18). The master's parameters keep their Tensor objects
+// and values; their memory moves once, there. A parameter the user points elsewhere later
+// (set_data, a loaded state dict of another shape) unpacks its dtype: that replica's
+// refresh copies parameter by parameter again, as before.
+bool ReplicaSet::copy_packed(size_t r, const c10::Device& device) {
+  for (const at::Tensor& master : master_params_) {
+    if (shares(r, master)) return false;
+  }
+  const std::vector<FlatGroup> from = views_by_dtype(master_params_);
+  const std::vector<FlatGroup> to = views_by_dtype(replica_params_[r]);
+  if (from.size() != to.size()) return false;
+  for (size_t g = 0; g < from.size(); ++g) {
+    if (!from[g].aliases || !to[g].aliases || from[g].members != to[g].members) return false;
+    for (size_t j : from[g].members) {
+      if (!master_params_[j].is_same_size(replica_params_[r][j])) return false;
+    }
+  }
+  for (size_t g = 0; g < from.size(); ++g) to[g].flat.copy_(from[g].flat, /*non_blocking=*/device.is_cuda());
+  return true;
+}
+
 void ReplicaSet::refresh_copies(size_t r) {
   at::NoGradGuard no_grad;  // thread-local: this may run on replica r's thread
   const c10::Device device = devices_[r].torch_device();
+  if (copy_packed(r, device)) {  // Note [One copy per replica]
+    parameter_copies_.fetch_add(static_cast<int64_t>(master_params_.size()), std::memory_order_relaxed);
+    return;
+  }
   int64_t copies = 0;
   for (size_t j = 0; j < master_params_.size(); ++j) {
     const at::Tensor& master = master_params_[j];

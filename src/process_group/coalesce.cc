@@ -1,6 +1,7 @@
 #include "process_group/coalesce.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 namespace datapar::detail {
 namespace {
@@ -23,7 +24,7 @@ at::Tensor view_of_members(const std::vector<at::Tensor>& tensors, const std::ve
 
 }  // namespace
 
-std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors, bool copy_values) {
+std::vector<FlatGroup> views_by_dtype(const std::vector<at::Tensor>& tensors) {
   std::vector<FlatGroup> groups;
   std::vector<at::ScalarType> types;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -38,6 +39,13 @@ std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors, 
   for (FlatGroup& group : groups) {
     group.flat = view_of_members(tensors, group.members);
     group.aliases = group.flat.defined();
+  }
+  return groups;
+}
+
+std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors, bool copy_values) {
+  std::vector<FlatGroup> groups = views_by_dtype(tensors);
+  for (FlatGroup& group : groups) {
     if (group.aliases) continue;
     if (!copy_values) {
       int64_t numel = 0;
@@ -51,6 +59,30 @@ std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors, 
     group.flat = at::cat(pieces);
   }
   return groups;
+}
+
+void pack_back_to_back(const std::vector<at::Tensor>& tensors) {
+  const at::NoGradGuard no_grad;
+  for (const FlatGroup& group : views_by_dtype(tensors)) {
+    if (group.aliases) continue;  // packed already
+    int64_t numel = 0;
+    bool packable = true;
+    const at::Tensor& first = tensors[group.members.front()];
+    for (size_t i : group.members) {
+      packable = packable && tensors[i].is_contiguous() && tensors[i].device() == first.device();
+      numel += tensors[i].numel();
+    }
+    if (!packable) continue;
+    const at::Tensor flat = at::empty({numel}, first.options());
+    int64_t offset = 0;
+    for (size_t i : group.members) {
+      at::Tensor t = tensors[i];
+      const at::Tensor piece = flat.narrow(0, offset, t.numel()).view(t.sizes());
+      piece.copy_(t);
+      t.set_data(piece);  // the same Tensor, new memory
+      offset += t.numel();
+    }
+  }
 }
 
 void unflatten_into(const FlatGroup& group, const at::Tensor& flat, std::vector<at::Tensor>& tensors) {

@@ -17,6 +17,11 @@ struct FlatGroup {
   bool aliases = false;
 };
 
+// Groups `tensors` by dtype (groups in order of first appearance); a group's `flat` is its
+// members' own memory where they lie back to back (aliases), and undefined elsewhere. Makes
+// no buffer and copies nothing.
+std::vector<FlatGroup> views_by_dtype(const std::vector<at::Tensor>& tensors);
+
 // Groups `tensors` by dtype (groups in order of first appearance) and flattens each: into
 // a new buffer, or, where a group's members lie back to back in one storage, a view of
 // them (FlatGroup::aliases). `copy_values` false: a new buffer is left uninitialised, for
@@ -26,6 +31,12 @@ std::vector<FlatGroup> flatten_by_dtype(const std::vector<at::Tensor>& tensors, 
 // Copies each member's slice of `group.flat` (or of `flat`, a same-sized replacement such
 // as a widened copy) back into its tensor; nothing when `flat` is the members' own memory.
 void unflatten_into(const FlatGroup& group, const at::Tensor& flat, std::vector<at::Tensor>& tensors);
+
+// Moves `tensors` of each dtype into one new buffer, back to back in their order, each a
+// view of its piece, so that the groups above alias them from then on. The same Tensor
+// objects (modules and optimizers holding them see it), the same values, new memory. A
+// dtype whose tensors are not all contiguous and on one device is left where it is.
+void pack_back_to_back(const std::vector<at::Tensor>& tensors);
 
 // Copies consecutive numel-sized pieces of `flat` into `outputs` (an all_gather's or a
 // gather's result, rank by rank).

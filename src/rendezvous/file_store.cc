@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "datapar/error.h"
+#include "new_file.h"
 
 namespace datapar {
 namespace {
@@ -82,8 +83,9 @@ class FileStore::Lock {
 
 FileStore::FileStore(std::string path, FileStoreOptions options)
     : Store(options.timeout), path_(std::move(path)), options_(std::move(options)) {
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  DATAPAR_CHECK(fd_ >= 0, "FileStore: cannot open ", path_, " (", std::strerror(errno),
+  std::string error;
+  fd_ = detail::open_for_update(path_, 0644, &error);  // never through a link (Note [Creating a file])
+  DATAPAR_CHECK(fd_ >= 0, "FileStore: cannot open ", path_, " (", error,
                 "). Check that the directory exists and every process can write to it.");
   std::lock_guard<std::mutex> guard(mutex_);
   try {

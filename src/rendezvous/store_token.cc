@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "datapar/error.h"
+#include "new_file.h"
 #include "rendezvous/tcp_wire.h"
 
 namespace datapar::detail {
@@ -60,14 +61,14 @@ void publish_local_token(uint16_t port, const std::string& token) {
                 "), so the store token generated for this job cannot be shared there. Remove it, or give every ",
                 "process the same DATAPAR_STORE_TOKEN (e.g. export DATAPAR_STORE_TOKEN=$(openssl rand -hex 16)).");
   const std::string path = local_token_path(port);
-  const std::string temp = str_cat(path, ".", ::getpid(), ".tmp");
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const TemporaryFile temp = create_temporary_beside(path, 0600);  // Note [Creating a file]
+  const int fd = temp.fd;
   bool ok = fd >= 0 && ::write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size());
   if (fd >= 0) ok = ::close(fd) == 0 && ok;
-  ok = ok && ::rename(temp.c_str(), path.c_str()) == 0;  // readers never see half a token
+  ok = ok && ::rename(temp.path.c_str(), path.c_str()) == 0;  // readers never see half a token
   if (!ok) {
-    const std::string error = std::strerror(errno);
-    ::unlink(temp.c_str());
+    const std::string error = fd < 0 ? temp.error : std::strerror(errno);
+    if (fd >= 0) ::unlink(temp.path.c_str());
     throw InvalidArgumentError(str_cat("TcpStore: cannot write the generated store token to ", path, " (", error,
                                        "). Give every process the same DATAPAR_STORE_TOKEN."));
   }

@@ -7,7 +7,12 @@
 #include <cerrno>
 #include <cstring>
 
+#include <mutex>
+#include <set>
+
 #include "datapar/error.h"
+#include "datapar/warning.h"
+#include "new_file.h"
 
 namespace datapar::detail {
 namespace {
@@ -20,25 +25,41 @@ std::string directory_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-}  // namespace
-
-std::string atomic_temp_path(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
-
-bool is_atomic_temp_name(const std::string& name) {
-  const size_t pos = name.rfind(".tmp.");
-  if (pos == std::string::npos || pos + 5 == name.size()) return false;
-  for (size_t i = pos + 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return false;
-  }
-  return true;
+// Each directory's warning once per process: a checkpoint every epoch would repeat it.
+void warn_once_for(const std::string& dir, const std::string& message) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (warned.insert(dir).second) warn(message);
 }
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), temp_path_(atomic_temp_path(path_)) {
-  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
-    throw CheckpointError(str_cat(path_, ": cannot create ", temp_path_, " (", errno_text(errno),
+}  // namespace
+
+bool is_atomic_temp_name(const std::string& name) { return is_temporary_name(name); }
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  const std::string dir = directory_of(path_);
+  std::string why;
+  switch (directory_exposure(dir, &why)) {
+    case DirectoryExposure::kEveryone:
+      throw CheckpointError(str_cat(path_, ": not written: its directory ", dir, " is ", why,
+                                    ", so another user could put a file or link of theirs in its place. Write into a "
+                                    "directory only you can write, or make this one so (chmod o-w ", dir,
+                                    "), or give it the sticky bit (chmod +t ", dir, ")."));
+    case DirectoryExposure::kGroup:
+      warn_once_for(dir, str_cat(dir, " is ", why, ": its members could replace what datapar writes there (", path_,
+                                 "). Prefer a directory only you can write."));
+      break;
+    case DirectoryExposure::kPrivate:
+      break;
+  }
+  const TemporaryFile temp = create_temporary_beside(path_, 0644);  // Note [Creating a file]
+  if (temp.fd < 0) {
+    throw CheckpointError(str_cat(path_, ": cannot create a temporary file beside it (", temp.error,
                                   "). Check that the directory exists and is writable."));
   }
+  fd_ = temp.fd;
+  temp_path_ = temp.path;
 }
 
 AtomicFile::~AtomicFile() {

@@ -2,13 +2,16 @@
 // complete new one, never a torn write, even if the process dies or the machine loses power.
 //
 // Steps (Note [Atomic file write]):
-//   1. write everything to "<path>.tmp.<pid>" in the same directory (rename is atomic only
-//      within one file system);
+//   1. write everything to a new temporary file in the same directory (rename is atomic only
+//      within one file system), created exclusively under a random name, never through a
+//      link (Note [Creating a file] in src/new_file.cc);
 //   2. fsync the temporary file, so its bytes are on disk before its name is;
 //   3. rename it over <path>;
 //   4. fsync the directory, so the rename itself survives a crash.
-// A process killed before step 3 leaves the old file intact and a stale "*.tmp.<pid>" behind,
-// which readers ignore. Not a lock: two writers of one path race, and the last rename wins.
+// A process killed before step 3 leaves the old file intact and its temporary behind, which
+// readers ignore and the next write of the same path on this host removes. A directory
+// every user can write (no sticky bit) is refused, one another group can write warned
+// about. Not a lock: two writers of one path race, and the last rename wins.
 #pragma once
 
 #include <cstddef>
@@ -18,8 +21,8 @@ namespace datapar::detail {
 
 class AtomicFile {
  public:
-  // Creates the temporary file. Throws CheckpointError if the directory is missing or not
-  // writable.
+  // Creates the temporary file. Throws CheckpointError if the directory is missing, not
+  // writable, or writable by every user.
   explicit AtomicFile(std::string path);
 
   // Removes the temporary file unless commit() succeeded.
@@ -50,11 +53,8 @@ class AtomicFile {
   bool committed_ = false;
 };
 
-// The temporary name AtomicFile uses for `path` in this process.
-std::string atomic_temp_path(const std::string& path);
-
-// True for names AtomicFile leaves behind when killed ("x.pt.tmp.123"), so directory scans
-// can skip them.
+// True for names AtomicFile leaves behind when killed (".x.pt.tmp.<host>.<pid>-<hex>", and
+// "x.pt.tmp.<pid>" of earlier versions), so directory scans can skip them.
 bool is_atomic_temp_name(const std::string& name);
 
 }  // namespace datapar::detail

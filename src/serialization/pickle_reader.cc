@@ -19,6 +19,13 @@
 //     kMaxPickleValues values and kMaxPickleStringBytes of strings however it is walked,
 //     and destroying it recurses at most kMaxPickleDepth levels. What is not inside the
 //     result (the stack, the memo) grows by O(1) per opcode, so with the pickle's size.
+//  4. Memory: counts bound what a walk visits, not what is allocated: 4 million empty
+//     dicts in 9 MB, under the value budget, took 2.3 GB (empty lists 1 GB). So every
+//     container, dict entry, list or tuple element, string, tensor, memo entry and stack
+//     slot is charged its measured cost as it is built (pickle_limits.h), and the total may
+//     not pass kMaxPickleMemoryPerByte per byte of data.pkl plus kPickleMemoryAllowance.
+//     Nothing is refunded (a transient tuple counts though freed), and the stack and memo
+//     are charged at their highest: a bound on the peak, not an estimate of it.
 #include "serialization/pickle_reader.h"
 
 #include <ATen/ATen.h>
@@ -75,7 +82,11 @@ const at::ScalarType kStorageTypes[] = {at::kFloat, at::kDouble, at::kHalf, at::
 
 class Machine {
  public:
-  Machine(const char* data, size_t size, const StorageLoader& load) : data_(data), size_(size), load_(load) {}
+  Machine(const char* data, size_t size, const StorageLoader& load)
+      : data_(data),
+        size_(size),
+        load_(load),
+        memory_budget_(static_cast<int64_t>(size) * kMaxPickleMemoryPerByte + kPickleMemoryAllowance) {}
 
   c10::IValue run() {
     while (true) {
@@ -83,6 +94,15 @@ class Machine {
       const uint8_t code = read<uint8_t>();
       if (code == op::kStop) break;
       step(code, at);
+      // Note [Pickle budget], 4: the stack, its marks and the memo at their highest.
+      if (stack_.size() + marks_.size() > stack_peak_) {
+        charge(static_cast<int64_t>(stack_.size() + marks_.size() - stack_peak_) * kPickleStackSlotCost);
+        stack_peak_ = stack_.size() + marks_.size();
+      }
+      if (memo_.size() > memo_peak_) {
+        charge(static_cast<int64_t>(memo_.size() - memo_peak_) * kPickleMemoEntryCost);
+        memo_peak_ = memo_.size();
+      }
     }
     if (stack_.size() != 1) fail("the program ends with ", stack_.size(), " values on the stack instead of 1");
     return value_of(stack_.back());
@@ -102,6 +122,17 @@ class Machine {
                                   "written by torch.save"));
   }
 
+  // Note [Pickle budget], 4.
+  void charge(int64_t bytes) {
+    memory_ += bytes;
+    if (memory_ > memory_budget_) {
+      over_limit(str_cat("more than ", memory_budget_ >> 20, " MiB of memory to hold what it describes"),
+                 str_cat(kMaxPickleMemoryPerByte, " bytes per byte of data.pkl plus ", kPickleMemoryAllowance >> 20,
+                         " MiB")
+                     .c_str());
+    }
+  }
+
   template <typename T>
   T read() {  // little-endian fixed-size field
     if (size_ - pos_ < sizeof(T)) fail("the pickle ends early (truncated?)");
@@ -113,6 +144,7 @@ class Machine {
 
   std::string read_bytes(size_t n) {
     if (size_ - pos_ < n) fail("a ", n, "-byte string runs past the end (truncated?)");
+    charge(kPickleStringCost + static_cast<int64_t>(n));
     std::string out(data_ + pos_, n);
     pos_ += n;
     return out;
@@ -230,6 +262,7 @@ class Machine {
   }
 
   Item tuple_item(std::vector<Item> elements) {
+    charge(kPickleTupleCost + static_cast<int64_t>(elements.size()) * kPickleSlotCost);
     const bool values = std::all_of(elements.begin(), elements.end(), [](const Item& e) { return e.kind == Item::Kind::kValue; });
     if (values) {  // the usual case: an IValue tuple at once
       Size size{1, 1, 0};
@@ -255,12 +288,14 @@ class Machine {
   }
 
   Item new_dict() {
+    charge(kPickleDictCost);
     Item item = value_item(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
     track(item.value, Size{1, 1, 0});
     return item;
   }
 
   Item new_list() {
+    charge(kPickleListCost);
     Item item = value_item(c10::impl::GenericList(c10::AnyType::get()));
     track(item.value, Size{1, 1, 0});
     return item;
@@ -269,6 +304,7 @@ class Machine {
   void set_items(std::vector<Item> kv, const char* opcode) {
     if (kv.size() % 2 != 0) fail(opcode, " with an odd number of keys and values");
     Container& c = open_container(/*dict=*/true, opcode);
+    charge(static_cast<int64_t>(kv.size() / 2) * kPickleDictEntryCost);
     auto dict = c.value.toGenericDict();
     for (size_t i = 0; i < kv.size(); i += 2) {
       c10::IValue key = value_of(kv[i]);
@@ -285,6 +321,7 @@ class Machine {
 
   void append(std::vector<Item> items, const char* opcode) {
     Container& c = open_container(/*dict=*/false, opcode);
+    charge(static_cast<int64_t>(items.size()) * kPickleSlotCost);
     auto list = c.value.toList();
     for (const Item& item : items) list.push_back(nest(item, c.size, &c.value));
   }
@@ -327,6 +364,7 @@ class Machine {
       fail("a tensor of size ", c10::IntArrayRef(sizes), " at offset ", offset, " does not fit its storage of ",
            storage.numel(), " elements");
     }
+    charge(kPickleTensorCost);
     return at::empty({0}, storage.options()).set_(storage.storage(), offset, sizes, strides);
   }
 
@@ -375,7 +413,10 @@ class Machine {
     const std::string& key = e[2].value.toStringRef();
     const int64_t numel = int_arg(e[4], "a storage's size");
     auto it = storages_.find(key);
-    if (it == storages_.end()) it = storages_.emplace(key, load_(key, dtype, numel)).first;
+    if (it == storages_.end()) {
+      charge(kPickleTensorCost);
+      it = storages_.emplace(key, load_(key, dtype, numel)).first;
+    }
     if (it->second.scalar_type() != dtype) fail("storage ", key, " is read as two different types");
     return value_item(it->second);
   }
@@ -518,6 +559,10 @@ class Machine {
   std::unordered_map<std::string, at::Tensor> storages_;  // by key: views share a storage
   std::unordered_map<const void*, Container> containers_;  // by internalToPointer()
   size_t swept_size_ = 1024;  // containers_.size() after the last sweep (see track)
+  const int64_t memory_budget_;  // Note [Pickle budget], 4
+  int64_t memory_ = 0;           // charged so far
+  size_t stack_peak_ = 0;        // the highest stack_.size() + marks_.size() charged
+  size_t memo_peak_ = 0;         // the largest memo_.size() charged
 };
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/store.h"
@@ -26,6 +28,8 @@ using datapar::detail::str_cat;
 
 const char* const kPrefix = "datapar/trace/";
 constexpr size_t kChunkBytes = size_t{4} << 20;  // per store value, far below a frame's limit
+// A rank's events as rank 0 takes them at most: kMaxEvents (recorder.h) of about 200 bytes.
+constexpr size_t kMaxRankBytes = size_t{2} << 30;
 
 void append_escaped(std::string& out, const char* s) {
   out += '"';
@@ -172,12 +176,31 @@ void save(const std::string& path) {
     } catch (const std::logic_error&) {
       throw Error(str_cat("datapar::trace::save: rank ", r, "'s chunk count in the store is not a number."));
     }
-    parts.emplace_back(",");
+    // What a rank sends is checked before a byte of it is written (issue 27): its size, and
+    // that it is events rank 0 can put in the document, so that a damaged part fails the
+    // save instead of writing a file no viewer opens.
+    if (chunks > detail::kMaxRankBytes / detail::kChunkBytes) {
+      throw Error(str_cat("datapar::trace::save: rank ", r, " would send ", chunks, " chunks of trace events, more than ",
+                          detail::kMaxRankBytes >> 30, " GiB; not written."));
+    }
+    std::string events;
     for (size_t c = 0; c < chunks; ++c) {
-      parts.push_back(store.get_string(str_cat(their, "/", c)));
+      const std::string chunk = store.get_string(str_cat(their, "/", c));
       store.delete_key(str_cat(their, "/", c));
+      if (chunk.size() > detail::kChunkBytes) {
+        throw Error(str_cat("datapar::trace::save: rank ", r, "'s chunk ", c, " holds ", chunk.size(),
+                            " bytes, more than a chunk's ", detail::kChunkBytes, "; not written."));
+      }
+      events += chunk;
     }
     store.delete_key(their);
+    if (!nlohmann::json::accept("[" + events + "]")) {
+      throw Error(str_cat("datapar::trace::save: rank ", r, "'s trace events are not JSON (", events.size(),
+                          " bytes); ", path, " was not written. Did every rank run the same datapar?"));
+    }
+    if (events.empty()) continue;
+    parts.emplace_back(",");
+    parts.push_back(std::move(events));
   }
   store.delete_key(origin_key);  // every rank read it before sending
   parts.emplace_back(detail::kEpilogue);

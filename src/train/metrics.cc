@@ -6,9 +6,12 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cinttypes>
+#include <cstring>
 
 #include "datapar/error.h"
+#include "new_file.h"
 
 namespace datapar::train {
 
@@ -85,14 +88,26 @@ EpochMetrics from_json(const std::string& line) {
   return m;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append)
-    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
-  DATAPAR_CHECK(out_.good(), "--metrics ", path, ": cannot open for writing. Does its directory exist?");
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+  std::string error;
+  fd_ = detail::open_for_writing(path, append, 0644, &error);  // Note [Creating a file]
+  DATAPAR_CHECK(fd_ >= 0, "--metrics ", path, ": cannot open for writing (", error, "). Does its directory exist?");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsWriter::write(const EpochMetrics& m) {
-  out_ << to_json(m) << "\n";
-  out_.flush();  // a killed run keeps every completed epoch
+  // One write per line, unbuffered: a killed run keeps every completed epoch.
+  const std::string line = to_json(m) + "\n";
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    DATAPAR_CHECK(n > 0, "--metrics ", path_, ": cannot write (", n < 0 ? std::strerror(errno) : "no progress", ").");
+    done += static_cast<size_t>(n);
+  }
 }
 
 bool is_terminal(std::FILE* stream) { return ::isatty(::fileno(stream)) == 1; }

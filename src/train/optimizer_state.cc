@@ -86,8 +86,13 @@ at::Tensor state_tensor(const Dict& d, const char* key, const at::Tensor& param,
   const at::Tensor& t = v.toTensor();
   DATAPAR_CHECK(t.sizes() == param.sizes(), "optimizer state: ", where, " \"", key, "\" has shape ", t.sizes(),
                 " but the parameter has ", param.sizes(), ". Load the optimizer state of the same model.");
-  const auto dtype = t.is_floating_point() ? param.scalar_type() : t.scalar_type();
-  return t.to(param.device(), dtype, /*non_blocking=*/false, /*copy=*/true);
+  // Another dtype is refused, not cast (issue 27): int64 failed at the first step with a
+  // backtrace, and float64 into a float32 model was taken silently; the model's own entries
+  // are held to their dtype the same way.
+  DATAPAR_CHECK(t.scalar_type() == param.scalar_type(), "optimizer state: ", where, " \"", key, "\" is ",
+                t.scalar_type(), " but the parameter is ", param.scalar_type(),
+                ". Load the optimizer state saved with this model, in its dtype.");
+  return t.to(param.device(), t.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 
 int64_t step_count(const Dict& d, const std::string& where) {

@@ -20,6 +20,7 @@
 
 #include "datapar/error.h"
 #include "file_system.h"
+#include "new_file.h"
 
 extern char** environ;
 
@@ -113,7 +114,15 @@ void plot_metrics(const std::vector<EpochMetrics>& history, const std::string& p
       out << m.epoch << " " << m.train_loss << " " << m.train_accuracy << " " << m.test_accuracy << "\n";
     }
   }
-  const std::string tmp_png = png_path + ".tmp";
+  // gnuplot writes a name made for it here, exclusively and unguessable (Note [Creating a
+  // file]), which then replaces the plot.
+  const detail::TemporaryFile made = detail::create_temporary_beside(png_path, 0644);
+  if (made.fd < 0) {
+    detail::remove_tree(dir);
+    throw Error("--plot " + png_path + ": cannot create a temporary file beside it (" + made.error + ").");
+  }
+  ::close(made.fd);
+  const std::string tmp_png = made.path;
   int code = 1;
   std::string output;
   // pngcairo looks better; a gnuplot built without cairo has only png.

@@ -158,6 +158,18 @@ TEST(Cli, BenchCollectivesRefusesBadNumbers) {
   const ProgramRun r = run(bin("datapar") + " bench collectives --nproc 5000");
   EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << r.output;
   EXPECT_NE(r.output.find("--nproc 5000: use 1 .. 1024 processes."), std::string::npos) << r.output;
+  // Issue 27: each refused before a rank is forked, with what was wrong (not an internal
+  // message, not a number silently saturated).
+  for (const auto& [command, message] : std::vector<std::pair<std::string, std::string>>{
+           {"bench collectives --nproc 2 --backend bogus", "bogus"},
+           {"bench collectives --nproc 2 --iters 99999999999999999999", "99999999999999999999 is out of range"},
+           {"bench ddp --nproc 2 --warmup -5", "--warmup -5: must not be negative."},
+           {"bench ddp --nproc 2 --steps 1.5", "1.5 is not a whole number"}}) {
+    const ProgramRun bad = run(bin("datapar") + " " + command);
+    EXPECT_TRUE(WIFEXITED(bad.status) && WEXITSTATUS(bad.status) == 2) << command << ": " << bad.output;
+    EXPECT_NE(bad.output.find(message), std::string::npos) << command << ": " << bad.output;
+    EXPECT_EQ(bad.output.find("rank 0"), std::string::npos) << command << ": a rank ran:\n" << bad.output;
+  }
 }
 
 TEST(Cli, LaunchRefusesAGracePeriodThatIsNotANumberOfSeconds) {

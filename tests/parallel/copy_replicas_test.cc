@@ -213,5 +213,51 @@ TEST(CopyReplicas, SharedReplicasNeedNoCopies) {
   EXPECT_EQ(dp.parameter_copies(), 0);
 }
 
+// Note [One copy per replica]: the master's parameters and each copy replica's lie back to
+// back in one buffer (one dtype here), so that a refresh is one copy per replica; the module
+// keeps its parameter objects. A parameter pointed elsewhere later unpacks them, and the
+// refresh copies parameter by parameter, still right (ReplacedParametersMatchOneDevice).
+TEST(CopyReplicas, EachReplicaIsRefreshedWithOneCopy) {
+  torch::manual_seed(3);
+  ConvNet model;
+  const std::vector<at::Tensor> before = model->parameters();
+  std::vector<at::Tensor> values;
+  for (const at::Tensor& p : before) values.push_back(p.detach().clone());
+  DataParallelOptions options;
+  options.devices = cpu_devices(3);
+  options.replicas = ReplicaStorage::kCopy;
+  DataParallel<testing::ConvNetImpl> dp(model.ptr(), options);
+  auto back_to_back = [](const std::vector<at::Tensor>& params) {
+    for (size_t j = 1; j < params.size(); ++j) {
+      if (static_cast<const char*>(params[j].data_ptr()) !=
+          static_cast<const char*>(params[j - 1].data_ptr()) + params[j - 1].nbytes()) {
+        return false;
+      }
+    }
+    return true;
+  };
+  const std::vector<at::Tensor> after = model->parameters();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t j = 0; j < after.size(); ++j) {
+    EXPECT_EQ(after[j].unsafeGetTensorImpl(), before[j].unsafeGetTensorImpl()) << "parameter " << j;
+    EXPECT_TRUE(at::equal(after[j], values[j])) << "parameter " << j;
+  }
+  EXPECT_TRUE(back_to_back(after)) << "the master's parameters";
+  for (size_t r = 1; r < 3; ++r) EXPECT_TRUE(back_to_back(dp.replicas()[r]->parameters())) << "replica " << r;
+
+  const at::Tensor x = at::randn({6, 1, 12, 12});
+  {
+    const at::NoGradGuard no_grad;
+    for (const at::Tensor& p : model->parameters()) p.add_(1);  // as an optimizer writes: p.data()
+    const at::Tensor out = dp(x);
+    EXPECT_TRUE(at::allclose(out, model->forward(x), 1e-5, 1e-6));
+    for (size_t r = 1; r < 3; ++r) {
+      const auto replica = dp.replicas()[r]->parameters();
+      for (size_t j = 0; j < after.size(); ++j) EXPECT_TRUE(at::equal(replica[j], after[j])) << r << ", " << j;
+    }
+  }
+  EXPECT_EQ(dp.parameter_copies(), 2 * 2 * static_cast<int64_t>(after.size()));  // 2 refreshes x 2 copy replicas
+}
+
 }  // namespace
 }  // namespace datapar

@@ -23,6 +23,8 @@
 #include "serialization/zip_crc.h"
 #include "testing/child.h"
 #include "testing/expect_throw.h"
+#include "testing/temp_dir.h"
+#include "file_system.h"
 #include "testing/text.h"
 
 namespace datapar::detail {
@@ -278,7 +280,8 @@ TEST(CheckpointFile, RefusesPythonObjectsItDoesNotKnow) {
 // Note [Atomic file write], step by step: a writer that dies before the rename leaves the
 // old file whole, whether it exits or is killed.
 TEST(CheckpointFile, AtomicFileKeepsTheOldFileWhenTheWriterDies) {
-  const std::string path = temp_path("atomic.pt");
+  const testing::TempDir temp("atomic");
+  const std::string path = temp.path() + "/atomic.pt";
   torch_save(IValue(std::string("old")), path);
   for (int how : {0, SIGKILL}) {
     const pid_t pid = ::fork();
@@ -292,14 +295,24 @@ TEST(CheckpointFile, AtomicFileKeepsTheOldFileWhenTheWriterDies) {
     int status = 0;
     ASSERT_EQ(::waitpid(pid, &status, 0), pid);
     EXPECT_EQ(torch_load(path).toStringRef(), "old");
-    const std::string stale = path + ".tmp." + std::to_string(pid);
-    EXPECT_EQ(read_text(stale).size(), size_t{1} << 16);  // the interrupted write, left aside
-    EXPECT_TRUE(is_atomic_temp_name(stale));
-    ::unlink(stale.c_str());
+    // The interrupted write, left aside under its temporary name...
+    const std::string dir = detail::parent_directory(path);
+    std::vector<std::string> left;
+    for (const std::string& name : detail::list_directory(dir)) {
+      if (name.rfind(".atomic.pt.tmp.", 0) == 0) left.push_back(name);
+    }
+    ASSERT_EQ(left.size(), 1u);
+    EXPECT_TRUE(is_atomic_temp_name(left[0]));
+    EXPECT_NE(left[0].find("." + std::to_string(pid) + "-"), std::string::npos) << left[0];
+    EXPECT_EQ(read_text(dir + "/" + left[0]).size(), size_t{1} << 16);
+    // ...which the next write of the file removes: its writer is gone.
+    torch_save(IValue(std::string("old")), path);
+    EXPECT_FALSE(detail::exists(dir + "/" + left[0]));
   }
   torch_save(IValue(std::string("new")), path);
   EXPECT_EQ(torch_load(path).toStringRef(), "new");
-  EXPECT_FALSE(is_atomic_temp_name(path));
+  EXPECT_FALSE(is_atomic_temp_name("atomic.pt"));
+  EXPECT_TRUE(is_atomic_temp_name("atomic.pt.tmp.123"));  // earlier versions' names
   EXPECT_THROW_MSG(AtomicFile("/nonexistent-dir/x.pt"), CheckpointError, "cannot create");
 }
 
@@ -349,9 +362,37 @@ TEST(TorchFileLimits, AMillionNestedContainersAreRefusedNotACrash) {
   const std::string tuples = kProto + ")" + std::string(n, '\x85') + ".";                        // ((((),),),)
   const std::string marked = kProto + std::string(n, '(') + ")" + std::string(n, 't') + ".";     // MARK ... TUPLE
   const std::string dicts = kProto + repeat(bytes("}K\x00"), n) + "N" + std::string(n, 's') + ".";  // {0: {0: ...}}
-  for (const std::string* program : {&lists, &tuples, &marked, &dicts}) {
-    EXPECT_THROW_MSG(run_pickle(*program), CheckpointError,
-                     "data.pkl: nesting deeper than 200 levels (datapar's limit for a checkpoint) at byte ");
+  const std::string nesting = "data.pkl: nesting deeper than 200 levels (datapar's limit for a checkpoint) at byte ";
+  // The million lists and dicts lie on the stack before anything nests them: the memory
+  // budget (Note [Pickle budget], 4) stops them first, about halfway.
+  const std::string memory = "MiB of memory to hold what it describes (64 bytes per byte of data.pkl plus 64 MiB";
+  for (const auto& [program, message] : {std::make_pair(&lists, memory), std::make_pair(&tuples, nesting),
+                                         std::make_pair(&marked, nesting), std::make_pair(&dicts, memory)}) {
+    EXPECT_THROW_MSG(run_pickle(*program), CheckpointError, message);
+  }
+}
+
+// Issue 27: a flat flood of empty containers stays under the value budget but cost 2.3 GB
+// (4 million empty dicts in a 9 MB list) and 1 GB (lists) before it was refused. Memory is
+// charged as it is built (Note [Pickle budget], 4): at most 64 bytes per byte of data.pkl
+// plus 64 MiB.
+TEST(TorchFileLimits, AFloodOfEmptyContainersCostsAtMostItsMemoryBudget) {
+  const size_t n = 4000000;
+  auto flood = [&](const std::string& one) {  // [one, one, ...] in APPENDS batches of 1000, as Python's pickler
+    std::string program = kProto + "]";
+    for (size_t i = 0; i < n; i += 1000) program += "(" + repeat(one, 1000) + "e";
+    return program + ".";
+  };
+  for (const std::string one : {std::string("}"), std::string("]"), std::string(")")}) {
+    const std::string program = flood(one);
+    const testing::ChildOutcome r = run_pickle_in_child(program);
+    ASSERT_TRUE(r.exited) << "ended by signal " << r.signal << " after " << r.seconds << " s";
+    EXPECT_NE(r.message.find("MiB of memory to hold what it describes (64 bytes per byte of data.pkl plus 64 MiB; "
+                             "datapar's limit for a checkpoint)"),
+              std::string::npos)
+        << one << ": " << r.message;
+    const int64_t budget = static_cast<int64_t>(program.size()) * 64 + (int64_t{64} << 20);
+    EXPECT_LT(r.memory_growth, budget) << one;
   }
 }
 

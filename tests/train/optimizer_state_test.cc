@@ -114,6 +114,16 @@ TEST(CheckpointOptimizerState, MismatchesAreNamedAndChangeNothing) {
   bad.insert_or_assign("state", state);
   EXPECT_THROW_MSG(load_optimizer_state_dict(target, bad), InvalidArgumentError,
                    "the state of parameter 1 \"momentum_buffer\" has shape [7] but the parameter has [4]");
+  // Issue 27: another dtype is refused, not cast (int64 failed at the first step, float64
+  // was taken silently).
+  for (const at::ScalarType dtype : {at::kLong, at::kDouble}) {
+    wrong.insert_or_assign("momentum_buffer", at::zeros({4}, dtype));
+    state.insert_or_assign(int64_t{1}, wrong);
+    bad.insert_or_assign("state", state);
+    EXPECT_THROW_MSG(load_optimizer_state_dict(target, bad), InvalidArgumentError,
+                     std::string("the state of parameter 1 \"momentum_buffer\" is ") + c10::toString(dtype) +
+                         " but the parameter is Float");
+  }
   EXPECT_TRUE(target.state().empty());  // unchanged
   EXPECT_DOUBLE_EQ(target.param_groups()[0].options().get_lr(), 0.2);
 

@@ -260,6 +260,38 @@ TEST(TrainCli, ResumeEqualsAnUninterruptedRunDdp) {
   expect_same_parameters(straight + "/checkpoint-epoch-4.pt", resumed + "/checkpoint-epoch-4.pt");
 }
 
+// Issue 27: ranks with checkpoint directories of their own (node-local) that found
+// different checkpoints, or none, must not train on out of step: a restart in which rank
+// 1's directory is empty (it would start from epoch 1) or holds an older checkpoint stops
+// every rank, naming what each found.
+TEST(TrainCli, RanksThatFoundDifferentCheckpointsDoNotResume) {
+  const TempDir temp("train_cli_ddp_resume_apart");
+  const std::string shared = temp.path() + "/rank0", empty = temp.path() + "/empty", older = temp.path() + "/older";
+  const std::string args = kSmall + " --mode ddp --seed 5";
+  for (const auto& p : ddp_job(args + " --epochs 2 --checkpoint-dir " + shared, 2, temp.path() + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  datapar::detail::make_directories(empty);
+  datapar::detail::make_directories(older);
+  ASSERT_EQ(std::system(("cp " + shared + "/checkpoint-epoch-1.pt " + older + "/").c_str()), 0);
+  ::setenv("DATAPAR_RESTART_COUNT", "1", 1);  // a launcher's restart: resumes without --resume
+  for (const auto& [dir, found] : {std::make_pair(empty, std::string("rank 1: no checkpoint")),
+                                   std::make_pair(older, std::string("rank 1: epoch 1, crc "))}) {
+    const auto results = ddp_job(args + " --epochs 4", 2, dir + "/logs",
+                                 {"--checkpoint-dir " + shared, "--checkpoint-dir " + dir});
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(results[r].exit_code, 0) << results[r].output;
+      EXPECT_NE(results[r].output.find("resume: the ranks found different checkpoints"), std::string::npos)
+          << results[r].output;
+      EXPECT_NE(results[r].output.find("rank 0: epoch 2, crc "), std::string::npos) << results[r].output;
+      EXPECT_NE(results[r].output.find(found), std::string::npos) << results[r].output;
+      EXPECT_EQ(results[r].output.find("epoch 3/4"), std::string::npos) << "no rank trained:\n" << results[r].output;
+    }
+  }
+  ::unsetenv("DATAPAR_RESTART_COUNT");
+  EXPECT_FALSE(datapar::detail::exists(shared + "/checkpoint-epoch-3.pt"));
+}
+
 // --zero (ZeRO-1): the same parameters and checkpoints as plain DDP, bit for bit (each
 // parameter's update is the same arithmetic, made on its owner); a checkpoint written
 // sharded resumes sharded or not, and holds the whole momentum.
@@ -375,6 +407,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--workers -1", "--workers -1: use 0 .. 256"},
         BadOption{"--threads 100000", "--threads 100000: use 0 (default) .. 1024 intra-op threads"},
         BadOption{"--epochs 0", "--epochs 0: train for at least 1 epoch"},
+        BadOption{"--epochs 99999999999999999999", "99999999999999999999 is out of range"},
+        BadOption{"--mode dp --devices cpu:0,cpu:1 --balance 1e308,1e308", "the shares add up past the largest number"},
         BadOption{"--mode fast", "--mode: \"fast\" is not a mode"},
         BadOption{"--resume", "--resume needs --checkpoint-dir"},
         BadOption{"--checkpoint-dir /proc/datapar-checkpoints", "--checkpoint-dir /proc/datapar-checkpoints: cannot make"},

@@ -341,6 +341,7 @@ int bench_ddp(const BenchDdpOptions& given) {
                 options.model, "\" is not one of mlp, lenet, resnet18.");
   DATAPAR_CHECK(options.batch >= 0 && options.steps >= 0 && options.threads >= 1 && options.threads <= 1024,
                 "--batch and --steps must not be negative; --threads takes 1 .. 1024.");
+  DATAPAR_CHECK(options.warmup >= 0, "--warmup ", options.warmup, ": must not be negative.");
   DATAPAR_CHECK(options.optimizer == "sgd" || options.optimizer == "adam", "--optimizer: \"", options.optimizer,
                 "\" is not one of sgd, adam.");
   const std::string trace_dir = detail::parent_directory(options.trace);

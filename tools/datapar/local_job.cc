@@ -17,6 +17,7 @@
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/reserved_port.h"
 #include "datapar/rendezvous/tcp_store.h"
+#include "process_group/backends.h"
 #include "worker_group.h"
 
 namespace datapar::tools {
@@ -84,6 +85,7 @@ std::string job_backend(const std::string& given) {
 int run_job(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main,
             const std::string& backend) {
   DATAPAR_CHECK(nproc >= 1 && nproc <= kMaxProcesses, "--nproc ", nproc, ": use 1 .. ", kMaxProcesses, " processes.");
+  if (!backend.empty()) (void)detail::find_backend(backend);  // refuse a bogus one before forking ranks
   if (const auto identity = identity_from_environment()) {  // under a launcher
     // mpirun and srun give the local rank under their own names; the nccl group reads
     // LOCAL_RANK (datapar/process_group/nccl.h).

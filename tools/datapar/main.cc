@@ -10,6 +10,7 @@
 #include <iostream>
 #include <string>
 
+#include "cli_numbers.h"
 #include "commands.h"
 #include "datapar/config.h"
 #include "datapar/error.h"
@@ -58,9 +59,12 @@ int main(int argc, char** argv) {
   double grace_s = 5;
   auto* launch = app.add_subcommand("launch", datapar::tools::kLaunchSummary);
   launch->footer("Usage: datapar launch --nproc-per-node N [options] -- PROGRAM [ARGS...]");
-  launch->add_option("--nproc-per-node", launch_options.nproc_per_node, "Workers on this node (default 1)");
-  launch->add_option("--nnodes", launch_options.nnodes, "Nodes in the job, one launcher each (default 1)");
-  launch->add_option("--node-rank", launch_options.node_rank, "This node's number, 0 .. nnodes-1 (default 0)");
+  launch->add_option("--nproc-per-node", launch_options.nproc_per_node, "Workers on this node (default 1)")
+      ->check(datapar::tools::whole_number<decltype(launch_options.nproc_per_node)>());
+  launch->add_option("--nnodes", launch_options.nnodes, "Nodes in the job, one launcher each (default 1)")
+      ->check(datapar::tools::whole_number<decltype(launch_options.nnodes)>());
+  launch->add_option("--node-rank", launch_options.node_rank, "This node's number, 0 .. nnodes-1 (default 0)")
+      ->check(datapar::tools::whole_number<decltype(launch_options.node_rank)>());
   launch->add_option("--master-addr", launch_options.master_addr,
                      "Address of node 0, where rank 0 serves the store (default 127.0.0.1)");
   launch->add_option("--master-port", launch_options.master_port,

@@ -8,6 +8,7 @@
 
 #include "bench_collectives.h"
 #include "bench_ddp.h"
+#include "cli_numbers.h"
 #include "commands.h"
 #include "datapar/devices.h"
 #include "datapar/error.h"
@@ -46,25 +47,33 @@ int main(int argc, char** argv) {
   std::string sizes = "4KiB,64KiB,1MiB,4MiB,16MiB,64MiB";
   auto* bench_collectives = bench->add_subcommand(
       "collectives", "Time collectives over N local processes (or under a launcher), like nccl-tests");
-  bench_collectives->add_option("--nproc", collectives.nproc, "Processes to start when not under a launcher (default 2)");
+  bench_collectives->add_option("--nproc", collectives.nproc, "Processes to start when not under a launcher (default 2)")
+      ->check(datapar::tools::whole_number<decltype(collectives.nproc)>());
   bench_collectives->add_option("--backend", collectives.backend,
                                 "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
   bench_collectives->add_option("--op", collectives.op, "all_reduce, broadcast or all_gather (default all_reduce)");
   bench_collectives->add_option("--sizes", sizes, "Bytes per process, e.g. 4KiB,1MiB,64MiB (default 4KiB..64MiB)");
-  bench_collectives->add_option("--iters", collectives.iters, "Timed iterations per size (default 20)");
-  bench_collectives->add_option("--warmup", collectives.warmup, "Untimed iterations per size (default 5)");
+  bench_collectives->add_option("--iters", collectives.iters, "Timed iterations per size (default 20)")
+      ->check(datapar::tools::whole_number<decltype(collectives.iters)>());
+  bench_collectives->add_option("--warmup", collectives.warmup, "Untimed iterations per size (default 5)")
+      ->check(datapar::tools::whole_number<decltype(collectives.warmup)>());
 
   datapar::tools::BenchDdpOptions ddp;
   auto* bench_ddp = bench->add_subcommand(
       "ddp", "Samples/s of DDP training steps over N local processes (or under a launcher), with the ceiling");
   bench_ddp->add_option("--model", ddp.model, "mlp, lenet or resnet18 (default mlp)");
-  bench_ddp->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)");
-  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)");
+  bench_ddp->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)")
+      ->check(datapar::tools::whole_number<decltype(ddp.nproc)>());
+  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)")
+      ->check(datapar::tools::whole_number<decltype(ddp.batch)>());
   bench_ddp->add_option("--backend", ddp.backend,
                         "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
-  bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)");
-  bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)");
-  bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)");
+  bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)")
+      ->check(datapar::tools::whole_number<decltype(ddp.steps)>());
+  bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)")
+      ->check(datapar::tools::whole_number<decltype(ddp.warmup)>());
+  bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)")
+      ->check(datapar::tools::whole_number<decltype(ddp.threads)>());
   bench_ddp->add_flag("--gradient-as-bucket-view", ddp.gradient_as_bucket_view,
                       "DdpOptions::gradient_as_bucket_view: gradients are views of the buckets (no copies)");
   bench_ddp->add_option("--optimizer", ddp.optimizer, "sgd (lr 0.01; the default) or adam (lr 1e-3), in every phase");

@@ -43,6 +43,7 @@
 #include "datapar/parallel/data_parallel.h"
 #include "datapar/process_group/metadata.h"
 #include "datapar/train/checkpoint.h"
+#include "datapar/train/resume_agreement.h"
 #include "datapar/train/metrics.h"
 #include "datapar/train/plot.h"
 #include "datapar/trace.h"
@@ -188,6 +189,9 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   if (plan.resume || o.evaluate) {
     const train::LatestCheckpoint found =
         train::load_latest_checkpoint(o.checkpoint_dir, o.evaluate ? -1 : plan.rank, device);
+    // Before anything a rank could decide alone: every rank resumes the same checkpoint
+    // (per-node directories, one emptied), or all stop, saying what each found.
+    if (is_initialized() && !o.evaluate) train::agree_on_resume(*default_group(), found.checkpoint);
     for (const auto& d : found.damaged) {
       if (!leader) continue;
       std::fprintf(stderr, "datapar train: skipping a damaged checkpoint: %s\n", d.problem.c_str());

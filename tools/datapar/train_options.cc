@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "cli_numbers.h"
 #include "commands.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
@@ -25,8 +26,9 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--model", o.model, "mlp, lenet or resnet18 (d2l's; default lenet)");
   cmd->add_option("--data", o.data,
                   "Fashion-MNIST IDX directory, or synthetic (default: the shipped 6000/1000 subset)");
-  cmd->add_option("--epochs", o.epochs, "Epochs to train (default 10)");
-  cmd->add_option("--batch-size", o.batch_size, "Global batch, split over devices or ranks (default 256)");
+  cmd->add_option("--epochs", o.epochs, "Epochs to train (default 10)")->check(whole_number<int64_t>());
+  cmd->add_option("--batch-size", o.batch_size, "Global batch, split over devices or ranks (default 256)")
+      ->check(whole_number<decltype(o.batch_size)>());
   cmd->add_option("--lr", o.lr, "SGD learning rate (default 0.1)");
   cmd->add_option("--momentum", o.momentum, "SGD momentum (default 0: plain SGD, as d2l)");
   cmd->add_option("--mode", o.mode, "single, dp (DataParallel) or ddp (one rank per process; default single)");
@@ -40,7 +42,8 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
                   "dp: shared (replicas on the model's device share its parameters; the default) or copy (every "
                   "replica but the first holds a copy, refreshed every forward, as on several GPUs)");
   cmd->add_flag("--scale-lr", o.scale_lr, "Linear scaling: N devices or ranks get N x batch and N x lr");
-  cmd->add_option("--seed", o.seed, "Seed of the model's initialisation, the shuffling and synthetic data (default 0)");
+  cmd->add_option("--seed", o.seed, "Seed of the model's initialisation, the shuffling and synthetic data (default 0)")
+      ->check(whole_number<decltype(o.seed)>());
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
                   "Write a checkpoint after each epoch here (rank 0); created if missing");
   cmd->add_flag("--resume", o.resume,
@@ -101,6 +104,8 @@ std::vector<double> balance_weights(const std::string& balance) {
     begin = end + 1;
   }
   DATAPAR_CHECK(total > 0, "--balance ", balance, ": every share is 0.", hint);
+  DATAPAR_CHECK(std::isfinite(total), "--balance ", balance, ": the shares add up past the largest number there is; ",
+                "only their ratios count, so give smaller ones (e.g. 1,1).", hint);
   return weights;
 }
 

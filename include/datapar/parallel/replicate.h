@@ -81,6 +81,9 @@ class ReplicaSet {
  private:
   // Whether replica r's parameters share the master's storage.
   bool shares(size_t r, const at::Tensor& master) const;
+  // Note [One copy per replica]: copies every parameter of the master into replica r with
+  // one copy per dtype; false, having copied nothing, where they do not lie back to back.
+  bool copy_packed(size_t r, const c10::Device& device);
 
   std::shared_ptr<torch::nn::Module> master_;
   std::vector<Device> devices_;

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 namespace datapar::train {
@@ -50,16 +49,21 @@ EpochMetrics from_json(const std::string& line);
 
 // Appends JSON lines to a file, one per epoch, flushed at once so a killed run keeps
 // every completed epoch. append = false truncates first (a fresh run); true continues a
-// resumed run's file. Throws InvalidArgumentError when the file cannot be opened.
+// resumed run's file. Throws InvalidArgumentError when the file cannot be opened, or is a
+// symbolic link (never written through: someone may have planted it, issue 27).
 class MetricsWriter {
  public:
   MetricsWriter(const std::string& path, bool append);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  // Throws InvalidArgumentError when the line cannot be written (a full disk).
   void write(const EpochMetrics& m);
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 // Whether `stream` (stdout, stderr) is a terminal; the progress bar is drawn only then.
