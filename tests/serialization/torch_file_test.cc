@@ -321,6 +321,21 @@ TEST(CheckpointFile, AtomicFileKeepsTheOldFileWhenTheWriterDies) {
 
 const std::string kProto("\x80\x02", 2);
 
+// Memory bounds measured in a child hold for the real allocator; AddressSanitizer's adds
+// redzones to every block and keeps up to 256 MiB of freed ones in quarantine (the asan
+// line of make test). The budget itself is the same there: the charges are estimates.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int64_t kAllocatorSlack = 3;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr int64_t kAllocatorSlack = 3;
+#else
+constexpr int64_t kAllocatorSlack = 1;
+#endif
+#else
+constexpr int64_t kAllocatorSlack = 1;
+#endif
+
 IValue run_pickle(const std::string& program) {
   StorageLoader none = [](const std::string&, at::ScalarType, int64_t) -> at::Tensor { throw CheckpointError("no storage"); };
   return read_pickle(program.data(), program.size(), none);
@@ -392,7 +407,7 @@ TEST(TorchFileLimits, AFloodOfEmptyContainersCostsAtMostItsMemoryBudget) {
               std::string::npos)
         << one << ": " << r.message;
     const int64_t budget = static_cast<int64_t>(program.size()) * 64 + (int64_t{64} << 20);
-    EXPECT_LT(r.memory_growth, budget) << one;
+    EXPECT_LT(r.memory_growth, budget * kAllocatorSlack) << one;
   }
 }
 

@@ -362,6 +362,22 @@ TEST(Launch, NoOrphansAfterTheLauncherIsKilled) {
   EXPECT_TRUE(all_die(pids, 5s)) << "workers outlived a SIGKILLed launcher";
 }
 
+// Issue 27: what a worker started dies too. The worker here is a shell that runs the real
+// work in the background, so only the shell is the launcher's child (and dies with it by
+// PR_SET_PDEATHSIG); the `sleep` it started used to live on, orphaned.
+TEST(Launch, WhatTheWorkersStartedDiesWithAKilledLauncher) {
+  const TempDir temp("launch_test");
+  const std::string& dir = temp.path();
+  const Background b = start_launch(
+      {"--nproc-per-node", "2", "--", "/bin/sh", "-c", "sleep 300 & echo $! > " + dir + "/pid-$RANK; wait"}, dir);
+  ASSERT_GT(b.pid, 0);
+  const std::vector<pid_t> pids = worker_pids(dir, 2);
+  ASSERT_EQ(pids.size(), 2u);
+  ::kill(b.pid, SIGKILL);
+  EXPECT_EQ(wait_exit(b.pid, 10s), 128 + SIGKILL);
+  EXPECT_TRUE(all_die(pids, 10s)) << "what the workers started outlived a SIGKILLed launcher:\n" << read_text(b.log);
+}
+
 // The workers of `launcher`'s attempt `restart` (its children whose environment has
 // DATAPAR_RESTART_COUNT=restart), by RANK.
 std::map<int, pid_t> workers_of(pid_t launcher, int restart) {

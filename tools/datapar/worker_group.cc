@@ -14,6 +14,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "datapar/error.h"
 
@@ -45,6 +46,43 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
   for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
   out.push_back(nullptr);
   return out;
+}
+
+// Note [A launcher's death reaches the whole group]
+// A worker dies with the launcher (PR_SET_PDEATHSIG, even when the launcher is SIGKILLed),
+// but what the worker started does not: a worker run as `sh -c '...'` left its trainer
+// running, orphaned, holding its GPU and its rank's place. Each worker runs in a process
+// group of its own, which everything it starts shares, so beside each worker the launcher
+// forks a guard: a process that does nothing until the launcher dies (its death signal,
+// SIGUSR1), then sends the worker's whole group SIGTERM, and SIGKILL after
+// kOrphanGraceSeconds. A guard whose group is empty exits (checked every second), so that
+// it never signals a group whose number was handed out again; the launcher ends the guards
+// with the workers.
+constexpr int kOrphanGraceSeconds = 5;
+
+// In the forked guard: only async-signal-safe calls.
+[[noreturn]] void guard_group(pid_t group, pid_t launcher) {
+  sigset_t all, death;
+  sigfillset(&all);
+  ::sigprocmask(SIG_SETMASK, &all, nullptr);  // SIGUSR1 is taken by sigtimedwait, the launcher's stops ignored
+  sigemptyset(&death);
+  sigaddset(&death, SIGUSR1);
+  ::prctl(PR_SET_PDEATHSIG, SIGUSR1);
+  for (int fd = 3; fd < 1024; ++fd) ::close(fd);  // holds no pipe of the launcher's open
+  for (;;) {
+    if (::getppid() != launcher) break;  // died before the prctl, or the signal came unseen
+    const struct timespec second {1, 0};
+    if (::sigtimedwait(&death, nullptr, &second) == SIGUSR1) break;
+    if (::kill(-group, 0) != 0 && errno == ESRCH) ::_exit(0);  // nothing left to guard
+  }
+  ::kill(-group, SIGTERM);
+  for (int tenth = 0; tenth < 10 * kOrphanGraceSeconds; ++tenth) {
+    if (::kill(-group, 0) != 0) ::_exit(0);
+    const struct timespec pause {0, 100 * 1000 * 1000};
+    ::nanosleep(&pause, nullptr);
+  }
+  ::kill(-group, SIGKILL);
+  ::_exit(0);
 }
 
 }  // namespace
@@ -156,6 +194,12 @@ WorkerGroup::WorkerGroup(const std::vector<std::string>& argv, const std::vector
     if (pid == 0) exec_worker(launcher, out[1], err[1], c_argv.data(), envp.data(), spec.cpus.empty() ? nullptr : &cpus);
     // Also from the parent, so that signal_all() cannot race the child's own setpgid().
     ::setpgid(pid, pid);
+    // Note [A launcher's death reaches the whole group]. Forked with the stops blocked too.
+    ::sigprocmask(SIG_BLOCK, &stops, nullptr);
+    const pid_t guard = ::fork();
+    ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    if (guard == 0) guard_group(pid, launcher);
+    if (guard > 0) guards_.push_back(guard);  // without one (fork failed), the worker still dies with us
     ::close(out[1]);
     ::close(err[1]);
     pids_.push_back(pid);
@@ -170,6 +214,10 @@ WorkerGroup::~WorkerGroup() {
   signal_all(SIGKILL);
   for (size_t i = 0; i < pids_.size(); ++i) {
     if (!reaped_[i]) ::waitpid(pids_[i], nullptr, 0);
+  }
+  for (pid_t guard : guards_) {
+    ::kill(guard, SIGKILL);
+    ::waitpid(guard, nullptr, 0);
   }
   for (Stream& s : streams_) close_stream(s);
 }

@@ -91,6 +91,7 @@ class WorkerGroup {
   std::vector<WorkerSpec> specs_;
   std::vector<pid_t> pids_;
   std::vector<bool> reaped_;
+  std::vector<pid_t> guards_;  // Note [A launcher's death reaches the whole group] (worker_group.cc)
   std::vector<Stream> streams_;  // 2 per worker: stdout, stderr
   std::chrono::steady_clock::time_point all_reaped_at_{};
 };
