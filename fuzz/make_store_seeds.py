@@ -34,7 +34,15 @@ def frame(body):
     return u32(len(body)) + body
 
 
-def hello(token):
+PROOF = 9  # names the reply to the client's proof (Op::kProof)
+
+
+def hello():
+    """A version-2 hello (Note [Handshake]): nonce and run digest; its bytes need not verify."""
+    return frame(b"DPST" + bytes([2]) + s(b"\xc1" * 16) + s(b"\x00" * 32))
+
+
+def hello_v1(token):
     return frame(b"DPST" + bytes([1]) + s(token))
 
 
@@ -67,8 +75,8 @@ def good_hello(slot):
     return bytes([6, slot])
 
 
-def bad_hello(slot):
-    return bytes([7, slot])
+def bad_hello(slot, variant=0):
+    return bytes([7, slot, variant])
 
 
 def request(op, body=b""):
@@ -91,9 +99,12 @@ SERVER = {
     "pipelined_gets": connect() + good_hello(0) + receive(0, request(SET, s(b"big") + s(b"x" * 3000)))
                       + receive(0, request(GET, s(b"big")) * 20) + send_all(0) + send_all(0) + send_all(0),
     "wrong_token": connect() + bad_hello(0) + receive(0, request(NUM_KEYS)) + send_all(0),
+    "another_run": connect() + bad_hello(0, 1) + send_all(0),
+    "version_1": connect() + bad_hello(0, 2) + send_all(0) + connect() + receive(1, hello_v1(TOKEN)) + send_all(1),
     "oversized_first_frame": connect() + receive(0, u32(64 << 20) + b"x" * 100),
     "garbage": connect() + receive(0, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
-    "half_hello_then_deadline": connect() + receive(0, hello(TOKEN)[:7]) + tick(120),
+    "half_hello_then_deadline": connect() + receive(0, hello()[:7]) + tick(120),
+    "hello_without_proof": connect() + receive(0, hello()) + send_all(0) + tick(120),
     "strangers_evicted": connect() * 6 + good_hello(5) + receive(5, request(NUM_KEYS)) + send_all(5),
     "malformed_request": connect() + good_hello(0) + receive(0, request(SET, s(b"k")) + request(99)),
 }
@@ -105,12 +116,14 @@ def reply(op, body):
 
 
 CLIENT = {
-    "session": reply(HELLO, bytes([OK])) + reply(SET, bytes([OK])) + reply(GET, bytes([OK]) + s(b"value"))
+    "session": reply(HELLO, bytes([OK]) + s(b"\x5e" * 16) + s(b"\x01" * 32)) + reply(PROOF, bytes([OK]))
+               + reply(SET, bytes([OK])) + reply(GET, bytes([OK]) + s(b"value"))
                + reply(GET, bytes([NOT_FOUND])) + reply(ADD, bytes([OK]) + i64(7))
                + reply(ADD, bytes([ERROR]) + s(b"overflow")) + reply(CAS, bytes([OK]) + s(b"x"))
                + reply(WAIT, bytes([OK])) + reply(WAIT, bytes([TIMEOUT]) + strs([b"a", b"b"]))
                + reply(CHECK, bytes([OK, 1])) + reply(DELETE, bytes([OK, 0])) + reply(NUM_KEYS, bytes([OK]) + i64(3)),
-    "refused": reply(HELLO, bytes([REFUSED]) + s(b"the store token does not match this job's")),
+    "refused": reply(HELLO, bytes([REFUSED]) + s(b"this store belongs to another job"))
+               + reply(PROOF, bytes([REFUSED]) + s(b"the store token does not match this job's")),
     "oversized_length": bytes([HELLO]) + u32(0xFFFFFFFF) + b"garbage",
     "announced_but_short": bytes([GET]) + u32(64 << 20) + b"x" * 100,
     "wrong_status": reply(SET, bytes([NOT_FOUND])) + reply(HELLO, bytes([ERROR]) + s(b"x")),

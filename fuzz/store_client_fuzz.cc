@@ -16,8 +16,8 @@ using datapar::detail::wire::FrameCollector;
 using datapar::detail::wire::Op;
 using datapar::detail::wire::Status;
 
-constexpr Op kRequests[] = {Op::kHello, Op::kSet,   Op::kGet,    Op::kAdd,    Op::kCompareSet,
-                            Op::kWait,  Op::kCheck, Op::kDelete, Op::kNumKeys};
+constexpr Op kRequests[] = {Op::kHello, Op::kSet,   Op::kGet,    Op::kAdd,     Op::kCompareSet,
+                            Op::kWait,  Op::kCheck, Op::kDelete, Op::kNumKeys, Op::kProof};
 
 void check(bool ok) {
   if (!ok) __builtin_trap();
@@ -30,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t piece = 1;
   while (pos < size) {
     const Op request = kRequests[data[pos++] % (sizeof(kRequests) / sizeof(kRequests[0]))];
-    FrameCollector frame(request == Op::kHello ? datapar::detail::wire::kMaxHelloBytes
+    FrameCollector frame(request == Op::kHello || request == Op::kProof ? datapar::detail::wire::kMaxHelloBytes
                                                : datapar::detail::wire::kMaxFrameBytes);
     while (!frame.complete() && !frame.bad() && pos < size) {
       piece = piece * 5 % 61 + 1;  // 1 .. 61 bytes, in no simple pattern
@@ -45,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto reply = datapar::detail::wire::decode_reply(request, frame.body().data(), frame.body().size());
     if (!reply) return 0;  // malformed: the client closes the connection
     // What a reply may carry is what the request can get.
-    check(reply->status != Status::kRefused || request == Op::kHello);
+    check(reply->status != Status::kRefused || request == Op::kHello || request == Op::kProof);
     check(reply->status != Status::kNotFound || request == Op::kGet);
     check(reply->status != Status::kTimeout || request == Op::kWait);
     check(reply->keys.size() <= frame.body().size() / 4);

@@ -6,8 +6,10 @@
 //   3 S N          N * 16 bytes of S's output are sent (N = 0: all of it)
 //   4 S            S disconnects
 //   5 T            the clock moves T * 50 ms on; deadlines expire
-//   6 S            S sends a hello with the right token (through the real check)
-//   7 S            S sends a hello with a wrong token
+//   6 S            S completes the handshake with the right token (through the real checks:
+//                  the server's nonces are fixed, so the driver can compute the proof)
+//   7 S V          S fails it: V % 3 = 0 a proof with a wrong token, 1 a hello of another
+//                  run, 2 a hello of protocol version 1 (the token in clear)
 // (a command byte is taken modulo 8, S modulo the open connections). Like the loop, the
 // driver reads no more than want() and closes what done() says. Whatever the schedule, the
 // service must not crash, leak or grow past its limits.
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "rendezvous/store_handshake.h"
 #include "rendezvous/store_service.h"
 #include "rendezvous/tcp_wire.h"
 
@@ -25,7 +28,30 @@ using datapar::detail::StoreLimits;
 using datapar::detail::StoreService;
 using Clock = StoreService::Clock;
 
+namespace handshake = datapar::detail::handshake;
+namespace wire = datapar::detail::wire;
+using datapar::Bytes;
+
 const char kToken[] = "fuzz-token";
+const char kRun[] = "fuzz-run";
+const Bytes kClientNonce(handshake::kNonceBytes, 0xc1);
+const Bytes kServerNonce(handshake::kNonceBytes, 0x5e);
+
+// The bytes of a client's whole handshake (Note [Handshake]), right or wrong as `variant` says.
+Bytes handshake_bytes(int variant) {
+  const Bytes run = handshake::run_digest(variant == 1 ? "another-run" : kRun);
+  if (variant == 2) {  // protocol version 1: "DPST", 1, the token
+    wire::Writer w;
+    for (char m : wire::kMagic) w.u8(static_cast<uint8_t>(m));
+    return w.u8(1).str(kToken).frame();
+  }
+  Bytes out = wire::hello_frame(kClientNonce, run);
+  const Bytes proof = handshake::proof(variant == 0 ? "fuzz-tokeN" : kToken, handshake::Side::kClient, kClientNonce,
+                                       kServerNonce, run);
+  const Bytes second = wire::proof_frame(proof);
+  out.insert(out.end(), second.begin(), second.end());
+  return out;
+}
 
 // Small limits, so that short inputs reach eviction and output back-pressure.
 StoreLimits limits() {
@@ -43,7 +69,7 @@ void check(bool ok) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  StoreService service(kToken, limits());
+  StoreService service(kToken, kRun, limits(), [] { return kServerNonce; });
   std::vector<StoreService::Id> open;
   auto now = Clock::time_point() + std::chrono::hours(1);
   size_t pos = 0;
@@ -89,8 +115,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       service.expire(now);
     } else {
       StoreService::Id* id = slot();
-      const datapar::Bytes hello = datapar::detail::wire::hello_frame(command == 6 ? kToken : "fuzz-tokeN");
-      if (id) deliver(*id, hello.data(), hello.size());
+      const Bytes bytes = handshake_bytes(command == 6 ? 3 : next() % 3);
+      if (id) deliver(*id, bytes.data(), bytes.size());
     }
     // The loop closes what the service is done with.
     for (size_t i = 0; i < open.size();) {

@@ -32,6 +32,11 @@ std::string parent_directory(const std::string& path) {
   return keep == 0 ? "/" : path.substr(0, keep);
 }
 
+std::string directory_of(const std::string& path) {
+  const std::string parent = parent_directory(path);
+  return parent.empty() ? "." : parent;
+}
+
 std::string make_directories(const std::string& path) {
   if (path.empty() || is_directory(path)) return "";
   if (exists(path)) return path + ": exists and is not a directory";

@@ -17,6 +17,9 @@ bool is_directory(const std::string& path);  // following links
 // "/x" -> "/", "x" -> "".
 std::string parent_directory(const std::string& path);
 
+// The directory that holds the entry `path`: parent_directory, or "." for a bare name.
+std::string directory_of(const std::string& path);
+
 // Makes `path` and any missing parents (mode 0777 less the umask); "" on success, else
 // what failed (strerror) for the first directory that could not be made.
 std::string make_directories(const std::string& path);

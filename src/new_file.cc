@@ -21,7 +21,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,14 +29,11 @@
 #include <cstring>
 #include <ctime>
 
+#include "file_system.h"
+#include "random_bytes.h"
+
 namespace datapar::detail {
 namespace {
-
-std::string directory_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
 
 std::string name_of(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -52,21 +48,6 @@ std::string host() {
     if (c == '/' || c == '-') c = '_';  // '-' ends the pid in the name
   }
   return h;
-}
-
-bool random_hex(std::string* out) {
-  unsigned char bytes[8];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    got += static_cast<size_t>(n);
-  }
-  static const char* hex = "0123456789abcdef";
-  out->clear();
-  for (unsigned char b : bytes) *out += hex[b >> 4], *out += hex[b & 15];
-  return true;
 }
 
 bool all_digits(const std::string& s) { return !s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos; }
@@ -128,8 +109,8 @@ TemporaryFile create_temporary_beside(const std::string& target, mode_t mode) {
   TemporaryFile file;
   const std::string stem = dir + "/." + name + ".tmp." + this_host + "." + std::to_string(::getpid()) + "-";
   for (int attempt = 0; attempt < 16; ++attempt) {
-    std::string hex;
-    if (!random_hex(&hex)) {
+    const std::string hex = random_hex(8);
+    if (hex.empty()) {
       file.error = std::string("cannot read random bytes: ") + std::strerror(errno);
       return file;
     }

@@ -12,6 +12,10 @@
 // that is only slow; the group's timeout still ends the wait with an error. One inspector
 // serves every collective of its group, whoever waits for them (DDP's buckets, a
 // barrier, ...). A rank that died is named by the error the group raises, not here.
+// The store lives in rank 0's process. When rank 0 is stopped or hung, a store call would
+// wait the store's whole timeout, and the warning never came (issue 27): so the inspector
+// has a connection of its own whose calls wait at most kProbeTimeout, and when the store
+// does not answer, the warning (and the error's hint) says so, naming where it is served.
 #include "process_group/stall_inspector.h"
 
 #include <algorithm>
@@ -24,6 +28,16 @@ namespace datapar::detail {
 namespace {
 
 std::string count_key(int rank) { return "issued/" + std::to_string(rank); }
+
+// How long a call of the inspector's may wait for the store: half the stall interval,
+// within these bounds (far above a live store's milliseconds), so that a silent store is
+// known by the time a warning is due, and the group's exit is not held up.
+constexpr std::chrono::milliseconds kMinProbeTimeout{250};
+constexpr std::chrono::milliseconds kMaxProbeTimeout{5000};
+
+long long whole_seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::seconds>(d).count();
+}
 
 // "rank(s) 1 (at 4), 3 (at 4) have not issued it yet", from behind()'s list.
 std::string not_issued(const std::string& ranks) { return str_cat("rank(s) ", ranks, " have not issued it yet"); }
@@ -55,6 +69,41 @@ void StallInspector::issued(std::shared_ptr<Work> work) {
   pending_.push_back({++issued_, std::move(work), Clock::now()});
 }
 
+std::shared_ptr<Store> StallInspector::probe() {
+  std::lock_guard<std::mutex> lock(probe_mutex_);
+  if (!probe_) {
+    probe_timeout_ = std::clamp(std::chrono::milliseconds(warn_after_ms_.load() / 2), kMinProbeTimeout,
+                                kMaxProbeTimeout);
+    probe_ = store_->clone(probe_timeout_);  // a new connection: may wait probe_timeout_, then throw
+    if (!probe_) probe_ = store_;
+  }
+  return probe_;
+}
+
+template <typename Call>
+bool StallInspector::on_store(Call&& call) {
+  try {
+    call(*probe());
+    std::lock_guard<std::mutex> lock(probe_mutex_);
+    silent_since_.reset();
+    return true;
+  } catch (const std::exception&) {
+    std::lock_guard<std::mutex> lock(probe_mutex_);
+    if (!silent_since_) silent_since_ = Clock::now() - probe_timeout_;  // it was silent that long already
+    if (probe_ != store_) probe_.reset();  // a clone that failed is closed for good: connect again next time
+    return false;
+  }
+}
+
+std::string StallInspector::store_silence() {
+  std::lock_guard<std::mutex> lock(probe_mutex_);
+  if (!silent_since_) return "";
+  const std::string where = store_->address();
+  return str_cat("the job's store", where.empty() ? "" : " at " + where, " has not answered for ",
+                 whole_seconds(Clock::now() - *silent_since_), " s: the process that serves it (rank 0, in jobs ",
+                 "datapar starts) is stopped, hung or cut off from this one");
+}
+
 void StallInspector::loop() {
   uint64_t published = 0;
   uint64_t warned = 0;  // the last collective warned about
@@ -75,17 +124,21 @@ void StallInspector::loop() {
       stalled = pending_.front();
     }
     lock.unlock();
-    try {
-      if (count != published) {
-        store_->set(count_key(rank_), std::to_string(count));
-        published = count;
+    if (stalled) {  // first: a silent store must not hold the warning up
+      std::string message;
+      if (store_silence().empty()) {
+        on_store([&](Store&) { message = stall_message(*stalled, Clock::now() - stalled->since); });
       }
-      if (stalled) {
-        warn(stall_message(*stalled, now - stalled->since));
-        warned = stalled->number;
+      if (message.empty()) {
+        message = str_cat(stalled->work->what(), ", collective ", stalled->number, " of this group, has not completed ",
+                          "after ", whole_seconds(Clock::now() - stalled->since), " s, and ", store_silence(),
+                          ". It fails when the group's timeout ends.");
       }
-    } catch (const std::exception&) {
-      // The store is gone (rank 0 exited): the group's own error will say so.
+      warn(message);
+      warned = stalled->number;
+    }
+    if (count != published) {
+      if (on_store([&](Store& s) { s.set(count_key(rank_), std::to_string(count)); })) published = count;
     }
     lock.lock();
     wake_.wait_for(lock, period, [this] { return stopping_; });
@@ -93,11 +146,12 @@ void StallInspector::loop() {
 }
 
 std::string StallInspector::behind(uint64_t number) {
+  Store& store = *probe();
   std::string ranks;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     int64_t theirs = 0;
-    if (store_->check({count_key(r)})) theirs = std::stoll(store_->get_string(count_key(r)));
+    if (store.check({count_key(r)})) theirs = std::stoll(store.get_string(count_key(r)));
     if (theirs >= static_cast<int64_t>(number)) continue;
     ranks += str_cat(ranks.empty() ? "" : ", ", r, " (at ", theirs, ")");
   }
@@ -116,19 +170,15 @@ std::string StallInspector::ranks_behind() {
     }
   }
   if (oldest == 0) return "";
-  try {
-    const std::string ranks = behind(oldest);
-    return ranks.empty() ? "" : not_issued(ranks);
-  } catch (const std::exception&) {
-    return "";
-  }
+  std::string ranks;
+  if (!on_store([&](Store&) { ranks = behind(oldest); })) return store_silence();
+  return ranks.empty() ? "" : not_issued(ranks);
 }
 
 std::string StallInspector::stall_message(const Pending& stalled, Clock::duration waited) {
   const std::string behind = this->behind(stalled.number);
-  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(waited).count();
   return str_cat(stalled.work->what(), ", collective ", stalled.number, " of this group, has not completed after ",
-                 seconds, " s: ",
+                 whole_seconds(waited), " s: ",
                  behind.empty() ? "every rank has issued it (a slow or stopped peer, or the network?)"
                                 : not_issued(behind),
                  ". It fails when the group's timeout ends.");

@@ -34,8 +34,9 @@ class StallInspector {
   void issued(std::shared_ptr<Work> work);
 
   // For the oldest collective still pending, "rank(s) 1 (at 4) have not issued it yet";
-  // "" when none is pending, every rank has issued it, or the store cannot be read. For a
-  // backend's error when a collective times out.
+  // when the job's store does not answer, that it does not and who serves it; "" when none
+  // is pending or every rank has issued it. For a backend's error when a collective times
+  // out.
   std::string ranks_behind();
 
  private:
@@ -47,8 +48,18 @@ class StallInspector {
   };
 
   void loop();
-  // The warning for collective `number`, stalled for `waited`.
+  // The store this inspector reads and writes: a clone of store_ whose calls wait at most
+  // a few seconds (Store::clone), made again after a call on it failed; store_ itself when
+  // it has none. Throws what the store throws.
+  std::shared_ptr<Store> probe();
+  // Runs `call` on probe(); false (and the store counted silent from now, if it was not)
+  // when it threw.
+  template <typename Call>
+  bool on_store(Call&& call);
+  // The warning for collective `number`, stalled for `waited`, the others' counts read.
   std::string stall_message(const Pending& stalled, Clock::duration waited);
+  // "the job's store at H:P has not answered for N s: ..." while it is silent, else "".
+  std::string store_silence();
   // "1 (at 4), 3 (at 4)": the ranks whose published count is below `number`. Throws what
   // the store throws.
   std::string behind(uint64_t number);
@@ -57,6 +68,11 @@ class StallInspector {
   const int rank_;
   const int size_;
   std::atomic<int64_t> warn_after_ms_;
+
+  std::mutex probe_mutex_;
+  std::shared_ptr<Store> probe_;                // see probe()
+  std::chrono::milliseconds probe_timeout_{0};  // the one probe_ was made with
+  std::optional<Clock::time_point> silent_since_;  // the store's first failed call since it last answered
 
   std::mutex mutex_;
   std::condition_variable wake_;

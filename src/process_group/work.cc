@@ -1,7 +1,10 @@
 // See work.h and work_completion.h.
 #include "datapar/process_group/work.h"
 
+#include <atomic>
+
 #include "datapar/error.h"
+#include "process_group/collective_failure.h"
 #include "process_group/work_completion.h"
 
 namespace datapar {
@@ -14,6 +17,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
 void Work::synchronize(std::chrono::milliseconds timeout) {
   if (!is_completed()) (void)wait_on_stream(/*hand_out=*/false);
   if (done_.wait_for(timeout) != std::future_status::ready) {
+    detail::note_collective_failure();
     throw TimeoutError(detail::str_cat(what_, ": not finished after ", std::chrono::duration<double>(timeout).count(),
                                        " s. Did every process issue the same collectives in the same order?"));
   }
@@ -24,8 +28,21 @@ void Work::synchronize(std::chrono::milliseconds timeout) {
 bool Work::is_completed() const { return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
 
 namespace detail {
+namespace {
+
+std::atomic<bool>& failed() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+}  // namespace
+
+void note_collective_failure() { failed().store(true); }
+
+bool collective_failed() { return failed().load(); }
 
 void WorkCompletion::fail(Work& work, std::exception_ptr error) {
+  note_collective_failure();
   work.fail(as_datapar_error(work.what(), std::move(error)));
 }
 

@@ -2,14 +2,13 @@
 //
 // File format: a sequence of records, each `u8 type, u32 key length, key, u32 value length,
 // value` (little-endian lengths). Type 0 is the header, written first, whose value is the
-// run id; type 1 sets a key; type 2 deletes one. The file is only appended to, under an
-// exclusive flock(), so a reader under a shared lock sees whole records; a torn record left
-// by a writer that died mid-write is cut off by the next writer. The bookkeeping keys
+// run id's digest; type 1 sets a key; type 2 deletes one. The file is only appended to,
+// under an exclusive lock (Note [Live stores]), so a reader under a shared lock sees whole
+// records; a torn record left by a writer that died mid-write is cut off by the next writer. The bookkeeping keys
 // (kJoined, kFinished) live in the same table under a reserved prefix.
 #include "datapar/rendezvous/file_store.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 
 #include "datapar/error.h"
 #include "new_file.h"
+#include "rendezvous/store_handshake.h"
 
 namespace datapar {
 namespace {
@@ -64,16 +64,66 @@ int64_t as_integer(const Bytes& value, const std::string& key) {
 
 }  // namespace
 
-// flock() held for the lifetime of the object. flock locks belong to the open file, so two
-// threads of one process would share it: FileStore's mutex_ keeps them apart.
+namespace {
+
+// Note [Live stores]
+// Every FileStore holds two kinds of open-file-description (OFD) locks on its file:
+//   - the data range [0, kLiveByte): exclusive to write, shared to read (FileStore::Lock);
+//   - the byte kLiveByte, shared, from its join until it closes the file: "a process uses
+//     this store". The kernel drops it when the process dies, however it dies.
+// A process that finds a store file nobody holds (F_OFD_GETLK) knows it is stale, whatever
+// run left it, and starts it afresh; one that finds a live store of another run, or of a
+// run that everyone joined already, is refused: resetting it broke a running job, whose
+// exit then deleted the newcomer's file (issue 27). The two ranges never overlap, so the
+// locks work over NFS too, where flock() is emulated with whole-file POSIX locks that would
+// have collided with the liveness byte. OFD locks belong to the open file, as flock's did:
+// two threads of one process would share them, and mutex_ keeps them apart.
+constexpr off_t kLiveByte = off_t{1} << 62;
+
+bool set_lock(int fd, short type, off_t start, off_t length, bool wait) {
+  struct flock lock {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = start;
+  lock.l_len = length;
+  for (;;) {
+    if (::fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &lock) == 0) return true;
+    if (errno != EINTR) return false;
+  }
+}
+
+// Whether a process other than this FileStore holds the file's liveness byte.
+bool used_by_others(int fd) {
+  struct flock probe {};
+  probe.l_type = F_WRLCK;
+  probe.l_whence = SEEK_SET;
+  probe.l_start = kLiveByte;
+  probe.l_len = 1;
+  if (::fcntl(fd, F_OFD_GETLK, &probe) != 0) {
+    throw CommError(str_cat("FileStore: cannot test the store file's lock (", std::strerror(errno), ")."));
+  }
+  return probe.l_type != F_UNLCK;
+}
+
+// Whether `fd` is still the file at `path` (the last process of an earlier run may have
+// removed it between our open and our lock).
+bool still_at(int fd, const std::string& path) {
+  struct stat mine {}, there {};
+  return ::fstat(fd, &mine) == 0 && ::stat(path.c_str(), &there) == 0 && mine.st_dev == there.st_dev &&
+         mine.st_ino == there.st_ino;
+}
+
+}  // namespace
+
+// The data range's lock, held for the lifetime of the object.
 class FileStore::Lock {
  public:
   Lock(int fd, bool exclusive) : fd_(fd) {
-    while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
-      if (errno != EINTR) throw CommError(str_cat("FileStore: cannot lock the store file (", std::strerror(errno), ")."));
+    if (!set_lock(fd_, exclusive ? F_WRLCK : F_RDLCK, 0, kLiveByte, /*wait=*/true)) {
+      throw CommError(str_cat("FileStore: cannot lock the store file (", std::strerror(errno), ")."));
     }
   }
-  ~Lock() { ::flock(fd_, LOCK_UN); }
+  ~Lock() { set_lock(fd_, F_UNLCK, 0, kLiveByte, /*wait=*/false); }
   Lock(const Lock&) = delete;
   Lock& operator=(const Lock&) = delete;
 
@@ -83,20 +133,28 @@ class FileStore::Lock {
 
 FileStore::FileStore(std::string path, FileStoreOptions options)
     : Store(options.timeout), path_(std::move(path)), options_(std::move(options)) {
-  std::string error;
-  fd_ = detail::open_for_update(path_, 0644, &error);  // never through a link (Note [Creating a file])
-  DATAPAR_CHECK(fd_ >= 0, "FileStore: cannot open ", path_, " (", error,
-                "). Check that the directory exists and every process can write to it.");
+  run_digest_ = detail::handshake::run_digest(options_.run_id);
   std::lock_guard<std::mutex> guard(mutex_);
-  try {
-    Lock lock(fd_, /*exclusive=*/true);
-    // Before anything is read or written: a file that is not a store is someone's data.
-    DATAPAR_CHECK(is_store_file(fd_), "FileStore: ", path_, " is not a datapar store (it holds other data), so it ",
-                  "was left as it is. Check the file:// path, or give a new or empty file.");
-    join_locked();
-  } catch (...) {
-    ::close(fd_);
-    throw;
+  for (int attempt = 0;; ++attempt) {
+    std::string error;
+    fd_ = detail::open_for_update(path_, 0644, &error);  // never through a link (Note [Creating a file])
+    DATAPAR_CHECK(fd_ >= 0, "FileStore: cannot open ", path_, " (", error,
+                  "). Check that the directory exists and every process can write to it.");
+    try {
+      Lock lock(fd_, /*exclusive=*/true);
+      if (!still_at(fd_, path_) && attempt < 8) {  // removed meanwhile: open the new one
+        ::close(fd_);
+        continue;
+      }
+      // Before anything is read or written: a file that is not a store is someone's data.
+      DATAPAR_CHECK(is_store_file(fd_), "FileStore: ", path_, " is not a datapar store (it holds other data), so it ",
+                    "was left as it is. Check the file:// path, or give a new or empty file.");
+      join_locked();
+      return;
+    } catch (...) {
+      ::close(fd_);
+      throw;
+    }
   }
 }
 
@@ -113,20 +171,33 @@ bool FileStore::is_store_file(int fd) {
 
 void FileStore::join_locked() {
   refresh();
-  const auto joined = table_.find(kJoined);
-  const bool complete_earlier_run = options_.world_size > 0 && joined != table_.end() &&
-                                    as_integer(joined->second, kJoined) >= options_.world_size;
-  if (offset_ > 0 && (file_run_id_ != options_.run_id || complete_earlier_run)) {
-    // A stale file from an earlier run: start afresh rather than read its keys.
-    if (::ftruncate(fd_, 0) != 0) throw CommError(str_cat("FileStore: cannot reset stale ", path_, ": ", std::strerror(errno)));
-    table_.clear();
-    offset_ = 0;
+  if (offset_ > 0) {
+    const auto joined = table_.find(kJoined);
+    const int64_t count = joined == table_.end() ? 0 : as_integer(joined->second, kJoined);
+    if (used_by_others(fd_)) {  // Note [Live stores]
+      DATAPAR_CHECK(file_run_ == run_digest_, "FileStore: ", path_, " is the store of another job, which is still ",
+                    "running (", count, " processes joined it; its run id differs from this process's). This ",
+                    "process leaves it alone: give each job its own file:// path.");
+      DATAPAR_CHECK(options_.world_size <= 0 || count < options_.world_size, "FileStore: ", path_,
+                    " is the store of a running job of this run id that all ", options_.world_size,
+                    " processes joined already: is this a second job with the same run id (DATAPAR_RUN_ID)? Give ",
+                    "each job its own file:// path and run id.");
+    } else {
+      // Stale: nobody uses it, whatever run left it. Start afresh rather than read its keys.
+      if (::ftruncate(fd_, 0) != 0) throw CommError(str_cat("FileStore: cannot reset stale ", path_, ": ", std::strerror(errno)));
+      table_.clear();
+      offset_ = 0;
+    }
   }
   if (offset_ == 0) {
-    append(kHeader, "run_id", Bytes(options_.run_id.begin(), options_.run_id.end()));
-    file_run_id_ = options_.run_id;
+    append(kHeader, "run_id", run_digest_);
+    file_run_ = run_digest_;
   }
   add_locked(kJoined, 1);
+  // From now until the file is closed, this process uses the store.
+  if (!set_lock(fd_, F_RDLCK, kLiveByte, 1, /*wait=*/false)) {
+    throw CommError(str_cat("FileStore: cannot mark ", path_, " as in use (", std::strerror(errno), ")."));
+  }
 }
 
 FileStore::~FileStore() {
@@ -138,7 +209,7 @@ FileStore::~FileStore() {
     const auto joined = table_.find(kJoined);
     const int64_t everyone = options_.world_size > 0 ? options_.world_size
                                                      : (joined == table_.end() ? 0 : as_integer(joined->second, kJoined));
-    if (finished >= everyone) ::unlink(path_.c_str());
+    if (finished >= everyone && still_at(fd_, path_)) ::unlink(path_.c_str());
   } catch (...) {
     // Cleanup is best effort; a leftover file is recognised as stale by the next run.
   }
@@ -150,7 +221,7 @@ void FileStore::refresh() {
   if (::fstat(fd_, &st) != 0) throw CommError(str_cat("FileStore: cannot stat ", path_, ": ", std::strerror(errno)));
   if (st.st_size < offset_) {  // reset by another process: read from the start
     table_.clear();
-    file_run_id_.clear();
+    file_run_.clear();
     offset_ = 0;
   }
   if (st.st_size == offset_) return;
@@ -173,7 +244,7 @@ void FileStore::refresh() {
     std::string key(data.begin() + pos + 5, data.begin() + pos + 5 + key_len);
     Bytes value(data.begin() + pos + 9 + key_len, data.begin() + end);
     if (type == kHeader) {
-      file_run_id_.assign(value.begin(), value.end());
+      file_run_ = std::move(value);
     } else if (type == kSetRecord) {
       table_[std::move(key)] = std::move(value);
     } else if (type == kDeleteRecord) {

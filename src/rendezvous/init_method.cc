@@ -145,6 +145,7 @@ Rendezvous rendezvous(const std::string& init_method, int rank, int world_size, 
     options.is_server = rank == 0;
     options.timeout = timeout;
     options.token = config.store_token;
+    options.run_id = config.run_id;
     if (options.token.empty()) refuse_across_machines(method.host, world_size, config);
     result.store = std::make_shared<TcpStore>(options);
   }

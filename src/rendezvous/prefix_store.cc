@@ -41,4 +41,9 @@ bool PrefixStore::delete_key(const std::string& key) { return store_->delete_key
 
 int64_t PrefixStore::num_keys() { return store_->num_keys(); }
 
+std::shared_ptr<Store> PrefixStore::clone(std::chrono::milliseconds timeout) const {
+  std::shared_ptr<Store> base = store_->clone(timeout);
+  return base ? std::make_shared<PrefixStore>(prefix_, std::move(base)) : nullptr;
+}
+
 }  // namespace datapar

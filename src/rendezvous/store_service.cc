@@ -6,7 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "rendezvous/store_token.h"
+#include "datapar/error.h"
+#include "rendezvous/store_handshake.h"
 #include "rendezvous/tcp_wire.h"
 
 namespace datapar::detail {
@@ -31,7 +32,12 @@ std::optional<int64_t> as_integer(const Bytes& value) {
 
 }  // namespace
 
-StoreService::StoreService(std::string token, StoreLimits limits) : token_(std::move(token)), limits_(limits) {}
+StoreService::StoreService(std::string token, const std::string& run_id, StoreLimits limits,
+                           std::function<Bytes()> make_nonce)
+    : token_(std::move(token)),
+      run_digest_(handshake::run_digest(run_id)),
+      limits_(limits),
+      make_nonce_(make_nonce ? std::move(make_nonce) : std::function<Bytes()>(handshake::fresh_nonce)) {}
 
 StoreService::Id StoreService::connect(Clock::time_point now) {
   now_ = now;
@@ -217,28 +223,62 @@ void StoreService::wake_waiters() {
   }
 }
 
-// A hello that decodes is answered, either way, so the connection stops being a stranger;
-// a refused one is closed once its answer is out.
+void StoreService::refuse(Connection& c, const std::string& why) {
+  reply(c, status(Status::kRefused).str(why).frame());
+  c.fate = Fate::kCloseAfterOutput;
+}
+
+// Note [Handshake], steps 1 and 2. A hello that does not decode closes the connection; one
+// that does is answered, a refused one then closed. Either way the connection stays a
+// stranger until its proof (serve_proof).
 bool StoreService::serve_hello(Connection& c, const uint8_t* body, uint32_t size) {
   Reader r(body, size);
   char magic[4];
   for (char& m : magic) m = static_cast<char>(r.u8());
   const uint8_t version = r.u8();
-  const std::string presented = r.str();
-  if (!r.done() || std::memcmp(magic, wire::kMagic, 4) != 0 || version != wire::kVersion) return false;
-  --strangers_;
-  c.greeted = true;
-  if (!constant_time_equal(presented, token_)) {
-    reply(c, status(Status::kRefused).str("the store token does not match this job's").frame());
-    c.fate = Fate::kCloseAfterOutput;
+  if (!r.ok() || std::memcmp(magic, wire::kMagic, 4) != 0) return false;
+  if (version != wire::kVersion) {
+    // Answered before anything else is read: version 1 sent its token in clear.
+    refuse(c, str_cat("this store speaks protocol version ", int{wire::kVersion}, " and this process version ",
+                      int{version}, ": run the same datapar in every process of the job"));
     return true;
   }
+  const Bytes client_nonce = r.bytes();
+  const Bytes run = r.bytes();
+  if (!r.done() || client_nonce.size() != handshake::kNonceBytes || run.size() != handshake::kDigestBytes) return false;
+  if (!handshake::same_bytes(run, run_digest_)) {
+    refuse(c, "this store belongs to another job (its run id differs from this process's: DATAPAR_RUN_ID, or "
+              "datapar launch --run-id). Two jobs share one store address: give each its own MASTER_PORT "
+              "(datapar launch --master-port), or let datapar launch choose a free one");
+    return true;
+  }
+  const Bytes server_nonce = make_nonce_();
+  reply(c, status(Status::kOk)
+               .bytes(server_nonce)
+               .bytes(handshake::proof(token_, handshake::Side::kServer, client_nonce, server_nonce, run_digest_))
+               .frame());
+  c.expected_proof = handshake::proof(token_, handshake::Side::kClient, client_nonce, server_nonce, run_digest_);
+  return true;
+}
+
+// Note [Handshake], steps 3 and 4.
+bool StoreService::serve_proof(Connection& c, const uint8_t* body, uint32_t size) {
+  Reader r(body, size);
+  const Bytes proof = r.bytes();
+  if (!r.done()) return false;
+  if (!handshake::same_bytes(proof, c.expected_proof)) {
+    refuse(c, "the store token does not match this job's");
+    return true;
+  }
+  c.expected_proof.clear();
+  --strangers_;
+  c.greeted = true;
   reply(c, status(Status::kOk).frame());
   return true;
 }
 
 bool StoreService::serve(Id id, Connection& c, const uint8_t* body, uint32_t size) {
-  if (!c.greeted) return serve_hello(c, body, size);
+  if (!c.greeted) return c.expected_proof.empty() ? serve_hello(c, body, size) : serve_proof(c, body, size);
   Reader r(body, size);
   const auto op = static_cast<Op>(r.u8());
   const auto ok = [] { return status(Status::kOk); };

@@ -6,9 +6,10 @@
 // input costs bounded memory before the hello (Note [Strangers]), and a client's queued
 // output is bounded by stopping to read it (want() == 0) until it drains.
 //
-// Note [Strangers]: a connection that has not presented the token is a stranger. It may
-// buffer at most one hello (kMaxHelloBytes + 4); a first frame announcing more is refused
-// on its length alone. It must complete the hello within hello_timeout, and at most
+// Note [Strangers]: a connection that has not completed the handshake (Note [Handshake] in
+// store_handshake.h) is a stranger. It may buffer at most one frame of kMaxHelloBytes + 4
+// bytes; a frame announcing more is refused on its length alone. It must complete the
+// handshake within hello_timeout, and at most
 // max_strangers exist at once: a new one drops the oldest. So strangers cost the server
 // at most max_strangers descriptors and a few hundred bytes each, however many come.
 #pragma once
@@ -17,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -29,7 +31,7 @@
 namespace datapar::detail {
 
 struct StoreLimits {
-  // Time a new connection gets to complete its hello.
+  // Time a new connection gets to complete the handshake.
   std::chrono::milliseconds hello_timeout = std::chrono::seconds(5);
   // Strangers (connections before their hello) at once; one more drops the oldest.
   size_t max_strangers = 128;
@@ -42,8 +44,11 @@ class StoreService {
   using Clock = std::chrono::steady_clock;
   using Id = uint64_t;
 
-  // Clients must present `token` in their hello (compared in constant time).
-  explicit StoreService(std::string token, StoreLimits limits = {});
+  // Clients must prove that they know `token` and belong to the run `run_id` (Note
+  // [Handshake]). `make_nonce` gives the server's nonces (null: fresh random ones; a fuzzer
+  // gives fixed ones, to reach past the handshake).
+  StoreService(std::string token, const std::string& run_id, StoreLimits limits = {},
+               std::function<Bytes()> make_nonce = nullptr);
 
   // A new connection, accepted at `now`. Beyond max_strangers it drops the oldest stranger
   // (its done() turns true).
@@ -73,7 +78,8 @@ class StoreService {
  private:
   enum class Fate { kOpen, kCloseAfterOutput, kClose };
   struct Connection {
-    bool greeted = false;  // its hello was answered (a refused one is closing)
+    bool greeted = false;  // completed the handshake: no longer a stranger
+    Bytes expected_proof;  // after the hello: the client's proof it must send next
     Fate fate = Fate::kOpen;
     Bytes in;              // received, not served yet (at most one frame plus one read)
     size_t in_used = 0;    // bytes of `in` already served
@@ -91,12 +97,16 @@ class StoreService {
   void process(Id id, Connection& c);  // serves what `in` holds, while not blocked
   bool serve(Id id, Connection& c, const uint8_t* body, uint32_t size);  // false: close it
   bool serve_hello(Connection& c, const uint8_t* body, uint32_t size);
+  bool serve_proof(Connection& c, const uint8_t* body, uint32_t size);
+  void refuse(Connection& c, const std::string& why);  // answers kRefused, closes after
   bool has_all(const std::vector<std::string>& keys) const;
   void wake_waiters();
   void run_ready();  // processes the connections a wake-up unblocked
 
   std::string token_;
+  Bytes run_digest_;
   StoreLimits limits_;
+  std::function<Bytes()> make_nonce_;
   std::unordered_map<std::string, Bytes> table_;
   std::unordered_map<Id, Connection> connections_;
   Id next_id_ = 1;

@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <netdb.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 
 #include "datapar/error.h"
 #include "new_file.h"
+#include "random_bytes.h"
 #include "rendezvous/tcp_wire.h"
 
 namespace datapar::detail {
@@ -34,17 +34,8 @@ std::string not_private(const std::string& dir) {
 }  // namespace
 
 std::string random_token() {
-  unsigned char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error(str_cat("TcpStore: cannot read random bytes for a store token: ", std::strerror(errno)));
-    got += static_cast<size_t>(n);
-  }
-  static const char* hex = "0123456789abcdef";
-  std::string token;
-  for (unsigned char b : bytes) token += hex[b >> 4], token += hex[b & 15];
+  std::string token = random_hex(16);
+  if (token.empty()) throw Error(str_cat("TcpStore: cannot read random bytes for a store token: ", std::strerror(errno)));
   return token;
 }
 

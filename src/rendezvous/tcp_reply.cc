@@ -15,6 +15,10 @@ std::optional<Reply> decode_reply(Op request, const uint8_t* body, size_t size) 
     case Status::kOk:
       switch (request) {
         case Op::kHello:
+          reply.value = r.bytes();
+          reply.proof = r.bytes();
+          break;
+        case Op::kProof:
         case Op::kSet:
         case Op::kWait:
           break;
@@ -38,7 +42,7 @@ std::optional<Reply> decode_reply(Op request, const uint8_t* body, size_t size) 
       }
       break;
     case Status::kRefused:
-      if (request != Op::kHello) return std::nullopt;
+      if (request != Op::kHello && request != Op::kProof) return std::nullopt;
       reply.message = r.str();
       break;
     case Status::kNotFound:
@@ -49,7 +53,7 @@ std::optional<Reply> decode_reply(Op request, const uint8_t* body, size_t size) 
       reply.keys = r.strs();
       break;
     case Status::kError:
-      if (request == Op::kHello) return std::nullopt;
+      if (request == Op::kHello || request == Op::kProof) return std::nullopt;
       reply.message = r.str();
       break;
   }

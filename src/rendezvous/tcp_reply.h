@@ -16,14 +16,16 @@ namespace datapar::detail::wire {
 // What a reply says. Which fields are set depends on the request and the status.
 struct Reply {
   Status status = Status::kError;
-  Bytes value;                    // kGet, kCompareSet
+  Bytes value;                    // kGet, kCompareSet; kHello: the server's nonce
+  Bytes proof;                    // kHello: the server's proof
   int64_t number = 0;             // kAdd, kNumKeys
   bool flag = false;              // kCheck, kDelete
   std::vector<std::string> keys;  // kWait answered kTimeout: the keys still missing
   std::string message;            // kRefused, kError
 };
 
-// Decodes the body of the reply to `request` (Op::kHello for the hello). nullopt when it
+// Decodes the body of the reply to `request` (Op::kHello, Op::kProof for the handshake's
+// messages). nullopt when it
 // is malformed: a status this request cannot get, or fields that do not decode exactly.
 std::optional<Reply> decode_reply(Op request, const uint8_t* body, size_t size);
 

@@ -10,6 +10,7 @@
 
 #include "datapar/error.h"
 #include "rendezvous/socket.h"
+#include "rendezvous/store_handshake.h"
 #include "rendezvous/store_token.h"
 #include "rendezvous/tcp_reply.h"
 #include "rendezvous/tcp_store_server.h"
@@ -45,25 +46,25 @@ std::string join(const std::vector<std::string>& keys) {
 std::string make_store_token() { return detail::random_token(); }
 
 TcpStore::TcpStore(TcpStoreOptions options)
-    : Store(options.timeout), host_(options.host), port_(options.port) {
+    : Store(options.timeout), host_(options.host), port_(options.port), token_(options.token),
+      run_id_(options.run_id) {
   const auto deadline = Clock::now() + timeout();
-  std::string token = options.token;
-  DATAPAR_CHECK(token.size() <= detail::wire::kMaxTokenBytes, "TcpStore: the store token has ", token.size(),
+  DATAPAR_CHECK(token_.size() <= detail::wire::kMaxTokenBytes, "TcpStore: the store token has ", token_.size(),
                 " bytes; it may have at most ", detail::wire::kMaxTokenBytes, " bytes.");
-  const bool generated = token.empty();  // Note [Token] in store_token.h
-  const std::string connect_host = options.is_server && (host_ == "0.0.0.0" || host_ == "::") ? "127.0.0.1" : host_;
+  const bool generated = token_.empty();  // Note [Token] in store_token.h
+  connect_host_ = options.is_server && (host_ == "0.0.0.0" || host_ == "::") ? "127.0.0.1" : host_;
   if (options.is_server) {
-    if (generated) token = detail::random_token();
-    server_ = std::make_unique<detail::TcpStoreServer>(host_, port_, token, /*publish=*/generated);
+    if (generated) token_ = detail::random_token();
+    server_ = std::make_unique<detail::TcpStoreServer>(host_, port_, token_, run_id_, /*publish=*/generated);
     port_ = server_->port();
   } else if (generated) {
-    DATAPAR_CHECK(detail::is_local_address(connect_host), "TcpStore: this process has no store token, and the ",
+    DATAPAR_CHECK(detail::is_local_address(connect_host_), "TcpStore: this process has no store token, and the ",
                   "store at ", where(), " is on another machine, where a generated token cannot be read. ", kTokenHint);
   }
   auto backoff = std::chrono::milliseconds(10);
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    fd_ = detail::connect_tcp(connect_host, port_, std::max(left, std::chrono::milliseconds(1)), "TcpStore");
+    fd_ = detail::connect_tcp(connect_host_, port_, std::max(left, std::chrono::milliseconds(1)), "TcpStore");
     if (generated && !options.is_server) {
       // The server published its token before it listened, so it is there now.
       const auto published = detail::read_local_token(port_);
@@ -74,17 +75,10 @@ TcpStore::TcpStore(TcpStoreOptions options)
                                            " published none on this machine (", detail::local_token_path(port_),
                                            "): it was given one. ", kTokenHint));
       }
-      token = *published;
+      token_ = *published;
     }
-    Reply reply;
-    const Exchange result = exchange(detail::wire::hello_frame(token), Op::kHello, deadline, &reply);
-    if (result == Exchange::kOk && reply.status == Status::kOk) return;
-    if (result == Exchange::kOk) {
-      ::close(fd_);
-      fd_ = -1;
-      throw InvalidArgumentError(str_cat("TcpStore: ", where(), " refused this process: ", reply.message, ". ",
-                                         kTokenHint));
-    }
+    const Exchange result = handshake(deadline);
+    if (result == Exchange::kOk) return;
     // Closed before it answered: a server busy with a flood of strangers drops the oldest
     // ones, and this may have been one. Try again while there is time.
     if (result == Exchange::kClosed && Clock::now() + backoff < deadline) {
@@ -94,8 +88,50 @@ TcpStore::TcpStore(TcpStoreOptions options)
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
       continue;
     }
-    fail(result, "the hello", timeout());
+    fail(result, "the handshake", timeout());
   }
+}
+
+TcpStore::Exchange TcpStore::handshake(Clock::time_point deadline) {
+  namespace hs = detail::handshake;
+  auto refused = [this](const std::string& why, const char* hint) {
+    ::close(fd_);
+    fd_ = -1;
+    return InvalidArgumentError(str_cat("TcpStore: ", where(), " refused this process: ", why, ".",
+                                        *hint ? " " : "", hint));
+  };
+  const Bytes client_nonce = hs::fresh_nonce();
+  const Bytes run = hs::run_digest(run_id_);
+  Reply hello;
+  Exchange result = exchange(detail::wire::hello_frame(client_nonce, run), Op::kHello, deadline, &hello);
+  if (result != Exchange::kOk) return result;
+  if (hello.status != Status::kOk) throw refused(hello.message, "");
+  const Bytes& server_nonce = hello.value;
+  if (server_nonce.size() != hs::kNonceBytes ||
+      !hs::same_bytes(hello.proof, hs::proof(token_, hs::Side::kServer, client_nonce, server_nonce, run))) {
+    ::close(fd_);
+    fd_ = -1;
+    throw InvalidArgumentError(str_cat(
+        "TcpStore: the server at ", where(), " does not share this process's store token (its proof of the token ",
+        "does not match): this process has the wrong token, or another job's store or another program holds the ",
+        "port. Nothing secret was sent to it. Check MASTER_ADDR and MASTER_PORT. ", kTokenHint));
+  }
+  Reply verdict;
+  result = exchange(detail::wire::proof_frame(hs::proof(token_, hs::Side::kClient, client_nonce, server_nonce, run)),
+                    Op::kProof, deadline, &verdict);
+  if (result != Exchange::kOk) return result;
+  if (verdict.status != Status::kOk) throw refused(verdict.message, kTokenHint);
+  return Exchange::kOk;
+}
+
+std::shared_ptr<Store> TcpStore::clone(std::chrono::milliseconds timeout) const {
+  TcpStoreOptions options;
+  options.host = connect_host_;
+  options.port = port_;
+  options.token = token_;
+  options.run_id = run_id_;
+  options.timeout = timeout;
+  return std::make_shared<TcpStore>(options);
 }
 
 TcpStore::~TcpStore() {
@@ -107,7 +143,8 @@ std::string TcpStore::where() const { return host_ + ":" + std::to_string(port_)
 
 TcpStore::Exchange TcpStore::exchange(const Bytes& request, Op op, Clock::time_point deadline, Reply* reply) {
   if (!detail::send_all(fd_, request.data(), request.size())) return Exchange::kClosed;
-  detail::wire::FrameCollector frame(op == Op::kHello ? detail::wire::kMaxHelloBytes : detail::wire::kMaxFrameBytes);
+  const bool handshake = op == Op::kHello || op == Op::kProof;
+  detail::wire::FrameCollector frame(handshake ? detail::wire::kMaxHelloBytes : detail::wire::kMaxFrameBytes);
   uint8_t buffer[64 << 10];
   while (!frame.complete()) {
     const ssize_t n = detail::recv_some(fd_, buffer, std::min(sizeof(buffer), frame.missing()), deadline);
@@ -127,9 +164,10 @@ void TcpStore::fail(Exchange result, const char* what, std::chrono::milliseconds
   fd_ = -1;
   switch (result) {
     case Exchange::kTimeout:
-      throw TimeoutError(str_cat("TcpStore: no reply from ", where(), " to ", what, " within ",
+      throw TimeoutError(str_cat("TcpStore: the job's store at ", where(), " did not answer ", what, " within ",
                                  std::chrono::duration<double>(reply_timeout).count(),
-                                 " s. Is the server overloaded or stopped?"));
+                                 " s: the process that serves it (rank 0, in jobs datapar starts) is stopped, hung, ",
+                                 "overloaded or cut off from this one."));
     case Exchange::kMalformed:
       throw CommError(str_cat("TcpStore: ", where(), " answered ", what,
                               " with something that is not a datapar store reply. Is the address right ",

@@ -44,8 +44,9 @@ int poll_timeout(Clock::time_point now, Clock::time_point until) {
 
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::string token, bool publish)
-    : token_(std::move(token)) {
+TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::string token, std::string run_id,
+                               bool publish)
+    : token_(std::move(token)), run_id_(std::move(run_id)) {
   DATAPAR_INTERNAL_ASSERT(!token_.empty(), "a store server without a token");
   try {
     listen_fd_ = listen_tcp(host, port, &port_, [&](uint16_t bound) {
@@ -77,7 +78,7 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 void TcpStoreServer::loop() {
-  StoreService service(token_);
+  StoreService service(token_, run_id_);
   std::vector<Connection> connections;
   std::vector<pollfd> fds;
   std::vector<uint8_t> buffer(64u << 10);

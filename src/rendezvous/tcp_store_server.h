@@ -19,11 +19,12 @@ namespace datapar::detail {
 class TcpStoreServer {
  public:
   // Listens on host:port (port 0: a free port, see port()) and serves on a thread of its
-  // own until destroyed. Clients must present `token`, which must not be empty. With
-  // `publish`, the token is written where this user's processes find it (store_token.h)
-  // before the server listens, and removed when it stops.
+  // own until destroyed. Clients must prove that they know `token`, which must not be
+  // empty, and belong to the run `run_id` (Note [Handshake]). With `publish`, the token is
+  // written where this user's processes find it (store_token.h) before the server listens,
+  // and removed when it stops.
   // Throws InvalidArgumentError when it cannot listen.
-  TcpStoreServer(const std::string& host, uint16_t port, std::string token, bool publish = false);
+  TcpStoreServer(const std::string& host, uint16_t port, std::string token, std::string run_id, bool publish = false);
   ~TcpStoreServer();
 
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -35,6 +36,7 @@ class TcpStoreServer {
   void loop();
 
   std::string token_;
+  std::string run_id_;
   bool published_ = false;
   uint16_t port_ = 0;
   int listen_fd_ = -1;

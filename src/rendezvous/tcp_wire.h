@@ -6,10 +6,10 @@
 // value is a u32 length and the bytes; an integer is 8 bytes, little-endian, two's
 // complement; a list is a u32 count and its items. docs/store_protocol.md describes the
 // exchange:
-//   1. The client sends a hello: "DPST", u8 version (1), string token (at most
-//      kMaxTokenBytes).
-//   2. The server answers u8 status (kOk, or kRefused and a string reason, then closes).
-//   3. Then request/reply pairs, one at a time per connection. A request is u8 op and its
+//   1. The handshake (Note [Handshake] in store_handshake.h): the client's hello, the
+//      server's answer and proof, the client's proof, the server's verdict. The token
+//      itself is never sent.
+//   2. Then request/reply pairs, one at a time per connection. A request is u8 op and its
 //      fields; a reply is u8 status and its fields (see Op below).
 // A frame that does not decode exactly (unknown op, short or trailing bytes) closes that
 // connection; the server carries on serving everyone else.
@@ -25,17 +25,19 @@
 namespace datapar::detail::wire {
 
 constexpr char kMagic[4] = {'D', 'P', 'S', 'T'};
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;  // 1: the token in clear, refused since
 constexpr uint32_t kMaxFrameBytes = 64u << 20;
 constexpr uint32_t kMaxTokenBytes = 256;
 // Keys in one list (a wait or check): a frame of empty keys would otherwise cost 8 times
 // its size in string objects.
 constexpr uint32_t kMaxListItems = 1u << 20;
-// The longest hello body: magic, version, token length, token.
+// The longest frame a stranger may send: version 1's hello (magic, version, token length,
+// token), so that an old client is answered, not cut off; version 2's are shorter.
 constexpr uint32_t kMaxHelloBytes = 4 + 1 + 4 + kMaxTokenBytes;
 
 enum class Op : uint8_t {
   kHello = 0,       // not sent as an op: names the hello's reply in decode_reply()
+  kProof = 9,       // not sent as an op either: names the reply to the client's proof
   kSet = 1,         // key, value                  -> kOk
   kGet = 2,         // key                         -> kOk value | kNotFound
   kAdd = 3,         // key, i64 delta              -> kOk i64 new value
@@ -145,12 +147,15 @@ class Reader {
   bool ok_ = true;
 };
 
-// The hello frame presenting `token`.
-inline Bytes hello_frame(const std::string& token) {
+// The client's hello (Note [Handshake]).
+inline Bytes hello_frame(const Bytes& client_nonce, const Bytes& run_digest) {
   Writer w;
   for (char m : kMagic) w.u8(static_cast<uint8_t>(m));
-  return w.u8(kVersion).str(token).frame();
+  return w.u8(kVersion).bytes(client_nonce).bytes(run_digest).frame();
 }
+
+// The client's proof, the handshake's third message.
+inline Bytes proof_frame(const Bytes& proof) { return Writer().bytes(proof).frame(); }
 
 // The length prefix of a frame starting at data (at least 4 bytes).
 inline uint32_t frame_length(const uint8_t* data) {

@@ -12,18 +12,13 @@
 
 #include "datapar/error.h"
 #include "datapar/warning.h"
+#include "file_system.h"
 #include "new_file.h"
 
 namespace datapar::detail {
 namespace {
 
 std::string errno_text(int err) { return std::strerror(err); }
-
-std::string directory_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
 
 // Each directory's warning once per process: a checkpoint every epoch would repeat it.
 void warn_once_for(const std::string& dir, const std::string& message) {

@@ -94,7 +94,8 @@ bool torch_file_is_intact(const std::string& path) noexcept {
   }
 }
 
-c10::IValue torch_load(const std::string& path) {
+c10::IValue torch_load(const std::string& path, uint32_t* digest) {
+  uint32_t records_digest = 0;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     throw CheckpointError(str_cat(path, ": cannot open (", std::strerror(errno), "). Check the path."));
@@ -133,6 +134,7 @@ c10::IValue torch_load(const std::string& path) {
         throw CheckpointError(str_cat("record ", name, " is damaged (its CRC-32 does not match: a changed bit on disk or in a copy?)",
                                       ". Load an earlier checkpoint"));
       }
+      records_digest = crc32(&entry->second.crc, sizeof(entry->second.crc), records_digest);
       return std::make_pair(std::move(data), size);
     };
     if (reader->hasRecord("byteorder")) {
@@ -159,7 +161,9 @@ c10::IValue torch_load(const std::string& path) {
       if (size > 0) std::memcpy(t.data_ptr(), data.first.get(), size);
       return t;
     };
-    return read_pickle(static_cast<const char*>(pickle.first.get()), pickle.second, load);
+    c10::IValue value = read_pickle(static_cast<const char*>(pickle.first.get()), pickle.second, load);
+    if (digest != nullptr) *digest = records_digest;
+    return value;
   } catch (const CheckpointError& e) {
     throw CheckpointError(str_cat(path, ": ", e.what(), "."));
   } catch (const c10::Error& e) {

@@ -293,7 +293,10 @@ Checkpoint parse_checkpoint(const IValue& value, const std::string& path, const 
 }  // namespace
 
 Checkpoint load_checkpoint(const std::string& path, const c10::Device& device) {
-  return parse_checkpoint(detail::torch_load(path), path, device);
+  uint32_t digest = 0;
+  Checkpoint c = parse_checkpoint(detail::torch_load(path, &digest), path, device);
+  c.digest = digest;
+  return c;
 }
 
 void restore_checkpoint(const Checkpoint& checkpoint, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
@@ -404,8 +407,9 @@ LatestCheckpoint load_latest_checkpoint(const std::string& dir, int64_t rank, co
     }
     ::close(fd);
     IValue value;
+    uint32_t digest = 0;
     try {
-      value = detail::torch_load(path);  // every record against its CRC-32, and the whole data.pkl
+      value = detail::torch_load(path, &digest);  // every record against its CRC-32, and the whole data.pkl
     } catch (const CheckpointError& e) {
       if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) continue;  // moved aside by rank 0 meanwhile
       DamagedCheckpoint damaged{path, e.what(), ""};
@@ -415,6 +419,7 @@ LatestCheckpoint load_latest_checkpoint(const std::string& dir, int64_t rank, co
     }
     // A whole file of another layout or version is not damage: that error is for the user.
     out.checkpoint = parse_checkpoint(value, path, device);
+    out.checkpoint->digest = digest;
     break;
   }
   out.set_aside = list_checkpoints(dir).damaged;

@@ -132,13 +132,63 @@ TEST(FileStore, AStaleFileFromAnEarlierRunDoesNotLeakIntoANewOne) {
     EXPECT_EQ(b.get_string("new"), "1");
   }
   EXPECT_FALSE(exists(path));
-  // Another run id: reset as well, even with an unknown world size.
+  // A run that crashed before everyone joined, with the same run id: nobody uses the file,
+  // so it is stale too (it used to be joined, and the new run timed out).
+  ASSERT_EQ(run_processes(1, [&](int) {
+    auto* lone = new FileStore(path, world(3));
+    lone->set("old", "stale");
+    std::_Exit(0);
+    return 0;
+  }), 1);
+  {
+    FileStore a(path, world(3));
+    EXPECT_FALSE(a.check({"old"}));
+    EXPECT_EQ(a.add("__datapar/joined", 0), 1);  // counted afresh
+  }
+}
+
+// Issue 27: a second job on a file:// path the first still uses reset the first's store,
+// and the first's exit then deleted the second's file. A live store is never reset: the
+// newcomer of another run (or a surplus one of this run) is refused, and the store works on.
+TEST(FileStore, ALiveStoreOfAnotherJobIsNeverReset) {
+  const testing::TempDir dir("file_store");
+  const std::string path = dir.path() + "/store";
   {
     FileStore earlier(path, {0, "run-a", 10s});
-    earlier.set("old", "stale");
-    FileStore later(path, {0, "run-b", 10s});
-    EXPECT_FALSE(later.check({"old"}));
+    earlier.set("mine", "kept");
+    EXPECT_THROW_MSG(FileStore(path, {0, "run-b", 10s}), InvalidArgumentError,
+                     "is the store of another job, which is still running");
+    EXPECT_EQ(earlier.get_string("mine"), "kept");
+    // Another process of another job, the same.
+    EXPECT_EQ(run_processes(1, [&](int) {
+      try {
+        FileStore intruder(path, {2, "run-b", 1s});
+      } catch (const InvalidArgumentError&) {
+        return 0;
+      }
+      return 3;
+    }), 1);
+    EXPECT_EQ(earlier.get_string("mine"), "kept");
   }
+  EXPECT_FALSE(exists(path));  // its last process removed it
+  {
+    FileStore first(path, world(1));
+    EXPECT_THROW_MSG(FileStore(path, world(1)), InvalidArgumentError, "all 1 processes joined already");
+    first.set("k", "v");
+    EXPECT_EQ(first.get_string("k"), "v");
+  }
+  // Once the first job is gone, the second starts on a file of its own.
+  FileStore second(path, {0, "run-b", 10s});
+  EXPECT_FALSE(second.check({"mine"}));
+}
+
+// The file never holds the run id in clear: by default it is the store token.
+TEST(FileStore, TheFileHoldsNoRunIdInClear) {
+  const testing::TempDir dir("file_store");
+  const std::string path = dir.path() + "/store";
+  FileStore store(path, {1, "token-like-secret-1234", 10s});
+  store.set("k", "v");
+  EXPECT_EQ(read_text(path).find("token-like-secret"), std::string::npos);
 }
 
 // Finding: a file:// path naming a file that is not a store (a typo, a checkpoint) was

@@ -200,6 +200,35 @@ TEST(InitMethod, ProcessesOfOneMachineShareAGeneratedToken) {
   for (const auto& r : results) EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// Issue 27: two jobs started on one port with one token trained together (a rank of the
+// second joined the first's store and took a rank of it). Each job's run id (DATAPAR_RUN_ID,
+// which datapar launch sets) is checked at the join: the second job's rank is refused at
+// once, and the first job's own rank still joins.
+TEST(Rendezvous, ARankOfAnotherJobOnTheSamePortIsRefused) {
+  const ReservedPort reserved;
+  const std::string port = std::to_string(reserved.port());
+  auto env = [&](int rank, const std::string& run) {
+    return fake_env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"RANK", std::to_string(rank)},
+                     {"WORLD_SIZE", "2"}, {"DATAPAR_STORE_TOKEN", "shared-token"}, {"DATAPAR_RUN_ID", run}});
+  };
+  std::string first_rank0_error = "not run";
+  std::thread rank0([&] {
+    try {
+      rendezvous("env://", -1, -1, 20s, env(0, "job-a"));
+      first_rank0_error = "";
+    } catch (const std::exception& e) {
+      first_rank0_error = e.what();
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW_MSG(rendezvous("env://", -1, -1, 20s, env(1, "job-b")), InvalidArgumentError,
+                   "this store belongs to another job");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "refused at once, not at the timeout";
+  EXPECT_EQ(rendezvous("env://", -1, -1, 20s, env(1, "job-a")).rank, 1);
+  rank0.join();
+  EXPECT_EQ(first_rank0_error, "");
+}
+
 TEST(Rendezvous, UnreachableMasterTimesOut) {
   const ReservedPort port;  // nothing listens there, and nothing else can start to
   const std::string url = "tcp://127.0.0.1:" + std::to_string(port.port());

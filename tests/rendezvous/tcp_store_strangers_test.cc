@@ -24,6 +24,7 @@
 #include "datapar/error.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
+#include "testing/raw_handshake.h"
 
 extern char** environ;
 
@@ -143,9 +144,6 @@ std::string u32(uint32_t v) {
 
 std::string frame(const std::string& body) { return u32(static_cast<uint32_t>(body.size())) + body; }
 
-std::string hello(const std::string& token) {
-  return frame(std::string("DPST") + '\x01' + u32(static_cast<uint32_t>(token.size())) + token);
-}
 
 // Whether the server closes `fd` within `deadline` (reading and dropping what it sends).
 bool closed_by_server(int fd, std::chrono::milliseconds deadline) {
@@ -196,7 +194,8 @@ TEST(TcpStoreStrangers, StrangersMustHelloWithinTheDeadline) {
   TcpStore server({"127.0.0.1", 0, true, "s3cret", 10s});
   const int idle = raw_connect(server.port());
   const int slow = raw_connect(server.port());
-  send_text(slow, hello("s3cret").substr(0, 7));  // half a hello, then silence
+  const Bytes hello = testing::hello_bytes();
+  send_text(slow, std::string(hello.begin(), hello.begin() + 7));  // half a hello, then silence
   const auto start = Clock::now();
   EXPECT_TRUE(closed_by_server(idle, 10s));
   EXPECT_TRUE(closed_by_server(slow, 2s));
@@ -283,9 +282,7 @@ TEST(TcpStoreStrangers, AClientThatNeverReadsHasBoundedOutput) {
   client.set("big", Bytes(1 << 20, 7));
   const long baseline = server.peak_kib();
   const int fd = raw_connect(server.port);
-  send_text(fd, hello("s3cret"));
-  char ok[5];
-  ASSERT_EQ(::recv(fd, ok, sizeof(ok), MSG_WAITALL), 5);
+  ASSERT_EQ(testing::raw_handshake(fd, "s3cret"), 0);
   std::string gets;
   for (int i = 0; i < 300; ++i) gets += frame(std::string("\x02") + u32(3) + "big");
   send_text(fd, gets);  // 3.6 KB asking for 300 MiB, and never a byte read
@@ -313,26 +310,18 @@ TEST(TcpStoreStrangers, AddThatOverflowsIsAnError) {
 // with a 64 MiB length and then a trickle.
 TEST(TcpStoreClient, GarbageRepliesCostTheClientNoMemory) {
   for (const std::string& reply : {u32(256u << 20), u32(64u << 20) + std::string(100, 'x')}) {
-    const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    ASSERT_EQ(::listen(listener, 4), 0);
-    socklen_t len = sizeof(addr);
-    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    const testing::LoopbackListener listener;
     std::thread fake([&] {
-      const int fd = ::accept(listener, nullptr, nullptr);
+      const int fd = ::accept(listener.fd, nullptr, nullptr);
       char buffer[512];
       (void)::recv(fd, buffer, sizeof(buffer), 0);  // the hello
       (void)::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
       closed_by_server(fd, 10s);  // until the client gives up
       ::close(fd);
     });
-    Child client({bin("store_probe"), "connect", std::to_string(ntohs(addr.sin_port)), "t", "1000"});
+    Child client({bin("store_probe"), "connect", std::to_string(listener.port), "t", "1000"});
     const std::string output = client.read_all();
     fake.join();
-    ::close(listener);
     EXPECT_NE(output.find("error: "), std::string::npos) << output;
     const size_t at = output.find("growth_kib ");
     ASSERT_NE(at, std::string::npos) << output;

@@ -115,7 +115,7 @@ TEST(TcpStore, SixtyFourClientsAddAtOnce) {
 
 TEST(TcpStore, ClientWithoutTheTokenIsRefused) {
   TcpStore server = make_server("s3cret");
-  EXPECT_THROW_MSG(TcpStore(client_of(server, "wrong")), InvalidArgumentError, "token does not match");
+  EXPECT_THROW_MSG(TcpStore(client_of(server, "wrong")), InvalidArgumentError, "does not share this process's store token");
   // Without one, a client of this machine looks for a generated token: this server has none.
   EXPECT_THROW_MSG(TcpStore(client_of(server, "")), InvalidArgumentError, "published none");
   TcpStore good(client_of(server, "s3cret"));

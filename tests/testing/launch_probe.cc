@@ -8,8 +8,11 @@
 //                             (CODE < 0: kills itself with signal -CODE)
 //   allreduce                 init_process_group("gloo") from env://, all-reduces its rank,
 //                             prints "sum S over W ranks"
-//   hang [BACKEND]            init_process_group(BACKEND) (default: default_backend()) with a
-//                             3 s timeout; the last rank stops itself (SIGSTOP) instead of
+//   hang [BACKEND [SECONDS [RANK]]]
+//                             init_process_group(BACKEND) (default or "": default_backend())
+//                             with a timeout of SECONDS (3); rank RANK (default: the last)
+//                             stops itself (SIGSTOP) after one all-reduce instead of a second
+//                             (stall warnings after 1 s)
 //                             all-reducing, the others all-reduce, time out, print the error
 //                             and exit 1
 //   partition DIR             init_process_group("gloo") with a 5 s timeout, one all-reduce,
@@ -125,6 +128,7 @@ int main(int argc, char** argv) {
               << " MASTER_ADDR=" << (std::getenv("MASTER_ADDR") ? std::getenv("MASTER_ADDR") : "")
               << " MASTER_PORT=" << env_int("MASTER_PORT")
               << " TOKEN=" << (std::getenv("DATAPAR_STORE_TOKEN") ? std::getenv("DATAPAR_STORE_TOKEN") : "")
+              << " RUN_ID=" << (std::getenv("DATAPAR_RUN_ID") ? std::getenv("DATAPAR_RUN_ID") : "-")
               << " RESTART=" << env_int("DATAPAR_RESTART_COUNT")
               << " BACKEND=" << (std::getenv("DATAPAR_BACKEND") ? std::getenv("DATAPAR_BACKEND") : "-")
               << " MPI_WORLD=" << (std::getenv("OMPI_COMM_WORLD_SIZE") ? std::getenv("OMPI_COMM_WORLD_SIZE") : "-")
@@ -177,9 +181,14 @@ int main(int argc, char** argv) {
       datapar::destroy_process_group();
       return 0;
     }
-    if (mode == "hang" && argc <= 3) {
-      datapar::init_process_group(argc == 3 ? argv[2] : "", "env://", -1, -1, std::chrono::seconds(3));
-      if (datapar::get_rank() == datapar::get_world_size() - 1) {
+    if (mode == "hang" && argc <= 5) {
+      const int seconds = argc >= 4 ? std::atoi(argv[3]) : 3;
+      datapar::init_process_group(argc >= 3 ? argv[2] : "", "env://", -1, -1, std::chrono::seconds(seconds));
+      datapar::default_group()->set_stall_warning(std::chrono::seconds(1));
+      const int stopping = argc >= 5 ? std::atoi(argv[4]) : datapar::get_world_size() - 1;
+      at::Tensor warm = torch::ones({1});  // connections made, as in training
+      datapar::default_group()->all_reduce(warm)->wait();
+      if (datapar::get_rank() == stopping) {
         std::cout << "rank " << datapar::get_rank() << " hangs now" << std::endl;
         ::raise(SIGSTOP);
       }

@@ -134,7 +134,7 @@ bool all_die(const std::vector<pid_t>& pids, std::chrono::seconds deadline) {
 // Every line the workers printed, with its rank prefix, for each of `nproc` ranks.
 void expect_environment(const std::string& output, int nproc, int nnodes, int node_rank) {
   const std::regex line(R"(\[rank (\d+)\] RANK=(\d+) LOCAL_RANK=(\d+) WORLD_SIZE=(\d+) LOCAL_WORLD_SIZE=(\d+) )"
-                        R"(GROUP_RANK=(\d+) MASTER_ADDR=(\S+) MASTER_PORT=(\d+) TOKEN=(\S+) RESTART=(\d+))");
+                        R"(GROUP_RANK=(\d+) MASTER_ADDR=(\S+) MASTER_PORT=(\d+) TOKEN=(\S+) RUN_ID=\S+ RESTART=(\d+))");
   std::set<int> ranks, ports;
   std::set<std::string> tokens;
   for (auto it = std::sregex_iterator(output.begin(), output.end(), line); it != std::sregex_iterator(); ++it) {
@@ -161,24 +161,39 @@ void expect_environment(const std::string& output, int nproc, int nnodes, int no
 // The launcher forks its workers; jobs on MPI or Slurm start without it
 // (tests/tools/mpirun_job_test.cc, tests/tools/slurm_job_test.cc).
 TEST(Launch, EnvironmentOfTwoAndThreeWorkers) {
+  ::unsetenv("DATAPAR_RUN_ID");
+  std::set<std::string> run_ids;
   for (int nproc : {2, 3}) {
     const ProcessResult r = launch({"--nproc-per-node", std::to_string(nproc), "--", bin("launch_probe"), "env"});
     ASSERT_EQ(r.exit_code, 0) << r.output;
     expect_environment(r.output, nproc, 1, 0);
     EXPECT_TRUE(std::regex_search(r.output, std::regex("TOKEN=[0-9a-f]{32} "))) << "a fresh random token:\n" << r.output;
+    // Each job its own identity (issue 27: two jobs on one port and token trained together).
+    std::smatch run_id;
+    ASSERT_TRUE(std::regex_search(r.output, run_id, std::regex("RUN_ID=([0-9a-f]{32}) "))) << r.output;
+    EXPECT_EQ(count(r.output, "RUN_ID=" + run_id[1].str()), nproc) << "one run id for all workers:\n" << r.output;
+    run_ids.insert(run_id[1].str());
     // The port the launcher chose stays its own while the workers start: a port found free
     // and let go could be taken by any process before rank 0 binds it.
     EXPECT_EQ(count(r.output, "MASTER_PORT_HELD=yes"), nproc) << r.output;
   }
+  EXPECT_EQ(run_ids.size(), 2u) << "two jobs, one run id";
 }
 
 TEST(LaunchNodes, SecondNodeOfTwoGetsItsRanksTokenAndPort) {
   // The second node of two: ranks 2 and 3 of 4; the given token and port are passed on.
+  ::unsetenv("DATAPAR_RUN_ID");
   const ProcessResult r = launch({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-port",
                                       "29999", "--token", "secret", "--", bin("launch_probe"), "env"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_environment(r.output, 2, 2, 1);
-  EXPECT_NE(r.output.find("MASTER_PORT=29999 TOKEN=secret "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MASTER_PORT=29999 TOKEN=secret RUN_ID=- "), std::string::npos)
+      << "several nodes without --run-id: the token is the job's identity:\n" << r.output;
+  const ProcessResult named = launch({"--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1", "--master-port",
+                                      "29999", "--token", "secret", "--run-id", "job-7", "--", bin("launch_probe"),
+                                      "env"});
+  ASSERT_EQ(named.exit_code, 0) << named.output;
+  EXPECT_NE(named.output.find("TOKEN=secret RUN_ID=job-7 "), std::string::npos) << named.output;
   EXPECT_NE(r.output.find("BACKEND=- MPI_WORLD=-"), std::string::npos) << "several nodes: forked, Gloo:\n" << r.output;
 }
 
@@ -309,6 +324,28 @@ TEST(Launch, HungRankEndsTheJobWithinTheTimeout) {
   EXPECT_NE(r.output.find("rank 1 hangs now"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("launch_probe: "), std::string::npos) << "no error from the waiting rank:\n" << r.output;
   EXPECT_NE(r.output.find("rank 1 did not arrive"), std::string::npos) << "the error names the hung rank:\n" << r.output;
+}
+
+// Issue 27: with rank 0 stopped, the store it serves is silent too. The others were never
+// warned (the stall inspector waited on the store for the whole timeout) and failed
+// without naming anyone. Now the warning comes at the stall interval (1 s here), saying
+// that the job's store does not answer and who serves it, and so does the error. Over
+// TCP (no shared memory, which names a missing rank by itself), as between machines.
+TEST(Launch, AStoppedStoreHostIsNamedAtTheStallIntervalAndInTheError) {
+  ::setenv("DATAPAR_SHM", "0", 1);
+  const ProcessResult r =
+      launch({"--nproc-per-node", "2", "--grace-period", "1", "--", bin("launch_probe"), "hang", "gloo", "6", "0"});
+  ::unsetenv("DATAPAR_SHM");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 0 hangs now"), std::string::npos) << r.output;
+  const size_t warning = r.output.find("collective 2 of this group, has not completed after ");
+  ASSERT_NE(warning, std::string::npos) << "no stall warning:\n" << r.output;
+  EXPECT_NE(r.output.find(" s, and the job's store at 127.0.0.1:", warning), std::string::npos) << r.output;
+  const size_t error = r.output.find("launch_probe: ");
+  ASSERT_NE(error, std::string::npos) << "no error from rank 1:\n" << r.output;
+  EXPECT_LT(warning, error) << "the warning comes before the timeout's error:\n" << r.output;
+  EXPECT_NE(r.output.find("rank 0, which serves it, has exited, is stopped or is hung", error), std::string::npos)
+      << r.output;
 }
 
 TEST(Launch, WorkerKilledByASignalGives128PlusTheSignal) {

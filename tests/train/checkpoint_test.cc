@@ -134,6 +134,34 @@ TEST(Checkpoint, OnlyRankZeroWritesAndLoadsOntoTheGivenDevice) {
   EXPECT_EQ(checkpoint_path(dir + "/", 12), dir + "/checkpoint-epoch-12.pt");
 }
 
+// Issue 27: ranks compare what they resume by Checkpoint::digest, made while loading
+// (no second read): a copy of a file has the file's digest, a checkpoint with other values
+// another one, and load_latest_checkpoint gives the same digest as load_checkpoint.
+TEST(Checkpoint, EqualFilesLoadWithEqualDigests) {
+  const testing::TempDir temp("digest");
+  const std::string& dir = temp.path();
+  Mlp model = mlp({4, 5, 2});
+  auto opt = make_optimizer(model, false);
+  save_checkpoint(make_checkpoint(*model, *opt, 1), checkpoint_path(dir, 1), 0);
+  {
+    torch::NoGradGuard no_grad;
+    model->parameters()[0].add_(1.0);
+  }
+  save_checkpoint(make_checkpoint(*model, *opt, 1), dir + "/other.pt", 0);
+  detail::make_directories(dir + "/copy");
+  {
+    std::ifstream from(checkpoint_path(dir, 1), std::ios::binary);
+    std::ofstream(checkpoint_path(dir + "/copy", 1), std::ios::binary) << from.rdbuf();
+  }
+  const uint32_t digest = load_checkpoint(checkpoint_path(dir, 1)).digest;
+  EXPECT_NE(digest, 0u);
+  EXPECT_EQ(load_checkpoint(checkpoint_path(dir + "/copy", 1)).digest, digest);
+  EXPECT_NE(load_checkpoint(dir + "/other.pt").digest, digest);
+  const LatestCheckpoint latest = load_latest_checkpoint(dir + "/copy", 0, c10::Device("cpu"));
+  ASSERT_TRUE(latest.checkpoint.has_value());
+  EXPECT_EQ(latest.checkpoint->digest, digest);
+}
+
 TEST(Checkpoint, LatestSkipsDamagedCheckpointsAndTemporaries) {
   const testing::TempDir temp("latest");
   const std::string& dir = temp.path();

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -208,6 +209,12 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
                 "with your own mpirun -np N PROGRAM; for Slurm, with srun.");
   o.runner = "fork";
   if (o.token.empty()) o.token = make_store_token();
+  if (o.run_id.empty()) {
+    if (const char* env = std::getenv("DATAPAR_RUN_ID")) o.run_id = env;
+  }
+  // One node: a run id of its own, so that another job given the same port and token is
+  // refused by this one's store. Several: the launchers cannot agree on a random one.
+  if (o.run_id.empty() && o.nnodes == 1) o.run_id = make_store_token();
   if (o.master_port == 0) {  // single node: a free port of the master address, held for the job
     o.master_port_reservation = std::make_shared<const ReservedPort>(o.master_addr);
     o.master_port = o.master_port_reservation->port();
@@ -216,7 +223,7 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
 }
 
 std::vector<std::string> worker_environment(const LaunchOptions& o, int local_rank, int restart_count) {
-  const std::vector<std::pair<std::string, std::string>> ours = {
+  std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(o.node_rank * o.nproc_per_node + local_rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
@@ -225,9 +232,13 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(o.master_port)},
       {"DATAPAR_STORE_TOKEN", o.token},
+      {"DATAPAR_RUN_ID", o.run_id},
       {"DATAPAR_RESTART_COUNT", std::to_string(restart_count)},
       {"DATAPAR_MAX_RESTARTS", std::to_string(o.max_restarts)},
   };
+  if (o.run_id.empty()) {  // none given across nodes: the workers' own, else the token (JobConfig::run_id)
+    ours.erase(std::find_if(ours.begin(), ours.end(), [](const auto& v) { return v.first == "DATAPAR_RUN_ID"; }));
+  }
   std::set<std::string> names;
   for (const auto& [name, value] : ours) names.insert(name);
   std::vector<std::string> env;

@@ -13,6 +13,9 @@
 //                              (datapar/rendezvous/reserved_port.h)
 // and, datapar's own:
 //   DATAPAR_STORE_TOKEN     the job's store token (TcpStore refuses other jobs' processes)
+//   DATAPAR_RUN_ID          the job's identity (--run-id; random on one node): a store
+//                           serves the processes of its own run only, so two jobs that meet
+//                           on one port or file:// path never join each other
 //   DATAPAR_RESTART_COUNT   0 on the first start, k after the k-th restart (torchrun's
 //                           TORCHELASTIC_RESTART_COUNT): resume from a checkpoint if > 0
 //   DATAPAR_MAX_RESTARTS    --max-restarts
@@ -51,6 +54,10 @@ struct LaunchOptions {
   std::string token;
   std::string token_file;
   bool token_on_command_line = false;  // --token was given: warn
+  // The job's identity, the same on every node (torchrun's --rdzv-id). Empty:
+  // DATAPAR_RUN_ID from the launcher's environment, else (single node) a fresh random one,
+  // else (several nodes) none given: the workers use the token as the job's identity.
+  std::string run_id;
   int max_restarts = 0;
   // --runner: "fork" (or "auto", the same) is the only one; kept so that the runner this
   // launcher no longer has, mpirun, is refused with what to do instead.
@@ -62,7 +69,7 @@ struct LaunchOptions {
   std::vector<std::string> program;  // argv of the worker program
 };
 
-// Checks the options and resolves the defaults (free port, token). Throws
+// Checks the options and resolves the defaults (free port, token, run id). Throws
 // InvalidArgumentError naming the option for a bad value, a missing program or one that
 // is not found or not executable, or a token file that cannot be read.
 LaunchOptions resolve_launch_options(LaunchOptions options);

@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
                                    "--token-file (default: DATAPAR_STORE_TOKEN, else random on one node)");
   launch->add_option("--token-file", launch_options.token_file,
                      "File whose first line is the store token, the same on every node (chmod 600)");
+  launch->add_option("--run-id", launch_options.run_id,
+                     "The job's identity, the same on every node: stores serve their own run only "
+                     "(default: DATAPAR_RUN_ID, else random on one node)");
   launch->add_option("--max-restarts", launch_options.max_restarts,
                      "Restart the whole group up to K times after a failure (default 0)");
   launch->add_option("--grace-period", grace_s,

@@ -1,16 +1,18 @@
 // FileStore: a Store in one file on a filesystem every process can reach (local, or shared
 // like NFS), for jobs started with init_method file:///path.
 //
-// The file is an append-only log of records, read and written under flock(): any number of
-// processes may use it at once. Waiting polls the file (every 5 ms, backing off to 100 ms),
-// because an NFS client only sees other hosts' writes when it looks again.
+// The file is an append-only log of records, read and written under a lock of the file
+// (an OFD lock, NFS included): any number of processes may use it at once. Waiting polls
+// the file (every 5 ms, backing off to 100 ms), because an NFS client only sees other
+// hosts' writes when it looks again.
 // Cleanup: every FileStore counts itself in when it opens the file and out when destroyed;
 // the last of world_size processes to finish removes the file.
-// Stale files: a file left by an earlier run (one that crashed, say) is reset by the first
-// process of the new run, under the lock, when it carries another run id, or when its run
-// already had world_size processes join. Give each run its own run id (datapar launch does,
-// through DATAPAR_RUN_ID, which rendezvous() passes on) for the full guarantee: without one, a stale file from a run that
-// crashed before everyone joined is not recognised, and the new run times out instead.
+// Stale and live files (Note [Live stores] in file_store.cc): every FileStore marks the
+// file as in use while it has it open. A file nobody uses is stale, left by a run that
+// crashed, and the first process of the next run starts it afresh. A file in use by
+// another run (another run id), or by a run all of whose world_size processes joined, is
+// never reset: the newcomer is refused with InvalidArgumentError. The file holds a digest
+// of the run id, never the run id (which may be the store token).
 #pragma once
 
 #include <chrono>
@@ -38,8 +40,9 @@ struct FileStoreOptions {
 class FileStore : public Store {
  public:
   // Opens (or creates) the store file at path. Throws InvalidArgumentError if the file
-  // cannot be created there (say, its directory does not exist), or if it exists, is not
-  // empty and is not a store (then nothing is written to it).
+  // cannot be created there (say, its directory does not exist), if it exists, is not
+  // empty and is not a store (then nothing is written to it), or if it is the live store
+  // of another run (Note [Live stores]; it is left as it is).
   FileStore(std::string path, FileStoreOptions options = {});
   // Counts this process out; the last one removes the file. Never throws.
   ~FileStore() override;
@@ -75,7 +78,8 @@ class FileStore : public Store {
   int fd_ = -1;
   std::mutex mutex_;       // one operation at a time within this process
   std::map<std::string, Bytes> table_;  // the file's content up to offset_
-  std::string file_run_id_;
+  Bytes run_digest_;  // of options_.run_id: the file holds no run id in clear (it may be the token)
+  Bytes file_run_;    // the digest in the file's header
   int64_t offset_ = 0;
 };
 

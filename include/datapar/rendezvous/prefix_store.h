@@ -23,6 +23,9 @@ class PrefixStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   bool delete_key(const std::string& key) override;
   int64_t num_keys() override;
+  // The same namespace in a clone of the underlying store (null if it has none).
+  std::shared_ptr<Store> clone(std::chrono::milliseconds timeout) const override;
+  std::string address() const override { return store_->address(); }
   using Store::set;
   using Store::wait;
 

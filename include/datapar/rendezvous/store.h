@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,16 @@ class Store {
 
   // How many keys the store holds (for a PrefixStore: the whole underlying store's).
   virtual int64_t num_keys() = 0;
+
+  // A second, independent connection to the same store, whose calls wait for its server
+  // at most `timeout` (as PyTorch's Store::clone): for a thread that must neither queue
+  // behind another's long wait nor wait longer than it can afford (a stall inspector). Null
+  // when the store has no server to wait for (FileStore): use this one.
+  virtual std::shared_ptr<Store> clone(std::chrono::milliseconds /*timeout*/) const { return nullptr; }
+
+  // Where the store is served, for messages ("127.0.0.1:29500"); "" when nowhere in
+  // particular (FileStore).
+  virtual std::string address() const { return ""; }
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }

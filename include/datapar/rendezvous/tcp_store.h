@@ -2,10 +2,13 @@
 //
 // One process hosts the server (rank 0, with is_server, or a standalone one); every
 // process, the host included, talks to it as a client. Clients retry connecting with
-// backoff until the timeout, so start order does not matter. A shared token (from the
-// launcher through DATAPAR_STORE_TOKEN, or generated for a job on one machine) is checked on
-// connect: a client without it is refused with InvalidArgumentError. Strangers cost the
-// server little: see the limits in docs/store_protocol.md, which has the wire format.
+// backoff until the timeout, so start order does not matter. On connect, client and server
+// prove to each other that they know the job's token (from the launcher through
+// DATAPAR_STORE_TOKEN, or generated for a job on one machine) and have the same run id,
+// without sending the token (Note [Handshake] in src/rendezvous/store_handshake.h): a client
+// of another job, or one without the token, is refused with InvalidArgumentError, and so is
+// a server that cannot prove it. Strangers cost the server little: see the limits in
+// docs/store_protocol.md, which has the wire format.
 //
 //   datapar::TcpStore store({.host = "10.0.0.1", .port = 29500, .is_server = rank == 0});
 //   store.set("ready/" + std::to_string(rank), "1");
@@ -45,6 +48,10 @@ struct TcpStoreOptions {
   std::string token;
   // Limit for connecting and for every wait.
   std::chrono::milliseconds timeout = kDefaultTimeout;
+  // The job's identity: a server serves clients of its own run id only, so two jobs that
+  // meet on one port (with one token) never join each other. rendezvous() passes
+  // JobConfig::run_id (DATAPAR_RUN_ID, which datapar launch sets).
+  std::string run_id;
 };
 
 // A fresh random store token (32 hex digits), for launchers that hand one to their workers.
@@ -72,6 +79,10 @@ class TcpStore : public Store {
   using Store::set;
   using Store::wait;
 
+  // A client of the same server, with the same token and run id (Store::clone).
+  std::shared_ptr<Store> clone(std::chrono::milliseconds timeout) const override;
+  std::string address() const override { return where(); }
+
   // The server's port (the one the server took, when it was asked for port 0).
   uint16_t port() const { return port_; }
   const std::string& host() const { return host_; }
@@ -84,10 +95,17 @@ class TcpStore : public Store {
   // exchange() that throws CommError or TimeoutError when it fails.
   detail::wire::Reply call(const Bytes& request, detail::wire::Op op, std::chrono::milliseconds reply_timeout);
   [[noreturn]] void fail(Exchange result, const char* what, std::chrono::milliseconds reply_timeout);
+  // Note [Handshake] on the connection fd_: kOk, or why it did not complete (kClosed: the
+  // server closed it before answering, as it does to the oldest strangers of a flood).
+  // Throws InvalidArgumentError when either side refuses the other.
+  Exchange handshake(std::chrono::steady_clock::time_point deadline);
   std::string where() const;
 
   std::string host_;
+  std::string connect_host_;  // host_, or loopback for a server on every address
   uint16_t port_ = 0;
+  std::string token_;         // as given, or the one generated or read (Note [Token])
+  std::string run_id_;
   std::unique_ptr<detail::TcpStoreServer> server_;
   std::mutex mutex_;
   int fd_ = -1;

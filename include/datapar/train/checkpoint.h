@@ -68,6 +68,7 @@ struct Checkpoint {
   Progress progress;
   RngState rng;
   std::string path;          // the file load_checkpoint read it from; empty otherwise
+  uint32_t digest = 0;       // of the file's records, as load_checkpoint read them (equal files: equal digests)
 };
 
 // A checkpoint of `model`, `optimizer` and the RNG state now. The tensors are the live ones

@@ -16,15 +16,14 @@
 
 namespace datapar::train {
 
-// What a rank resumes from: the epoch and the CRC-32 of the checkpoint file's bytes (0 and
-// 0 for none).
+// What a rank resumes from: the epoch and the digest of the checkpoint's records
+// (Checkpoint::digest; 0 and 0 for none).
 struct ResumePoint {
   int64_t epoch = 0;
   uint32_t digest = 0;
 };
 
-// The point of `checkpoint` (loaded from checkpoint->path, whose bytes it reads again).
-// Throws CheckpointError if that file cannot be read.
+// The point of `checkpoint`, as load_checkpoint or load_latest_checkpoint gave it.
 ResumePoint resume_point(const std::optional<Checkpoint>& checkpoint);
 
 // Collective over `group` (every rank calls it once, before training): throws

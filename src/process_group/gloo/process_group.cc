@@ -351,19 +351,24 @@ class ProcessGroupGloo : public ProcessGroup {
     const std::string prefix = str_cat(seq, "/");
     std::vector<int> missing;
     try {
-      roll_store_->set(prefix + std::to_string(rank()), Bytes{1});
+      // A connection of its own whose calls wait a few seconds: with rank 0 stopped, the
+      // job's connection would wait the store's whole timeout before saying so.
+      std::shared_ptr<Store> store = roll_store_->clone(kRollCallWindow);
+      if (!store) store = roll_store_;
+      store->set(prefix + std::to_string(rank()), Bytes{1});
       for (int r = 0; r < size(); ++r) {
         if (r != rank()) missing.push_back(r);
       }
       const auto deadline = std::chrono::steady_clock::now() + kRollCallWindow;
       while (!missing.empty() && std::chrono::steady_clock::now() < deadline) {
         missing.erase(std::remove_if(missing.begin(), missing.end(),
-                                     [&](int r) { return roll_store_->check({prefix + std::to_string(r)}); }),
+                                     [&](int r) { return store->check({prefix + std::to_string(r)}); }),
                       missing.end());
         if (!missing.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     } catch (const std::exception& e) {
-      return str_cat("The job's store is unreachable too (", e.what(), "): rank 0, which serves it, probably exited.");
+      return str_cat("The job's store does not answer either (", e.what(), "): rank 0, which serves it, has exited, ",
+                     "is stopped or is hung.");
     }
     if (missing.empty()) return "Every other rank saw this operation fail too (a network failure?).";
     std::string ranks;

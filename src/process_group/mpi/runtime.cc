@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "datapar/error.h"
+#include "process_group/collective_failure.h"
 
 namespace datapar::detail::mpi {
 namespace {
@@ -70,11 +71,12 @@ const char* thread_level_name(int level) {
 // an error, would never exit either. So MPI_Finalize runs under a deadline; past it the
 // process exits with status 1, saying why, and mpirun ends the whole job. The deadline is
 // the longest timeout of the groups made (a live peer may lag that long, e.g. writing a
-// checkpoint) plus kFinalizeGrace; when this process abandoned a request at its deadline,
-// a peer is known to be gone or stuck, so it is at most kAbandonedFinalizeWait plus the
-// grace. Live peers reach their own MPI_Finalize soon after the error they saw too.
+// checkpoint) plus kFinalizeGrace. When a collective of this process failed or timed out
+// (any backend's: gloo's under mpirun too) or an MPI request was abandoned at its deadline,
+// a peer is known to be gone or stuck, and waiting a second group timeout for it only
+// doubled the hang (issue 27: 5.5-10 minutes with the default timeouts): the wait is the
+// grace alone. Live peers reach their own MPI_Finalize soon after the error they saw too.
 constexpr auto kFinalizeGrace = std::chrono::seconds(5);
-constexpr auto kAbandonedFinalizeWait = std::chrono::seconds(30);
 
 // Runs at exit when datapar initialised MPI. Operations still polling see `finalizing`
 // and leave MPI at once; one stuck inside a blocking MPI call (e.g. a subgroup's
@@ -93,7 +95,7 @@ void finalize_at_exit() {
     abandoned = !s.kept.empty();
   }
   std::chrono::milliseconds wait(s.longest_timeout_ms.load());
-  if (abandoned) wait = std::min<std::chrono::milliseconds>(wait, kAbandonedFinalizeWait);
+  if (abandoned || detail::collective_failed()) wait = std::chrono::milliseconds(0);
   std::thread([deadline = wait + kFinalizeGrace] {  // Note [Finalizing without a hung peer]
     std::this_thread::sleep_for(deadline);
     static const char message[] =
