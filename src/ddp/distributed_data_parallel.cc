@@ -64,10 +64,10 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
     described.emplace_back("buffer " + item.key(), item.value());
     impl_->buffers.push_back(item.value().detach());
   }
-  check_same_model(*group_, described, options_.timeout);
+  check_same_model(*group_, described);
 
   // Everyone starts from rank 0's values.
-  if (group_->size() > 1) group_->broadcast_coalesced(impl_->params_and_buffers(), 0)->wait(options_.timeout);
+  if (group_->size() > 1) group_->broadcast_coalesced(impl_->params_and_buffers(), 0)->wait();
 
   ReducerOptions reducer_options;
   reducer_options.first_bucket_bytes = static_cast<int64_t>(options_.first_bucket_cap_mb * 1024 * 1024);
@@ -75,7 +75,6 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   reducer_options.find_unused_parameters = options_.find_unused_parameters;
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
   reducer_options.average_by_samples = options_.average_by_samples;
-  reducer_options.timeout = options_.timeout;
   impl_->reducer = std::make_unique<Reducer>(trained, trained_names, group_, reducer_options);
 }
 
@@ -86,7 +85,7 @@ void DdpCore::pre_forward(int64_t samples) {
   if (impl_->joining) {
     // Tell the ranks that have joined what this iteration does, so they can shadow it.
     at::Tensor flags = metadata_tensor(*group_, std::vector<int64_t>{1, grad, grad && sync_});
-    group_->all_reduce(flags)->wait(options_.timeout);
+    group_->all_reduce(flags)->wait();
     if (grad && sync_) ++impl_->iterations;
   }
   // As PyTorch: buffers follow rank 0 in training forwards only, so that a forward without
@@ -98,7 +97,7 @@ void DdpCore::pre_forward(int64_t samples) {
 
 void DdpCore::broadcast_buffers() {
   if (options_.broadcast_buffers && group_->size() > 1 && !impl_->buffers.empty()) {
-    group_->broadcast_coalesced(impl_->buffers, 0)->wait(options_.timeout);
+    group_->broadcast_coalesced(impl_->buffers, 0)->wait();
   }
 }
 
@@ -127,7 +126,7 @@ void DdpCore::join(const std::function<void()>& train) {
   // Out of inputs: shadow the others' iterations until every rank is here (Note [Join]).
   for (;;) {
     at::Tensor flags = metadata_zeros(*group_, 3, at::kLong);
-    group_->all_reduce(flags)->synchronize(options_.timeout);  // read on the host
+    group_->all_reduce(flags)->synchronize();  // read on the host
     const std::vector<int64_t> f = host_int64s(flags);
     if (f[0] == 0) break;
     if (f[1] > 0) broadcast_buffers();
@@ -137,9 +136,9 @@ void DdpCore::join(const std::function<void()>& train) {
   impl_->joining = false;
   // The rank that trained longest (the highest such rank on a tie) holds the model to keep.
   at::Tensor key = metadata_tensor(*group_, std::vector<int64_t>{impl_->iterations * group_->size() + group_->rank()});
-  group_->all_reduce(key, ReduceOp::kMax)->synchronize(options_.timeout);
+  group_->all_reduce(key, ReduceOp::kMax)->synchronize();
   const int source = static_cast<int>(host_int64s(key).front() % group_->size());
-  group_->broadcast_coalesced(impl_->params_and_buffers(), source)->wait(options_.timeout);
+  group_->broadcast_coalesced(impl_->params_and_buffers(), source)->wait();
 }
 
 }  // namespace datapar::detail

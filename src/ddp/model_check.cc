@@ -20,8 +20,7 @@ std::vector<std::string> split_lines(const std::string& text) {
 
 }  // namespace
 
-void check_same_model(ProcessGroup& group, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                      std::chrono::milliseconds timeout) {
+void check_same_model(ProcessGroup& group, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   std::ostringstream mine;
   for (const auto& [name, t] : tensors) mine << name << " " << t.sizes() << " " << t.scalar_type() << "\n";
   const std::string text = mine.str();
@@ -32,13 +31,13 @@ void check_same_model(ProcessGroup& group, const std::vector<std::pair<std::stri
   for (int r = 0; r < n; ++r) lengths.push_back(metadata_zeros(group, 1, at::kLong));
   // synchronize(), not wait(): the host reads and acts on the results (work.h).
   group.all_gather(lengths, metadata_tensor(group, std::vector<int64_t>{static_cast<int64_t>(text.size())}))
-      ->synchronize(timeout);
+      ->synchronize();
   std::vector<int64_t> length_of;
   for (const at::Tensor& l : lengths) length_of.push_back(host_int64s(l).front());
   const int64_t longest = *std::max_element(length_of.begin(), length_of.end());
   std::vector<at::Tensor> texts;
   for (int r = 0; r < n; ++r) texts.push_back(metadata_zeros(group, longest, at::kByte));
-  group.all_gather(texts, metadata_text(group, text, longest))->synchronize(timeout);
+  group.all_gather(texts, metadata_text(group, text, longest))->synchronize();
 
   std::vector<std::vector<std::string>> lines;
   for (int r = 0; r < n; ++r) lines.push_back(split_lines(host_text(texts[r], length_of[r])));

@@ -40,7 +40,7 @@ bool RankBalancer::step(int64_t rows, double seconds) {
   slots[rank] = static_cast<double>(rows_);
   slots[world + rank] = seconds_;
   at::Tensor t = metadata_tensor(*group_, slots);
-  group_->all_reduce(t, ReduceOp::kSum)->synchronize(options_.timeout);
+  group_->all_reduce(t, ReduceOp::kSum)->synchronize();
   slots = host_doubles(t);
   rows_ = 0;
   seconds_ = 0;

@@ -98,7 +98,7 @@ Reducer::~Reducer() {
   for (Bucket& bucket : buckets_) {
     if (!bucket.work) continue;
     try {
-      bucket.work->wait(options_.timeout);
+      bucket.work->wait();
     } catch (const std::exception&) {
     }
   }
@@ -171,7 +171,7 @@ void Reducer::prepare_forward(bool sync, int64_t samples) {
     // [Rebuilding the buckets]).
     const trace::Span span("rebuild buckets", "ddp");
     at::Tensor order = metadata_tensor(*group_, std::vector<int64_t>(arrival_.begin(), arrival_.end()));
-    group_->broadcast(order, 0)->synchronize(options_.timeout);  // read on the host
+    group_->broadcast(order, 0)->synchronize();  // read on the host
     std::vector<size_t> rebuilt;
     for (int64_t i : host_int64s(order)) rebuilt.push_back(static_cast<size_t>(i));
     build_buckets(rebuilt);
@@ -247,7 +247,7 @@ void Reducer::mark_ready(size_t index) {
 
 const at::Tensor& Reducer::sample_share() {
   if (!share_.defined()) {
-    meta_work_->wait(options_.timeout);
+    meta_work_->wait();
     share_ = meta_.select(0, 0).clamp_min(1).reciprocal().mul_(samples_);
   }
   return share_;
@@ -291,7 +291,7 @@ void Reducer::launch_ready_buckets() {
 void Reducer::wait_bucket(Bucket& bucket) {
   // A bucket that stalls is reported by the group's stall inspector, which covers every
   // collective (Note [Stall inspection] in src/process_group/stall_inspector.cc).
-  bucket.work->wait(options_.timeout);
+  bucket.work->wait();
 }
 
 void Reducer::wait_buckets() {
@@ -326,11 +326,11 @@ void Reducer::finalize() {
   waiting.emplace("wait for buckets", "ddp");
   std::vector<bool> used_anywhere(params_.size(), true);
   if (options_.find_unused_parameters) {  // the one host read (Note [No host sync in a step])
-    meta_work_->synchronize(options_.timeout);
+    meta_work_->synchronize();
     const std::vector<double> data = host_doubles(meta_);
     for (size_t i = 0; i < params_.size(); ++i) used_anywhere[i] = data[i + 1] > 0;
   } else if (meta_work_) {
-    meta_work_->wait(options_.timeout);  // its failure surfaces here; on nccl a wait on the stream
+    meta_work_->wait();  // its failure surfaces here; on nccl a wait on the stream
   }
   wait_buckets();
   exposed_wait_->stop();
@@ -371,7 +371,7 @@ void Reducer::shadow_backward() {
     bucket.pending = 0;
   }
   launch_ready_buckets();
-  if (meta_work_) meta_work_->wait(options_.timeout);
+  if (meta_work_) meta_work_->wait();
   wait_buckets();
   if (synced_passes_++ == 0) {
     arrival_ = reverse_order(params_.size());

@@ -12,7 +12,6 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 
-#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,7 +32,6 @@ struct ReducerOptions {
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   bool average_by_samples = false;
-  std::chrono::milliseconds timeout = kDefaultTimeout;
 };
 
 class Reducer {
@@ -59,9 +57,6 @@ class Reducer {
   // For a rank that has run out of inputs (join): issues the collectives of one
   // synchronised backward with zero gradients and no samples, matching the others'.
   void shadow_backward();
-
-  // Whether the next prepare_forward rebuilds the buckets (a collective).
-  bool rebuild_pending() const { return rebuild_pending_; }
 
   // Parameter indices per bucket, in reduction order.
   std::vector<BucketIndices> bucket_indices() const;

@@ -130,7 +130,9 @@ class Staging {
 class CudaStagingGroup final : public ProcessGroup {
  public:
   explicit CudaStagingGroup(std::shared_ptr<ProcessGroup> host)
-      : ProcessGroup(host->rank(), host->size()), host_(std::move(host)), staging_(host_->backend() + " CUDA staging") {}
+      : ProcessGroup(host->rank(), host->size(), host->timeout()),
+        host_(std::move(host)),
+        staging_(host_->backend() + " CUDA staging") {}
 
   std::string backend() const override { return host_->backend(); }
   bool takes_cuda_tensors() const override { return true; }

@@ -77,7 +77,8 @@ std::string store_host(int world_size, const JobConfig& config) {
 // The job's store for a backend whose processes met without one (mpirun started them):
 // rank 0 serves a TcpStore on a free port and tells the others where, and its token,
 // through `group` (a channel only the job's processes share, across machines too).
-std::shared_ptr<Store> store_through(ProcessGroup& group, std::chrono::milliseconds timeout, const JobConfig& config) {
+std::shared_ptr<Store> store_through(ProcessGroup& group, const JobConfig& config) {
+  const std::chrono::milliseconds timeout = group.timeout();
   constexpr int64_t kSize = 1024;
   at::Tensor address = at::zeros({kSize}, at::kByte);  // "host port token", NUL-padded
   std::shared_ptr<Store> store;
@@ -92,7 +93,7 @@ std::shared_ptr<Store> store_through(ProcessGroup& group, std::chrono::milliseco
     std::memcpy(address.data_ptr(), text.data(), text.size());
     store = server;
   }
-  group.broadcast(address, 0)->wait(timeout);
+  group.broadcast(address, 0)->wait();
   if (group.rank() != 0) {
     const std::string text(static_cast<const char*>(address.data_ptr()));
     const size_t token_at = text.rfind(' ');
@@ -159,7 +160,7 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   s->group = s->backend->make(group_store(*s, "group/default"), s->rank, everyone, s->settings);
   if (!s->store) {
     // The group came first (mpi): its stalls are inspected once the store is there.
-    s->store = store_through(*s->group, timeout, config);
+    s->store = store_through(*s->group, config);
     if (s->world_size > 1) s->group->inspect_stalls(group_store(*s, "group/default/stall"), s->settings.stall_warning);
   }
   state() = std::move(s);

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "datapar/error.h"
@@ -45,9 +46,11 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
-ProcessGroup::ProcessGroup(int rank, int size) : rank_(rank), size_(size) {
+ProcessGroup::ProcessGroup(int rank, int size, std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), timeout_(timeout) {
   DATAPAR_CHECK(size >= 1, "ProcessGroup: size ", size, " must be at least 1.");
   DATAPAR_CHECK(rank >= 0 && rank < size, "ProcessGroup: rank ", rank, " is outside [0, ", size, ").");
+  DATAPAR_CHECK(timeout.count() > 0, "ProcessGroup: the timeout must be positive, not ", timeout.count(), " ms.");
 }
 
 std::string ProcessGroup::describe(const std::string& what) const {
@@ -62,6 +65,8 @@ std::shared_ptr<Work> ProcessGroup::start(const std::string& what, Start&& start
   } catch (...) {
     std::rethrow_exception(detail::as_datapar_error(describe(what), std::current_exception()));
   }
+  // The group's own timeout error names who is missing: a waiter gives it time to come first.
+  detail::WorkCompletion::limit(*work, timeout_ + std::min(timeout_, kWaitGrace));
   if (collective && stall_inspector_) stall_inspector_->issued(work);
   return work;
 }

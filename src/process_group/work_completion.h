@@ -1,6 +1,7 @@
 // How backends complete the Works they hand out; users only wait on them (work.h).
 #pragma once
 
+#include <chrono>
 #include <exception>
 #include <string>
 
@@ -11,6 +12,8 @@ namespace datapar::detail {
 class WorkCompletion {
  public:
   static void finish(Work& work) { work.finish(); }
+  // What wait() and synchronize() wait at most when given no timeout.
+  static void limit(Work& work, std::chrono::milliseconds timeout) { work.timeout_ = timeout; }
   // Fails `work` with `error` as users see errors (as_datapar_error).
   static void fail(Work& work, std::exception_ptr error);
 };

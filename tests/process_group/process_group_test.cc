@@ -1,15 +1,23 @@
 // What ProcessGroup's public operations do for every backend before and around the
-// backend's own part: argument checks, operation names, one error translation. A backend
-// made for the test records what reaches it.
+// backend's own part: argument checks, operation names, one error translation, one
+// timeout. A backend made for the test records what reaches it.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
 #include <chrono>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/ddp/sync_batch_norm.h"
+#include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
 #include "process_group/work_completion.h"
@@ -18,23 +26,27 @@
 namespace datapar {
 namespace {
 
+using namespace std::chrono_literals;
+
 // Completes every operation at once and remembers its name; `throw_engine_error` makes it
 // fail as a transport library would, with its own exception type.
 class RecordingGroup : public ProcessGroup {
  public:
-  RecordingGroup(int rank, int size) : ProcessGroup(rank, size) {}
+  RecordingGroup(int rank, int size, std::chrono::milliseconds timeout = kDefaultTimeout)
+      : ProcessGroup(rank, size, timeout) {}
   std::string backend() const override { return "recording"; }
 
   std::vector<std::string> reached;
   std::vector<size_t> list_sizes;  // gather's outputs, scatter's inputs, as they arrived
   bool throw_engine_error = false;
+  bool stall = false;  // hand out Works that never complete: a peer that never answers
 
  protected:
   std::shared_ptr<Work> done(const std::string& what) {
     reached.push_back(what);
     if (throw_engine_error) throw std::runtime_error("Connection reset by peer");
     auto work = std::make_shared<Work>(describe(what));
-    detail::WorkCompletion::finish(*work);
+    if (!stall) detail::WorkCompletion::finish(*work);
     return work;
   }
   std::shared_ptr<Work> do_all_reduce(const std::string& what, at::Tensor, ReduceOp) override { return done(what); }
@@ -170,6 +182,59 @@ TEST(ProcessGroup, ACpuGroupNamesTheDeviceOfAListThatStrays) {
 TEST(ProcessGroup, RankAndSizeAreChecked) {
   EXPECT_THROW_MSG(RecordingGroup(2, 2), InvalidArgumentError, "rank 2 is outside [0, 2)");
   EXPECT_THROW_MSG(RecordingGroup(0, 0), InvalidArgumentError, "size 0 must be at least 1");
+  EXPECT_THROW_MSG(RecordingGroup(0, 1, 0ms), InvalidArgumentError, "the timeout must be positive");
+}
+
+// What `body` threw within 30 s ("" for nothing); "hung" if it was still running then (its
+// thread is left behind: the test has failed anyway).
+template <typename Body>
+std::string error_within_30s(Body body) {
+  auto done = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> result = done->get_future();
+  std::thread([done, body]() mutable {
+    try {
+      body();
+      done->set_value("");
+    } catch (const std::exception& e) {
+      done->set_value(e.what());
+    }
+  }).detach();
+  return result.wait_for(30s) == std::future_status::ready ? result.get() : "hung";
+}
+
+// Issue 28: one timeout, owned by the group. Over a group made with a 300 ms timeout whose
+// peer never answers (and whose backend, unlike the real ones, never fails the operation
+// itself), DDP (at its model check), SyncBatchNorm and ZeRO fail within it plus
+// kWaitGrace, as does a plain wait(). DDP waited its own 5 minutes before, whatever the
+// group said, and SyncBatchNorm and ZeRO a year (Work::wait()'s default then).
+TEST(ProcessGroup, EverythingBuiltOnAGroupWaitsWithinItsTimeout) {
+  auto group = std::make_shared<RecordingGroup>(0, 2, 300ms);
+  group->stall = true;
+  EXPECT_EQ(group->timeout(), 300ms);
+  const std::string not_finished = "not finished after 0.6 s";  // the timeout and as much grace
+  EXPECT_NE(error_within_30s([&] { group->barrier()->wait(); }).find(not_finished), std::string::npos);
+  EXPECT_NE(error_within_30s([&] { group->barrier()->synchronize(); }).find(not_finished), std::string::npos);
+  EXPECT_NE(error_within_30s([&] {
+              torch::nn::Linear model(3, 2);
+              DistributedDataParallel ddp(model.ptr(), group);
+            }).find(not_finished),
+            std::string::npos);
+  EXPECT_NE(error_within_30s([&] {
+              SyncBatchNorm norm(SyncBatchNormOptions(4));
+              norm->set_process_group(group);
+              norm->train();
+              norm->forward(at::randn({8, 4}));
+            }).find(not_finished),
+            std::string::npos);
+  EXPECT_NE(error_within_30s([&] {
+              torch::nn::Linear model(3, 2);
+              ZeroRedundancyOptimizer zero(model->parameters(), [](std::vector<at::Tensor> shard) {
+                return std::make_unique<torch::optim::SGD>(shard, torch::optim::SGDOptions(0.1));
+              }, group);
+              for (auto& p : model->parameters()) p.mutable_grad() = at::ones_like(p);
+              zero.step();
+            }).find(not_finished),
+            std::string::npos);
 }
 
 }  // namespace

@@ -100,7 +100,6 @@ int run_special(const std::string& name, int rank, int world) {
     }
   }
   DdpScenario s = scenario("even", world);
-  s.options.timeout = 10s;
   if (name == "eval_on_rank0") return eval_on_rank0(s, rank);
   default_group()->set_stall_warning(1s);
   torch::manual_seed(1);

@@ -548,10 +548,6 @@ TEST(LaunchUsage, BadUsageExitsWithTwoAndSaysWhy) {
       {{"--nnodes", "2", "--master-port", "29500", "--", probe, "env"}, "needs the same store token on every node"},
       {{"--", "no_such_program_datapar"}, "program \"no_such_program_datapar\" is not found on PATH"},
       {{"--no-such-flag", "--", probe, "env"}, "--no-such-flag"},
-      {{"--runner", "ssh", "--", probe, "env"}, "--runner \"ssh\": datapar launch only forks its workers"},
-      {{"--runner", "mpirun", "--nproc-per-node", "2", "--", probe, "env"},
-       "--runner mpirun is gone: datapar launch only forks its workers. Start an MPI job with your own mpirun "
-       "instead, e.g. mpirun -np 2 datapar train --mode ddp --backend mpi"},
   };
   ::unsetenv("DATAPAR_STORE_TOKEN");
   for (const auto& [args, message] : cases) {

@@ -201,13 +201,6 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
                   "Give each launcher --token-file FILE (or DATAPAR_STORE_TOKEN in its environment), e.g. a file ",
                   "made with openssl rand -hex 16 > FILE and copied to every node.");
   }
-  DATAPAR_CHECK(o.runner != "mpirun", "launch: --runner mpirun is gone: datapar launch only forks its workers. ",
-                "Start an MPI job with your own mpirun instead, e.g. mpirun -np ", o.nproc_per_node,
-                " datapar train --mode ddp --backend mpi ... (README, Jobs started by mpirun or srun).");
-  DATAPAR_CHECK(o.runner == "fork" || o.runner == "auto", "launch: --runner \"", o.runner,
-                "\": datapar launch only forks its workers (--runner fork, the default). For MPI, start the job ",
-                "with your own mpirun -np N PROGRAM; for Slurm, with srun.");
-  o.runner = "fork";
   if (o.token.empty()) o.token = make_store_token();
   if (o.run_id.empty()) {
     if (const char* env = std::getenv("DATAPAR_RUN_ID")) o.run_id = env;

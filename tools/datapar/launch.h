@@ -59,9 +59,6 @@ struct LaunchOptions {
   // else (several nodes) none given: the workers use the token as the job's identity.
   std::string run_id;
   int max_restarts = 0;
-  // --runner: "fork" (or "auto", the same) is the only one; kept so that the runner this
-  // launcher no longer has, mpirun, is refused with what to do instead.
-  std::string runner = "fork";
   std::string cpu_bind = "cores";  // cores | none: forked workers each on their share of the cores
   // After the first failure or a forwarded signal, how long workers get to exit before
   // they are SIGKILLed.

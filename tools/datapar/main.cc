@@ -81,9 +81,6 @@ int main(int argc, char** argv) {
                      "Restart the whole group up to K times after a failure (default 0)");
   launch->add_option("--grace-period", grace_s,
                      "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
-  launch->add_option("--runner", launch_options.runner,
-                     "fork (the default and only runner). For an MPI job run your own mpirun -np N PROGRAM "
-                     "instead of datapar launch; for Slurm, srun");
   launch->add_option("--cpu-bind", launch_options.cpu_bind,
                      "cores (default): each forked worker runs on its own share of the launcher's cores, when "
                      "there are at least as many cores as workers; none: anywhere")

@@ -76,8 +76,6 @@ class WorkerGroup {
   // worker left behind holds the pipe open, kDrainTimeout after the last exit).
   bool finished() const;
 
-  const std::vector<pid_t>& pids() const { return pids_; }
-
   static constexpr std::chrono::milliseconds kDrainTimeout{500};
 
  private:

@@ -36,7 +36,6 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include <chrono>
 #include <functional>
 #include <memory>
 #include <type_traits>
@@ -48,7 +47,6 @@
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/state_dict.h"
-#include "datapar/timeout.h"
 
 namespace datapar {
 
@@ -67,8 +65,8 @@ struct DdpOptions {
   bool gradient_as_bucket_view = false;
   // Weigh each rank's gradient by its sample count instead of dividing by world size.
   bool average_by_samples = false;
-  // Limit for every collective DDP waits for.
-  std::chrono::milliseconds timeout = kDefaultTimeout;
+  // No timeout of its own: DDP waits within its group's (ProcessGroup::timeout()), as
+  // PyTorch's DDP does.
 };
 
 namespace detail {

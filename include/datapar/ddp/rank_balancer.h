@@ -11,14 +11,12 @@
 // average_by_samples keeps the gradient exactly the global batch's.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "datapar/parallel/load_balancer.h"
 #include "datapar/process_group/process_group.h"
-#include "datapar/timeout.h"
 
 namespace datapar {
 
@@ -27,7 +25,6 @@ struct RankBalancerOptions {
   // REQUIRES: >= 1.
   int64_t interval = 2;
   LoadBalancerOptions balance;
-  std::chrono::milliseconds timeout = kDefaultTimeout;
 };
 
 class RankBalancer {

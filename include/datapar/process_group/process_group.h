@@ -31,6 +31,11 @@ namespace detail {
 class StallInspector;
 }  // namespace detail
 
+// What Work::wait() waits beyond its group's timeout by default (at most; no longer than
+// the timeout itself): the operation fails at the group's timeout with an error that names
+// who is missing, and that error must come first.
+constexpr std::chrono::milliseconds kWaitGrace = std::chrono::seconds(5);
+
 // How long a collective may wait before a warning names the ranks that have not issued it
 // (ProcessGroup::inspect_stalls).
 constexpr std::chrono::milliseconds kDefaultStallWarning = std::chrono::seconds(60);
@@ -48,6 +53,14 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual std::string backend() const = 0;
+
+  // The limit of every operation of this group, fixed when it was made (GlooOptions,
+  // MpiOptions or NcclOptions::timeout; init_process_group's `timeout`): an operation that
+  // does not complete within it fails, and Work::wait() waits at most this long (plus
+  // kWaitGrace, for that failure to arrive) by default.
+  // Everything built on the group (DDP, SyncBatchNorm, ZeRO, the rank balancer) waits
+  // within it: a group made with 30 minutes gives DDP 30 minutes.
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
   // Where every tensor this group moves must live: the CPU for gloo and mpi, this rank's
   // cuda:k for nccl. Metadata for a collective (flags, counts, orders) is made with
@@ -132,7 +145,7 @@ class ProcessGroup {
   void set_stall_warning(std::chrono::milliseconds warn_after);
 
  protected:
-  ProcessGroup(int rank, int size);
+  ProcessGroup(int rank, int size, std::chrono::milliseconds timeout);
 
   // What a backend implements: how the bytes of one operation move. The operation above
   // has checked the arguments; `what` names it for errors ("all_reduce(sum)"; describe()
@@ -181,6 +194,7 @@ class ProcessGroup {
 
   int rank_;
   int size_;
+  std::chrono::milliseconds timeout_;
   std::shared_ptr<detail::StallInspector> stall_inspector_;  // null: not inspected
 };
 

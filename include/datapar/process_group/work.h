@@ -25,19 +25,22 @@ class Work {
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
-  // Blocks until the operation finished, at most `timeout`; throws the operation's error
-  // (CommError when a peer failed, TimeoutError when it ran past the group's timeout), or
-  // TimeoutError if it is still running when `timeout` ends. On a device backend: throws the
-  // error of an operation that already failed, else orders the caller's current stream after
-  // the operation and returns without blocking (see above). Thread-safe; may be called more
-  // than once.
-  void wait(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
+  // Blocks until the operation finished, at most `timeout` (by default its group's,
+  // ProcessGroup::timeout(), plus kWaitGrace); throws the operation's error (CommError when a peer failed,
+  // TimeoutError when it ran past the group's timeout), or TimeoutError if it is still
+  // running when `timeout` ends. On a device backend: throws the error of an operation that
+  // already failed, else orders the caller's current stream after the operation and returns
+  // without blocking (see above). Thread-safe; may be called more than once.
+  void wait() { wait(timeout_); }
+  void wait(std::chrono::milliseconds timeout);
 
   // Blocks the calling thread until the operation has finished, on every backend, at most
-  // `timeout`, and throws its error as wait() does; on a device backend also orders the
-  // current stream after it. For results the host reads and acts on (metadata.h): after a
-  // non-blocking wait() a failed collective would leave the host reading partial data.
-  void synchronize(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
+  // `timeout` (by default the group's), and throws its error as wait() does; on a device
+  // backend also orders the current stream after it. For results the host reads and acts on
+  // (metadata.h): after a non-blocking wait() a failed collective would leave the host
+  // reading partial data.
+  void synchronize() { synchronize(timeout_); }
+  void synchronize(std::chrono::milliseconds timeout);
 
   // Whether the operation has finished (successfully or not). Never blocks.
   bool is_completed() const;
@@ -68,6 +71,9 @@ class Work {
   void fail(std::exception_ptr error) { promise_.set_exception(std::move(error)); }
 
   std::string what_;
+  // Its group's timeout plus kWaitGrace, set as the group hands it out; a year for a Work
+  // made elsewhere.
+  std::chrono::milliseconds timeout_ = std::chrono::hours(24 * 365);
   std::promise<void> promise_;
   std::shared_future<void> done_;
 };

@@ -78,7 +78,7 @@ gloo::AllreduceOptions::Func reducer(ReduceOp op) {
 class ProcessGroupGloo : public ProcessGroup {
  public:
   ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, GlooOptions options)
-      : ProcessGroup(rank, size), timeout_(options.timeout) {
+      : ProcessGroup(rank, size, options.timeout) {
     DATAPAR_CHECK(store != nullptr, "ProcessGroup(gloo): the store is null.");
     gloo::transport::tcp::attr attr;
     if (options.hostname.empty()) {
@@ -91,7 +91,7 @@ class ProcessGroupGloo : public ProcessGroup {
     try {
       device_ = gloo::transport::tcp::CreateDevice(attr);
       context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
-      context_->setTimeout(timeout_);
+      context_->setTimeout(timeout());
       GlooStore gloo_store(std::make_shared<PrefixStore>("gloo", store));
       context_->connectFullMesh(gloo_store, device_);
       roll_store_ = std::make_shared<PrefixStore>("gloo-failed", store);
@@ -120,7 +120,7 @@ class ProcessGroupGloo : public ProcessGroup {
       at::Tensor buffer = reducible(tensor);
       with_reducer(buffer, op, [&](auto* data, size_t count, gloo::ReduceOptions::Func fn) {
         gloo::ReduceOptions opts(context_);
-        opts.setTimeout(timeout_);
+        opts.setTimeout(timeout());
         opts.setRoot(root);
         opts.setInput(data, count);
         opts.setOutput(data, count);
@@ -139,7 +139,7 @@ class ProcessGroupGloo : public ProcessGroup {
       const at::Tensor in = input.contiguous();
       at::Tensor flat = at::empty({size() * in.numel()}, in.options());  // (size * numel,) rank order
       gloo::AllgatherOptions opts(context_);
-      opts.setTimeout(timeout_);
+      opts.setTimeout(timeout());
       opts.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
       opts.setOutput(static_cast<uint8_t*>(flat.data_ptr()), flat.nbytes());
       gloo::allgather(opts);
@@ -152,7 +152,7 @@ class ProcessGroupGloo : public ProcessGroup {
     return enqueue(what, [this, outputs, input, root]() mutable {
       const at::Tensor in = input.contiguous();
       gloo::GatherOptions opts(context_);
-      opts.setTimeout(timeout_);
+      opts.setTimeout(timeout());
       opts.setRoot(root);
       opts.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
       at::Tensor flat;
@@ -170,7 +170,7 @@ class ProcessGroupGloo : public ProcessGroup {
     return enqueue(what, [this, output, inputs, root]() mutable {
       at::Tensor out = output.contiguous();
       gloo::ScatterOptions opts(context_);
-      opts.setTimeout(timeout_);
+      opts.setTimeout(timeout());
       opts.setRoot(root);
       std::vector<at::Tensor> contiguous;
       if (rank() == root) {
@@ -205,7 +205,7 @@ class ProcessGroupGloo : public ProcessGroup {
       const at::Tensor in = input.contiguous();
       at::Tensor out = output.contiguous();
       gloo::AlltoallOptions opts(context_);
-      opts.setTimeout(timeout_);
+      opts.setTimeout(timeout());
       opts.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
       opts.setOutput(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
       gloo::alltoall(opts);
@@ -217,7 +217,7 @@ class ProcessGroupGloo : public ProcessGroup {
     return enqueue(what, [this, tensor, root]() mutable {
       at::Tensor buffer = tensor.contiguous();
       gloo::BroadcastOptions opts(context_);
-      opts.setTimeout(timeout_);
+      opts.setTimeout(timeout());
       opts.setRoot(root);
       opts.setOutput(static_cast<uint8_t*>(buffer.data_ptr()), buffer.nbytes());
       gloo::broadcast(opts);
@@ -228,7 +228,7 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> do_barrier(const std::string& what) override {
     return enqueue(what, [this] {
       gloo::BarrierOptions opts(context_);
-      opts.setTimeout(timeout_);
+      opts.setTimeout(timeout());
       gloo::barrier(opts);
     });
   }
@@ -249,7 +249,7 @@ class ProcessGroupGloo : public ProcessGroup {
     return enqueue(what, [this, tensors, root]() mutable {
       for (const detail::FlatGroup& group : detail::flatten_by_dtype(tensors, /*copy_values=*/rank() == root)) {
         gloo::BroadcastOptions opts(context_);
-        opts.setTimeout(timeout_);
+        opts.setTimeout(timeout());
         opts.setRoot(root);
         opts.setOutput(static_cast<uint8_t*>(group.flat.data_ptr()), group.flat.nbytes());
         gloo::broadcast(opts);
@@ -264,7 +264,7 @@ class ProcessGroupGloo : public ProcessGroup {
         context_->createUnboundBuffer(buffer.data_ptr(), buffer.nbytes());
     unbound->send(dst, p2p_slot(tag));
     return p2p_.push(describe(what), [this, buffer, unbound] {
-      if (!unbound->waitSend(timeout_)) throw CommError("send was aborted.");
+      if (!unbound->waitSend(timeout())) throw CommError("send was aborted.");
     });
   }
 
@@ -274,7 +274,7 @@ class ProcessGroupGloo : public ProcessGroup {
         context_->createUnboundBuffer(buffer.data_ptr(), buffer.nbytes());
     unbound->recv(src, p2p_slot(tag));
     return p2p_.push(describe(what), [this, tensor, buffer, unbound]() mutable {
-      if (!unbound->waitRecv(timeout_)) throw CommError("recv was aborted.");
+      if (!unbound->waitRecv(timeout())) throw CommError("recv was aborted.");
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
     });
   }
@@ -288,7 +288,7 @@ class ProcessGroupGloo : public ProcessGroup {
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op) {
     with_reducer(buffer, op, [&](auto* data, size_t count, gloo::AllreduceOptions::Func fn) {
       gloo::AllreduceOptions opts(context_);
-      opts.setTimeout(timeout_);
+      opts.setTimeout(timeout());
       opts.setOutput(data, count);
       opts.setReduceFunction(fn);
       gloo::allreduce(opts);
@@ -377,7 +377,6 @@ class ProcessGroupGloo : public ProcessGroup {
                    kRollCallWindow.count(), " s: probably exited (or hung, or behind the others).");
   }
 
-  std::chrono::milliseconds timeout_;
   std::shared_ptr<Store> roll_store_;  // where survivors of a failure report (roll_call())
   std::atomic<uint64_t> issued_{0};    // collectives issued, numbered alike on every rank
   std::string roll_call_result_;       // the first failure's finding (collectives' thread only)

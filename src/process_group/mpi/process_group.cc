@@ -76,12 +76,11 @@ class ProcessGroupMpi : public ProcessGroup {
   // `shm`: the members' shared memory, where they all run on one machine (else null).
   ProcessGroupMpi(MPI_Comm comm, MPI_Comm ring_comm, std::unique_ptr<detail::shm::ShmCollectives> shm, int rank, int size,
                   std::chrono::milliseconds timeout)
-      : ProcessGroup(rank, size),
+      : ProcessGroup(rank, size, timeout),
         comm_(comm),
         ring_comm_(ring_comm),
         ring_(ring_comm),
-        shm_(std::move(shm)),
-        timeout_(timeout) {
+        shm_(std::move(shm)) {
     mpi::note_group_timeout(timeout);
   }
 
@@ -237,7 +236,7 @@ class ProcessGroupMpi : public ProcessGroup {
       mpi::MpiUse use(what);
       mpi::check(MPI_Isend(buffer.data_ptr(), m.count, m.type, dst, tag, comm(), &request), what);
     }
-    const mpi::Clock::time_point deadline = mpi::Clock::now() + timeout_;
+    const mpi::Clock::time_point deadline = mpi::Clock::now() + timeout();
     return p2p_.push(what, [this, what, buffer, request, deadline]() mutable {
       mpi::MpiUse use(what);
       finish_p2p(request, deadline, what, buffer, nullptr);
@@ -254,7 +253,7 @@ class ProcessGroupMpi : public ProcessGroup {
       mpi::MpiUse use(what);
       mpi::check(MPI_Irecv(buffer.data_ptr(), m.count, m.type, src, tag, comm(), &request), what);
     }
-    const mpi::Clock::time_point deadline = mpi::Clock::now() + timeout_;
+    const mpi::Clock::time_point deadline = mpi::Clock::now() + timeout();
     return p2p_.push(what, [this, what, tensor, buffer, m, request, deadline]() mutable {
       mpi::MpiUse use(what);
       MPI_Status status;
@@ -296,7 +295,7 @@ class ProcessGroupMpi : public ProcessGroup {
            const std::function<int(MPI_Request*)>& start) {
     MPI_Request request = MPI_REQUEST_NULL;
     mpi::check(start(&request), what);
-    if (!mpi::wait(request, mpi::Clock::now() + timeout_, what)) abandon(what, buffers);
+    if (!mpi::wait(request, mpi::Clock::now() + timeout(), what)) abandon(what, buffers);
   }
 
   // After a collective's deadline. MPI cannot cancel a collective: it stays posted and may
@@ -308,7 +307,7 @@ class ProcessGroupMpi : public ProcessGroup {
     }
     broken_ = what;
     const std::string behind = ranks_behind();  // MPI cannot say who is missing; the inspector can
-    throw TimeoutError(str_cat(what, ": not finished after the group's timeout of ", seconds(timeout_), " s",
+    throw TimeoutError(str_cat(what, ": not finished after the group's timeout of ", seconds(timeout()), " s",
                                behind.empty() ? "" : ": " + behind,
                                ". Did every process issue the same collectives in the same order? This group is "
                                "unusable now; rebuild the process group."));
@@ -328,7 +327,7 @@ class ProcessGroupMpi : public ProcessGroup {
           broken_ = what;
           throw;
         }
-      } else if (!ring_.all_reduce(flat, op, mpi::Clock::now() + timeout_, what)) {
+      } else if (!ring_.all_reduce(flat, op, mpi::Clock::now() + timeout(), what)) {
         abandon(what, {buffer, ring_.scratch()});
       }
     } else {
@@ -364,7 +363,7 @@ class ProcessGroupMpi : public ProcessGroup {
       mpi::keep_alive(buffer);
       MPI_Request_free(&request);
     }
-    throw TimeoutError(str_cat(what, ": not finished after the group's timeout of ", seconds(timeout_),
+    throw TimeoutError(str_cat(what, ": not finished after the group's timeout of ", seconds(timeout()),
                                " s. Did the peer post the matching send or recv, with the same tag?"));
   }
 
@@ -372,7 +371,6 @@ class ProcessGroupMpi : public ProcessGroup {
   Communicator ring_comm_;
   mpi::Ring ring_;                          // only the runner thread uses it
   std::unique_ptr<detail::shm::ShmCollectives> shm_;  // likewise; null: the ring takes large buffers
-  std::chrono::milliseconds timeout_;
   std::string broken_;  // the collective that timed out; only the runner thread uses it
   // Declared last: stopped first, so queued operations finish while the communicator lives.
   detail::OrderedRunner collectives_{"mpi collectives"};

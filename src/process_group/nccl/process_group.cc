@@ -137,7 +137,7 @@ class ProcessGroupNccl : public ProcessGroup {
  public:
   ProcessGroupNccl(const std::shared_ptr<Store>& store, int rank, int size, c10::DeviceIndex device,
                    NcclOptions options)
-      : ProcessGroup(rank, size),
+      : ProcessGroup(rank, size, options.timeout),
         options_(options),
         device_(device),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)) {

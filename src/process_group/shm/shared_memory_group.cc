@@ -46,7 +46,7 @@ class SharedMemoryGroup final : public ProcessGroup {
   // leaders (null but on them).
   SharedMemoryGroup(std::shared_ptr<ProcessGroup> transport, std::unique_ptr<ShmCollectives> shm, bool two_levels,
                     std::shared_ptr<ProcessGroup> leaders, bool columns = false)
-      : ProcessGroup(transport->rank(), transport->size()),
+      : ProcessGroup(transport->rank(), transport->size(), transport->timeout()),
         transport_(std::move(transport)),
         shm_(std::move(shm)),
         two_levels_(two_levels),
