@@ -14,8 +14,9 @@
 // barrier, ...). A rank that died is named by the error the group raises, not here.
 // The store lives in rank 0's process. When rank 0 is stopped or hung, a store call would
 // wait the store's whole timeout, and the warning never came (issue 27): so the inspector
-// has a connection of its own whose calls wait at most kProbeTimeout, and when the store
-// does not answer, the warning (and the error's hint) says so, naming where it is served.
+// has a connection of its own (Store::clone) whose calls wait at most half the stall
+// interval (0.25 to 5 s), and when the store does not answer, the warning (and the error's
+// hint) says so, naming where it is served.
 #include "process_group/stall_inspector.h"
 
 #include <algorithm>
