@@ -379,7 +379,8 @@ bool StoreService::serve(Id id, Connection& c, const uint8_t* body, uint32_t siz
       return true;
     }
     case Op::kHello:
-      break;
+    case Op::kProof:
+      break;  // the handshake's messages, never a greeted client's request
   }
   return false;  // unknown op
 }

@@ -67,6 +67,9 @@ class Writer {
     return *this;
   }
   Writer& bytes(const uint8_t* data, size_t n) {
+    // One allocation for the length and the bytes (and no GCC 12 -Wstringop-overflow false
+    // positive, which a growth between the two set off).
+    body_.reserve(body_.size() + 4 + n);
     u32(static_cast<uint32_t>(n));
     body_.insert(body_.end(), data, data + n);
     return *this;
