@@ -6,10 +6,8 @@
 #include "datapar/train/plot.h"
 
 #include <fcntl.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,11 +16,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "child_process.h"
 #include "datapar/error.h"
 #include "file_system.h"
 #include "new_file.h"
-
-extern char** environ;
 
 namespace datapar::train {
 namespace {
@@ -60,21 +57,19 @@ std::string script(const std::string& data, const std::string& png, const std::s
 }
 
 // Runs `gnuplot script_path` with stdout and stderr to `log_path`; returns its exit status.
-// posix_spawn, not fork: the trainer has many threads, and a forked child may only call
-// async-signal-safe functions.
 int run_gnuplot(const std::string& gnuplot, const std::string& script_path, const std::string& log_path) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  char* argv[] = {const_cast<char*>(gnuplot.c_str()), const_cast<char*>(script_path.c_str()), nullptr};
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, gnuplot.c_str(), &actions, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  DATAPAR_CHECK(rc == 0, "plot: cannot start ", gnuplot, " (error ", rc, ")");
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  DATAPAR_CHECK(log >= 0, "plot: cannot write ", log_path, " (", std::strerror(errno), ")");
+  detail::ChildOptions options;
+  options.stdout_fd = log;
+  options.stderr_fd = log;
+  options.who = "datapar plot";
+  const pid_t pid = detail::start_child({gnuplot, script_path}, options);
+  const int error = errno;
+  ::close(log);
+  DATAPAR_CHECK(pid > 0, "plot: cannot start ", gnuplot, " (", std::strerror(error), ")");
+  const detail::ChildExit exit = detail::wait_child(pid);
+  return exit.exit_code >= 0 ? exit.exit_code : 128;
 }
 
 std::string read_all(const std::string& path) {
@@ -86,16 +81,7 @@ std::string read_all(const std::string& path) {
 
 }  // namespace
 
-std::string find_gnuplot() {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path ? path : "/usr/bin:/bin");
-  std::string dir;
-  while (std::getline(dirs, dir, ':')) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/gnuplot";
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
+std::string find_gnuplot() { return detail::find_executable("gnuplot"); }
 
 void plot_metrics(const std::vector<EpochMetrics>& history, const std::string& png_path, const std::string& title) {
   const std::string gnuplot = find_gnuplot();

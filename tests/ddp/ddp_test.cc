@@ -28,7 +28,7 @@ using namespace std::chrono_literals;
 
 using testing::expect_matches_reference;
 
-std::vector<testing::ProcessResult> run_job(const std::string& scenario, int world, const testing::TempDir& dir,
+std::vector<testing::ProcessResult> ddp_job(const std::string& scenario, int world, const testing::TempDir& dir,
                                             std::chrono::seconds deadline = 120s, bool* timed_out = nullptr) {
   return testing::run_ddp_job(scenario, world, dir, "cpu", deadline, timed_out);
 }
@@ -43,7 +43,7 @@ TEST(DistributedDataParallel, EndsWherePyTorchsDdpEnds) {
   DATAPAR_REQUIRE_PYTHON_TORCH();
   for (const std::string name : {"even", "one_bucket"}) {
     testing::TempDir dir("ddp");
-    const auto results = run_job(name, 2, dir);
+    const auto results = ddp_job(name, 2, dir);
     for (int r = 0; r < 2; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
     const std::string theirs = dir.path() + "/pytorch.pt";
     ASSERT_EQ(testing::run_python_file(DATAPAR_SOURCE_DIR "/tests/ddp/torch_ddp_twin.py", name + " " + theirs), 0);
@@ -87,7 +87,7 @@ TEST(DistributedDataParallel, AStepReadsNothingBackOnTheHost) {
   for (const Case& c : {Case{"uneven", 2, {0, 1}, 0}, Case{"even", 2, {0, 1}, 0}, Case{"join", 3, {1, 2}, 0},
                         Case{"unused", 2, {0, 1}, 3}}) {  // unused: one read per step, steps 3 to 5
     testing::TempDir dir("ddp_host_reads");
-    const auto results = run_job(c.scenario, c.world, dir);
+    const auto results = ddp_job(c.scenario, c.world, dir);
     for (int r : c.ranks) {
       ASSERT_EQ(results[r].exit_code, 0) << c.scenario << ", rank " << r << ":\n" << results[r].output;
       EXPECT_NE(results[r].output.find("host reads from step 3: " + std::to_string(c.reads) + "\n"), std::string::npos)
@@ -167,7 +167,7 @@ TEST(SyncBatchNorm, WithoutAGroupIsBatchNormAndConversionRefusesTorchBatchNorm) 
 
 TEST(DistributedDataParallel, MismatchedModelsFailOnEveryRankNamingTheDifference) {
   testing::TempDir dir("ddp");
-  const auto results = run_job("mismatch", 3, dir, 60s);
+  const auto results = ddp_job("mismatch", 3, dir, 60s);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
 }
 
@@ -175,7 +175,7 @@ TEST(DistributedDataParallel, ARankKilledMidBackwardFailsTheOthers) {
   testing::TempDir dir("ddp");
   bool timed_out = false;
   const auto start = std::chrono::steady_clock::now();
-  const auto results = run_job("kill", 3, dir, 60s, &timed_out);
+  const auto results = ddp_job("kill", 3, dir, 60s, &timed_out);
   EXPECT_FALSE(timed_out);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 40s);
   EXPECT_EQ(results[2].signal, SIGKILL) << results[2].output;
@@ -190,14 +190,14 @@ TEST(DistributedDataParallel, ARankKilledMidBackwardFailsTheOthers) {
 TEST(DistributedDataParallel, EvaluationOnOneRankAloneDoesNotHang) {
   testing::TempDir dir("ddp");
   bool timed_out = false;
-  const auto results = run_job("eval_on_rank0", 2, dir, 60s, &timed_out);
+  const auto results = ddp_job("eval_on_rank0", 2, dir, 60s, &timed_out);
   EXPECT_FALSE(timed_out);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
 }
 
 TEST(DistributedDataParallel, AStalledBucketWarnsNamingIt) {
   testing::TempDir dir("ddp");
-  const auto results = run_job("stall", 2, dir, 60s);
+  const auto results = ddp_job("stall", 2, dir, 60s);
   for (int r = 0; r < 2; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
   // The group's stall inspector reports the bucket's all-reduce (Note [Stall inspection]).
   std::smatch stall;
@@ -232,7 +232,7 @@ TEST(ZeroRedundancyOptimizer, ShardedStepsEqualUnshardedTrainingAndConsolidateTo
     for (int world : {2, 3}) {
       const std::string name = "zero_" + optimizer;
       testing::TempDir dir("zero");
-      const auto results = run_job(name, world, dir);
+      const auto results = ddp_job(name, world, dir);
       for (int r = 0; r < world; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
       const testing::DdpScenario s = testing::scenario(name, world);
       std::unique_ptr<torch::optim::Optimizer> reference_optimizer;
@@ -284,7 +284,7 @@ TEST(ZeroRedundancyOptimizer, ACheckpointResumesBitForBitWithOrWithoutSharding) 
   for (const std::string optimizer : {"sgd", "adam"}) {
     auto final_parameters = [&](const std::string& name) {
       const testing::TempDir dir("zero");
-      const auto results = run_job(name, 2, dir);
+      const auto results = ddp_job(name, 2, dir);
       for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << name << " rank " << r << ":\n" << results[r].output;
       return load_state_dict_file(dir.path() + "/rank1.pt");
     };

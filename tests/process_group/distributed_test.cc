@@ -3,12 +3,12 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <functional>
 
+#include "child_process.h"
 #include "datapar/config.h"
 #include "datapar/error.h"
 #include "testing/expect_throw.h"
@@ -20,35 +20,16 @@ namespace {
 using namespace std::chrono_literals;
 
 // Runs fn(rank) in `size` forked processes; returns each one's exit code (-1: killed).
-std::vector<int> run_job(int size, const std::function<int(int)>& fn) {
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < size; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code;
-      try {
-        code = fn(rank);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        code = 99;
-      }
-      std::_Exit(code);
-    }
-    pids.push_back(pid);
-  }
+std::vector<int> run_ranks(int size, const std::function<int(int)>& fn) {
   std::vector<int> codes;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-  }
+  for (const detail::ChildExit& e : detail::fork_ranks(size, fn, "distributed_test")) codes.push_back(e.exit_code);
   return codes;
 }
 
 TEST(Distributed, InitAllReduceSubgroupAndDestroy) {
   const testing::TempDir dir("distributed");
   const std::string url = "file://" + dir.path() + "/store";
-  const auto codes = run_job(3, [&](int rank) {
+  const auto codes = run_ranks(3, [&](int rank) {
     init_process_group("gloo", url, rank, 3, 30s);
     if (!is_initialized() || get_rank() != rank || get_world_size() != 3) return 1;
     at::Tensor t = at::full({4}, rank);

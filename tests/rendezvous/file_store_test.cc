@@ -2,16 +2,17 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <thread>
 
+#include "child_process.h"
 #include "datapar/error.h"
 #include "testing/expect_throw.h"
 #include "testing/temp_dir.h"
@@ -31,28 +32,9 @@ bool exists(const std::string& path) {
 FileStoreOptions world(int size, std::chrono::milliseconds timeout = 10s) { return {size, "run-a", timeout}; }
 
 // Runs fn in `count` child processes (fn gets the child's index); returns how many exited 0.
-template <typename Fn>
-int run_processes(int count, Fn fn) {
-  std::vector<pid_t> pids;
-  for (int i = 0; i < count; ++i) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 1;
-      try {
-        code = fn(i);
-      } catch (...) {
-        code = 2;
-      }
-      std::_Exit(code);
-    }
-    pids.push_back(pid);
-  }
+int run_processes(int count, const std::function<int(int)>& fn) {
   int ok = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  for (const detail::ChildExit& e : detail::fork_ranks(count, fn, "file_store_test")) ok += e.succeeded();
   return ok;
 }
 

@@ -6,7 +6,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -21,12 +20,11 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
 #include "testing/raw_handshake.h"
-
-extern char** environ;
 
 namespace datapar {
 namespace {
@@ -55,15 +53,11 @@ struct Child {
     int to[2], from[2];
     EXPECT_EQ(::pipe2(to, O_CLOEXEC), 0);
     EXPECT_EQ(::pipe2(from, O_CLOEXEC), 0);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, to[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, from[1], 1);
-    std::vector<char*> argv;
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&actions);
+    detail::ChildOptions options;
+    options.stdin_fd = to[0];
+    options.stdout_fd = from[1];
+    pid = detail::start_child(args, options);
+    EXPECT_GT(pid, 0) << std::strerror(errno);
     ::close(to[0]);
     ::close(from[1]);
     in = to[1];
@@ -102,16 +96,7 @@ struct Child {
   ~Child() {
     ::close(in);
     ::close(out);
-    const auto end = Clock::now() + 10s;
-    int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) != pid) {
-      if (Clock::now() > end) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(10ms);
-    }
+    if (pid > 0) detail::wait_child(pid, Clock::now() + 10s);
   }
 };
 

@@ -3,7 +3,7 @@
 // environment, ended at a deadline together with everything it started.
 #pragma once
 
-#include <sys/prctl.h>
+#include <signal.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -21,15 +21,7 @@ struct JobResult : ProcessResult {
 
 // The path of `name` on PATH, else in /usr/sbin or /sbin (daemons); "" if none is executable.
 inline std::string find_program(const std::string& name) {
-  std::string dirs = std::getenv("PATH") ? std::getenv("PATH") : "";
-  dirs += ":/usr/sbin:/sbin";
-  std::stringstream list(dirs);
-  for (std::string dir; std::getline(list, dir, ':');) {
-    if (dir.empty()) continue;
-    const std::string path = dir + "/" + name;
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "";
+  return detail::find_executable(name, {"/usr/sbin", "/sbin"});
 }
 
 // This process's environment with `extra` ("NAME=value") added or replacing what it sets.
@@ -51,27 +43,13 @@ inline std::vector<std::string> environment_with(const std::vector<std::string>&
 // group's id), or -1.
 inline pid_t start_in_own_group(const std::vector<std::string>& argv, const std::vector<std::string>& environment,
                                 const std::string& log) {
-  // Everything the child needs is made before fork(): a forked child of a threaded
-  // process may only call async-signal-safe functions before exec.
-  std::vector<char*> args, envp;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  for (const std::string& e : environment) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return -1;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test killed at its timeout leaves no daemon behind
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    const int null = ::open("/dev/null", O_RDONLY);
-    if (null >= 0) ::dup2(null, 0);
-    ::execve(args[0], args.data(), envp.data());
-    ::_exit(127);
-  }
-  if (pid > 0) ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
+  detail::ChildOptions options;
+  options.environment = environment;
+  options.stdout_fd = fd;
+  options.stderr_fd = fd;
+  const pid_t pid = detail::start_child(argv, options);
   ::close(fd);
   return pid;
 }
@@ -87,20 +65,12 @@ inline JobResult run_job(const std::vector<std::string>& argv, const std::vector
     r.output = "could not start " + argv[0] + ": " + std::strerror(errno);
     return r;
   }
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) != pid) {
-    if (std::chrono::steady_clock::now() - start > deadline) {
-      r.timed_out = true;
-      ::killpg(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const detail::ChildExit exit = detail::wait_child(pid, start + deadline);
   ::killpg(pid, SIGKILL);  // anything it left behind in its group
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  r.timed_out = exit.timed_out;
+  r.exit_code = exit.exit_code;
+  r.signal = exit.signal;
   r.output = read_text(log);
   return r;
 }

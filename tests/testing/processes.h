@@ -2,20 +2,16 @@
 // rest if it passes, and read what each printed.
 #pragma once
 
-#include <signal.h>
 #include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
-extern char** environ;
+#include "child_process.h"
 
 namespace datapar::testing {
 
@@ -34,41 +30,22 @@ inline std::vector<ProcessResult> run_processes(const std::vector<std::vector<st
   std::vector<std::string> logs;
   for (size_t i = 0; i < commands.size(); ++i) {
     logs.push_back(dir + "/process-" + std::to_string(i) + ".log");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    std::vector<char*> argv;
-    for (const std::string& a : commands[i]) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
-    posix_spawn_file_actions_destroy(&actions);
-    pids.push_back(pid);
+    const int log = ::open(logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    detail::ChildOptions options;
+    options.stdout_fd = log;
+    options.stderr_fd = log;
+    pids.push_back(log >= 0 ? detail::start_child(commands[i], options) : -1);
+    if (log >= 0) ::close(log);
   }
-  std::vector<ProcessResult> results(commands.size());
-  std::vector<bool> done(commands.size(), false);
   const auto end = std::chrono::steady_clock::now() + deadline;
-  size_t remaining = commands.size();
+  std::vector<ProcessResult> results(commands.size());
+  if (timed_out) *timed_out = false;
   for (size_t i = 0; i < pids.size(); ++i) {
-    if (pids[i] < 0) done[i] = true, --remaining;
-  }
-  while (remaining > 0 && std::chrono::steady_clock::now() < end) {
-    for (size_t i = 0; i < pids.size(); ++i) {
-      int status = 0;
-      if (done[i] || ::waitpid(pids[i], &status, WNOHANG) != pids[i]) continue;
-      done[i] = true;
-      --remaining;
-      if (WIFEXITED(status)) results[i].exit_code = WEXITSTATUS(status);
-      if (WIFSIGNALED(status)) results[i].signal = WTERMSIG(status);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (timed_out) *timed_out = remaining > 0;
-  for (size_t i = 0; i < pids.size(); ++i) {
-    if (done[i]) continue;
-    ::kill(pids[i], SIGKILL);
-    ::waitpid(pids[i], nullptr, 0);
+    if (pids[i] < 0) continue;
+    const detail::ChildExit exit = detail::wait_child(pids[i], end);
+    results[i].exit_code = exit.exit_code;
+    results[i].signal = exit.timed_out ? 0 : exit.signal;
+    if (timed_out) *timed_out |= exit.timed_out;
   }
   for (size_t i = 0; i < logs.size(); ++i) {
     std::ifstream in(logs[i]);

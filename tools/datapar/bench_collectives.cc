@@ -139,7 +139,7 @@ int bench_collectives(const BenchCollectivesOptions& given) {
   DATAPAR_CHECK(options.iters >= 1, "--iters ", options.iters, ": time at least 1 iteration per size.");
   DATAPAR_CHECK(options.warmup >= 0, "--warmup ", options.warmup, ": must not be negative.");
   DATAPAR_CHECK(!options.sizes.empty(), "--sizes: no size given; write e.g. 4KiB,1MiB,64MiB.");
-  return run_job(
+  return run_ranks(
       options.nproc, "datapar bench collectives",
       [&](const std::string& init, int rank, int world) { return run_rank(options, init, rank, world); },
       options.backend);

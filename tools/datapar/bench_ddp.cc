@@ -348,7 +348,7 @@ int bench_ddp(const BenchDdpOptions& given) {
   DATAPAR_CHECK(trace_dir.empty() || detail::is_directory(trace_dir), "--trace ", options.trace,
                 ": the directory ", trace_dir, " does not exist.\n---> HINT: create it first, or write the "
                 "file elsewhere.");
-  return run_job(
+  return run_ranks(
       options.nproc, "datapar bench ddp",
       [&](const std::string& init, int rank, int world) { return run_rank(options, init, rank, world); },
       options.backend);

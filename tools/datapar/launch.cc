@@ -24,6 +24,7 @@
 #include <optional>
 #include <set>
 
+#include "child_process.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "local_job.h"
@@ -41,7 +42,7 @@ using Clock = std::chrono::steady_clock;
 // Checks here what execvp would find, so that a typo is one clear error (exit 2) rather
 // than N workers failing with 127.
 void check_program(const std::string& program) {
-  if (!find_executable(program).empty()) return;
+  if (!detail::find_executable(program).empty()) return;
   DATAPAR_CHECK(program.find('/') == std::string::npos, "launch: ", program,
                 " is not an executable file. Check the path after -- (relative to the current directory).");
   throw InvalidArgumentError(str_cat("launch: program \"", program,

@@ -1,6 +1,5 @@
 #include "local_job.h"
 
-#include <sys/wait.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include <fstream>
 #include <vector>
 
+#include "child_process.h"
 #include "datapar/config.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
@@ -18,7 +18,6 @@
 #include "datapar/rendezvous/reserved_port.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "process_group/backends.h"
-#include "worker_group.h"
 
 namespace datapar::tools {
 
@@ -35,8 +34,8 @@ std::vector<std::string> own_command_line() {
 // mpirun's path: the one CMake found, else "mpirun" on PATH; empty if neither exists.
 std::string find_mpirun() {
   const std::string built = DATAPAR_MPIEXEC;  // found at build time
-  if (!built.empty() && !find_executable(built).empty()) return built;
-  return find_executable("mpirun");
+  if (!built.empty() && !detail::find_executable(built).empty()) return built;
+  return detail::find_executable("mpirun");
 }
 
 // Open MPI refuses root (containers, CI) and more processes than cores unless told: the
@@ -54,7 +53,7 @@ void exec_under_mpirun(int nproc, const std::string& tool) {
                 "Install libopenmpi-dev and openmpi-bin, then configure and build again.");
   std::string mpirun = find_mpirun();
   if (mpirun.empty()) mpirun = "mpirun";  // execvp fails below with the clear error
-  const std::string self = this_program();
+  const std::string self = detail::this_program();
   std::vector<std::string> original = own_command_line();
   DATAPAR_CHECK(!self.empty() && !original.empty(), tool, ": cannot read this program's command line to start it ",
                 "through mpirun. Start it yourself: mpirun -n ", nproc, " <the same command>");
@@ -82,8 +81,8 @@ std::string job_backend(const std::string& given) {
   return default_backend();
 }
 
-int run_job(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main,
-            const std::string& backend) {
+int run_ranks(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main,
+              const std::string& backend) {
   DATAPAR_CHECK(nproc >= 1 && nproc <= kMaxProcesses, "--nproc ", nproc, ": use 1 .. ", kMaxProcesses, " processes.");
   if (!backend.empty()) (void)detail::find_backend(backend);  // refuse a bogus one before forking ranks
   if (const auto identity = identity_from_environment()) {  // under a launcher
@@ -99,32 +98,20 @@ int run_job(int nproc, const std::string& tool, const std::function<int(const st
   if (std::getenv("DATAPAR_STORE_TOKEN") == nullptr) ::setenv("DATAPAR_STORE_TOKEN", make_store_token().c_str(), 1);
   const ReservedPort port("127.0.0.1");  // rank 0's store port, until every rank has exited
   const std::string init_method = "tcp://127.0.0.1:" + std::to_string(port.port());
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < nproc; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      // As a launcher would: the rank's place on this machine, which also picks its GPU
-      // (the nccl backend takes cuda:LOCAL_RANK).
-      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      int code = 1;
-      try {
-        code = rank_main(init_method, rank, nproc);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s: rank %d: %s\n", tool.c_str(), rank, e.what());
-      }
-      std::fflush(nullptr);
-      std::_Exit(code);
-    }
-    children.push_back(pid);
+  const auto exits = detail::fork_ranks(
+      nproc,
+      [&](int rank) {
+        // As a launcher would: the rank's place on this machine, which also picks its GPU
+        // (the nccl backend takes cuda:LOCAL_RANK).
+        ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+        ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+        return rank_main(init_method, rank, nproc);
+      },
+      tool);
+  for (const detail::ChildExit& e : exits) {
+    if (!e.succeeded()) return 1;
   }
-  int failed = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  return failed ? 1 : 0;
+  return 0;
 }
 
 }  // namespace datapar::tools

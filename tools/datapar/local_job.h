@@ -20,11 +20,13 @@ inline constexpr int kMaxProcesses = 1024;
 // CUDA, which a forked child could then not use.
 std::string job_backend(const std::string& given);
 
-// Calls rank_main(init_method, rank, world_size) for this process's rank or for each
-// forked one (which gets LOCAL_RANK and LOCAL_WORLD_SIZE, as from a launcher); returns 0 when every rank returned 0. With backend "mpi" and no launcher,
+// Calls rank_main(init_method, rank, world_size) for this process's rank, under a launcher,
+// or for each of `nproc` forked ones (detail::fork_ranks; each gets LOCAL_RANK and
+// LOCAL_WORLD_SIZE, as from a launcher); returns 0 when every rank returned 0. With backend
+// "mpi" and no launcher,
 // this process becomes mpirun (exec) and returns only if that fails (InvalidArgumentError);
 // an empty backend is default_backend() here.
-int run_job(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main,
-            const std::string& backend = "gloo");
+int run_ranks(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main,
+              const std::string& backend = "gloo");
 
 }  // namespace datapar::tools

@@ -10,12 +10,12 @@
 #include <iostream>
 #include <string>
 
+#include "child_process.h"
 #include "cli_numbers.h"
 #include "commands.h"
 #include "datapar/config.h"
 #include "datapar/error.h"
 #include "launch.h"
-#include "worker_group.h"
 
 namespace {
 
@@ -34,7 +34,7 @@ std::string version_line() {
 // arguments (argv[0] too, so that messages name the command the user typed). Returns only
 // when that fails, with the exit status to use.
 int exec_torch_program(char** argv) {
-  const std::string self = datapar::tools::this_program();
+  const std::string self = datapar::detail::this_program();
   const std::string path = self.substr(0, self.rfind('/') + 1) + datapar::tools::kTorchProgram;
   ::execv(path.c_str(), argv);
   std::cerr << "datapar: " << argv[1] << " runs in " << path << ", which cannot be started: " << std::strerror(errno)

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "child_process.h"
 #include "datapar/error.h"
 
 namespace datapar::tools {
@@ -28,8 +29,8 @@ int g_signal_pipe[2] = {-1, -1};
 pid_t g_launcher = -1;
 
 void on_signal(int sig) {
-  // A forked worker before exec still has this handler; the signal is the worker's own
-  // (a stop), not the launcher's: act as the default would.
+  // A forked guard (which blocks every signal) or a worker before exec (start_child blocks
+  // them across the fork) never runs this; should one, the signal is its own: the default.
   if (::getpid() != g_launcher) {
     ::signal(sig, SIG_DFL);
     ::raise(sig);
@@ -39,13 +40,6 @@ void on_signal(int sig) {
   const unsigned char byte = static_cast<unsigned char>(sig);
   [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
   errno = saved;
-}
-
-std::vector<char*> c_strings(const std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
-  out.push_back(nullptr);
-  return out;
 }
 
 // Note [A launcher's death reaches the whole group]
@@ -87,59 +81,6 @@ constexpr int kOrphanGraceSeconds = 5;
 
 }  // namespace
 
-// In the forked child: only async-signal-safe calls from here on.
-[[noreturn]] void exec_worker(pid_t launcher, int out_fd, int err_fd, char* const* argv, char* const* envp,
-                              const cpu_set_t* cpus) {
-  // Ignored signals stay ignored across exec (a shell's `&` ignores SIGINT): give the
-  // worker the defaults so that forwarded signals act. The parent blocked them around
-  // fork(), so none is handled by the launcher's handler in here; pending ones act on unblock.
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(sig, SIG_DFL);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::setpgid(0, 0);
-  // Dies with the launcher. If the launcher died before this line, the signal is never
-  // sent, so check that our parent is still the launcher.
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != launcher) ::_exit(1);
-  if (cpus != nullptr) ::sched_setaffinity(0, sizeof(cpu_set_t), cpus);  // best effort
-  const int null_fd = ::open("/dev/null", O_RDONLY);
-  if (null_fd >= 0) ::dup2(null_fd, 0);
-  ::dup2(out_fd, 1);
-  ::dup2(err_fd, 2);
-  ::execvpe(argv[0], argv, envp);
-  const char* what = std::strerror(errno);
-  for (const char* s : {"datapar launch: cannot run ", static_cast<const char*>(argv[0]), ": ", what, "\n"}) {
-    [[maybe_unused]] ssize_t n = ::write(2, s, std::strlen(s));
-  }
-  ::_exit(127);
-}
-
-std::string find_executable(const std::string& program) {
-  auto executable = [](const std::string& path) {
-    struct stat st {};
-    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-  };
-  if (program.find('/') != std::string::npos) return executable(program) ? program : "";
-  const char* path = std::getenv("PATH");
-  const std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    const std::string candidate = (end > start ? dirs.substr(start, end - start) : ".") + "/" + program;
-    if (executable(candidate)) return candidate;
-    start = end + 1;
-  }
-  return "";
-}
-
-std::string this_program() {
-  char path[4096] = {};
-  const ssize_t length = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
-  return length > 0 ? std::string(path, static_cast<size_t>(length)) : std::string();
-}
-
 void WorkerGroup::catch_signals() {
   if (g_signal_pipe[0] >= 0) return;
   g_launcher = ::getpid();
@@ -159,7 +100,6 @@ void WorkerGroup::catch_signals() {
 WorkerGroup::WorkerGroup(const std::vector<std::string>& argv, const std::vector<WorkerSpec>& specs) : specs_(specs) {
   DATAPAR_INTERNAL_ASSERT(!argv.empty());
   const pid_t launcher = ::getpid();
-  std::vector<char*> c_argv = c_strings(argv);
   // A throw from a constructor skips the destructor: stop the workers already started.
   auto give_up = [this](const char* call, int rank, int error) {
     const std::string what = std::strerror(error);
@@ -176,26 +116,23 @@ WorkerGroup::WorkerGroup(const std::vector<std::string>& argv, const std::vector
       ::close(out[0]), ::close(out[1]);
       throw give_up("pipe()", spec.rank, error);
     }
-    std::vector<char*> envp = c_strings(spec.environment);
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    for (int cpu : spec.cpus) CPU_SET(cpu, &cpus);
-    sigset_t stops, old_mask;
-    sigemptyset(&stops);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, sig);
-    ::sigprocmask(SIG_BLOCK, &stops, &old_mask);
-    const pid_t pid = ::fork();
-    if (pid != 0) ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    detail::ChildOptions options;
+    options.environment = spec.environment;
+    options.stdout_fd = out[1];
+    options.stderr_fd = err[1];
+    options.cpus = spec.cpus;
+    options.who = "datapar launch";
+    const pid_t pid = detail::start_child(argv, options);
     if (pid < 0) {
       const int error = errno;
       for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
       throw give_up("fork()", spec.rank, error);
     }
-    if (pid == 0) exec_worker(launcher, out[1], err[1], c_argv.data(), envp.data(), spec.cpus.empty() ? nullptr : &cpus);
-    // Also from the parent, so that signal_all() cannot race the child's own setpgid().
-    ::setpgid(pid, pid);
+    sigset_t stops, old_mask;
+    sigemptyset(&stops);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, sig);
     // Note [A launcher's death reaches the whole group]. Forked with the stops blocked too.
-    ::sigprocmask(SIG_BLOCK, &stops, nullptr);
+    ::sigprocmask(SIG_BLOCK, &stops, &old_mask);
     const pid_t guard = ::fork();
     ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     if (guard == 0) guard_group(pid, launcher);

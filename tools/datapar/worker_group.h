@@ -2,15 +2,14 @@
 // output to the launcher's stdout/stderr line by line (worker_output.h), reaps them and
 // signals them. It decides nothing: when to stop or restart the group is launch.cc's job.
 //
-// Each worker runs in its own process group (so a signal reaches whatever the worker
-// started too) with PR_SET_PDEATHSIG = SIGKILL (so it dies with the launcher even when
-// the launcher itself is SIGKILLed and gets no chance to clean up). Its stdin is /dev/null.
+// Each worker is started by detail::start_child (child_process.h): in its own process group
+// (so a signal reaches whatever the worker started too), with PR_SET_PDEATHSIG = SIGKILL (so
+// it dies with the launcher even when the launcher itself is SIGKILLed and gets no chance to
+// clean up), stdin /dev/null.
 // Caveat: PDEATHSIG covers the worker process only; children a worker forks itself die
 // with the launcher only if the worker passes that on (a killpg() reaches them on every
 // orderly stop).
 #pragma once
-
-#include <sched.h>
 
 #include <sys/types.h>
 
@@ -93,19 +92,5 @@ class WorkerGroup {
   std::vector<Stream> streams_;  // 2 per worker: stdout, stderr
   std::chrono::steady_clock::time_point all_reaped_at_{};
 };
-
-// The path execvp would run for `program` (looked up on PATH when it has no '/'), or ""
-// if that is not an executable file.
-std::string find_executable(const std::string& program);
-
-// The path of this program's own executable (/proc/self/exe), or "" if it cannot be read.
-std::string this_program();
-
-// The forked child's side of starting a worker, before exec: default signal handling and
-// an empty signal mask, its own process group, PR_SET_PDEATHSIG = SIGKILL (exits at once
-// if `parent` is gone already), stdin /dev/null, stdout `out_fd`, stderr `err_fd`, the
-// cores `cpus` if given; then execvpe. If exec fails it says why on `err_fd` and exits 127.
-[[noreturn]] void exec_worker(pid_t parent, int out_fd, int err_fd, char* const* argv, char* const* envp,
-                              const cpu_set_t* cpus = nullptr);
 
 }  // namespace datapar::tools
