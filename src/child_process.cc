@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -125,19 +126,24 @@ pid_t start_child(const std::vector<std::string>& argv, const ChildOptions& opti
 ChildExit wait_child(pid_t pid, std::optional<std::chrono::steady_clock::time_point> deadline) {
   ChildExit out;
   int status = 0;
-  if (!deadline) {
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  struct rusage usage {};
+  auto reap = [&](int flags) {
+    pid_t done;
+    while ((done = ::wait4(pid, &status, flags, &usage)) < 0 && errno == EINTR) {
     }
+    return done;
+  };
+  if (!deadline) {
+    reap(0);
   } else {
     for (;;) {
-      const pid_t done = ::waitpid(pid, &status, WNOHANG);
-      if (done == pid || (done < 0 && errno != EINTR)) break;
+      const pid_t done = reap(WNOHANG);
+      if (done != 0) break;  // reaped, or an error (no such child)
       if (std::chrono::steady_clock::now() >= *deadline) {
         out.timed_out = true;
         if (::getpgid(pid) == pid) ::killpg(pid, SIGKILL);
         ::kill(pid, SIGKILL);
-        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-        }
+        reap(0);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -145,24 +151,30 @@ ChildExit wait_child(pid_t pid, std::optional<std::chrono::steady_clock::time_po
   }
   if (WIFEXITED(status)) out.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) out.signal = WTERMSIG(status);
+  out.peak_resident_bytes = int64_t{usage.ru_maxrss} * 1024;  // ru_maxrss is in KiB
   return out;
+}
+
+pid_t fork_child(const std::function<int()>& body, const std::string& who) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  int code = 1;
+  try {
+    code = body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
+  } catch (...) {
+    std::fprintf(stderr, "%s: an exception that is not a std::exception\n", who.c_str());
+  }
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
 
 std::vector<ChildExit> fork_ranks(int n, const std::function<int(int)>& rank_main, const std::string& who) {
   std::vector<pid_t> pids;
   for (int rank = 0; rank < n; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 1;
-      try {
-        code = rank_main(rank);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s: rank %d: %s\n", who.c_str(), rank, e.what());
-      }
-      std::fflush(nullptr);
-      std::_Exit(code);
-    }
-    pids.push_back(pid);  // -1 when fork failed: wait_child reports it as not exited
+    // -1 when fork failed: wait_child reports it as not exited
+    pids.push_back(fork_child([&] { return rank_main(rank); }, who + ": rank " + std::to_string(rank)));
   }
   std::vector<ChildExit> exits;
   for (pid_t pid : pids) exits.push_back(pid > 0 ? wait_child(pid) : ChildExit{});

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -53,12 +54,20 @@ struct ChildExit {
   int exit_code = -1;      // -1: it did not exit normally
   int signal = 0;          // the signal that ended it, if any
   bool timed_out = false;  // killed at the deadline
+  int64_t peak_resident_bytes = 0;  // the child's peak resident memory (its ru_maxrss)
   bool succeeded() const { return exit_code == 0; }
 };
 
 // Waits for `pid` to end; past `deadline`, SIGKILLs it (and its process group, when it leads
 // one) and reaps it.
 ChildExit wait_child(pid_t pid, std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
+
+// Runs body() in a forked child (no exec), which exits with what body returns, or with 1
+// after printing what it threw as "<who>: <what>". Returns its pid, or -1 with errno set.
+// Only for code that starts no thread pool before the fork (a forked child of a process
+// whose OpenMP or Gloo threads have started may hang in them): the forked child has this
+// process's memory but only the forking thread.
+pid_t fork_child(const std::function<int()>& body, const std::string& who = "datapar");
 
 // Runs rank_main(rank) in `n` forked processes (no exec: for code that starts no thread pool
 // before the fork), each exiting with what it returns, or 1 after printing what it threw as

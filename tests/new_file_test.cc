@@ -5,13 +5,13 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "child_process.h"
 #include "datapar/error.h"
 #include "datapar/warning.h"
 #include "file_system.h"
@@ -135,15 +135,14 @@ TEST(NewFile, AnotherUsersPlantedLinksDoNotRedirectACheckpoint) {
 TEST(NewFile, AKilledWritersTemporaryIsRemovedByTheNextWrite) {
   const testing::TempDir dir("new_file");
   const std::string target = dir.path() + "/checkpoint.pt";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
+  const pid_t pid = fork_child([&] {
     AtomicFile file(target);
     const std::string junk(1 << 20, 'x');
     file.write(junk.data(), junk.size());
     std::_Exit(0);  // no destructor, no commit: as a crash
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    return 0;
+  });
+  ASSERT_EQ(wait_child(pid).exit_code, 0);
   ASSERT_EQ(temporaries_in(dir.path()).size(), 1u);
 
   const std::string old_recent = dir.path() + "/checkpoint.pt.tmp." + std::to_string(pid);

@@ -3,12 +3,12 @@
 #include "stale_files.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <string>
 
+#include "child_process.h"
 #include "testing/temp_dir.h"
 #include "file_system.h"  // not std::filesystem (src/file_system.h)
 
@@ -17,9 +17,8 @@ namespace {
 
 // The pid of a process that has ended (and was reaped), so no process has it now.
 pid_t dead_pid() {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(0);
-  ::waitpid(pid, nullptr, 0);
+  const pid_t pid = fork_child([] { return 0; });
+  wait_child(pid);
   return pid;
 }
 

@@ -2,10 +2,8 @@
 // data-parallel tutorial and of the functional data_parallel.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <regex>
 #include <sstream>
@@ -13,24 +11,13 @@
 #include <vector>
 
 #include "datapar/config.h"
+#include "testing/processes.h"
 
 namespace {
 
-struct ProgramRun {
-  int status = -1;
-  std::string output;
-};
+using datapar::testing::ProcessResult;
 
-ProgramRun run(const std::string& command) {
-  ProgramRun result;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
-  result.status = ::pclose(pipe);
-  return result;
-}
+ProcessResult run(const std::string& command) { return datapar::testing::run_shell(command); }
 
 std::string bin(const std::string& name) { return std::string(DATAPAR_BIN_DIR) + "/" + name; }
 
@@ -60,8 +47,8 @@ std::vector<std::vector<int>> rows_per_batch(const std::string& output, std::vec
 using Rows = std::vector<std::vector<int>>;
 
 TEST(TutorialExample, FourDevices) {
-  const ProgramRun r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1,cpu:2,cpu:3");
-  ASSERT_EQ(r.status, 0) << r.output;
+  const ProcessResult r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1,cpu:2,cpu:3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("Let's use 4 devices: cpu:0,cpu:1,cpu:2,cpu:3"), std::string::npos) << r.output;
   std::vector<int> batches;
   EXPECT_EQ(rows_per_batch(r.output, &batches), (Rows{{8, 8, 8, 6}, {8, 8, 8, 6}, {8, 8, 8, 6}, {3, 3, 3, 1}}))
@@ -70,38 +57,38 @@ TEST(TutorialExample, FourDevices) {
 }
 
 TEST(TutorialExample, TwoAndThreeDevices) {
-  ProgramRun r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1");
-  ASSERT_EQ(r.status, 0) << r.output;
+  ProcessResult r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<int> batches;
   EXPECT_EQ(rows_per_batch(r.output, &batches), (Rows{{15, 15}, {15, 15}, {15, 15}, {5, 5}})) << r.output;
   r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1,cpu:2");
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(rows_per_batch(r.output, &batches), (Rows{{10, 10, 10}, {10, 10, 10}, {10, 10, 10}, {4, 4, 2}}))
       << r.output;
 }
 
 TEST(TutorialExample, BatchOf25OnFourDevices) {
-  const ProgramRun r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1,cpu:2,cpu:3 --batch-size 25");
-  ASSERT_EQ(r.status, 0) << r.output;
+  const ProcessResult r = run(bin("data_parallel_tutorial") + " --devices cpu:0,cpu:1,cpu:2,cpu:3 --batch-size 25");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<int> batches;
   EXPECT_EQ(rows_per_batch(r.output, &batches), (Rows(4, {7, 7, 7, 4}))) << r.output;
 }
 
 TEST(TutorialExample, DefaultsToFourCpuDevicesWithoutCuda) {
-  const ProgramRun r = run("CUDA_VISIBLE_DEVICES= " + bin("data_parallel_tutorial"));
-  ASSERT_EQ(r.status, 0) << r.output;
+  const ProcessResult r = run("CUDA_VISIBLE_DEVICES= " + bin("data_parallel_tutorial"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("Let's use 4 devices: cpu:0,cpu:1,cpu:2,cpu:3"), std::string::npos) << r.output;
 }
 
 TEST(TutorialExample, UnknownDeviceIsAClearError) {
-  const ProgramRun r = run(bin("data_parallel_tutorial") + " --devices cuda:7");
-  EXPECT_NE(r.status, 0);
+  const ProcessResult r = run(bin("data_parallel_tutorial") + " --devices cuda:7");
+  EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("device \"cuda:7\" does not exist"), std::string::npos) << r.output;
 }
 
 TEST(FunctionalExample, SixteenAndFifteenRows) {
-  const ProgramRun r = run(bin("functional_data_parallel") + " --devices cpu:0,cpu:1");
-  ASSERT_EQ(r.status, 0) << r.output;
+  const ProcessResult r = run(bin("functional_data_parallel") + " --devices cpu:0,cpu:1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* expected :
        {"scatter: [8, 10] on cpu:0, [8, 10] on cpu:1", "parallel_apply: [8, 20] on cpu:0, [8, 20] on cpu:1",
         "gather: [16, 20] on cpu:0", "scatter: [8, 10] on cpu:0, [7, 10] on cpu:1",
@@ -118,28 +105,28 @@ TEST(FunctionalExample, SixteenAndFifteenRows) {
 }
 
 TEST(Cli, HelpVersionAndDevices) {
-  ProgramRun r = run(bin("datapar") + " --version");
-  EXPECT_EQ(r.status, 0);
+  ProcessResult r = run(bin("datapar") + " --version");
+  EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("datapar 0."), std::string::npos) << r.output;
   r = run(bin("datapar") + " --help");
-  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("devices"), std::string::npos) << r.output;
   r = run(bin("datapar") + " devices --devices cpu:0,cpu:1");
-  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.output, "cpu:0\ncpu:1\n");
   r = run(bin("datapar") + " devices --devices cpu:0,cpu:0");
-  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("listed twice"), std::string::npos) << r.output;
 }
 
 TEST(Cli, BenchCollectivesPrintsATable) {
-  const ProgramRun r = run(bin("datapar") + " bench collectives --nproc 2 --sizes 4KiB,64KiB --iters 2 --warmup 1");
-  ASSERT_EQ(r.status, 0) << r.output;
+  const ProcessResult r = run(bin("datapar") + " bench collectives --nproc 2 --sizes 4KiB,64KiB --iters 2 --warmup 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("all_reduce, backend gloo, 2 processes"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| 4 KiB |"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| 64 KiB |"), std::string::npos) << r.output;
-  const ProgramRun bad = run(bin("datapar") + " bench collectives --sizes 4XB");
-  EXPECT_NE(bad.status, 0);
+  const ProcessResult bad = run(bin("datapar") + " bench collectives --sizes 4XB");
+  EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("unknown unit \"XB\""), std::string::npos) << bad.output;
 }
 
@@ -151,12 +138,12 @@ TEST(Cli, BenchCollectivesRefusesBadNumbers) {
            {"--sizes 99999999999999999999", "\"99999999999999999999\" is more than 16 GiB per process"},
            {"--sizes 99999999GiB", "\"99999999GiB\" is more than 16 GiB per process"},
            {"--sizes 17GiB", "\"17GiB\" is more than 16 GiB per process"}}) {
-    const ProgramRun r = run(bin("datapar") + " bench collectives --nproc 2 " + args);
-    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << args << ": " << r.output;
+    const ProcessResult r = run(bin("datapar") + " bench collectives --nproc 2 " + args);
+    EXPECT_TRUE(r.exit_code == 2) << args << ": " << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
   }
-  const ProgramRun r = run(bin("datapar") + " bench collectives --nproc 5000");
-  EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << r.output;
+  const ProcessResult r = run(bin("datapar") + " bench collectives --nproc 5000");
+  EXPECT_TRUE(r.exit_code == 2) << r.output;
   EXPECT_NE(r.output.find("--nproc 5000: use 1 .. 1024 processes."), std::string::npos) << r.output;
   // Issue 27: each refused before a rank is forked, with what was wrong (not an internal
   // message, not a number silently saturated).
@@ -165,8 +152,8 @@ TEST(Cli, BenchCollectivesRefusesBadNumbers) {
            {"bench collectives --nproc 2 --iters 99999999999999999999", "99999999999999999999 is out of range"},
            {"bench ddp --nproc 2 --warmup -5", "--warmup -5: must not be negative."},
            {"bench ddp --nproc 2 --steps 1.5", "1.5 is not a whole number"}}) {
-    const ProgramRun bad = run(bin("datapar") + " " + command);
-    EXPECT_TRUE(WIFEXITED(bad.status) && WEXITSTATUS(bad.status) == 2) << command << ": " << bad.output;
+    const ProcessResult bad = run(bin("datapar") + " " + command);
+    EXPECT_TRUE(bad.exit_code == 2) << command << ": " << bad.output;
     EXPECT_NE(bad.output.find(message), std::string::npos) << command << ": " << bad.output;
     EXPECT_EQ(bad.output.find("rank 0"), std::string::npos) << command << ": a rank ran:\n" << bad.output;
   }
@@ -174,8 +161,8 @@ TEST(Cli, BenchCollectivesRefusesBadNumbers) {
 
 TEST(Cli, LaunchRefusesAGracePeriodThatIsNotANumberOfSeconds) {
   for (const std::string value : {"nan", "-1", "inf"}) {
-    const ProgramRun r = run(bin("datapar") + " launch --grace-period " + value + " -- true");
-    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << value << ": " << r.output;
+    const ProcessResult r = run(bin("datapar") + " launch --grace-period " + value + " -- true");
+    EXPECT_TRUE(r.exit_code == 2) << value << ": " << r.output;
     // Ours ("launch: --grace-period nan: give the seconds ..."), or CLI11's for a value it
     // does not take as a number; both name the option.
     EXPECT_NE(r.output.find("--grace-period"), std::string::npos) << value << ": " << r.output;
@@ -184,23 +171,23 @@ TEST(Cli, LaunchRefusesAGracePeriodThatIsNotANumberOfSeconds) {
 }
 
 TEST(Cli, BenchCollectivesOnMpiStartsItselfThroughMpirun) {
-  const ProgramRun r =
+  const ProcessResult r =
       run(bin("datapar") + " bench collectives --backend mpi --nproc 2 --sizes 4KiB --iters 2 --warmup 1");
   if (!DATAPAR_HAVE_MPI) {
-    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("no MPI backend"), std::string::npos) << r.output;
     return;
   }
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("starting 2 processes: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("all_reduce, backend mpi, 2 processes"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| 4 KiB |"), std::string::npos) << r.output;
 }
 
 TEST(Cli, BenchDdpReportsTheCeilingTheHiddenShareAndSamplesPerSecond) {
-  const ProgramRun r = run(bin("datapar") +
+  const ProcessResult r = run(bin("datapar") +
                            " bench ddp --model lenet --nproc 2 --batch 16 --steps 3 --warmup 1 --gradient-as-bucket-view");
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("model lenet, backend gloo, 2 process(es) x 1 thread(s), batch 16 per rank, 3 steps, "
                           "gradient_as_bucket_view"),
             std::string::npos) << r.output;
@@ -214,8 +201,8 @@ TEST(Cli, BenchDdpReportsTheCeilingTheHiddenShareAndSamplesPerSecond) {
   const size_t last = r.output.rfind("samples/s: ");
   ASSERT_NE(last, std::string::npos) << r.output;
   EXPECT_GT(std::stod(r.output.substr(last + 11)), 0.0);
-  const ProgramRun bad = run(bin("datapar") + " bench ddp --model vgg");
-  EXPECT_NE(bad.status, 0);
+  const ProcessResult bad = run(bin("datapar") + " bench ddp --model vgg");
+  EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("not one of mlp, lenet, resnet18"), std::string::npos) << bad.output;
 }
 

@@ -3,7 +3,6 @@
 
 #include <cstdio>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "child_process.h"
 #include "datapar/error.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/init_method.h"
@@ -248,12 +248,10 @@ TEST(GlooProcessGroup, RejectsWhatItCannotDo) {
 void kill_a_peer_mid_job(bool shared_memory, const std::string& names_it) {
   const testing::TempDir dir("gloo");
   const std::string url = "file://" + dir.path() + "/store";
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < 3; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<detail::ChildExit> exits = detail::fork_ranks(
+      3,
+      [&](int rank) {
         Rendezvous rdzv = rendezvous(url, rank, 3, 30s, no_env);
         auto group = new_gloo_process_group(rdzv.store, rank, 3, {"127.0.0.1", 20s, shared_memory});
         at::Tensor t = at::ones({16});
@@ -268,37 +266,25 @@ void kill_a_peer_mid_job(bool shared_memory, const std::string& names_it) {
         }
         try {
           group->all_reduce(t)->wait();
-          code = 10;  // must not succeed without rank 2
+          return 10;  // must not succeed without rank 2
         } catch (const CommError& e) {
           // The operation and the dead peer, by rank.
           const std::string what = e.what();
-          code = what.find("all_reduce(sum) on rank") != std::string::npos &&
-                         what.find(names_it) != std::string::npos
-                     ? 0
-                     : 11;
-          if (code != 0) std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
+          if (what.find("all_reduce(sum) on rank") != std::string::npos && what.find(names_it) != std::string::npos) {
+            return 0;
+          }
+          std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
+          return 11;
         } catch (const TimeoutError& e) {
-          code = 12;
           std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+          return 12;
         }
-      } catch (const std::exception& e) {
-        code = 13;
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-      } catch (...) {
-        code = 13;
-      }
-      std::_Exit(code);
-    }
-    pids.push_back(pid);
-  }
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<int> status(3);
-  for (int i = 0; i < 3; ++i) ::waitpid(pids[i], &status[i], 0);
+      },
+      "kill_a_peer_mid_job");
   EXPECT_LT(std::chrono::steady_clock::now() - start, 25s);
-  EXPECT_TRUE(WIFSIGNALED(status[2]) && WTERMSIG(status[2]) == SIGKILL);
+  EXPECT_EQ(exits[2].signal, SIGKILL);
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(WIFEXITED(status[i])) << "rank " << i;
-    EXPECT_EQ(WEXITSTATUS(status[i]), 0) << "rank " << i << " (10: succeeded, 11: unclear message, 12: timeout, 13: other)";
+    EXPECT_EQ(exits[i].exit_code, 0) << "rank " << i << " (10: succeeded, 11: unclear message, 12: timeout, 1: other)";
   }
 }
 

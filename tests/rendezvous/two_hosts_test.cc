@@ -15,7 +15,6 @@ using datapar::testing::run_shell;
 TEST(TwoHosts, RendezvousAcrossANetworkNamespacePair) {
   const std::string skip = datapar::testing::namespace_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
-  int status = -1;
   NamespacePair hosts;
   ASSERT_TRUE(hosts.ok()) << "could not set up the namespaces:\n" << hosts.setup_output();
 
@@ -27,7 +26,7 @@ TEST(TwoHosts, RendezvousAcrossANetworkNamespacePair) {
   const std::string command = "ip netns exec " + hosts.b() + " " + probe + " " + url + " 1 2 & b=$!; sleep 0.2; " +
                               "ip netns exec " + hosts.a() + " " + probe + " " + url + " 0 2; a=$?; wait $b; " +
                               "echo \"exit codes $a $?\"";
-  const std::string output = run_shell("sh -c '" + command + "'", &status);
+  const std::string output = run_shell("sh -c '" + command + "'").output;
   EXPECT_NE(output.find("rank 0 of 2 ok"), std::string::npos) << output;
   EXPECT_NE(output.find("rank 1 of 2 ok"), std::string::npos) << output;
   EXPECT_NE(output.find("exit codes 0 0"), std::string::npos) << output;
@@ -35,8 +34,7 @@ TEST(TwoHosts, RendezvousAcrossANetworkNamespacePair) {
   // Without one, a rank on the other "host" refuses at once (a token generated there could
   // not reach it) and says how to give one.
   const std::string bare = "env -u DATAPAR_STORE_TOKEN " + std::string(DATAPAR_BIN_DIR) + "/store_probe";
-  const std::string refused = run_shell("ip netns exec " + hosts.b() + " timeout 20 " + bare + " " + url + " 1 2 2>&1",
-                                        &status);
+  const std::string refused = run_shell("ip netns exec " + hosts.b() + " timeout 20 " + bare + " " + url + " 1 2 2>&1").output;
   EXPECT_NE(refused.find("export DATAPAR_STORE_TOKEN="), std::string::npos) << refused;
 }
 

@@ -6,7 +6,6 @@
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <iterator>
 #include <random>
 
+#include "child_process.h"
 #include "datapar/error.h"
 #include "serialization/atomic_file.h"
 #include "serialization/pickle_reader.h"
@@ -284,16 +284,16 @@ TEST(CheckpointFile, AtomicFileKeepsTheOldFileWhenTheWriterDies) {
   const std::string path = temp.path() + "/atomic.pt";
   torch_save(IValue(std::string("old")), path);
   for (int how : {0, SIGKILL}) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
+    const pid_t pid = detail::fork_child([&] {
       AtomicFile file(path);
       const std::string junk(1 << 16, 'x');
       file.write(junk.data(), junk.size());
       if (how == SIGKILL) ::raise(SIGKILL);
       std::_Exit(0);  // no destructor, no commit: like a crash between write and rename
-    }
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+      return 0;
+    });
+    const detail::ChildExit exit = detail::wait_child(pid);
+    ASSERT_EQ(exit.signal, how);
     EXPECT_EQ(torch_load(path).toStringRef(), "old");
     // The interrupted write, left aside under its temporary name...
     const std::string dir = detail::parent_directory(path);

@@ -6,9 +6,6 @@
 // has started may hang in it): parsers, file reading, small tensor setup.
 #pragma once
 
-#include <signal.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -16,12 +13,15 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
+
+#include "child_process.h"  // src/
 
 namespace datapar::testing {
 
 struct ChildOutcome {
   bool exited = false;         // returned from the function (else: a signal ended it)
-  int signal = 0;              // SIGSEGV for a crash, SIGALRM for the time limit
+  int signal = 0;              // SIGSEGV for a crash, SIGKILL at the time limit
   std::string message;         // what the function returned
   double seconds = 0;
   int64_t memory_growth = 0;   // peak resident memory of the child minus the parent's at the fork (bytes)
@@ -43,29 +43,37 @@ inline ChildOutcome run_in_child(const std::function<std::string()>& fn, unsigne
   if (::pipe(fds) != 0) return out;
   const int64_t before = resident_bytes();
   const auto start = std::chrono::steady_clock::now();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
+  const pid_t pid = detail::fork_child([&] {
     ::close(fds[0]);
-    ::alarm(limit_seconds);
     const std::string message = fn();
     for (size_t done = 0; done < message.size();) {
       const ssize_t n = ::write(fds[1], message.data() + done, message.size() - done);
       if (n <= 0) break;
       done += static_cast<size_t>(n);
     }
-    std::_Exit(0);
-  }
+    return 0;
+  });
   ::close(fds[1]);
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;) out.message.append(buffer, static_cast<size_t>(n));
+  if (pid < 0) {
+    ::close(fds[0]);
+    return out;
+  }
+  // The message is read as the child writes it, so the child is killed at the limit
+  // whether or not it has written.
+  std::string message;
+  const auto deadline = start + std::chrono::seconds(limit_seconds);
+  std::thread reader([&] {
+    char buffer[4096];
+    for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;) message.append(buffer, static_cast<size_t>(n));
+  });
+  const detail::ChildExit exit = detail::wait_child(pid, deadline);
+  reader.join();  // the pipe's write end closed with the child
   ::close(fds[0]);
-  int status = 0;
-  struct rusage usage {};
-  ::wait4(pid, &status, 0, &usage);
+  out.message = std::move(message);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  out.exited = WIFEXITED(status);
-  out.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-  out.memory_growth = int64_t{usage.ru_maxrss} * 1024 - before;  // ru_maxrss is in KiB
+  out.exited = exit.exit_code >= 0;
+  out.signal = exit.signal;
+  out.memory_growth = exit.peak_resident_bytes - before;
   return out;
 }
 

@@ -4,26 +4,13 @@
 // GTEST_SKIP() with it when it is not empty.
 #pragma once
 
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
 
-namespace datapar::testing {
+#include "testing/processes.h"
 
-// Runs `command` with sh, returns its stdout and stderr together; *status as pclose() gives it.
-inline std::string run_shell(const std::string& command, int* status) {
-  std::string output;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return output;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
-  *status = ::pclose(pipe);
-  return output;
-}
+namespace datapar::testing {
 
 // Two namespaces "<a>" (10.231.S.1) and "<b>" (10.231.S.2) on one veth pair; removed on exit.
 class NamespacePair {
@@ -43,13 +30,12 @@ class NamespacePair {
         "; ip -n " + a_ + " addr add " + address_a_ + "/24 dev " + veth_a + "; ip -n " + b_ + " addr add " +
         address_b_ + "/24 dev " + veth_b + "; ip -n " + a_ + " link set " + veth_a + " up; ip -n " + b_ +
         " link set " + veth_b + " up; ip -n " + a_ + " link set lo up; ip -n " + b_ + " link set lo up";
-    int status = -1;
-    setup_output_ = run_shell("sh -c '" + script + "'", &status);
-    ok_ = status == 0;
+    const ProcessResult setup = run_shell("sh -c '" + script + "'");
+    setup_output_ = setup.output;
+    ok_ = setup.exit_code == 0;
   }
   ~NamespacePair() {
-    int status;
-    run_shell("ip netns del " + a_ + "; ip netns del " + b_, &status);
+    run_shell("ip netns del " + a_ + "; ip netns del " + b_);
   }
   bool ok() const { return ok_; }
   const std::string& setup_output() const { return setup_output_; }
@@ -66,9 +52,7 @@ class NamespacePair {
 // Why namespace tests cannot run here, or "" when they can.
 inline std::string namespace_skip_reason() {
   if (::geteuid() != 0) return "needs root to create network namespaces (ip netns)";
-  int status = -1;
-  run_shell("ip -V", &status);
-  if (status != 0) return "needs iproute2 (the ip command)";
+  if (run_shell("ip -V").exit_code != 0) return "needs iproute2 (the ip command)";
   return "";
 }
 

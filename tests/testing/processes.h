@@ -3,9 +3,12 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -21,6 +24,38 @@ struct ProcessResult {
   std::string output;  // stdout and stderr together
 };
 
+// Runs `command` with sh and waits for it; its stdout and stderr come back together.
+inline ProcessResult run_shell(const std::string& command) {
+  ProcessResult result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+  return result;
+}
+
+// Starts `argv` with its stdout and stderr to the file `log` (created or truncated);
+// returns its pid, or -1.
+inline pid_t start_logged(const std::vector<std::string>& argv, const std::string& log) {
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  detail::ChildOptions options;
+  options.stdout_fd = fd;
+  options.stderr_fd = fd;
+  const pid_t pid = detail::start_child(argv, options);
+  ::close(fd);
+  return pid;
+}
+
+// A shell's view of how a process ended: its exit code, or 128 + the signal that ended it.
+inline int exit_status(const detail::ChildExit& exit) {
+  return exit.signal != 0 ? 128 + exit.signal : exit.exit_code;
+}
+
 // Runs every argv in `commands` at once, output to files under `dir`; waits until all
 // have ended or `deadline` has passed (then kills what is left: exit_code stays -1).
 inline std::vector<ProcessResult> run_processes(const std::vector<std::vector<std::string>>& commands,
@@ -30,12 +65,7 @@ inline std::vector<ProcessResult> run_processes(const std::vector<std::vector<st
   std::vector<std::string> logs;
   for (size_t i = 0; i < commands.size(); ++i) {
     logs.push_back(dir + "/process-" + std::to_string(i) + ".log");
-    const int log = ::open(logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    detail::ChildOptions options;
-    options.stdout_fd = log;
-    options.stderr_fd = log;
-    pids.push_back(log >= 0 ? detail::start_child(commands[i], options) : -1);
-    if (log >= 0) ::close(log);
+    pids.push_back(start_logged(commands[i], logs.back()));
   }
   const auto end = std::chrono::steady_clock::now() + deadline;
   std::vector<ProcessResult> results(commands.size());

@@ -5,7 +5,6 @@
 
 #include <sched.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -64,32 +63,16 @@ Background start_launch(const std::vector<std::string>& args, const std::string&
   b.log = dir + "/launcher.log";
   std::vector<std::string> command = {bin("datapar"), "launch"};
   command.insert(command.end(), args.begin(), args.end());
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, b.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  std::vector<char*> argv;
-  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  if (posix_spawn(&b.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) b.pid = -1;
-  posix_spawn_file_actions_destroy(&actions);
+  b.pid = datapar::testing::start_logged(command, b.log);
   return b;
 }
 
 // Waits for `pid` to end (SIGKILLs it after `deadline`); its exit code or 128 + signal.
 int wait_exit(pid_t pid, std::chrono::seconds deadline) {
-  const auto end = std::chrono::steady_clock::now() + deadline;
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) != pid) {
-    if (std::chrono::steady_clock::now() > end) {
-      ADD_FAILURE() << "process " << pid << " still running after " << deadline.count() << " s";
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const datapar::detail::ChildExit exit = datapar::detail::wait_child(pid, std::chrono::steady_clock::now() + deadline);
+  if (!exit.timed_out) return datapar::testing::exit_status(exit);
+  ADD_FAILURE() << "process " << pid << " still running after " << deadline.count() << " s";
+  return -1;
 }
 
 // The pids the workers wrote to DIR/pid-RANK, once all `n` exist (empty after 30 s).
@@ -441,6 +424,33 @@ std::map<int, pid_t> workers_of(pid_t launcher, int restart) {
   return out;
 }
 
+// Issue 28: a tool run with --nproc is its own ranks' launcher. A rank that dies stops the
+// other at once (forked ranks used to wait in a collective for the whole group timeout),
+// and a SIGTERM to the tool reaches every rank (forked ranks used to run on).
+TEST(Launch, ABenchmarksRanksAreSupervisedAsWorkers) {
+  const TempDir temp("launch_test");
+  const std::vector<std::string> bench = {bin("datapar"), "bench", "ddp", "--model", "mlp", "--nproc", "2",
+                                          "--steps", "100000000", "--warmup", "0"};
+  for (const bool kill_a_rank : {true, false}) {
+    const std::string log = temp.path() + (kill_a_rank ? "/killed_rank.log" : "/sigterm.log");
+    const pid_t tool = datapar::testing::start_logged(bench, log);
+    ASSERT_GT(tool, 0);
+    std::map<int, pid_t> ranks;
+    for (const auto deadline = std::chrono::steady_clock::now() + 60s;
+         ranks.size() < 2 && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(10ms)) {
+      ranks = workers_of(tool, 0);
+    }
+    ASSERT_EQ(ranks.size(), 2u) << read_text(log);
+    ::kill(kill_a_rank ? ranks[1] : tool, kill_a_rank ? SIGKILL : SIGTERM);
+    EXPECT_EQ(wait_exit(tool, 30s), 128 + (kill_a_rank ? SIGKILL : SIGTERM)) << read_text(log);
+    EXPECT_TRUE(all_die({ranks[0], ranks[1]}, 1s)) << read_text(log);
+    const std::string said = kill_a_rank ? "datapar bench ddp: rank 1 (local rank 1, pid " + std::to_string(ranks[1]) +
+                                               ") was killed by signal 9 (Killed); stopped the other 1 worker"
+                                         : "datapar bench ddp: got SIGTERM; forwarding it to 2 workers";
+    EXPECT_NE(read_text(log).find(said), std::string::npos) << read_text(log);
+  }
+}
+
 // The highest epoch of the checkpoints in `dir` (0: none yet).
 int latest_epoch(const std::string& dir) {
   int latest = 0;
@@ -576,8 +586,7 @@ TEST(TwoHosts, PartitionFailsBothRanksNamingThePeerWithinTheTimeout) {
   const std::string command = "(" + rank(hosts.b(), hosts.address_b(), 1) + ") & (" +
                               rank(hosts.a(), hosts.address_a(), 0) + ") & wait";
   std::thread job([&] {
-    int status = -1;
-    datapar::testing::run_shell("sh -c '" + command + "'", &status);
+    datapar::testing::run_shell("sh -c '" + command + "'");
   });
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (std::chrono::steady_clock::now() < deadline &&
@@ -586,11 +595,9 @@ TEST(TwoHosts, PartitionFailsBothRanksNamingThePeerWithinTheTimeout) {
   }
   ASSERT_TRUE(datapar::detail::exists(dir + "/ready-0") && datapar::detail::exists(dir + "/ready-1"))
       << read_text(dir + "/0.log") << read_text(dir + "/1.log");
-  int status = -1;
-  const std::string cut = datapar::testing::run_shell(
-      "ip -n " + hosts.a() + " link set dev $(ip -n " + hosts.a() + " -o link show type veth | cut -d: -f2 | cut -d@ -f1) down",
-      &status);
-  ASSERT_EQ(status, 0) << cut;
+  const ProcessResult cut = datapar::testing::run_shell(
+      "ip -n " + hosts.a() + " link set dev $(ip -n " + hosts.a() + " -o link show type veth | cut -d: -f2 | cut -d@ -f1) down");
+  ASSERT_EQ(cut.exit_code, 0) << cut.output;
   std::ofstream(dir + "/partitioned") << "now\n";
   job.join();
   for (int r : {0, 1}) {
@@ -625,8 +632,7 @@ TEST(TwoHosts, LaunchAcrossANetworkNamespacePair) {
   const std::string command = node(hosts.b(), hosts.address_b(), 1) + " > " + dir + "/b.log 2>&1 & b=$!; sleep 0.2; " +
                               node(hosts.a(), hosts.address_a(), 0) + " > " + dir + "/a.log 2>&1; a=$?; wait $b; " +
                               "echo \"exit codes $a $?\"";
-  int status = -1;
-  const std::string output = datapar::testing::run_shell("sh -c '" + command + "'", &status);
+  const std::string output = datapar::testing::run_shell("sh -c '" + command + "'").output;
   const std::string a = read_text(dir + "/a.log"), b = read_text(dir + "/b.log");
   EXPECT_NE(output.find("exit codes 0 0"), std::string::npos) << output << "\nnode 0:\n" << a << "\nnode 1:\n" << b;
   for (int rank : {0, 1}) {

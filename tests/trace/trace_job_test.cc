@@ -1,12 +1,10 @@
 // trace::save in a job of two processes (forked: not in the ThreadSanitizer suite, which
 // includes trace_test.cc).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <string>
 
+#include "child_process.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/store.h"
@@ -26,20 +24,14 @@ using namespace std::chrono_literals;
 TEST(Trace, ARanksMalformedPartFailsTheSaveAndWritesNothing) {
   const testing::TempDir temp("trace_bad_part");
   const std::string init = "file://" + temp.path() + "/rendezvous";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int code = 0;
-    try {
-      init_process_group("gloo", init, 1, 2, 30s);
-      Store& store = *default_store();
-      store.set("datapar/trace/1/0", R"({"name":"x","ph":"X","ts":)");
-      store.set("datapar/trace/1", "1");
-      (void)store.get_string("test/done");  // rank 0 has read it
-    } catch (...) {
-      code = 1;
-    }
-    std::_Exit(code);
-  }
+  const pid_t pid = detail::fork_child([&] {
+    init_process_group("gloo", init, 1, 2, 30s);
+    Store& store = *default_store();
+    store.set("datapar/trace/1/0", R"({"name":"x","ph":"X","ts":)");
+    store.set("datapar/trace/1", "1");
+    (void)store.get_string("test/done");  // rank 0 has read it
+    return 0;
+  });
   init_process_group("gloo", init, 0, 2, 30s);
   trace::start();
   { const trace::Span span("optimizer step", "step"); }
@@ -47,9 +39,7 @@ TEST(Trace, ARanksMalformedPartFailsTheSaveAndWritesNothing) {
   EXPECT_THROW_MSG(trace::save(path), Error, "rank 1's trace events are not JSON");
   EXPECT_FALSE(detail::exists(path));
   default_store()->set("test/done", "1");
-  int status = 0;
-  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(detail::wait_child(pid, std::chrono::steady_clock::now() + 60s).exit_code, 0);
   destroy_process_group();
 }
 

@@ -8,7 +8,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
@@ -21,6 +20,7 @@
 #include <memory>
 #include <thread>
 
+#include "child_process.h"
 #include "datapar/error.h"
 #include "datapar/models/mlp.h"
 #include "serialization/torch_file.h"
@@ -188,15 +188,13 @@ TEST(Checkpoint, KillDuringSaveLeavesALoadableCheckpoint) {
   const Checkpoint next = make_checkpoint(*model, *opt, 2);
   int killed_mid_write = 0;
   for (int round = 0; round < 4; ++round) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      try {
-        while (true) save_checkpoint(next, path, 0);  // overwrites until killed
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "writer: %s\n", e.what());
-        std::_Exit(1);
-      }
-    }
+    const pid_t pid = datapar::detail::fork_child(
+        [&] {
+          while (true) save_checkpoint(next, path, 0);  // overwrites until killed
+          return 0;
+        },
+        "writer");
+    ASSERT_GT(pid, 0);
     // The writer's temporary: ".checkpoint-epoch-1.pt.tmp.<host>.<pid>-<random>" (Note
     // [Creating a file] in src/new_file.cc), a new name for each save.
     const std::string mine = "." + std::to_string(pid) + "-";
@@ -217,9 +215,7 @@ TEST(Checkpoint, KillDuringSaveLeavesALoadableCheckpoint) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(round * 3));
     ::kill(pid, SIGKILL);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFSIGNALED(status));
+    ASSERT_EQ(datapar::detail::wait_child(pid).signal, SIGKILL);
     temp = writers_temporary();  // the save in progress when the kill came, if any
     if (!temp.empty()) ++killed_mid_write;
     const Checkpoint c = load_checkpoint(path);

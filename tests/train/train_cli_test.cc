@@ -4,10 +4,7 @@
 // a launcher would: two processes with torchrun's variables.
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
 #include <stdlib.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -45,15 +42,9 @@ const std::string kSmall = " train --model mlp --data synthetic --limit 512 --ba
 
 // `datapar ARGS`, with the environment variables `env` ("NAME=value ...") set for it alone.
 CliRun cli(const std::string& args, const std::string& env = "") {
-  CliRun r;
-  FILE* pipe = ::popen(((env.empty() ? "" : "env " + env + " ") + kCli + " " + args + " 2>&1").c_str(), "r");
-  if (!pipe) return r;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.output.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  const datapar::testing::ProcessResult r =
+      datapar::testing::run_shell((env.empty() ? "" : "env " + env + " ") + kCli + " " + args);
+  return {r.exit_code, r.output};
 }
 
 std::vector<std::string> split(const std::string& args) {
@@ -448,15 +439,11 @@ TEST(TrainCli, DdpBatchSmallerThanRanksFailsOnEveryRank) {
 // Runs `datapar <args>` with its output to `log`; returns the exit code and sets the peak
 // resident memory of the process (bytes).
 int cli_peak_memory(const std::string& args, const std::string& log, int64_t* peak) {
-  const std::string command = "exec " + kCli + " " + args + " >'" + log + "' 2>&1";
-  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
-  pid_t pid = -1;
-  if (::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) return -1;
-  int status = 0;
-  struct rusage usage {};
-  ::wait4(pid, &status, 0, &usage);
-  *peak = int64_t{usage.ru_maxrss} * 1024;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const pid_t pid = datapar::testing::start_logged({"/bin/sh", "-c", "exec " + kCli + " " + args}, log);
+  if (pid < 0) return -1;
+  const datapar::detail::ChildExit exit = datapar::detail::wait_child(pid, std::chrono::steady_clock::now() + std::chrono::seconds(600));
+  *peak = exit.peak_resident_bytes;
+  return exit.exit_code;
 }
 
 // 300,000 images (235 MB of pixels, a few hundred KB of gzip): --limit 64 used to read

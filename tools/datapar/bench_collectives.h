@@ -19,9 +19,9 @@ struct BenchCollectivesOptions {
 std::vector<int64_t> parse_sizes(const std::string& list);
 
 // Runs the benchmark: under a launcher (torchrun's RANK and WORLD_SIZE, mpirun's
-// OMPI_COMM_WORLD_*) as that rank, otherwise by starting nproc local processes: forked for
-// gloo, through mpirun (which this program then becomes) for mpi. Rank 0 prints the
-// table. Returns the exit status.
+// OMPI_COMM_WORLD_*) as that rank, otherwise by starting nproc local processes: as their
+// launcher (local_job.h) for gloo and nccl, through mpirun (which this program then
+// becomes) for mpi. Rank 0 prints the table. Returns the exit status.
 int bench_collectives(const BenchCollectivesOptions& options);
 
 }  // namespace datapar::tools

@@ -83,7 +83,7 @@ std::string signal_name(int sig) {
 
 std::string workers(int n) { return str_cat(n, n == 1 ? " worker" : " workers"); }
 
-void say(const std::string& line) { std::cerr << "datapar launch: " << line << std::endl; }
+void say(const LaunchOptions& options, const std::string& line) { std::cerr << options.who << ": " << line << std::endl; }
 
 struct AttemptResult {
   std::optional<WorkerExit> failure;  // the first worker to fail
@@ -126,7 +126,7 @@ std::unique_ptr<WorkerGroup> start_workers(const LaunchOptions& options, int res
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
     specs.push_back({options.node_rank * options.nproc_per_node + local_rank, local_rank,
                      worker_environment(options, local_rank, restart_count),
-                     cores.empty() ? std::vector<int>{} : cores[static_cast<size_t>(local_rank)]});
+                     cores.empty() ? std::vector<int>{} : cores[static_cast<size_t>(local_rank)], options.tag_output});
   }
   return std::make_unique<WorkerGroup>(options.program, specs);
 }
@@ -149,7 +149,7 @@ AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
         continue;
       }
       result.signal = sig;
-      say(str_cat("got ", signal_name(sig), "; forwarding it to ", workers(group.running())));
+      say(options, str_cat("got ", signal_name(sig), "; forwarding it to ", workers(group.running())));
       group.signal_all(sig);
       if (!kill_at) kill_at = Clock::now() + options.grace_period, stop_signal = sig;
     }
@@ -161,7 +161,7 @@ AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
       if (!kill_at) kill_at = Clock::now() + options.grace_period, stop_signal = SIGTERM;
     }
     if (kill_at && !killed && Clock::now() >= *kill_at && group.running() > 0) {
-      say(str_cat(workers(group.running()), " still running ", options.grace_period.count(),
+      say(options, str_cat(workers(group.running()), " still running ", options.grace_period.count(),
                   " ms after ", signal_name(stop_signal),
                   "; killing them (SIGKILL)"));
       group.signal_all(SIGKILL);
@@ -251,7 +251,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
 
 int launch(const LaunchOptions& given) {
   if (given.token_on_command_line) {
-    say("warning: --token is visible to every user of this machine (ps, /proc/PID/cmdline); "
+    say(given, "warning: --token is visible to every user of this machine (ps, /proc/PID/cmdline); "
         "prefer --token-file FILE or DATAPAR_STORE_TOKEN in the environment");
   }
   LaunchOptions options = resolve_launch_options(given);
@@ -261,14 +261,14 @@ int launch(const LaunchOptions& given) {
     if (r.signal != 0) return 128 + r.signal;
     if (!r.failure) return 0;
     const WorkerExit& f = *r.failure;
-    say(str_cat("rank ", f.rank, " (local rank ", f.local_rank, ", pid ", f.pid, ") ", describe(f), "; ",
+    say(options, str_cat("rank ", f.rank, " (local rank ", f.local_rank, ", pid ", f.pid, ") ", describe(f), "; ",
                 r.stopped > 0 ? str_cat("stopped the other ", workers(r.stopped)) : "no other worker was running",
                 options.nnodes > 1 ? " on this node" : ""));
     if (restart >= options.max_restarts) {
-      if (options.max_restarts > 0) say(str_cat("giving up after ", options.max_restarts, " restarts"));
+      if (options.max_restarts > 0) say(options, str_cat("giving up after ", options.max_restarts, " restarts"));
       return f.signal != 0 ? 128 + f.signal : f.exit_code;
     }
-    say(str_cat("restarting all ", workers(options.nproc_per_node), " (restart ", restart + 1, " of ",
+    say(options, str_cat("restarting all ", workers(options.nproc_per_node), " (restart ", restart + 1, " of ",
                 options.max_restarts, ")"));
   }
 }

@@ -64,6 +64,10 @@ struct LaunchOptions {
   // they are SIGKILLed.
   std::chrono::milliseconds grace_period = std::chrono::seconds(5);
   std::vector<std::string> program;  // argv of the worker program
+  // How the launcher's messages begin, and whether each line a worker prints begins with
+  // "[rank R] " (a tool that becomes its own job's launcher prints its table untagged).
+  std::string who = "datapar launch";
+  bool tag_output = true;
 };
 
 // Checks the options and resolves the defaults (free port, token, run id). Throws

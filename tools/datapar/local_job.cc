@@ -11,23 +11,28 @@
 #include <vector>
 
 #include "child_process.h"
+#include "launch.h"
 #include "datapar/config.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/init_method.h"
-#include "datapar/rendezvous/reserved_port.h"
-#include "datapar/rendezvous/tcp_store.h"
 #include "process_group/backends.h"
 
 namespace datapar::tools {
 
 namespace {
 
-// This process's command line, as it was started.
-std::vector<std::string> own_command_line() {
+// This process's command line, as it was started, with this program's path first (a
+// program run by name from PATH is found again even where PATH differs).
+std::vector<std::string> own_command_line(const std::string& tool, int nproc) {
   std::ifstream file("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> args;
   for (std::string arg; std::getline(file, arg, '\0');) args.push_back(arg);
+  const std::string self = detail::this_program();
+  DATAPAR_CHECK(!self.empty() && !args.empty(), tool, ": cannot read this program's command line to start its ",
+                nproc, " processes. Start them yourself: datapar launch --nproc-per-node ", nproc,
+                " -- <the same command>");
+  args.front() = self;
   return args;
 }
 
@@ -53,12 +58,9 @@ void exec_under_mpirun(int nproc, const std::string& tool) {
                 "Install libopenmpi-dev and openmpi-bin, then configure and build again.");
   std::string mpirun = find_mpirun();
   if (mpirun.empty()) mpirun = "mpirun";  // execvp fails below with the clear error
-  const std::string self = detail::this_program();
-  std::vector<std::string> original = own_command_line();
-  DATAPAR_CHECK(!self.empty() && !original.empty(), tool, ": cannot read this program's command line to start it ",
-                "through mpirun. Start it yourself: mpirun -n ", nproc, " <the same command>");
-  std::vector<std::string> args = {mpirun, "-n", std::to_string(nproc), self};
-  args.insert(args.end(), original.begin() + 1, original.end());
+  const std::vector<std::string> command = own_command_line(tool, nproc);
+  std::vector<std::string> args = {mpirun, "-n", std::to_string(nproc)};
+  args.insert(args.end(), command.begin(), command.end());
   allow_mpirun_as_asked();
   std::string line;
   for (const std::string& a : args) line += (line.empty() ? "" : " ") + a;
@@ -70,7 +72,7 @@ void exec_under_mpirun(int nproc, const std::string& tool) {
   ::execvp(argv[0], argv.data());
   throw InvalidArgumentError(detail::str_cat(tool, ": cannot start ", mpirun, ": ", std::strerror(errno),
                                              ". Install Open MPI (apt-get install openmpi-bin), or start the ranks ",
-                                             "yourself: mpirun -n ", nproc, " ", line.substr(line.find(self))));
+                                             "yourself: mpirun -n ", nproc, " ", line.substr(line.find(command[0]))));
 }
 
 }  // namespace
@@ -94,24 +96,16 @@ int run_ranks(int nproc, const std::string& tool, const std::function<int(const 
     return rank_main("env://", identity->rank, identity->world_size);
   }
   if ((backend.empty() ? default_backend() : backend) == "mpi") exec_under_mpirun(nproc, tool);
-  // As a launcher would: one token for the ranks forked below.
-  if (std::getenv("DATAPAR_STORE_TOKEN") == nullptr) ::setenv("DATAPAR_STORE_TOKEN", make_store_token().c_str(), 1);
-  const ReservedPort port("127.0.0.1");  // rank 0's store port, until every rank has exited
-  const std::string init_method = "tcp://127.0.0.1:" + std::to_string(port.port());
-  const auto exits = detail::fork_ranks(
-      nproc,
-      [&](int rank) {
-        // As a launcher would: the rank's place on this machine, which also picks its GPU
-        // (the nccl backend takes cuda:LOCAL_RANK).
-        ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-        ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-        return rank_main(init_method, rank, nproc);
-      },
-      tool);
-  for (const detail::ChildExit& e : exits) {
-    if (!e.succeeded()) return 1;
-  }
-  return 0;
+  // This process becomes the job's launcher, as `datapar launch --nproc-per-node nproc --
+  // <this command>` would be: each worker finds itself under a launcher above, and a rank
+  // that fails or a signal to this process stops them all (launch.h).
+  LaunchOptions job;
+  job.nproc_per_node = nproc;
+  job.cpu_bind = "none";  // the tool's own --threads decides, as on any machine it is given
+  job.program = own_command_line(tool, nproc);
+  job.who = tool;
+  job.tag_output = false;  // rank 0 prints the tool's table, as a single process would
+  return launch(job);
 }
 
 }  // namespace datapar::tools

@@ -1,7 +1,9 @@
 // Running a tool as a job of processes: under a launcher (RANK and WORLD_SIZE set, or
-// mpirun's and srun's variables) this process is one rank; otherwise it forks `nproc`
-// local ranks that meet on a loopback port, or, for the mpi backend, whose processes only
-// MPI's launcher can start, runs this command line again under `mpirun -n nproc`.
+// mpirun's and srun's variables) this process is one rank; otherwise it becomes the
+// launcher of `nproc` local ranks, each this command line again (launch.h: a rank that
+// fails stops the others, a signal reaches them all), or, for the mpi backend, whose
+// processes only MPI's launcher can start, runs this command line again under
+// `mpirun -n nproc`.
 #pragma once
 
 #include <functional>
@@ -20,12 +22,13 @@ inline constexpr int kMaxProcesses = 1024;
 // CUDA, which a forked child could then not use.
 std::string job_backend(const std::string& given);
 
-// Calls rank_main(init_method, rank, world_size) for this process's rank, under a launcher,
-// or for each of `nproc` forked ones (detail::fork_ranks; each gets LOCAL_RANK and
-// LOCAL_WORLD_SIZE, as from a launcher); returns 0 when every rank returned 0. With backend
-// "mpi" and no launcher,
-// this process becomes mpirun (exec) and returns only if that fails (InvalidArgumentError);
-// an empty backend is default_backend() here.
+// Under a launcher, calls rank_main(init_method, rank, world_size) for this process's rank
+// and returns what it returns. Otherwise launches `nproc` ranks as `datapar launch` would
+// (LOCAL_RANK, LOCAL_WORLD_SIZE and the rest set; no core binding; output untagged, other
+// messages begin with `tool`) and returns 0 when every rank returned 0, else the failed
+// rank's exit status. With backend "mpi" and no launcher, this process becomes mpirun
+// (exec) and returns only if that fails (InvalidArgumentError); an empty backend is
+// default_backend() here.
 int run_ranks(int nproc, const std::string& tool, const std::function<int(const std::string&, int, int)>& rank_main,
               const std::string& backend = "gloo");
 

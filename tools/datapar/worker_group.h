@@ -27,6 +27,7 @@ struct WorkerSpec {
   int local_rank = 0;
   std::vector<std::string> environment;  // the whole environment, "NAME=value"
   std::vector<int> cpus;                 // the cores it may run on; empty: the launcher's
+  bool tag_output = true;                // "[rank R] " before each line it prints
 };
 
 struct WorkerExit {
