@@ -78,7 +78,7 @@ void bench_model(const std::string& model_name, int rounds, int steps, int batch
   datapar::DataParallel dp2_copy(dual_copy, copy_options);
   // The same, but each master parameter pointed at memory of its own after replication (as a
   // user's set_data would): the refresh copies parameter by parameter, as before the packing
-  // (Note [One copy per replica] in src/parallel/replica_set.cc).
+  // (Note [One copy per replica] in src/parallel/replicate.cc).
   datapar::DataParallel dp2_copy_apart(dual_copy_apart, copy_options);
   {
     const at::NoGradGuard no_grad;

@@ -167,7 +167,7 @@ macro(datapar_find_torch)
   endif()
 
   # Does libtorch_cpu define gloo's symbols itself (pip, zip), or link the system's libgloo
-  # (Debian)? See Note [Two copies of gloo] in src/process_group/gloo/plugin_loader.cc.
+  # (Debian)? See Note [Two copies of gloo] in src/process_group/gloo/transport_plugin.cc.
   # The file is the one the torch_cpu target links, as the Torch's own config names it.
   set(DATAPAR_TORCH_CARRIES_GLOO 0)
   set(_datapar_torch_cpu "")

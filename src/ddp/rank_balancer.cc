@@ -1,9 +1,11 @@
 #include "datapar/ddp/rank_balancer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "datapar/distributed.h"
 #include "datapar/error.h"
+#include "datapar/parallel/data_parallel.h"  // detail::seconds_until_done
 #include "datapar/process_group/metadata.h"
 
 namespace datapar {
@@ -52,6 +54,20 @@ bool RankBalancer::step(int64_t rows, double seconds) {
     all_seconds[r] = slots[world + r];
   }
   return balancer_.record(all_rows, all_seconds);
+}
+
+void RankBalancer::begin_step(const CommunicationStats& stats, const Device& device) {
+  waited_before_ = stats.exposed_wait;
+  step_device_ = device;
+  step_start_ = std::chrono::steady_clock::now();
+}
+
+bool RankBalancer::end_step(int64_t rows, const CommunicationStats& stats) {
+  DATAPAR_CHECK(step_start_.has_value(), "RankBalancer::end_step: no begin_step() before it.");
+  const double busy = detail::seconds_until_done(*step_start_, step_device_);
+  const double waited = std::chrono::duration<double>(stats.exposed_wait - waited_before_).count();
+  step_start_.reset();
+  return step(rows, std::max(0.0, busy - waited));  // a fast rank waiting for a slow one is not slow
 }
 
 }  // namespace datapar

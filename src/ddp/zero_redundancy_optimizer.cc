@@ -23,7 +23,7 @@
 #include "datapar/error.h"
 #include "datapar/process_group/metadata.h"
 #include "optim/state_key.h"
-#include "process_group/coalesce.h"
+#include "collectives/coalesce.h"
 #include "trace/recorder.h"
 
 namespace datapar {

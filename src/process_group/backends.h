@@ -1,31 +1,27 @@
-// The backend factory: which backends this build of datapar has, and how
-// init_process_group() and new_group() make a group on each. The one place that knows
-// what was compiled in (STYLE.md: a backend is chosen by one factory, not by #if ladders
-// in core files).
+// The backend factory: the backends datapar knows, and how init_process_group() and
+// new_group() make a group on each. One list (backends.cc) of one factory per backend
+// folder: its factory.cc where the backend was built, its not_built.cc, which says how to
+// get it, elsewhere. No #if outside CMake chooses between them (STYLE.md).
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "datapar/process_group/process_group.h"
+#include "datapar/rendezvous/job_config.h"
 #include "datapar/rendezvous/store.h"
 
 namespace datapar::detail {
 
-// What init_process_group was given, and resolved from the job's configuration (JobConfig),
-// for every group of the job.
-struct BackendSettings {
+// What every group of a job is made with: init_process_group's arguments and the job's
+// configuration, from which each backend's factory takes its own options.
+struct JobSettings {
+  JobConfig config;
+  std::string init_method;
   std::chrono::milliseconds timeout{};
-  std::string gloo_hostname;      // the address other processes reach this one on (gloo)
-  bool shared_memory = true;      // gloo: collectives through shared memory within a machine
-  bool mpi_shared_memory = true;  // mpi: the same
-  std::optional<std::string> local_rank;  // nccl: LOCAL_RANK, which picks the GPU
-  std::chrono::milliseconds stall_warning = kDefaultStallWarning;
-  bool nccl_end_process_on_failure = true;  // NcclOptions::end_process_on_failure
 };
 
 // This process's place in a job whose launcher already told the backend (mpi).
@@ -36,6 +32,8 @@ struct JobShape {
 
 struct Backend {
   std::string name;
+  // Why this build has no such backend, and how to get it; empty: built in.
+  std::string not_built;
   // Set for a backend whose processes already know each other (mpi: mpirun connected
   // them): the job's shape, from the backend. Unset: the processes meet through a store
   // (rendezvous() on the init method), which also gives rank and world size.
@@ -44,9 +42,14 @@ struct Backend {
   // ranks of the members, in group order (every rank for the default group). `store`:
   // the group's own namespace in the job's store (null without one).
   std::function<std::shared_ptr<ProcessGroup>(std::shared_ptr<Store> store, int rank, const std::vector<int>& ranks,
-                                              const BackendSettings& settings)>
+                                              const JobSettings& job)>
       make;
 };
+
+// Each defined by its backend folder's factory.cc, or its not_built.cc.
+Backend gloo_backend();
+Backend mpi_backend();
+Backend nccl_backend();
 
 // The backend called `name`. Throws InvalidArgumentError (prefixed "init_process_group: ")
 // for a backend this build lacks, saying why, or for an unknown name, listing this build's.

@@ -1,10 +1,8 @@
 // The default process group. See distributed.h; the backends come from backends.cc.
 #include "datapar/distributed.h"
 
-#include <netdb.h>
-#include <unistd.h>
-
 #include <ATen/ATen.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -29,7 +27,7 @@ struct DefaultGroup {
   std::shared_ptr<Store> store;  // the job's store (mpi: served by rank 0 after the group is made)
   int rank = -1;
   int world_size = -1;
-  detail::BackendSettings settings;
+  detail::JobSettings settings;  // what every group of the job is made with
   std::shared_ptr<ProcessGroup> group;
   int groups_made = 0;  // new_group calls so far: names each group's store namespace
 };
@@ -47,20 +45,6 @@ std::atomic<bool>& exiting() {
 DefaultGroup& require_state(const char* what) {
   DATAPAR_CHECK(state() != nullptr, what, ": no default process group. Call datapar::init_process_group() first.");
   return *state();
-}
-
-// The address other processes reach this one on, for Gloo's transport:
-// DATAPAR_GLOO_HOSTNAME, else loopback for a job whose store is on loopback, else this
-// machine's hostname.
-std::string gloo_hostname(const std::string& init_method, const JobConfig& config) {
-  if (config.gloo_hostname) return *config.gloo_hostname;
-  std::string host;
-  if (init_method.rfind("tcp://", 0) == 0) host = parse_init_method(init_method).host;
-  if (init_method == "env://" && config.master_addr) host = *config.master_addr;
-  if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1") return "127.0.0.1";
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  return name;
 }
 
 // Where rank 0 serves the store of a job that met without one (mpi): MASTER_ADDR if set,
@@ -131,11 +115,7 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   auto s = std::make_unique<DefaultGroup>();
   const std::string name = backend.empty() ? default_backend(config) : backend;
   s->backend = &detail::find_backend(name);  // refuse before joining the job
-  s->settings.timeout = timeout;
-  s->settings.shared_memory = config.gloo_shared_memory;
-  s->settings.mpi_shared_memory = config.mpi_shared_memory;
-  s->settings.local_rank = config.local_rank;
-  s->settings.nccl_end_process_on_failure = config.nccl_end_process_on_failure;
+  s->settings = {config, init_method, timeout};
   if (s->backend->job_shape) {
     // The launcher (mpirun) connected the processes already, and the backend knows rank
     // and world size: given ones must agree with it. The store comes after the group.
@@ -149,7 +129,6 @@ void init_process_group(const std::string& backend, const std::string& init_meth
     s->rank = shape.rank;
     s->world_size = shape.world_size;
   } else {
-    s->settings.gloo_hostname = gloo_hostname(init_method, config);
     Rendezvous joined = rendezvous(init_method, rank, world_size, timeout, config);
     s->store = joined.store;
     s->rank = joined.rank;
@@ -161,7 +140,7 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   if (!s->store) {
     // The group came first (mpi): its stalls are inspected once the store is there.
     s->store = store_through(*s->group, config);
-    if (s->world_size > 1) s->group->inspect_stalls(group_store(*s, "group/default/stall"), s->settings.stall_warning);
+    if (s->world_size > 1) s->group->inspect_stalls(group_store(*s, "group/default/stall"), kDefaultStallWarning);
   }
   state() = std::move(s);
   detail::release_default_group_at_exit();  // after nccl started CUDA (exit_order.h)
@@ -194,7 +173,7 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) {
   std::shared_ptr<ProcessGroup> group =
       s.backend->make(group_store(s, name), static_cast<int>(me - ranks.begin()), ranks, s.settings);
   if (s.backend->job_shape && ranks.size() > 1) {
-    group->inspect_stalls(group_store(s, name + "/stall"), s.settings.stall_warning);  // made without the store (mpi)
+    group->inspect_stalls(group_store(s, name + "/stall"), kDefaultStallWarning);  // made without the store (mpi)
   }
   return group;
 }

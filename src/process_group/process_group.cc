@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "datapar/error.h"
-#include "process_group/stall_inspector.h"
+#include "collectives/stall_inspector.h"
 #include "process_group/work_completion.h"
 
 namespace datapar {

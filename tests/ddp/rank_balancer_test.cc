@@ -49,6 +49,37 @@ TEST(RankBalancer, ASlowerRankGetsASmallerShareAndEveryRankAgrees) {
   EXPECT_NEAR(last_rows[0][2], 20, 6);
 }
 
+// begin_step/end_step measure a step of DDP: its time less what backward waited for the
+// others. Rank 1 computes as fast as rank 0 but also waits twice as long as it computes
+// (reported as DDP reports it, in the communication stats): the shares stay even. Counted
+// as compute, that wait would have given rank 1 a third of rank 0's rows.
+TEST(RankBalancer, AStepsWaitForTheOtherRanksIsNotCountedAsCompute) {
+  constexpr int kWorld = 2;
+  std::vector<std::vector<int64_t>> last_rows(kWorld);
+  run_gloo_ranks(kWorld, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    RankBalancer balancer(group);
+    BalancedBatches batches({1400, 140, kWorld, rank, true, 0});
+    CommunicationStats stats;
+    std::vector<int64_t> rows;
+    for (int64_t step = 0; step < batches.num_steps(); ++step) {
+      rows = batches.rank_rows(step, balancer.weights());
+      balancer.begin_step(stats, Device::cpu());
+      const auto compute = std::chrono::microseconds(200) * rows[rank];
+      std::this_thread::sleep_for(compute);
+      if (rank == 1) {
+        std::this_thread::sleep_for(2 * compute);
+        stats.exposed_wait += 2 * compute;
+      }
+      balancer.end_step(rows[rank], stats);
+    }
+    last_rows[rank] = rows;
+  });
+  EXPECT_EQ(last_rows[1], last_rows[0]);
+  ASSERT_EQ(last_rows[0].size(), 2u);
+  EXPECT_NEAR(last_rows[0][0], 70, 7);
+  EXPECT_NEAR(last_rows[0][1], 70, 7);
+}
+
 TEST(RankBalancer, RejectsBadInput) {
   run_gloo_ranks(1, [](int, std::shared_ptr<ProcessGroup> group) {
     RankBalancerOptions options;
@@ -58,6 +89,7 @@ TEST(RankBalancer, RejectsBadInput) {
     EXPECT_THROW_MSG(balancer.step(-1, 0.1), InvalidArgumentError, "-1 rows");
     EXPECT_THROW_MSG(balancer.step(1, -0.1), InvalidArgumentError, "-0.1 s");
     EXPECT_EQ(balancer.weights(), (std::vector<double>{1.0}));
+    EXPECT_THROW_MSG(balancer.end_step(1, CommunicationStats{}), InvalidArgumentError, "no begin_step() before it");
   });
 }
 

@@ -11,6 +11,8 @@
 #include "child_process.h"
 #include "datapar/config.h"
 #include "datapar/error.h"
+#include "datapar/process_group/mpi.h"
+#include "datapar/process_group/nccl.h"
 #include "testing/expect_throw.h"
 #include "testing/temp_dir.h"
 
@@ -64,10 +66,15 @@ TEST(Distributed, ClearErrorsBeforeAnyWorkStarts) {
 #else
   EXPECT_THROW_MSG(init_process_group("nccl", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
                    "nccl backend is not available in this build");
+  // The factory itself too (it was an undefined symbol), with no store needed to say so.
+  EXPECT_THROW_MSG(new_nccl_process_group(nullptr, 0, 1), InvalidArgumentError,
+                   "new_nccl_process_group: the nccl backend is not available in this build");
 #endif
 #if !DATAPAR_HAVE_MPI
   EXPECT_THROW_MSG(init_process_group("mpi", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,
                    "mpi backend is not available");
+  EXPECT_THROW_MSG(new_mpi_process_group(), InvalidArgumentError,
+                   "new_mpi_process_group: the mpi backend is not available in this build");
 #else
   // "mpi" itself is tested under mpirun (mpi_process_group_test.cc); here only the list.
   EXPECT_THROW_MSG(init_process_group("foo", "tcp://127.0.0.1:1", 0, 1, 1s), InvalidArgumentError,

@@ -1,5 +1,5 @@
 // Which gloo datapar's Gloo backend runs (Note [Two copies of gloo] in
-// src/process_group/gloo/plugin_loader.cc): always the system's libgloo.so.0, the library its
+// src/process_group/gloo/transport_plugin.cc): always the system's libgloo.so.0, the library its
 // headers come from; and where libtorch carries a gloo of its own, each copy keeps its own
 // symbols, with no interposition either way.
 #include <dlfcn.h>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "datapar/config.h"
-#include "process_group/gloo/backend.h"
+#include "process_group/gloo/transport.h"
 
 namespace datapar {
 namespace {

@@ -12,9 +12,11 @@
 
 #include "child_process.h"
 #include "datapar/error.h"
+#include "datapar/process_group/gloo.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/tcp_store.h"
+#include "testing/conformance.h"
 #include "testing/expect_throw.h"
 #include "testing/gloo_ranks.h"
 #include "testing/ports.h"
@@ -32,90 +34,18 @@ void spawn(int size, const std::function<void(int, ProcessGroup&)>& fn) {
   testing::run_gloo_ranks(size, [&](int rank, std::shared_ptr<ProcessGroup> group) { fn(rank, *group); });
 }
 
-TEST(GlooProcessGroup, AllReduceSumsRankIdsAtEveryWorldSize) {
+// The conformance suite (testing/conformance.h) over Gloo's TCP alone, at world sizes 1-4;
+// shared_memory_test runs it through the shared-memory layer.
+TEST(GlooProcessGroup, PassesTheConformanceSuiteOverTcp) {
   for (int n = 1; n <= 4; ++n) {
-    spawn(n, [n](int rank, ProcessGroup& group) {
-      EXPECT_EQ(group.backend(), "gloo");
-      EXPECT_EQ(group.size(), n);
-      for (auto dtype : {at::kFloat, at::kDouble, at::kInt, at::kLong, at::kHalf, at::kBFloat16}) {
-        at::Tensor t = at::full({7}, rank, at::TensorOptions().dtype(dtype));
-        group.all_reduce(t)->wait();
-        EXPECT_TRUE(at::equal(t, at::full({7}, n * (n - 1) / 2, at::TensorOptions().dtype(dtype))))
-            << dtype << " at world size " << n << ": " << t;
-      }
-    });
-  }
-}
-
-TEST(GlooProcessGroup, EveryReduceOp) {
-  spawn(3, [](int rank, ProcessGroup& group) {
-    auto value = [&](ReduceOp op) {
-      at::Tensor t = at::full({3}, rank + 1, at::kDouble);
-      group.all_reduce(t, op)->wait();
-      return t[0].item<double>();
-    };
-    EXPECT_EQ(value(ReduceOp::kSum), 6.0);
-    EXPECT_EQ(value(ReduceOp::kAvg), 2.0);
-    EXPECT_EQ(value(ReduceOp::kMin), 1.0);
-    EXPECT_EQ(value(ReduceOp::kMax), 3.0);
-    EXPECT_EQ(value(ReduceOp::kProduct), 6.0);
-  });
-}
-
-TEST(GlooProcessGroup, NonContiguousTensorsAndBroadcast) {
-  spawn(2, [](int rank, ProcessGroup& group) {
-    at::Tensor base = at::full({4, 6}, rank + 1, at::kFloat);
-    at::Tensor view = base.t();  // non-contiguous
-    group.all_reduce(view)->wait();
-    EXPECT_TRUE(at::equal(base, at::full({4, 6}, 3.0f)));
-    at::Tensor b = rank == 1 ? at::arange(10, at::kLong) : at::zeros({10}, at::kLong);
-    group.broadcast(b, /*root=*/1)->wait();
-    EXPECT_TRUE(at::equal(b, at::arange(10, at::kLong)));
-  });
-}
-
-TEST(GlooProcessGroup, GatherScatterReduceAndAllToAll) {
-  for (int n : {2, 3}) {
-    spawn(n, [n](int rank, ProcessGroup& group) {
-      const auto like = [](double v) { return at::full({2, 3}, v, at::kDouble); };
-      // all_gather: outputs[i] holds rank i's input.
-      std::vector<at::Tensor> gathered;
-      for (int i = 0; i < n; ++i) gathered.push_back(like(-1));
-      group.all_gather(gathered, like(rank))->wait();
-      for (int i = 0; i < n; ++i) EXPECT_TRUE(at::equal(gathered[i], like(i))) << "all_gather " << i;
-      // gather to the last rank.
-      const int root = n - 1;
-      std::vector<at::Tensor> at_root;
-      if (rank == root) {
-        for (int i = 0; i < n; ++i) at_root.push_back(like(-1));
-      }
-      group.gather(at_root, like(rank * 2), root)->wait();
-      for (int i = 0; i < static_cast<int>(at_root.size()); ++i) EXPECT_TRUE(at::equal(at_root[i], like(i * 2)));
-      // scatter from rank 0: rank i gets 10 * i.
-      std::vector<at::Tensor> pieces;
-      if (rank == 0) {
-        for (int i = 0; i < n; ++i) pieces.push_back(like(10 * i));
-      }
-      at::Tensor mine = like(-1);
-      group.scatter(mine, pieces, 0)->wait();
-      EXPECT_TRUE(at::equal(mine, like(10 * rank)));
-      // reduce to rank 1: the sum of rank ids.
-      at::Tensor r = like(rank);
-      group.reduce(r, 1)->wait();
-      if (rank == 1) EXPECT_TRUE(at::equal(r, like(n * (n - 1) / 2)));
-      // reduce_scatter: inputs[j] = rank + j, so process j gets sum over ranks = n*j + n(n-1)/2.
-      std::vector<at::Tensor> inputs;
-      for (int j = 0; j < n; ++j) inputs.push_back(like(rank + j));
-      at::Tensor out = like(-1);
-      group.reduce_scatter(out, inputs)->wait();
-      EXPECT_TRUE(at::equal(out, like(n * rank + n * (n - 1) / 2)));
-      // all_to_all_single: chunk j of rank i's input is 10*i + j; chunk i of the output comes from rank i.
-      at::Tensor send = at::empty({2 * n}, at::kLong);
-      for (int j = 0; j < n; ++j) send.narrow(0, 2 * j, 2).fill_(10 * rank + j);
-      at::Tensor receive = at::empty({2 * n}, at::kLong);
-      group.all_to_all_single(receive, send)->wait();
-      for (int i = 0; i < n; ++i) EXPECT_EQ(receive[2 * i].item<int64_t>(), 10 * i + rank);
-    });
+    testing::run_gloo_ranks(
+        n,
+        [n](int, std::shared_ptr<ProcessGroup> group) {
+          EXPECT_EQ(group->backend(), "gloo");
+          EXPECT_EQ(group->size(), n);
+          testing::expect_conformance(*group);
+        },
+        /*shared_memory=*/false);
   }
 }
 

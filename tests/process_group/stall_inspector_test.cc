@@ -1,6 +1,6 @@
 // The stall inspector of a process group: a collective pending past the wait gets one
 // warning through the warning sink, naming the ranks that have not issued it yet.
-#include "process_group/stall_inspector.h"
+#include "collectives/stall_inspector.h"
 
 #include <gtest/gtest.h>
 

@@ -10,20 +10,23 @@
 #include <thread>
 #include <vector>
 
+#include "datapar/process_group/gloo.h"
 #include "datapar/process_group/process_group.h"
 #include "testing/ports.h"
 
 namespace datapar::testing {
 
 // Runs fn(rank, group) on `size` threads; a rank's exception fails the test, naming it.
-inline void run_gloo_ranks(int size, const std::function<void(int, std::shared_ptr<ProcessGroup>)>& fn) {
+// `shared_memory`: GlooOptions::shared_memory (false: Gloo's TCP alone).
+inline void run_gloo_ranks(int size, const std::function<void(int, std::shared_ptr<ProcessGroup>)>& fn,
+                           bool shared_memory = true) {
   using namespace std::chrono_literals;
   ThreadJobStore job(30s);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < size; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto group = new_gloo_process_group(job.join(rank), rank, size, {"127.0.0.1", 30s});
+        auto group = new_gloo_process_group(job.join(rank), rank, size, {"127.0.0.1", 30s, shared_memory});
         fn(rank, group);
         group->barrier()->wait();  // keep rank 0's store up until everyone is done
       } catch (const std::exception& e) {

@@ -16,6 +16,7 @@
 
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/error.h"
+#include "datapar/process_group/gloo.h"
 #include "datapar/process_group/process_group.h"
 #include "process_group/ordered_runner.h"
 #include "testing/expect_throw.h"

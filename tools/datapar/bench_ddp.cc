@@ -103,28 +103,40 @@ PhaseTimes time_steps(ProcessGroup& group, int warmup, int steps, Step&& step, S
   return {v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 
+// What every phase of one model's benchmark shares: its batches, how to make the model and
+// its optimizer, and the training step.
 template <typename Module>
-int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& group,
-              const std::function<Module()>& make) {
-  const int rank = group.rank(), world = group.size();
-  const c10::Device device = group.device();  // nccl: cuda:LOCAL_RANK
-  std::vector<Batch> batches;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + rank);
-  for (int i = 0; i < 4; ++i) {
-    batches.push_back({at::randn({batch, 1, 28, 28}, gen, at::kFloat).to(device),
-                       at::randint(10, {batch}, gen, at::kLong).to(device)});
+struct ModelBench {
+  ModelBench(const BenchDdpOptions& options, int batch, int steps, ProcessGroup& group, std::function<Module()> make)
+      : o(options), batch(batch), steps(steps), group(group), make(std::move(make)) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + group.rank());
+    for (int i = 0; i < 4; ++i) {
+      batches.push_back({at::randn({batch, 1, 28, 28}, gen, at::kFloat).to(group.device()),
+                         at::randint(10, {batch}, gen, at::kLong).to(group.device())});
+    }
   }
-  StepParts local_parts, ddp_parts;
+
+  // The model every phase starts from: the same seed, on the group's device (nccl: cuda:LOCAL_RANK).
+  Module fresh_model() const {
+    torch::manual_seed(0);
+    Module model = make();
+    model->to(group.device());
+    return model;
+  }
+
   // The optimizer of every phase: SGD (lr 0.01) or Adam (lr 1e-3).
-  auto make_optimizer = [&](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+  std::unique_ptr<torch::optim::Optimizer> optimizer(std::vector<at::Tensor> params) const {
     if (o.optimizer == "adam") return std::make_unique<torch::optim::Adam>(std::move(params), torch::optim::AdamOptions(1e-3));
     return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(0.01));
-  };
-  // `sgd`: a torch::optim::Optimizer or a ZeroRedundancyOptimizer.
-  auto train_step = [&](auto& forward, auto& sgd, StepParts& parts, int i) {
+  }
+
+  // Step i: forward, cross-entropy, backward, optimizer step (`optimizer`: a
+  // torch::optim::Optimizer or a ZeroRedundancyOptimizer), each part timed into `parts`.
+  template <typename Forward, typename Optimizer>
+  void train_step(Forward& forward, Optimizer& optimizer, StepParts& parts, int i) const {
     const Batch& b = batches[i % batches.size()];
     trace::set_step(i);
-    sgd.zero_grad();
+    optimizer.zero_grad();
     auto start = Clock::now();
     at::Tensor out;
     {
@@ -141,175 +153,239 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
     start = Clock::now();
     {
       const trace::Span span("optimizer step", "step");
-      sgd.step();
+      optimizer.step();
     }
     parts.optimizer.push_back(seconds_since(start));
-  };
-
-  torch::manual_seed(0);
-  Module local = make();
-  local->to(device);
-  const std::unique_ptr<torch::optim::Optimizer> local_optimizer = make_optimizer(local->parameters());
-  torch::optim::Optimizer& local_sgd = *local_optimizer;
-  auto local_forward = [&](const at::Tensor& x) { return local->forward(x); };
-  const PhaseTimes local_times = time_steps(
-      group, o.warmup, steps, [&](int i) { train_step(local_forward, local_sgd, local_parts, i); }, &local_parts);
-
-  torch::manual_seed(0);
-  Module model = make();
-  model->to(device);
-  DdpOptions ddp_options;
-  ddp_options.gradient_as_bucket_view = o.gradient_as_bucket_view;
-  DistributedDataParallel ddp(model.ptr(), nullptr, ddp_options);
-  const std::unique_ptr<torch::optim::Optimizer> ddp_optimizer = make_optimizer(ddp.parameters());
-  torch::optim::Optimizer& sgd = *ddp_optimizer;
-  auto ddp_forward = [&](const at::Tensor& x) { return ddp.forward(x); };
-  // Per step, how long backward waited for its buckets after its last gradient. The rank
-  // that finished backward first also waits for the other ranks to catch up; the one that
-  // finished last waits for communication only: the step's minimum over ranks is the
-  // communication backward did not hide.
-  std::vector<double> waits(o.warmup + steps);
-  int64_t taken = 0;  // warmup steps first, then the timed ones
-  const PhaseTimes ddp_times = time_steps(
-      group, o.warmup, steps,
-      [&](int i) {
-        const auto before = ddp.communication_stats().exposed_wait;
-        train_step(ddp_forward, sgd, ddp_parts, i);
-        waits[taken++] = std::chrono::duration<double>(ddp.communication_stats().exposed_wait - before).count();
-      },
-      &ddp_parts);
-  at::Tensor min_waits = metadata_tensor(group, waits);
-  group.all_reduce(min_waits, ReduceOp::kMin)->synchronize();
-  const std::vector<double> min_wait = host_doubles(min_waits);
-  double t_exposed = 0;
-  for (int i = o.warmup; i < o.warmup + steps; ++i) t_exposed += min_wait[i] / steps;
-
-  // ZeRO-1: the same DDP steps with the optimizer state sharded; its state per rank. With
-  // the parameters as bucket views (broadcast in place, the default) and in their own memory
-  // (broadcast through a flat copy), in alternating rounds: the medians of each.
-  constexpr int kZeroRounds = 4;
-  std::vector<double> zero_steps[2], zero_optimizer[2];  // [0]: bucket views, [1]: own memory
-  std::vector<double> zero_bytes;  // {largest rank's, sum over ranks}
-  for (int round = 0; o.zero && round < kZeroRounds; ++round) {
-    for (int k = 0; k < 2; ++k) {
-      const int variant = (round + k) % 2;  // each goes first in every other round
-      torch::manual_seed(0);
-      Module zero_model = make();
-      zero_model->to(device);
-      DistributedDataParallel zero_ddp(zero_model.ptr(), nullptr, ddp_options);
-      ZeroOptions zero_options;
-      zero_options.parameters_as_bucket_view = variant == 0;
-      ZeroRedundancyOptimizer zero(zero_ddp.parameters(), make_optimizer, nullptr, zero_options);
-      StepParts zero_parts;
-      auto zero_forward = [&](const at::Tensor& x) { return zero_ddp.forward(x); };
-      const PhaseTimes t = time_steps(
-          group, o.warmup, steps, [&](int i) { train_step(zero_forward, zero, zero_parts, i); }, &zero_parts);
-      zero_steps[variant].push_back(t.step);
-      zero_optimizer[variant].push_back(t.optimizer);
-      if (!zero_bytes.empty()) continue;
-      const double mine = static_cast<double>(zero.state_bytes());
-      at::Tensor largest = metadata_tensor(group, std::vector<double>{mine}), sum = metadata_tensor(group, std::vector<double>{mine});
-      group.all_reduce(largest, ReduceOp::kMax)->synchronize();
-      group.all_reduce(sum, ReduceOp::kSum)->synchronize();
-      zero_bytes = {host_doubles(largest)[0], host_doubles(sum)[0]};
-    }
   }
 
-  // The same bytes in the same buckets, all-reduced with nothing else running.
-  std::vector<at::Tensor> flats;
+  const BenchDdpOptions& o;
+  const int batch, steps;
+  ProcessGroup& group;
+  const std::function<Module()> make;
+  std::vector<Batch> batches;
+};
+
+// 1. The ceiling: the same steps on each rank's own model, with no synchronisation.
+template <typename Module>
+PhaseTimes time_local(const ModelBench<Module>& b) {
+  Module local = b.fresh_model();
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = b.optimizer(local->parameters());
+  auto forward = [&](const at::Tensor& x) { return local->forward(x); };
+  StepParts parts;
+  return time_steps(
+      b.group, b.o.warmup, b.steps, [&](int i) { b.train_step(forward, *optimizer, parts, i); }, &parts);
+}
+
+struct DdpTimes {
+  PhaseTimes times;
+  double exposed_wait = 0;  // per step: the communication backward did not hide
+};
+
+// 2. DDP steps. Per step, how long backward waited for its buckets after its last
+// gradient: the rank that finished backward first also waits for the others to catch up;
+// the one that finished last waits for communication only, so the step's minimum over
+// ranks is the communication backward did not hide.
+template <typename Module, typename Ddp>
+DdpTimes time_ddp(const ModelBench<Module>& b, Ddp& ddp, torch::optim::Optimizer& optimizer) {
+  auto forward = [&](const at::Tensor& x) { return ddp.forward(x); };
+  StepParts parts;
+  std::vector<double> waits(b.o.warmup + b.steps);
+  int64_t taken = 0;  // warmup steps first, then the timed ones
+  DdpTimes out;
+  out.times = time_steps(
+      b.group, b.o.warmup, b.steps,
+      [&](int i) {
+        const auto before = ddp.communication_stats().exposed_wait;
+        b.train_step(forward, optimizer, parts, i);
+        waits[taken++] = std::chrono::duration<double>(ddp.communication_stats().exposed_wait - before).count();
+      },
+      &parts);
+  at::Tensor min_waits = metadata_tensor(b.group, waits);
+  b.group.all_reduce(min_waits, ReduceOp::kMin)->synchronize();
+  const std::vector<double> min_wait = host_doubles(min_waits);
+  for (int i = b.o.warmup; i < b.o.warmup + b.steps; ++i) out.exposed_wait += min_wait[i] / b.steps;
+  return out;
+}
+
+struct ZeroTimes {
+  std::vector<double> steps[2], optimizer[2];  // [0]: parameters as bucket views, [1]: in their own memory
+  std::vector<double> state_bytes;             // {largest rank's, sum over ranks}
+};
+
+// 3. ZeRO-1: the same DDP steps with the optimizer state sharded; its state per rank. With
+// the parameters as bucket views (broadcast in place, the default) and in their own memory
+// (broadcast through a flat copy), in alternating rounds.
+template <typename Module>
+ZeroTimes time_zero(const ModelBench<Module>& b, const DdpOptions& ddp_options) {
+  constexpr int kZeroRounds = 4;
+  ZeroTimes out;
+  for (int round = 0; round < kZeroRounds; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      const int variant = (round + k) % 2;  // each goes first in every other round
+      Module model = b.fresh_model();
+      DistributedDataParallel ddp(model.ptr(), nullptr, ddp_options);
+      ZeroOptions zero_options;
+      zero_options.parameters_as_bucket_view = variant == 0;
+      ZeroRedundancyOptimizer zero(ddp.parameters(), [&b](std::vector<at::Tensor> p) { return b.optimizer(std::move(p)); },
+                                   nullptr, zero_options);
+      StepParts parts;
+      auto forward = [&](const at::Tensor& x) { return ddp.forward(x); };
+      const PhaseTimes t = time_steps(
+          b.group, b.o.warmup, b.steps, [&](int i) { b.train_step(forward, zero, parts, i); }, &parts);
+      out.steps[variant].push_back(t.step);
+      out.optimizer[variant].push_back(t.optimizer);
+      if (!out.state_bytes.empty()) continue;
+      const double mine = static_cast<double>(zero.state_bytes());
+      at::Tensor largest = metadata_tensor(b.group, std::vector<double>{mine});
+      at::Tensor sum = metadata_tensor(b.group, std::vector<double>{mine});
+      b.group.all_reduce(largest, ReduceOp::kMax)->synchronize();
+      b.group.all_reduce(sum, ReduceOp::kSum)->synchronize();
+      out.state_bytes = {host_doubles(largest)[0], host_doubles(sum)[0]};
+    }
+  }
+  return out;
+}
+
+struct CommTimes {
+  double step = 0;  // all-reducing every bucket once
+  size_t buckets = 0;
   int64_t bytes = 0;
+};
+
+// 4. The same bytes in the same buckets, all-reduced with nothing else running.
+template <typename Module, typename Ddp>
+CommTimes time_communication_alone(const ModelBench<Module>& b, const Ddp& ddp) {
+  std::vector<at::Tensor> flats;
+  CommTimes out;
   const auto params = ddp.parameters();
   for (const auto& bucket : ddp.bucket_indices()) {
     int64_t numel = 0;
     for (size_t i : bucket) numel += params[i].numel();
-    flats.push_back(at::zeros({numel}, group.options(at::kFloat)));
-    bytes += numel * 4;
+    flats.push_back(at::zeros({numel}, b.group.options(at::kFloat)));
+    out.bytes += numel * 4;
   }
-  const double t_comm = time_steps(group, o.warmup, steps, [&](int) {
+  out.buckets = flats.size();
+  out.step = time_steps(b.group, b.o.warmup, b.steps, [&](int) {
     std::vector<std::shared_ptr<Work>> works;
-    for (at::Tensor& f : flats) works.push_back(group.all_reduce(f));
+    for (at::Tensor& f : flats) works.push_back(b.group.all_reduce(f));
     for (auto& w : works) w->wait();
   }).step;
-  const double t_local = local_times.step, t_ddp = ddp_times.step;
+  return out;
+}
 
-  // The timeline's cost: DDP steps with it off and on in turn, so that drift (heat, other
-  // load) hits both alike; the medians of the rounds. The last even round's timeline is saved.
-  constexpr int kTraceRounds = 6;
-  std::vector<double> trace_off, trace_on;
-  int64_t trace_events = 0;  // in the first round with the timeline on (warmup step included)
-  double trace_event_seconds = 0;
-  if (!o.trace.empty()) {
-    auto ddp_step = [&](int i) { train_step(ddp_forward, sgd, ddp_parts, i); };
-    for (int round = 0; round < kTraceRounds; ++round) {
-      // Off first in even rounds, on first in odd ones: neither gains from going second.
-      if (round % 2 == 0) trace_off.push_back(time_steps(group, 1, steps, ddp_step).step);
-      trace::start();
-      trace::name_thread("main");
-      trace_on.push_back(time_steps(group, 1, steps, ddp_step).step);
-      if (round % 2 == 1) {
-        (void)trace::stop_to_json(rank);
-        trace_off.push_back(time_steps(group, 1, steps, ddp_step).step);
-        continue;
-      }
-      if (round == 0) {
-        const std::string events = trace::stop_to_json(rank);
-        for (size_t at = 0; (at = events.find("\"ts\":", at)) != std::string::npos; ++at) ++trace_events;
-      } else if (round + 2 < kTraceRounds) {
-        (void)trace::stop_to_json(rank);
-      } else {
-        trace::save(o.trace);
-      }
-    }
-    // What one event costs, alone: a bound on the cost per step that noise cannot blur.
-    constexpr int kEvents = 200000;
+struct TraceTimes {
+  std::vector<double> off, on;      // DDP steps, per round
+  int64_t events = 0;               // in the first round with the timeline on (warmup step included)
+  double event_seconds = 0;         // one event, alone
+  static constexpr int kRounds = 6;
+};
+
+// 5. The timeline's cost: DDP steps with it off and on in turn, so that drift (heat, other
+// load) hits both alike. The last even round's timeline is saved to --trace.
+template <typename Module, typename DdpStep>
+TraceTimes time_trace(const ModelBench<Module>& b, const DdpStep& ddp_step) {
+  TraceTimes out;
+  const int rank = b.group.rank();
+  for (int round = 0; round < TraceTimes::kRounds; ++round) {
+    // Off first in even rounds, on first in odd ones: neither gains from going second.
+    if (round % 2 == 0) out.off.push_back(time_steps(b.group, 1, b.steps, ddp_step).step);
     trace::start();
-    const auto start = Clock::now();
-    for (int i = 0; i < kEvents; ++i) const trace::Span span("cost", "bench");
-    trace_event_seconds = seconds_since(start) / kEvents;
-    (void)trace::stop_to_json(rank);
+    trace::name_thread("main");
+    out.on.push_back(time_steps(b.group, 1, b.steps, ddp_step).step);
+    if (round % 2 == 1) {
+      (void)trace::stop_to_json(rank);
+      out.off.push_back(time_steps(b.group, 1, b.steps, ddp_step).step);
+      continue;
+    }
+    if (round == 0) {
+      const std::string events = trace::stop_to_json(rank);
+      for (size_t at = 0; (at = events.find("\"ts\":", at)) != std::string::npos; ++at) ++out.events;
+    } else if (round + 2 < TraceTimes::kRounds) {
+      (void)trace::stop_to_json(rank);
+    } else {
+      trace::save(b.o.trace);
+    }
   }
+  // What one event costs, alone: a bound on the cost per step that noise cannot blur.
+  constexpr int kEvents = 200000;
+  trace::start();
+  const auto start = Clock::now();
+  for (int i = 0; i < kEvents; ++i) const trace::Span span("cost", "bench");
+  out.event_seconds = seconds_since(start) / kEvents;
+  (void)trace::stop_to_json(rank);
+  return out;
+}
 
-  if (rank == 0) {
-    // Measured inside the DDP step, so the step-to-step noise of compute does not enter it.
-    const double hidden = world > 1 ? std::min(1.0, std::max(0.0, 1.0 - t_exposed / t_comm)) : 0.0;
-    std::printf("datapar bench ddp: model %s, backend %s, %d process(es) x %d thread(s), batch %d per rank, %d steps%s\n",
-                o.model.c_str(), group.backend().c_str(), world, at::get_num_threads(), batch, steps,
-                o.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "");
-    std::printf("local step (no synchronisation): %.2f ms, %.0f samples/s over all ranks (the ceiling)\n",
-                t_local * 1e3, world * batch / t_local);
-    std::printf("ddp step: %.2f ms (%.2f of the ceiling)\n", t_ddp * 1e3, t_local / t_ddp);
-    std::printf("all-reduce of the gradients alone: %.2f ms (%zu buckets, %.2f MB)\n", t_comm * 1e3, flats.size(),
-                bytes / 1e6);
-    std::printf("all-reduce time hidden behind backward: %.0f%% (backward waited %.2f ms per step for its buckets "
-                "after its last gradient, on the rank that finished backward last)\n",
-                hidden * 100, t_exposed * 1e3);
-    for (const auto& [name, t] : {std::make_pair("local", local_times), std::make_pair("ddp", ddp_times)}) {
-      std::printf("%s step parts (medians): forward %.2f ms, backward %.2f ms, optimizer %.2f ms; CPU per step: "
-                  "training thread %.2f ms, other threads %.2f ms\n",
-                  name, t.forward * 1e3, t.backward * 1e3, t.optimizer * 1e3, t.cpu_main * 1e3, t.cpu_other * 1e3);
-    }
-    if (!trace_on.empty()) {
-      const double off = median(trace_off), on = median(trace_on);
-      const double per_step = static_cast<double>(trace_events) / (steps + 1);
-      std::printf("timeline (--trace): ddp step %.2f ms off, %.2f ms on (medians of %d alternating rounds): %+.1f%%; "
-                  "%.1f events per step at %.0f ns each (rank 0, alone): %.3f%% of the step; written to %s\n",
-                  off * 1e3, on * 1e3, kTraceRounds, (on / off - 1) * 100, per_step, trace_event_seconds * 1e9,
-                  per_step * trace_event_seconds / off * 100, o.trace.c_str());
-    }
-    if (o.zero) {
-      const double step = median(zero_steps[0]), step_own = median(zero_steps[1]);
-      const double opt = median(zero_optimizer[0]), opt_own = median(zero_optimizer[1]);
-      std::printf("zero (ZeroRedundancyOptimizer, %s): step %.2f ms (%.2f of plain ddp's %.2f ms); optimizer state "
-                  "per rank %.2f MB at most, %.2f MB over all ranks (the unsharded state; 1/%d of it: %.2f MB)\n",
-                  o.optimizer.c_str(), step * 1e3, t_ddp / step, t_ddp * 1e3, zero_bytes[0] / 1e6,
-                  zero_bytes[1] / 1e6, world, zero_bytes[1] / world / 1e6);
-      std::printf("zero broadcast in place (parameters as bucket views) against through a flat copy (parameters in "
-                  "their own memory), medians of %d alternating rounds: step %.3f / %.3f ms = %.3f; optimizer step "
-                  "(shard update and broadcasts) %.3f / %.3f ms = %.3f\n",
-                  kZeroRounds, step * 1e3, step_own * 1e3, step / step_own, opt * 1e3, opt_own * 1e3, opt / opt_own);
-    }
-    std::printf("samples/s: %.0f\n", world * batch / t_ddp);
+// 6. Rank 0's report.
+template <typename Module>
+void report(const ModelBench<Module>& b, const PhaseTimes& local, const DdpTimes& ddp, const CommTimes& comm,
+            const ZeroTimes& zero, const TraceTimes& trace) {
+  const BenchDdpOptions& o = b.o;
+  const int world = b.group.size(), batch = b.batch, steps = b.steps;
+  const double t_local = local.step, t_ddp = ddp.times.step;
+  // Measured inside the DDP step, so the step-to-step noise of compute does not enter it.
+  const double hidden = world > 1 ? std::min(1.0, std::max(0.0, 1.0 - ddp.exposed_wait / comm.step)) : 0.0;
+  std::printf("datapar bench ddp: model %s, backend %s, %d process(es) x %d thread(s), batch %d per rank, %d steps%s\n",
+              o.model.c_str(), b.group.backend().c_str(), world, at::get_num_threads(), batch, steps,
+              o.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "");
+  std::printf("local step (no synchronisation): %.2f ms, %.0f samples/s over all ranks (the ceiling)\n",
+              t_local * 1e3, world * batch / t_local);
+  std::printf("ddp step: %.2f ms (%.2f of the ceiling)\n", t_ddp * 1e3, t_local / t_ddp);
+  std::printf("all-reduce of the gradients alone: %.2f ms (%zu buckets, %.2f MB)\n", comm.step * 1e3, comm.buckets,
+              comm.bytes / 1e6);
+  std::printf("all-reduce time hidden behind backward: %.0f%% (backward waited %.2f ms per step for its buckets "
+              "after its last gradient, on the rank that finished backward last)\n",
+              hidden * 100, ddp.exposed_wait * 1e3);
+  for (const auto& [name, t] : {std::make_pair("local", local), std::make_pair("ddp", ddp.times)}) {
+    std::printf("%s step parts (medians): forward %.2f ms, backward %.2f ms, optimizer %.2f ms; CPU per step: "
+                "training thread %.2f ms, other threads %.2f ms\n",
+                name, t.forward * 1e3, t.backward * 1e3, t.optimizer * 1e3, t.cpu_main * 1e3, t.cpu_other * 1e3);
   }
+  if (!trace.on.empty()) {
+    const double off = median(trace.off), on = median(trace.on);
+    const double per_step = static_cast<double>(trace.events) / (steps + 1);
+    std::printf("timeline (--trace): ddp step %.2f ms off, %.2f ms on (medians of %d alternating rounds): %+.1f%%; "
+                "%.1f events per step at %.0f ns each (rank 0, alone): %.3f%% of the step; written to %s\n",
+                off * 1e3, on * 1e3, TraceTimes::kRounds, (on / off - 1) * 100, per_step, trace.event_seconds * 1e9,
+                per_step * trace.event_seconds / off * 100, o.trace.c_str());
+  }
+  if (o.zero) {
+    const double step = median(zero.steps[0]), step_own = median(zero.steps[1]);
+    const double opt = median(zero.optimizer[0]), opt_own = median(zero.optimizer[1]);
+    std::printf("zero (ZeroRedundancyOptimizer, %s): step %.2f ms (%.2f of plain ddp's %.2f ms); optimizer state "
+                "per rank %.2f MB at most, %.2f MB over all ranks (the unsharded state; 1/%d of it: %.2f MB)\n",
+                o.optimizer.c_str(), step * 1e3, t_ddp / step, t_ddp * 1e3, zero.state_bytes[0] / 1e6,
+                zero.state_bytes[1] / 1e6, world, zero.state_bytes[1] / world / 1e6);
+    std::printf("zero broadcast in place (parameters as bucket views) against through a flat copy (parameters in "
+                "their own memory), medians of %zu alternating rounds: step %.3f / %.3f ms = %.3f; optimizer step "
+                "(shard update and broadcasts) %.3f / %.3f ms = %.3f\n",
+                zero.steps[0].size(), step * 1e3, step_own * 1e3, step / step_own, opt * 1e3, opt_own * 1e3,
+                opt / opt_own);
+  }
+  std::printf("samples/s: %.0f\n", world * batch / t_ddp);
+}
+
+// The phases in this order on every rank (each a collective), then the report.
+template <typename Module>
+int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& group, std::function<Module()> make) {
+  const ModelBench<Module> bench(o, batch, steps, group, std::move(make));
+  const PhaseTimes local = time_local(bench);
+  Module model = bench.fresh_model();
+  DdpOptions ddp_options;
+  ddp_options.gradient_as_bucket_view = o.gradient_as_bucket_view;
+  DistributedDataParallel ddp(model.ptr(), nullptr, ddp_options);
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = bench.optimizer(ddp.parameters());
+  const DdpTimes ddp_times = time_ddp(bench, ddp, *optimizer);
+  ZeroTimes zero;  // (not a ?: with ZeroTimes{}: GCC 12 in C++17 crashes on that, check_noexcept_r)
+  if (o.zero) zero = time_zero(bench, ddp_options);
+  const CommTimes comm = time_communication_alone(bench, ddp);
+  TraceTimes trace;
+  if (!o.trace.empty()) {
+    auto forward = [&](const at::Tensor& x) { return ddp.forward(x); };
+    StepParts parts;
+    trace = time_trace(bench, [&](int i) { bench.train_step(forward, *optimizer, parts, i); });
+  }
+  if (group.rank() == 0) report(bench, local, ddp_times, comm, zero, trace);
   return 0;
 }
 

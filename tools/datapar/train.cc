@@ -2,8 +2,9 @@
 //
 // Steps: 1. check the options (plan_training; nothing runs before it passes)
 //        2. join the job (ddp only)   3. load the data   4. build the model, seeded
-//        5. resume from a checkpoint  6. wrap it: single / DataParallel / DDP
+//        5. resume from a checkpoint  6. wrap it: single / DataParallel / DDP, and its optimizer
 //        7. per epoch: train, evaluate exactly, checkpoint, report (rank 0)
+// run_plan() does 2-4 and calls run() for 5-7; the helpers above each are in that order.
 //
 // Metrics are exact over ranks: training sums (loss x rows, correct, rows) and the test
 // counts are all-reduced; the test set is read with the sampler's evaluation mode, whose
@@ -171,6 +172,161 @@ void report_balance(const char* who, int64_t step, const std::vector<int64_t>& r
   std::fflush(stdout);
 }
 
+// 5. Resumes (or, for --evaluate, loads) the newest checkpoint that loads; every rank
+// loads onto its device. Note [Damaged checkpoints] (checkpoint.h): rank 0 moves damaged
+// ones aside, so that this run, which writes those epochs again, cannot overwrite them
+// (--evaluate moves nothing). With none intact, a run that had checkpoints (damaged ones,
+// or ones moved aside before) stops unless --start-over, and so does an explicit --resume
+// with none at all; only a launcher's restart before the first checkpoint starts from
+// epoch 1 by itself. Returns the epochs the checkpoint holds: 0 starts from epoch 1.
+int64_t resume(const TrainPlan& plan, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+               const c10::Device& device) {
+  const TrainOptions& o = plan.options;
+  const bool leader = plan.rank == 0;
+  const train::LatestCheckpoint found =
+      train::load_latest_checkpoint(o.checkpoint_dir, o.evaluate ? -1 : plan.rank, device);
+  // Before anything a rank could decide alone: every rank resumes the same checkpoint
+  // (per-node directories, one emptied), or all stop, saying what each found.
+  if (is_initialized() && !o.evaluate) train::agree_on_resume(*default_group(), found.checkpoint);
+  for (const auto& d : found.damaged) {
+    if (!leader) continue;
+    std::fprintf(stderr, "datapar train: skipping a damaged checkpoint: %s\n", d.problem.c_str());
+    if (!d.moved_to.empty()) {
+      std::fprintf(stderr, "  moved it to %s (kept for inspection; no run overwrites it)\n", d.moved_to.c_str());
+    }
+  }
+  if (found.checkpoint) {
+    const train::Checkpoint& c = *found.checkpoint;
+    train::restore_checkpoint(c, model, optimizer);
+    if (leader && !o.evaluate) std::printf("resuming from %s (%ld epochs done)\n", c.path.c_str(), (long)c.epoch);
+    return c.epoch;
+  }
+  const int64_t damaged = std::max<int64_t>(static_cast<int64_t>(found.damaged.size()), found.set_aside);
+  const std::string why = o.evaluate ? "--evaluate" : o.resume ? "--resume" : "restart (DATAPAR_RESTART_COUNT > 0)";
+  if (damaged > 0 && (o.evaluate || !o.start_over)) {
+    throw CheckpointError(detail::str_cat(
+        why, ": no intact checkpoint in ", o.checkpoint_dir, ": ", damaged, " damaged one",
+        damaged == 1 ? " is" : "s are", " set aside there (*.pt.damaged), and starting from epoch 1 would silently ",
+        "lose the run.\n---> HINT: copy an intact checkpoint back from elsewhere, or add --start-over to train from ",
+        "epoch 1 (the damaged files stay)."));
+  }
+  DATAPAR_CHECK(!o.evaluate, "--evaluate: no checkpoint in ", o.checkpoint_dir, ".");
+  DATAPAR_CHECK(!o.resume || o.start_over, "--resume: no checkpoint in ", o.checkpoint_dir,
+                " to resume from.\n---> HINT: leave out --resume to start a new run, or add --start-over to start "
+                "from epoch 1 when there is none.");
+  if (leader) {
+    std::printf("no %scheckpoint in %s: starting from epoch 1%s\n", damaged > 0 ? "intact " : "",
+                o.checkpoint_dir.c_str(), o.start_over ? " (--start-over)" : "");
+  }
+  return 0;
+}
+
+// 6. The step's optimizer, one interface for the epoch loop and the checkpoint: SGD, or
+// under --zero (ZeRO-1) each rank's shard of it, which takes its state from the restored
+// SGD, whose own state then goes.
+class StepOptimizer {
+ public:
+  // `parameters`: DDP's, for --zero; unused otherwise.
+  StepOptimizer(torch::optim::SGD& sgd, bool zero, std::vector<at::Tensor> parameters) : sgd_(sgd) {
+    if (!zero) return;
+    const torch::optim::SGDOptions options = static_cast<const torch::optim::SGDOptions&>(sgd.defaults());
+    zero_ = std::make_unique<ZeroRedundancyOptimizer>(std::move(parameters), [options](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::SGD>(std::move(p), options);
+    });
+    zero_->load_full_state(sgd);
+    sgd.state().clear();
+  }
+
+  void zero_grad() {
+    if (zero_) {
+      zero_->zero_grad();
+    } else {
+      sgd_.zero_grad();
+    }
+  }
+
+  void step() {
+    if (zero_) {
+      zero_->step();  // this rank's shard, then every rank's parameters to all
+    } else {
+      sgd_.step();
+    }
+  }
+
+  // Every rank holds the same parameters; rank 0 writes (atomically) for all. Under --zero
+  // the whole state is gathered on rank 0 first (every rank takes part): the checkpoint is
+  // the one plain SGD writes, and resumes either way.
+  void save_checkpoint(const torch::nn::Module& model, int64_t epoch, const TrainPlan& plan) {
+    const std::unique_ptr<torch::optim::Optimizer> whole = zero_ ? zero_->consolidate(0) : nullptr;
+    if (zero_ && !whole) return;  // not rank 0
+    train::save_checkpoint(
+        train::make_checkpoint(model, whole ? *whole : sgd_, epoch, {{"seed", static_cast<int64_t>(plan.options.seed)}}),
+        train::checkpoint_path(plan.options.checkpoint_dir, epoch), plan.rank);
+  }
+
+ private:
+  torch::optim::SGD& sgd_;
+  std::unique_ptr<ZeroRedundancyOptimizer> zero_;
+};
+
+// What one epoch's training gave, summed (or, for times, the maximum) over the job.
+struct EpochTotals {
+  double loss_sum = 0, correct = 0, rows = 0;  // loss x rows, right answers, rows
+  double seconds = 0, data_wait_seconds = 0;   // as long as its slowest rank
+};
+
+// 7c. Rank 0's account of the run: an epoch line per epoch, the metrics file (a resumed
+// run keeps the epochs before its checkpoint, so that the file and the plot cover the
+// whole run) and the plot, redrawn every epoch so that a long run always has a current one.
+class Report {
+ public:
+  Report(const TrainPlan& plan, int64_t first_epoch) : plan_(plan) {
+    const TrainOptions& o = plan.options;
+    if (plan.rank != 0 || o.metrics.empty()) return;
+    if (first_epoch > 0) history_ = earlier_epochs(o.metrics, first_epoch);
+    metrics_ = std::make_unique<train::MetricsWriter>(o.metrics, /*append=*/false);
+    for (const auto& m : history_) metrics_->write(m);
+  }
+
+  void epoch(int64_t epoch, const EpochTotals& t, std::pair<int64_t, int64_t> test, double eval_seconds) {
+    const TrainOptions& o = plan_.options;
+    train::EpochMetrics m;
+    m.epoch = epoch;
+    m.epochs = o.epochs;
+    m.train_samples = static_cast<int64_t>(t.rows);
+    m.train_loss = t.loss_sum / m.train_samples;
+    m.train_accuracy = t.correct / m.train_samples;
+    m.test_correct = test.first;
+    m.test_samples = test.second;
+    m.test_accuracy = test.second ? static_cast<double>(test.first) / test.second : 0.0;
+    m.seconds = t.seconds;
+    m.samples_per_second = m.train_samples / m.seconds;
+    m.eval_seconds = eval_seconds;
+    m.data_wait_seconds = t.data_wait_seconds;
+    m.data_wait_share = m.data_wait_seconds / m.seconds;
+    m.model = o.model;
+    m.mode = o.mode;
+    m.devices = plan_.devices_label;
+    m.world_size = plan_.world_size;
+    m.batch_size = plan_.global_batch;
+    m.lr = plan_.lr;
+    std::printf("%s\n", train::format_epoch_line(m).c_str());
+    std::fflush(stdout);
+    history_.push_back(m);
+    if (metrics_) metrics_->write(m);
+    if (!o.plot.empty()) {
+      train::plot_metrics(history_, o.plot,
+                          "datapar train: " + o.model + ", " + o.mode + " on " + plan_.devices_label + ", batch " +
+                              std::to_string(plan_.global_batch) + ", lr " + std::to_string(plan_.lr).substr(0, 6));
+    }
+  }
+
+ private:
+  const TrainPlan& plan_;
+  std::vector<train::EpochMetrics> history_;
+  std::unique_ptr<train::MetricsWriter> metrics_;
+};
+
 template <typename Impl>
 int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   const TrainOptions& o = plan.options;
@@ -179,54 +335,11 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   model->to(device);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum));
 
-  // 5. Resume (or evaluate) from the newest checkpoint that loads; every rank loads onto its
-  // device. Note [Damaged checkpoints] (checkpoint.h): rank 0 moves damaged ones aside, so
-  // that this run, which writes those epochs again, cannot overwrite them (--evaluate moves
-  // nothing). With none intact, a run that had checkpoints (damaged ones, or ones moved
-  // aside before) stops unless --start-over, and so does an explicit --resume with none at
-  // all; only a launcher's restart before the first checkpoint starts from epoch 1 by itself.
-  int64_t first_epoch = 0;
-  if (plan.resume || o.evaluate) {
-    const train::LatestCheckpoint found =
-        train::load_latest_checkpoint(o.checkpoint_dir, o.evaluate ? -1 : plan.rank, device);
-    // Before anything a rank could decide alone: every rank resumes the same checkpoint
-    // (per-node directories, one emptied), or all stop, saying what each found.
-    if (is_initialized() && !o.evaluate) train::agree_on_resume(*default_group(), found.checkpoint);
-    for (const auto& d : found.damaged) {
-      if (!leader) continue;
-      std::fprintf(stderr, "datapar train: skipping a damaged checkpoint: %s\n", d.problem.c_str());
-      if (!d.moved_to.empty()) {
-        std::fprintf(stderr, "  moved it to %s (kept for inspection; no run overwrites it)\n", d.moved_to.c_str());
-      }
-    }
-    if (found.checkpoint) {
-      const train::Checkpoint& c = *found.checkpoint;
-      train::restore_checkpoint(c, *model, sgd);
-      first_epoch = c.epoch;
-      if (leader && !o.evaluate) std::printf("resuming from %s (%ld epochs done)\n", c.path.c_str(), (long)c.epoch);
-    } else {
-      const int64_t damaged = std::max<int64_t>(static_cast<int64_t>(found.damaged.size()), found.set_aside);
-      const std::string why = o.evaluate ? "--evaluate" : o.resume ? "--resume" : "restart (DATAPAR_RESTART_COUNT > 0)";
-      if (damaged > 0 && (o.evaluate || !o.start_over)) {
-        throw CheckpointError(detail::str_cat(
-            why, ": no intact checkpoint in ", o.checkpoint_dir, ": ", damaged, " damaged one",
-            damaged == 1 ? " is" : "s are", " set aside there (*.pt.damaged), and starting from epoch 1 would silently ",
-            "lose the run.\n---> HINT: copy an intact checkpoint back from elsewhere, or add --start-over to train from ",
-            "epoch 1 (the damaged files stay)."));
-      }
-      DATAPAR_CHECK(!o.evaluate, "--evaluate: no checkpoint in ", o.checkpoint_dir, ".");
-      DATAPAR_CHECK(!o.resume || o.start_over, "--resume: no checkpoint in ", o.checkpoint_dir,
-                    " to resume from.\n---> HINT: leave out --resume to start a new run, or add --start-over to start "
-                    "from epoch 1 when there is none.");
-      if (leader) {
-        std::printf("no %scheckpoint in %s: starting from epoch 1%s\n", damaged > 0 ? "intact " : "",
-                    o.checkpoint_dir.c_str(), o.start_over ? " (--start-over)" : "");
-      }
-    }
-  }
+  // 5. Resume.
+  const int64_t first_epoch = plan.resume || o.evaluate ? resume(plan, *model, sgd, device) : 0;
 
-  // 6. The forward of the mode. DataParallel and DDP are built after the restore: DP's
-  // replicas and DDP's initial broadcast start from the restored parameters.
+  // 6. The forward of the mode, and its optimizer. DataParallel and DDP are built after the
+  // restore: DP's replicas and DDP's initial broadcast start from the restored parameters.
   std::unique_ptr<DataParallel<Impl>> dp;
   std::unique_ptr<DistributedDataParallel<Impl>> ddp;
   Forward forward = [&](const at::Tensor& x) { return model->forward(x); };
@@ -244,17 +357,7 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     ddp = std::make_unique<DistributedDataParallel<Impl>>(model, nullptr, options);
     forward = [&](const at::Tensor& x) { return ddp->forward(x); };
   }
-  // ZeRO-1: each rank keeps the state of its shard only, taken from the restored optimizer,
-  // whose own state then goes.
-  std::unique_ptr<ZeroRedundancyOptimizer> zero;
-  if (o.zero) {
-    const torch::optim::SGDOptions sgd_options = static_cast<const torch::optim::SGDOptions&>(sgd.defaults());
-    zero = std::make_unique<ZeroRedundancyOptimizer>(ddp->parameters(), [sgd_options](std::vector<at::Tensor> p) {
-      return std::make_unique<torch::optim::SGD>(std::move(p), sgd_options);
-    });
-    zero->load_full_state(sgd);
-    sgd.state().clear();
-  }
+  StepOptimizer optimizer(sgd, o.zero, o.zero ? ddp->parameters() : std::vector<at::Tensor>{});
 
   if (o.evaluate) {
     const auto [correct, samples] = evaluate(plan, data, *model, forward, device);
@@ -267,18 +370,11 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     return 0;
   }
 
-  // Reporting happens on rank 0 only.
-  std::vector<train::EpochMetrics> history;
-  std::unique_ptr<train::MetricsWriter> metrics;
-  if (leader && !o.metrics.empty()) {
-    if (first_epoch > 0) history = earlier_epochs(o.metrics, first_epoch);
-    metrics = std::make_unique<train::MetricsWriter>(o.metrics, /*append=*/false);
-    for (const auto& m : history) metrics->write(m);
-  }
+  // 7. Epochs: train, evaluate exactly, checkpoint, report. The sampler shuffles by
+  // seed + epoch, the same on every rank and in every mode, so a resumed run reads exactly
+  // the batches the uninterrupted one would have.
+  Report report(plan, first_epoch);
   train::ProgressBar bar(stdout, leader && train::is_terminal(stdout));
-
-  // 7. Epochs. The sampler shuffles by seed + epoch, the same on every rank and in every
-  // mode, so a resumed run reads exactly the batches the uninterrupted one would have.
   DistributedSamplerOptions sampler_options{data.train->size(), plan.world_size, plan.rank};
   sampler_options.seed = o.seed;
   DistributedSampler sampler(sampler_options);
@@ -299,6 +395,7 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   int64_t dp_rebalances = 0;
   int64_t step = 0;
   for (int64_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
+    // 7a. Train: next batch, forward, backward, step.
     model->train();
     if (balanced) {
       balanced->set_epoch(epoch);
@@ -325,16 +422,9 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
       if (!batch) break;
       const at::Tensor x = batch->data.to(device, /*non_blocking=*/true);
       const at::Tensor y = batch->target.to(device, /*non_blocking=*/true);
-      if (zero) {
-        zero->zero_grad();
-      } else {
-        sgd.zero_grad();
-      }
+      optimizer.zero_grad();
       at::Tensor logits, loss;
-      const auto compute_start = Clock::now();
-      // Read only to balance: on a GPU, reading it waits for the GPU (wait_timer.h).
-      const std::chrono::nanoseconds waited_before =
-          rank_balancer ? ddp->communication_stats().exposed_wait : std::chrono::nanoseconds{0};
+      if (rank_balancer) rank_balancer->begin_step(ddp->communication_stats(), plan.devices.front());
       {
         const trace::Span span("forward", "step");
         logits = forward(x);                          // (B, 10)
@@ -344,23 +434,14 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
         const trace::Span span("backward", "step");
         loss.backward();                              // ddp: gradients averaged over ranks here
       }
-      if (rank_balancer) {
-        // This rank's compute: forward and backward, less backward's wait for the others.
-        const double waited = std::chrono::duration<double>(ddp->communication_stats().exposed_wait - waited_before).count();
-        const double busy = detail::seconds_until_done(compute_start, plan.devices.front()) - waited;
-        if (rank_balancer->step(x.size(0), std::max(0.0, busy))) {
-          data_wait += loader.stats().wait;
-          loader.start_epoch(balanced->batches(steps + 1, rank_balancer->weights()));
-          if (leader) report_balance("rank", step, balanced->rank_rows(0, rank_balancer->weights()), rank_balancer->balancer());
-        }
+      if (rank_balancer && rank_balancer->end_step(x.size(0), ddp->communication_stats())) {
+        data_wait += loader.stats().wait;
+        loader.start_epoch(balanced->batches(steps + 1, rank_balancer->weights()));
+        if (leader) report_balance("rank", step, balanced->rank_rows(0, rank_balancer->weights()), rank_balancer->balancer());
       }
       {
         const trace::Span span("optimizer step", "step");
-        if (zero) {
-          zero->step();  // this rank's shard, then every rank's parameters to all
-        } else {
-          sgd.step();
-        }
+        optimizer.step();
       }
       if (dp && dp->balancer() && dp->balancer()->rebalances() != dp_rebalances) {
         dp_rebalances = dp->balancer()->rebalances();  // measured at this step's forward
@@ -375,61 +456,24 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     const std::vector<double> sums = reduce(
         std::vector<double>{loss_sum.item<double>(), static_cast<double>(correct.item<int64_t>()), static_cast<double>(rows)},
         ReduceOp::kSum);
-    // The epoch lasts as long as its slowest rank.
     const std::vector<double> times =
         reduce(std::vector<double>{seconds_since(start), (data_wait + loader.stats().wait).count() / 1e9}, ReduceOp::kMax);
     bar.clear();
 
+    // 7b. Evaluate, exactly over the ranks.
     const auto eval_start = Clock::now();
     std::optional<trace::Span> evaluating;
     evaluating.emplace("evaluate", "epoch");
-    const auto [test_correct, test_samples] = evaluate(plan, data, *model, forward, device);
+    const std::pair<int64_t, int64_t> test = evaluate(plan, data, *model, forward, device);
     evaluating.reset();
     const double eval_seconds = seconds_since(eval_start);
 
-    // Every rank holds the same parameters; rank 0 writes (atomically) for all.
+    // 7c. Checkpoint, and report.
     if (!o.checkpoint_dir.empty()) {
       const trace::Span span("checkpoint", "epoch");
-      // Under --zero the whole state is gathered on rank 0 first: the checkpoint is the same
-      // as without sharding, and resumes either way.
-      const std::unique_ptr<torch::optim::Optimizer> whole = zero ? zero->consolidate(0) : nullptr;
-      if (!zero || whole) {
-        train::save_checkpoint(
-            train::make_checkpoint(*model, whole ? *whole : sgd, epoch + 1, {{"seed", static_cast<int64_t>(o.seed)}}),
-            train::checkpoint_path(o.checkpoint_dir, epoch + 1), plan.rank);
-      }
+      optimizer.save_checkpoint(*model, epoch + 1, plan);
     }
-    if (!leader) continue;
-    train::EpochMetrics m;
-    m.epoch = epoch + 1;
-    m.epochs = o.epochs;
-    m.train_samples = static_cast<int64_t>(sums[2]);
-    m.train_loss = sums[0] / m.train_samples;
-    m.train_accuracy = sums[1] / m.train_samples;
-    m.test_correct = test_correct;
-    m.test_samples = test_samples;
-    m.test_accuracy = test_samples ? static_cast<double>(test_correct) / test_samples : 0.0;
-    m.seconds = times[0];
-    m.samples_per_second = m.train_samples / m.seconds;
-    m.eval_seconds = eval_seconds;
-    m.data_wait_seconds = times[1];
-    m.data_wait_share = m.data_wait_seconds / m.seconds;
-    m.model = o.model;
-    m.mode = o.mode;
-    m.devices = plan.devices_label;
-    m.world_size = plan.world_size;
-    m.batch_size = plan.global_batch;
-    m.lr = plan.lr;
-    std::printf("%s\n", train::format_epoch_line(m).c_str());
-    std::fflush(stdout);
-    history.push_back(m);
-    if (metrics) metrics->write(m);
-    // Redrawn every epoch, so a long run always has a current picture.
-    if (!o.plot.empty()) {
-      train::plot_metrics(history, o.plot,
-                          "datapar train: " + o.model + ", " + o.mode + " on " + plan.devices_label + ", batch " +
-                              std::to_string(plan.global_batch) + ", lr " + std::to_string(plan.lr).substr(0, 6));
-    }
+    if (leader) report.epoch(epoch + 1, {sums[0], sums[1], sums[2], times[0], times[1]}, test, eval_seconds);
   }
   if (leader && first_epoch >= o.epochs) std::printf("nothing to do: the checkpoint has %ld epochs\n", (long)first_epoch);
   return 0;

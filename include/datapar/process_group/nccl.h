@@ -1,5 +1,6 @@
-// The NCCL backend for CUDA tensors. Declared everywhere; defined only in builds where
-// Torch has CUDA and NCCL was found (datapar/config.h: DATAPAR_HAVE_NCCL), so call it only there.
+// The NCCL backend for CUDA tensors. In builds where Torch has CUDA and NCCL was found
+// (DATAPAR_HAVE_NCCL in datapar/config.h); elsewhere new_nccl_process_group throws
+// InvalidArgumentError saying how to get it.
 #pragma once
 
 #include <chrono>
@@ -82,7 +83,8 @@ struct NcclOptions {
 // then finalizes the communicator together with the other ranks (at most the timeout
 // each; then it is aborted): destroy groups in the same order on every rank.
 //
-// Throws InvalidArgumentError for bad arguments or without a usable CUDA device,
+// Throws InvalidArgumentError for bad arguments, without a usable CUDA device or in a build
+// without NCCL,
 // TimeoutError when the others do not join in time, CommError when NCCL cannot connect.
 std::shared_ptr<ProcessGroup> new_nccl_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                      NcclOptions options = {});

@@ -6,11 +6,13 @@
 // group's CUDA stream), so several may be in flight without deadlock. Tensors must stay
 // alive and untouched until their Work is done (nccl: until work queued after wait() on the
 // current stream runs; see work.h).
-// Backends: Gloo (CPU tensors over TCP; CUDA tensors too where Torch has CUDA, staged
-// through pinned host memory: their Work's wait() queues the copy back on the caller's
-// current stream), MPI (CPU tensors; shared memory within a node,
-// when datapar was built with MPI: DATAPAR_HAVE_MPI in datapar/config.h), NCCL (CUDA
-// tensors, in builds where Torch has CUDA: datapar/process_group/nccl.h).
+// Backends, each with a header of its Options and factory: Gloo (gloo.h: CPU tensors over
+// TCP; CUDA tensors too where Torch has CUDA, staged through pinned host memory: their
+// Work's wait() queues the copy back on the caller's current stream), MPI (mpi.h: CPU
+// tensors; shared memory within a node, in builds with MPI: DATAPAR_HAVE_MPI in
+// datapar/config.h), NCCL (nccl.h: CUDA tensors, in builds where Torch has CUDA and NCCL
+// was found: DATAPAR_HAVE_NCCL). A backend a build lacks answers its factory with
+// InvalidArgumentError saying how to get it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -133,7 +135,7 @@ class ProcessGroup {
   std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag = 0);
   std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag = 0);
 
-  // Stall warnings (Note [Stall inspection] in src/process_group/stall_inspector.cc): when a
+  // Stall warnings (Note [Stall inspection] in src/collectives/stall_inspector.cc): when a
   // collective of this group has not completed after `warn_after`, one warning through the
   // warning sink (datapar/warning.h) names it and the ranks that have not issued it yet,
   // which publish their progress to `store`: a namespace of the job's store for this group
@@ -197,60 +199,5 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<detail::StallInspector> stall_inspector_;  // null: not inspected
 };
-
-struct GlooOptions {
-  // The address other processes reach this one on (its TCP transport binds it).
-  // Empty: this machine's hostname.
-  std::string hostname;
-  // Limit for connecting and for every collective.
-  std::chrono::milliseconds timeout = kDefaultTimeout;
-  // When every member runs on this machine, all_reduce, reduce_scatter, all_gather,
-  // broadcast and barrier go through one shared-memory region instead of TCP (several times
-  // faster; Note [Shared-memory collectives] in src/process_group/shm/shm_collectives.cc).
-  // When the members span machines, several on some, all_reduce takes two levels: shared
-  // memory within each machine, TCP between one leader per machine (Note [Two-level
-  // all-reduce] in src/process_group/shm/shared_memory_group.cc).
-  // false on any member: TCP for everything. init_process_group: $DATAPAR_SHM=0 turns it off.
-  bool shared_memory = true;
-  // A collective not completed after this long is reported, with the ranks that have not
-  // issued it (ProcessGroup::inspect_stalls); zero: never.
-  std::chrono::milliseconds stall_warning = kDefaultStallWarning;
-};
-
-// A Gloo process group of `size` processes, this one being `rank`, meeting through `store`
-// (which every process must share, e.g. from rendezvous()). Blocks until all processes
-// have connected. Throws InvalidArgumentError for a bad rank or size, TimeoutError or
-// CommError when the others do not connect in time. Its collectives take CPU tensors, and
-// CUDA tensors in builds where Torch has CUDA (takes_cuda_tensors()); send and recv take
-// CPU tensors only.
-std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
-                                                     GlooOptions options = {});
-
-struct MpiOptions {
-  // Limit for joining the group and for every operation. An operation still running then
-  // fails with TimeoutError; a collective that timed out leaves the group unusable (later
-  // collectives fail with CommError), a send or recv does not.
-  std::chrono::milliseconds timeout = kDefaultTimeout;
-  // Collectives through shared memory among the members on one machine (all_reduce of
-  // large tensors); false: MPI's own. A member that says false makes the whole group do
-  // without. init_process_group passes JobConfig::mpi_shared_memory (DATAPAR_MPI_SHM=0: false).
-  bool shared_memory = true;
-};
-
-// An MPI process group: the processes of an mpirun (or srun) job, as MPI numbers them.
-// `ranks`: the MPI_COMM_WORLD ranks of the members, in the order that gives their ranks in
-// the group; empty: the whole world. Returns nullptr on a process outside `ranks`.
-//
-// Initialises MPI on first use (MPI_Init_thread with MPI_THREAD_MULTIPLE) and finalises it
-// at exit if datapar initialised it; a program that initialised MPI itself must have asked
-// for MPI_THREAD_MULTIPLE and finalises it itself, after releasing the groups.
-// Every member must call it, in the same order as its other group constructions. Blocks
-// until all have: for the whole world at most options.timeout (TimeoutError), for a subset
-// without limit (MPI has no non-blocking MPI_Comm_create_group).
-// Data moves as MPI's own types (float32/64, int32/64); float16 and bfloat16 are widened to
-// float32 for reductions. Within one machine, Open MPI moves data through shared memory.
-// Throws InvalidArgumentError when this build has no MPI backend or for bad ranks,
-// CommError when MPI cannot be initialised or lacks MPI_THREAD_MULTIPLE.
-std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& ranks = {}, MpiOptions options = {});
 
 }  // namespace datapar

@@ -29,10 +29,11 @@
 #include <thread>
 
 #include "datapar/error.h"
+#include "datapar/process_group/gloo.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/prefix_store.h"
-#include "process_group/coalesce.h"
-#include "process_group/gloo/backend.h"
+#include "collectives/coalesce.h"
+#include "process_group/gloo/transport.h"
 #include "process_group/ordered_runner.h"
 
 namespace datapar {

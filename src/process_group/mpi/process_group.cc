@@ -23,13 +23,14 @@
 #include <vector>
 
 #include "datapar/error.h"
+#include "datapar/process_group/mpi.h"
 #include "datapar/process_group/process_group.h"
-#include "process_group/coalesce.h"
-#include "process_group/mpi/ring.h"
+#include "collectives/coalesce.h"
+#include "collectives/mpi_ring.h"
 #include "process_group/mpi/runtime.h"
 #include "process_group/mpi/types.h"
 #include "process_group/ordered_runner.h"
-#include "process_group/shm/shm_collectives.h"
+#include "collectives/shm_collectives.h"
 
 namespace datapar {
 namespace {
@@ -314,8 +315,8 @@ class ProcessGroupMpi : public ProcessGroup {
   }
 
   // Large buffers go through shared memory within a machine (Note [Shared-memory
-  // collectives] in shm/shm_collectives.cc), around the ring otherwise (Note [Ring all-reduce] in
-  // ring.cc); small ones through MPI_Iallreduce, which has the lower latency.
+  // collectives] in src/collectives/shm_collectives.cc), around the ring otherwise (Note [Ring all-reduce] in
+  // src/collectives/mpi_ring.cc); small ones through MPI_Iallreduce, which has the lower latency.
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
     const int count = mpi_count(buffer.numel(), what);
     if (size() > 1 && static_cast<int64_t>(buffer.nbytes()) >= mpi::kRingMinBytes) {

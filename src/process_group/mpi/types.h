@@ -11,11 +11,11 @@
 
 #include "datapar/process_group/process_group.h"
 #include "process_group/mpi/runtime.h"  // <mpi.h>, C API only
-#include "process_group/reduce.h"
+#include "collectives/reduce.h"
 
 namespace datapar::detail::mpi {
 
-// Reductions on the host: process_group/reduce.h.
+// Reductions on the host: collectives/reduce.h.
 using detail::check_reducible;
 using detail::reduce_into;
 using detail::reducible;

@@ -45,7 +45,7 @@
 #include "datapar/error.h"
 #include "datapar/process_group/nccl.h"
 #include "datapar/rendezvous/prefix_store.h"
-#include "process_group/coalesce.h"
+#include "collectives/coalesce.h"
 #include "process_group/nccl/communicator.h"
 #include "process_group/nccl/watchdog.h"
 #include "process_group/nccl/work.h"

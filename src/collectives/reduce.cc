@@ -1,5 +1,5 @@
 // See reduce.h.
-#include "process_group/reduce.h"
+#include "collectives/reduce.h"
 
 #include <ATen/ATen.h>
 

@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "datapar/rendezvous/store.h"
-#include "process_group/shm/exchange.h"
+#include "collectives/exchange.h"
 
 namespace datapar::detail::shm {
 

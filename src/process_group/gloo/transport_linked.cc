@@ -1,6 +1,6 @@
 // The Gloo backend linked into libdatapar: where libtorch itself links the system's libgloo
 // (Debian), so there is one gloo in the process and nothing to keep apart.
-#include "process_group/gloo/backend.h"
+#include "process_group/gloo/transport.h"
 
 namespace datapar::detail {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "datapar/process_group/process_group.h"
-#include "process_group/shm/exchange.h"
+#include "collectives/exchange.h"
 
 namespace datapar::detail::shm {
 

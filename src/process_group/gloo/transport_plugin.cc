@@ -16,14 +16,14 @@
 // so their gloo names bind to libgloo.so.0; RTLD_LOCAL keeps libgloo.so.0 out of the global
 // scope, so libtorch's gloo names keep binding to its own copy. Both bindings are checked by
 // a test (GlooLibrary.*). Sanitizer runtimes refuse RTLD_DEEPBIND; sanitizer builds use
-// Debian's libtorch, where the backend is linked in directly (linked.cc).
+// Debian's libtorch, where the backend is linked in directly (transport_linked.cc).
 #include <dlfcn.h>
 
 #include <mutex>
 #include <string>
 
 #include "datapar/error.h"
-#include "process_group/gloo/backend.h"
+#include "process_group/gloo/transport.h"
 
 namespace datapar {
 namespace detail {

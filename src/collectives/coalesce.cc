@@ -1,4 +1,4 @@
-#include "process_group/coalesce.h"
+#include "collectives/coalesce.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

@@ -30,7 +30,7 @@
 // crash after the group is made leaves nothing behind. posix_fallocate reserves its pages
 // up front: a full /dev/shm is then a fallback to the transport at creation, not a SIGBUS
 // in the middle of training.
-#include "process_group/shm/shm_collectives.h"
+#include "collectives/shm_collectives.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -54,7 +54,7 @@
 #include <sstream>
 
 #include "datapar/error.h"
-#include "process_group/reduce.h"
+#include "collectives/reduce.h"
 #include "stale_files.h"
 
 namespace datapar::detail::shm {

@@ -1,6 +1,6 @@
 // The entry of libdatapar_gloo.so, the plugin that carries the Gloo backend where libtorch has a
-// gloo of its own. See Note [Two copies of gloo] in plugin_loader.cc.
-#include "process_group/gloo/backend.h"
+// gloo of its own. See Note [Two copies of gloo] in transport_plugin.cc.
+#include "process_group/gloo/transport.h"
 
 extern "C" __attribute__((visibility("default"))) const datapar::detail::GlooPluginApi* datapar_gloo_plugin() {
   static const datapar::detail::GlooPluginApi api{datapar::detail::kGlooPluginVersion,

@@ -1,16 +1,16 @@
 // The Gloo backend's entry points inside datapar, and the plugin that carries them where
-// libtorch has a gloo of its own (see Note [Two copies of gloo] in plugin_loader.cc).
+// libtorch has a gloo of its own (see Note [Two copies of gloo] in transport_plugin.cc).
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "datapar/process_group/process_group.h"
+#include "datapar/process_group/gloo.h"
 
 namespace datapar::detail {
 
 // Gloo's TCP transport alone: the group new_gloo_process_group() wraps in shared memory
-// (shm/shared_memory_group.h). Defined in linked.cc or plugin_loader.cc.
+// (src/collectives/shared_memory_group.h). Defined in transport_linked.cc or transport_plugin.cc.
 std::shared_ptr<ProcessGroup> new_gloo_tcp_group(std::shared_ptr<Store> store, int rank, int size,
                                                  GlooOptions options);
 

@@ -6,7 +6,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "parallel/device_workers.h"
-#include "process_group/coalesce.h"
+#include "collectives/coalesce.h"
 
 namespace datapar {
 namespace detail {

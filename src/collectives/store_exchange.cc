@@ -1,5 +1,5 @@
 // See store_exchange.h.
-#include "process_group/shm/store_exchange.h"
+#include "collectives/store_exchange.h"
 
 #include <algorithm>
 

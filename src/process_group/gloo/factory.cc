@@ -1,0 +1,65 @@
+// The Gloo backend's factory: new_gloo_process_group, Gloo's TCP transport with shared
+// memory for the collectives of members that share a machine, and all-reduces in two levels
+// for a group that spans machines (src/collectives/shared_memory_group.h); CUDA tensors
+// staged through pinned host memory (cuda_staging.h). And the backend init_process_group
+// makes it with.
+#include <unistd.h>
+
+#include "datapar/process_group/gloo.h"
+#include "datapar/rendezvous/init_method.h"
+#include "datapar/rendezvous/prefix_store.h"
+#include "collectives/shared_memory_group.h"
+#include "process_group/backends.h"
+#include "process_group/cuda_staging.h"
+#include "process_group/gloo/transport.h"
+
+namespace datapar {
+
+std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
+                                                     GlooOptions options) {
+  GlooOptions leaders_options = options;
+  leaders_options.shared_memory = false;
+  std::shared_ptr<ProcessGroup> tcp = detail::new_gloo_tcp_group(store, rank, size, options);
+  const detail::MakeLeaders make_leaders = [&](std::shared_ptr<Store> leaders_store, int leader, int leaders) {
+    return detail::new_gloo_tcp_group(std::move(leaders_store), leader, leaders, leaders_options);
+  };
+  std::shared_ptr<ProcessGroup> group = detail::with_cuda_staging(detail::with_shared_memory(
+      std::move(tcp), std::make_shared<PrefixStore>("shm", store), options.shared_memory, options.timeout, make_leaders));
+  if (size > 1) group->inspect_stalls(std::make_shared<PrefixStore>("stall", std::move(store)), options.stall_warning);
+  return group;
+}
+
+namespace detail {
+namespace {
+
+// The address other processes reach this one on, for Gloo's transport:
+// DATAPAR_GLOO_HOSTNAME, else loopback for a job whose store is on loopback, else this
+// machine's hostname.
+std::string gloo_hostname(const std::string& init_method, const JobConfig& config) {
+  if (config.gloo_hostname) return *config.gloo_hostname;
+  std::string host;
+  if (init_method.rfind("tcp://", 0) == 0) host = parse_init_method(init_method).host;
+  if (init_method == "env://" && config.master_addr) host = *config.master_addr;
+  if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1") return "127.0.0.1";
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+}  // namespace
+
+Backend gloo_backend() {
+  Backend b;
+  b.name = "gloo";
+  b.make = [](std::shared_ptr<Store> store, int rank, const std::vector<int>& ranks, const JobSettings& job) {
+    GlooOptions options;
+    options.hostname = gloo_hostname(job.init_method, job.config);
+    options.timeout = job.timeout;
+    options.shared_memory = job.config.gloo_shared_memory;
+    return new_gloo_process_group(std::move(store), rank, static_cast<int>(ranks.size()), options);
+  };
+  return b;
+}
+
+}  // namespace detail
+}  // namespace datapar
