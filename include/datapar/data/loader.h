@@ -72,7 +72,9 @@ class DataLoader {
 
   // Starts an epoch over the sampler's remaining() indices. As each batch reaches the
   // consumer, the sampler advances by its rows, so sampler.state() saved after a step
-  // resumes right after that step; batches carry the sampler's is_padding marks.
+  // resumes right after that step; batches carry the sampler's is_padding marks. A whole
+  // epoch leaves the sampler at its end: call sampler.set_epoch() before the next one (an
+  // evaluation sampler too, or the next epoch over it is empty).
   // REQUIRES: the sampler outlives the epoch, and its dataset_size is this dataset's size.
   void start_epoch(DistributedSampler& sampler);
   // Starts an epoch over `indices` ((n,) int64, in this order); `is_padding` ((n,) bool)
