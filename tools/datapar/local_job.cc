@@ -24,14 +24,14 @@ namespace {
 
 // This process's command line, as it was started, with this program's path first (a
 // program run by name from PATH is found again even where PATH differs).
-std::vector<std::string> own_command_line(const std::string& tool, int nproc) {
+// `launcher`: how the user starts the ranks instead, should this fail (e.g. "mpirun -n 2").
+std::vector<std::string> own_command_line(const std::string& tool, int nproc, const std::string& launcher) {
   std::ifstream file("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> args;
   for (std::string arg; std::getline(file, arg, '\0');) args.push_back(arg);
   const std::string self = detail::this_program();
   DATAPAR_CHECK(!self.empty() && !args.empty(), tool, ": cannot read this program's command line to start its ",
-                nproc, " processes. Start them yourself: datapar launch --nproc-per-node ", nproc,
-                " -- <the same command>");
+                nproc, " processes. Start them yourself: ", launcher, " <the same command>");
   args.front() = self;
   return args;
 }
@@ -58,7 +58,7 @@ void exec_under_mpirun(int nproc, const std::string& tool) {
                 "Install libopenmpi-dev and openmpi-bin, then configure and build again.");
   std::string mpirun = find_mpirun();
   if (mpirun.empty()) mpirun = "mpirun";  // execvp fails below with the clear error
-  const std::vector<std::string> command = own_command_line(tool, nproc);
+  const std::vector<std::string> command = own_command_line(tool, nproc, detail::str_cat("mpirun -n ", nproc));
   std::vector<std::string> args = {mpirun, "-n", std::to_string(nproc)};
   args.insert(args.end(), command.begin(), command.end());
   allow_mpirun_as_asked();
@@ -102,7 +102,7 @@ int run_ranks(int nproc, const std::string& tool, const std::function<int(const 
   LaunchOptions job;
   job.nproc_per_node = nproc;
   job.cpu_bind = "none";  // the tool's own --threads decides, as on any machine it is given
-  job.program = own_command_line(tool, nproc);
+  job.program = own_command_line(tool, nproc, detail::str_cat("datapar launch --nproc-per-node ", nproc, " --"));
   job.who = tool;
   job.tag_output = false;  // rank 0 prints the tool's table, as a single process would
   return launch(job);
