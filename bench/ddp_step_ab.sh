@@ -2,19 +2,26 @@
 # A/B of the DDP training step between two builds of datapar (e.g. before and after a
 # change), on one machine in one run: `datapar bench ddp` with each build in turn, the
 # order swapped every round so that neither gains from going second, then the medians.
-#   bench/ddp_step_ab.sh BEFORE_BIN_DIR AFTER_BIN_DIR [rounds=5] [models="mlp lenet"]
-# Each *_BIN_DIR holds that build's `datapar` (e.g. build/bin). Two ranks, Gloo with shared
-# memory, each build's defaults for batch and steps. Prints each run's "ddp step" and
-# "local step" times and, per model, the medians and after/before.
+#   bench/ddp_step_ab.sh BEFORE_BIN_DIR AFTER_BIN_DIR [rounds=5] [models="mlp lenet"] [backend=gloo]
+# Each *_BIN_DIR holds that build's `datapar` (e.g. build/bin). Two ranks, each on a core of
+# its own (`datapar launch`, or mpirun for mpi, whatever the build's `bench --nproc` does),
+# the backend with shared memory, each build's defaults for batch and steps. Prints each
+# run's "ddp step" and "local step" times and, per model, the medians and after/before.
 set -euo pipefail
 before=$1
 after=$2
 rounds=${3:-5}
 models=${4:-mlp lenet}
+backend=${5:-gloo}
 
 step_ms() {  # $1: bin dir, $2: model -> "ddp_ms local_ms"
-  local out
-  out=$("$1/datapar" bench ddp --model "$2" --nproc 2 --backend gloo)
+  local out cmd=("$1/datapar" bench ddp --model "$2" --backend "$backend")
+  if [[ $backend == mpi ]]; then
+    cmd=(mpirun --allow-run-as-root --oversubscribe -n 2 "${cmd[@]}")
+  else
+    cmd=("$1/datapar" launch --nproc-per-node 2 -- "${cmd[@]}")
+  fi
+  out=$("${cmd[@]}" | sed 's/^\[rank 0\] //')
   local ddp local_
   ddp=$(sed -n 's/^ddp step: \([0-9.]*\) ms.*/\1/p' <<<"$out")
   local_=$(sed -n 's/^local step (no synchronisation): \([0-9.]*\) ms.*/\1/p' <<<"$out")

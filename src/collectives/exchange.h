@@ -1,6 +1,6 @@
 // Exchange: how the members of a group tell each other small facts while their shared
-// memory is set up (shm_collectives.h). Over the group's Store for every backend
-// (store_exchange.h); the MPI backend, whose groups may have no store, uses MPI itself.
+// memory is set up (shm_collectives.h). Over the group's Store (store_exchange.h) for Gloo;
+// the MPI backend, whose groups may have no store, uses MPI itself.
 #pragma once
 
 #include <chrono>

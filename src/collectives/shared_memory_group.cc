@@ -60,7 +60,7 @@ class SharedMemoryGroup final : public ProcessGroup {
   std::shared_ptr<Work> do_all_reduce(const std::string& op_name, at::Tensor tensor, ReduceOp op) override {
     check_reducible(tensor, "all_reduce");
     const std::string what = describe(op_name);
-    return collectives_.push(what, [this, tensor, op, what]() mutable {
+    return run(what, [this, tensor, op, what]() mutable {
       at::Tensor buffer = reducible(tensor);
       all_reduce_in_place(buffer, op, what);
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
@@ -71,7 +71,7 @@ class SharedMemoryGroup final : public ProcessGroup {
                                                 ReduceOp op) override {
     for (const at::Tensor& t : tensors) check_reducible(t, "all_reduce_coalesced");
     const std::string what = describe(op_name);
-    return collectives_.push(what, [this, tensors, op, what]() mutable {
+    return run(what, [this, tensors, op, what]() mutable {
       for (const FlatGroup& group : flatten_by_dtype(tensors)) {
         at::Tensor buffer = reducible(group.flat);
         all_reduce_in_place(buffer, op, what);
@@ -84,8 +84,10 @@ class SharedMemoryGroup final : public ProcessGroup {
                                           ReduceOp op) override {
     check_reducible(output, "reduce_scatter");
     const std::string what = describe(op_name);
-    if (two_levels_) return through_transport(what, [=] { return transport_->reduce_scatter(output, inputs, op); });
-    return collectives_.push(what, [this, output, inputs, op, what]() mutable {
+    if (two_levels_) {
+      return through_transport(what, [=](ProcessGroup& g) { return g.reduce_scatter(output, inputs, op); });
+    }
+    return run(what, [this, output, inputs, op, what]() mutable {
       std::vector<at::Tensor> flat_inputs;
       for (const at::Tensor& t : inputs) flat_inputs.push_back(t.reshape({-1}));
       const at::Tensor in = reducible(at::cat(flat_inputs));  // (size * numel,), rank order
@@ -99,8 +101,8 @@ class SharedMemoryGroup final : public ProcessGroup {
   std::shared_ptr<Work> do_all_gather(const std::string& op_name, std::vector<at::Tensor> outputs,
                                       at::Tensor input) override {
     const std::string what = describe(op_name);
-    if (two_levels_) return through_transport(what, [=] { return transport_->all_gather(outputs, input); });
-    return collectives_.push(what, [this, outputs, input, what]() mutable {
+    if (two_levels_) return through_transport(what, [=](ProcessGroup& g) { return g.all_gather(outputs, input); });
+    return run(what, [this, outputs, input, what]() mutable {
       const at::Tensor in = input.contiguous();
       std::vector<at::Tensor> targets;  // the outputs themselves where contiguous: no extra copy
       std::vector<void*> pointers;
@@ -117,8 +119,8 @@ class SharedMemoryGroup final : public ProcessGroup {
 
   std::shared_ptr<Work> do_broadcast(const std::string& op_name, at::Tensor tensor, int root) override {
     const std::string what = describe(op_name);
-    if (two_levels_) return through_transport(what, [=] { return transport_->broadcast(tensor, root); });
-    return collectives_.push(what, [this, tensor, root, what]() mutable {
+    if (two_levels_) return through_transport(what, [=](ProcessGroup& g) { return g.broadcast(tensor, root); });
+    return run(what, [this, tensor, root, what]() mutable {
       at::Tensor buffer = tensor.contiguous();
       shm_->broadcast(buffer.data_ptr(), buffer.nbytes(), root, what);
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
@@ -128,8 +130,10 @@ class SharedMemoryGroup final : public ProcessGroup {
   std::shared_ptr<Work> do_broadcast_coalesced(const std::string& op_name, std::vector<at::Tensor> tensors,
                                                int root) override {
     const std::string what = describe(op_name);
-    if (two_levels_) return through_transport(what, [=] { return transport_->broadcast_coalesced(tensors, root); });
-    return collectives_.push(what, [this, tensors, root, what]() mutable {
+    if (two_levels_) {
+      return through_transport(what, [=](ProcessGroup& g) { return g.broadcast_coalesced(tensors, root); });
+    }
+    return run(what, [this, tensors, root, what]() mutable {
       for (const FlatGroup& group : flatten_by_dtype(tensors, /*copy_values=*/rank() == root)) {
         shm_->broadcast(group.flat.data_ptr(), group.flat.nbytes(), root, what);
         if (rank() != root) unflatten_into(group, group.flat, tensors);
@@ -139,25 +143,25 @@ class SharedMemoryGroup final : public ProcessGroup {
 
   std::shared_ptr<Work> do_barrier(const std::string& op_name) override {
     const std::string what = describe(op_name);
-    if (two_levels_) return through_transport(what, [=] { return transport_->barrier(); });
-    return collectives_.push(what, [this, what] { shm_->barrier(what); });
+    if (two_levels_) return through_transport(what, [=](ProcessGroup& g) { return g.barrier(); });
+    return run(what, [this, what] { shm_->barrier(what); });
   }
 
   // No shared-memory algorithm: the transport's, started when its turn comes in this
   // group's order.
   std::shared_ptr<Work> do_reduce(const std::string& op_name, at::Tensor tensor, int root, ReduceOp op) override {
-    return through_transport(describe(op_name), [=] { return transport_->reduce(tensor, root, op); });
+    return through_transport(describe(op_name), [=](ProcessGroup& g) { return g.reduce(tensor, root, op); });
   }
   std::shared_ptr<Work> do_gather(const std::string& op_name, std::vector<at::Tensor> outputs, at::Tensor input,
                                   int root) override {
-    return through_transport(describe(op_name), [=] { return transport_->gather(outputs, input, root); });
+    return through_transport(describe(op_name), [=](ProcessGroup& g) { return g.gather(outputs, input, root); });
   }
   std::shared_ptr<Work> do_scatter(const std::string& op_name, at::Tensor output, std::vector<at::Tensor> inputs,
                                    int root) override {
-    return through_transport(describe(op_name), [=] { return transport_->scatter(output, inputs, root); });
+    return through_transport(describe(op_name), [=](ProcessGroup& g) { return g.scatter(output, inputs, root); });
   }
   std::shared_ptr<Work> do_all_to_all_single(const std::string& op_name, at::Tensor output, at::Tensor input) override {
-    return through_transport(describe(op_name), [=] { return transport_->all_to_all_single(output, input); });
+    return through_transport(describe(op_name), [=](ProcessGroup& g) { return g.all_to_all_single(output, input); });
   }
 
   // Point to point is not ordered with the collectives: straight to the transport.
@@ -171,7 +175,6 @@ class SharedMemoryGroup final : public ProcessGroup {
   std::string label() const override { return backend_ + (two_levels_ ? ", two levels" : ", shared memory"); }
 
  private:
-
   // Note [Two-level all-reduce] when the group spans machines.
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
     const ReduceOp combine = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
@@ -214,8 +217,41 @@ class SharedMemoryGroup final : public ProcessGroup {
     if (!in_place) buffer.view({-1}).copy_(whole.narrow(0, 0, buffer.numel()));
   }
 
-  std::shared_ptr<Work> through_transport(const std::string& what, std::function<std::shared_ptr<Work>()> start) {
-    return collectives_.push(what, [start = std::move(start)] { start()->wait(); });
+  // Queues a collective, which runs in this group's order. Once one failed (timed out, or a
+  // member is gone) the members' collectives no longer pair up: every later one fails.
+  std::shared_ptr<Work> run(const std::string& what, std::function<void()> op) {
+    return collectives_.push(what, [this, what, op = std::move(op)] {
+      if (!broken_.empty()) {
+        throw CommError(str_cat(what, ": this group is unusable since an earlier collective failed (", broken_,
+                                "): the processes' collectives no longer pair up. Rebuild the process group (e.g. "
+                                "restart the job from a checkpoint)."));
+      }
+      try {
+        op();
+      } catch (const TimeoutError&) {
+        broken_ = what;
+        throw;
+      } catch (const CommError&) {
+        broken_ = what;
+        throw;
+      }
+    });
+  }
+
+  // `start`: the operation, on the transport it is given.
+  std::shared_ptr<Work> through_transport(const std::string& what,
+                                          std::function<std::shared_ptr<Work>(ProcessGroup&)> start) {
+    return run(what, [this, start = std::move(start)] {
+      try {
+        start(*transport_)->wait();
+      } catch (const TimeoutError& e) {
+        // The transport cannot tell who is missing (it has no store); this group's stall
+        // inspector can.
+        const std::string behind = ranks_behind();
+        if (behind.empty()) throw;
+        throw TimeoutError(str_cat(e.what(), " (", behind, ")"));
+      }
+    });
   }
 
   std::shared_ptr<ProcessGroup> transport_;
@@ -225,20 +261,35 @@ class SharedMemoryGroup final : public ProcessGroup {
   bool columns_;
   at::Tensor column_scratch_;  // all_reduce_by_columns: this member's block, kept between calls
   std::string backend_;
+  std::string broken_;  // the collective that failed; only the runner's thread uses it
   // Declared last: stopped first, so queued operations finish while the region is mapped.
   OrderedRunner collectives_{"shared-memory collectives"};
 };
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> with_shared_memory(std::shared_ptr<ProcessGroup> transport, std::shared_ptr<Store> store,
-                                                 bool wanted, std::chrono::milliseconds timeout,
-                                                 const MakeLeaders& make_leaders) {
+SharedMemoryMeeting meeting_through(std::shared_ptr<Store> store, int rank, int size, MakeTransport make_leaders) {
+  SharedMemoryMeeting meeting;
+  meeting.everyone = std::make_unique<shm::StoreExchange>(std::make_shared<PrefixStore>("all", store), rank, size);
+  if (!make_leaders) return meeting;
+  meeting.neighbours = [store](int machine, int local_rank, int local_size) {
+    return std::make_unique<shm::StoreExchange>(std::make_shared<PrefixStore>(str_cat("machine-", machine), store),
+                                                local_rank, local_size);
+  };
+  meeting.leaders = [store, make_leaders = std::move(make_leaders)](const std::string& name, int leader, int leaders) {
+    return make_leaders(std::make_shared<PrefixStore>(name, store), leader, leaders);
+  };
+  return meeting;
+}
+
+std::shared_ptr<ProcessGroup> with_shared_memory(std::shared_ptr<ProcessGroup> transport,
+                                                 SharedMemoryMeeting meeting, bool wanted,
+                                                 std::chrono::milliseconds timeout) {
   const int rank = transport->rank();
   const int size = transport->size();
   if (size == 1) return transport;
   const shm::Clock::time_point deadline = shm::Clock::now() + timeout;
-  shm::StoreExchange everyone(std::make_shared<PrefixStore>("all", store), rank, size);
+  shm::Exchange& everyone = *meeting.everyone;
   const std::vector<shm::Member> members = shm::introduce(everyone, wanted, deadline);
   std::vector<std::string> machines;
   std::vector<int> pids;
@@ -266,19 +317,18 @@ std::shared_ptr<ProcessGroup> with_shared_memory(std::shared_ptr<ProcessGroup> t
   }
   const int machine = index.at(machines[rank]);
   const bool crowded = std::any_of(local_size.begin(), local_size.end(), [](int n) { return n > 1; });
-  if (!make_leaders || !crowded) return transport;  // one process per machine: nothing to gain
+  if (!meeting.leaders || !crowded) return transport;  // one process per machine: nothing to gain
   // Equal machines: a group per local rank (column); else one of the machines' leaders.
   const bool columns = std::all_of(local_size.begin(), local_size.end(), [&](int n) { return n == local_size[0]; });
   std::unique_ptr<ShmCollectives> shm;
   if (local_size[machine] > 1) {
-    shm::StoreExchange neighbours(std::make_shared<PrefixStore>(str_cat("machine-", machine), store), local_rank,
-                                  local_size[machine]);
-    shm = ShmCollectives::set_up(neighbours, local_rank, std::move(neighbour_pids), timeout);
+    const std::unique_ptr<shm::Exchange> neighbours = meeting.neighbours(machine, local_rank, local_size[machine]);
+    shm = ShmCollectives::set_up(*neighbours, local_rank, std::move(neighbour_pids), timeout);
   }
   std::shared_ptr<ProcessGroup> leaders;
   if (columns || local_rank == 0) {
     const std::string name = columns ? str_cat("column-", local_rank) : "leaders";
-    leaders = make_leaders(std::make_shared<PrefixStore>(name, store), machine, static_cast<int>(local_size.size()));
+    leaders = meeting.leaders(name, machine, static_cast<int>(local_size.size()));
   }
   // Two levels only if every crowded machine has its shared memory; else all stay flat.
   const bool ready = local_size[machine] == 1 || shm != nullptr;

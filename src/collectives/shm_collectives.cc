@@ -202,7 +202,7 @@ std::vector<Member> introduce(Exchange& exchange, bool wanted, Clock::time_point
 }
 
 std::unique_ptr<ShmCollectives> ShmCollectives::create(Exchange& exchange, int rank, int size, bool wanted,
-                                                       std::chrono::milliseconds timeout, KeepGoing keep_going) {
+                                                       std::chrono::milliseconds timeout) {
   const std::vector<Member> members = introduce(exchange, wanted, Clock::now() + timeout);
   DATAPAR_INTERNAL_ASSERT(static_cast<int>(members.size()) == size);
   std::vector<int> pids;
@@ -211,11 +211,11 @@ std::unique_ptr<ShmCollectives> ShmCollectives::create(Exchange& exchange, int r
     if (m.machine.empty() || m.machine != members[0].machine) return nullptr;
     pids.push_back(m.pid);
   }
-  return set_up(exchange, rank, std::move(pids), timeout, std::move(keep_going));
+  return set_up(exchange, rank, std::move(pids), timeout);
 }
 
 std::unique_ptr<ShmCollectives> ShmCollectives::set_up(Exchange& exchange, int rank, std::vector<int> pids,
-                                                       std::chrono::milliseconds timeout, KeepGoing keep_going) {
+                                                       std::chrono::milliseconds timeout) {
   const Clock::time_point deadline = Clock::now() + timeout;
   const int size = static_cast<int>(pids.size());
   const size_t bytes = region_bytes(size);
@@ -245,11 +245,11 @@ std::unique_ptr<ShmCollectives> ShmCollectives::set_up(Exchange& exchange, int r
     if (pids[r] != ::getpid() && pids[r] > 0) pidfds[r] = open_pidfd(pids[r]);
   }
   return std::unique_ptr<ShmCollectives>(
-      new ShmCollectives(base, bytes, rank, size, std::move(pidfds), std::move(pids), timeout, std::move(keep_going)));
+      new ShmCollectives(base, bytes, rank, size, std::move(pidfds), std::move(pids), timeout));
 }
 
 ShmCollectives::ShmCollectives(void* base, size_t bytes, int rank, int size, std::vector<int> pidfds,
-                               std::vector<int> pids, std::chrono::milliseconds timeout, KeepGoing keep_going)
+                               std::vector<int> pids, std::chrono::milliseconds timeout)
     : base_(base),
       bytes_(bytes),
       rank_(rank),
@@ -257,8 +257,7 @@ ShmCollectives::ShmCollectives(void* base, size_t bytes, int rank, int size, std
       slot_bytes_(slot_bytes(size)),
       pidfds_(std::move(pidfds)),
       pids_(std::move(pids)),
-      timeout_(timeout),
-      keep_going_(std::move(keep_going)) {}
+      timeout_(timeout) {}
 
 ShmCollectives::~ShmCollectives() {
   ::munmap(base_, bytes_);
@@ -322,7 +321,6 @@ void ShmCollectives::meet(int which, const std::string& what) {
       const uint32_t seen = counter.load(std::memory_order_acquire);
       if (reached(seen, generation)) break;
       if (polls % 8 != 7) continue;
-      if (keep_going_) keep_going_(what);
       const Clock::time_point now = Clock::now();
       if (now >= deadline_) fail_timeout(r, what);
       if (now - start < kSpinFor) continue;

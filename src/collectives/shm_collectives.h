@@ -2,7 +2,7 @@
 // of them run on one machine: all_reduce, reduce_scatter, all_gather, broadcast and
 // barrier, with no messages and no copies through the kernel (Note [Shared-memory
 // collectives] in shm_collectives.cc). Independent of the transport: set up over an
-// Exchange, used by the Gloo backend (shared_memory_group.h) and by the MPI backend.
+// Exchange, used by the shared-memory layer (shared_memory_group.h).
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,9 +36,6 @@ std::vector<Member> introduce(Exchange& exchange, bool wanted, Clock::time_point
 
 class ShmCollectives {
  public:
-  // Called while waiting for the others; may throw to give up (MPI: once it is finalised).
-  using KeepGoing = std::function<void(const std::string& what)>;
-
   // Collective over `exchange` (every member calls it): maps one region that every member
   // shares, or returns nullptr on every member when that is impossible (members on
   // different machines, or in different mount, pid or network namespaces; /dev/shm
@@ -48,12 +44,12 @@ class ShmCollectives {
   // Operations fail after `timeout`. Throws TimeoutError when the members do not all take
   // part within `timeout`.
   static std::unique_ptr<ShmCollectives> create(Exchange& exchange, int rank, int size, bool wanted,
-                                                std::chrono::milliseconds timeout, KeepGoing keep_going = {});
+                                                std::chrono::milliseconds timeout);
 
   // The same for members known to share this machine (from introduce()): `pids` in rank
   // order. Returns nullptr on every member when a region cannot be made or mapped.
   static std::unique_ptr<ShmCollectives> set_up(Exchange& exchange, int rank, std::vector<int> pids,
-                                                std::chrono::milliseconds timeout, KeepGoing keep_going = {});
+                                                std::chrono::milliseconds timeout);
 
   ~ShmCollectives();  // unmaps the region; local, never waits for the other members
   ShmCollectives(const ShmCollectives&) = delete;
@@ -90,7 +86,7 @@ class ShmCollectives {
  private:
   struct Flags;
   ShmCollectives(void* base, size_t bytes, int rank, int size, std::vector<int> pidfds, std::vector<int> pids,
-                 std::chrono::milliseconds timeout, KeepGoing keep_going);
+                 std::chrono::milliseconds timeout);
   Flags& flags(int rank) const;
   char* slot(int rank, int set) const;
   // Starts round number ++generation_: returns the slot set it uses.
@@ -111,7 +107,6 @@ class ShmCollectives {
   std::vector<int> pidfds_;  // per member: a pidfd to see it exit, or -1 (this process; none)
   std::vector<int> pids_;
   std::chrono::milliseconds timeout_;
-  KeepGoing keep_going_;
   uint32_t generation_ = 0;      // rounds done (modulo 2^32); the same on every member
   Clock::time_point deadline_;   // the current operation's
   std::string broken_;           // why the object is unusable; empty while it is usable

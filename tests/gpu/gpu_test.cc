@@ -377,7 +377,8 @@ void expect_all_passed(const std::vector<testing::ProcessResult>& results) {
   }
 }
 
-TEST(Gpu, NcclCollectivesGiveClosedFormValues) {
+// The backend conformance suite (testing/conformance.h) and more, on two ranks.
+TEST(Gpu, NcclPassesTheConformanceSuite) {
   DATAPAR_REQUIRE_GPUS(2);
   expect_all_passed(run_nccl_job("collectives", 2, 120s));
 }

@@ -1,7 +1,7 @@
 // A rank of an NCCL test job (tests/gpu/gpu_test.cc), on cuda:RANK:
 //   nccl_probe SCENARIO INIT_METHOD RANK WORLD_SIZE
 // Scenarios (exit 0 when the check holds):
-//   collectives  every collective against its closed-form value
+//   collectives  the backend conformance suite and what NCCL does beyond it (nccl_conformance.cc)
 //   ddp          DDP over NCCL; rank 0 also trains the whole batch alone and compares
 //   metadata     DDP with find_unused_parameters, average_by_samples, join over uneven
 //                inputs and SyncBatchNorm: every metadata tensor on the GPU
@@ -33,6 +33,7 @@
 #include "datapar/ddp/sync_batch_norm.h"
 #include "datapar/distributed.h"
 #include "datapar/state_dict.h"
+#include "gpu/nccl_conformance.h"
 #include "testing/crash_report.h"
 #include "testing/models.h"
 #include "testing/tf32.h"
@@ -51,71 +52,6 @@ int fail(const std::string& what) {
 }
 
 bool near(const at::Tensor& got, const at::Tensor& want) { return at::allclose(got.cpu(), want.cpu(), 1e-5, 1e-6); }
-
-int collectives(ProcessGroup& group, const at::TensorOptions& on_gpu) {
-  const int rank = group.rank();
-  const int world = group.size();
-  const double sum_of_ranks = world * (world - 1) / 2.0;
-
-  at::Tensor t = at::full({1000}, rank + 1.0, on_gpu);
-  group.all_reduce(t, ReduceOp::kSum)->wait();
-  if (!near(t, at::full({1000}, world * (world + 1) / 2.0, on_gpu))) return fail("all_reduce(sum)");
-
-  t = at::full({7}, rank + 1.0, on_gpu);
-  group.all_reduce(t, ReduceOp::kMax)->wait();
-  if (!near(t, at::full({7}, double(world), on_gpu))) return fail("all_reduce(max)");
-
-  const int root = world > 1 ? 1 : 0;
-  t = at::full({5}, rank == root ? 42.0 : -1.0, on_gpu);
-  group.broadcast(t, root)->wait();
-  if (!near(t, at::full({5}, 42.0, on_gpu))) return fail("broadcast from rank " + std::to_string(root));
-
-  std::vector<at::Tensor> gathered;
-  for (int r = 0; r < world; ++r) gathered.push_back(at::empty({3}, on_gpu));
-  group.all_gather(gathered, at::full({3}, double(rank), on_gpu))->wait();
-  for (int r = 0; r < world; ++r) {
-    if (!near(gathered[r], at::full({3}, double(r), on_gpu))) return fail("all_gather slot " + std::to_string(r));
-  }
-
-  t = at::full({4}, double(rank), on_gpu);
-  group.reduce(t, 0, ReduceOp::kSum)->wait();
-  if (rank == 0 && !near(t, at::full({4}, sum_of_ranks, on_gpu))) return fail("reduce to rank 0");
-
-  std::vector<at::Tensor> parts;
-  for (int r = 0; r < world; ++r) parts.push_back(at::full({2}, double(rank * world + r), on_gpu));
-  at::Tensor mine = at::empty({2}, on_gpu);
-  group.reduce_scatter(mine, parts, ReduceOp::kSum)->wait();
-  double want = 0;
-  for (int r = 0; r < world; ++r) want += r * world + rank;
-  if (!near(mine, at::full({2}, want, on_gpu))) return fail("reduce_scatter");
-
-  if (world > 1) {
-    // A ring: even ranks send, then receive; odd ranks receive, then send (NCCL's order
-    // rule). Messages of 64 MiB, past any eager buffer of NCCL's.
-    const int next = (rank + 1) % world;
-    const int previous = (rank + world - 1) % world;
-    const int64_t n = 16 << 20;
-    const at::Tensor out = at::full({n}, double(rank), on_gpu);
-    at::Tensor in = at::empty({n}, on_gpu);
-    if (rank % 2 == 0) {
-      group.send(out, next)->wait();
-      group.recv(in, previous)->wait();
-    } else {
-      group.recv(in, previous)->wait();
-      group.send(out, next)->wait();
-    }
-    if (!near(in, at::full({n}, double(previous), on_gpu))) return fail("send and recv around a ring");
-    try {
-      group.send(out, next, /*tag=*/3);
-      return fail("send with tag 3 was not refused");
-    } catch (const InvalidArgumentError& e) {
-      if (std::string(e.what()).find("no message tags") == std::string::npos) return fail(e.what());
-    }
-  }
-
-  group.barrier()->wait();
-  return 0;
-}
 
 // A ConvNet on the GPU and an identical one, the reference, which trains on every rank's
 // rows at once as one process would.
@@ -333,7 +269,7 @@ int main(int argc, char** argv) {
     testing::turn_off_tf32();
     const auto on_gpu = at::TensorOptions(gpu).dtype(at::kFloat);
     ProcessGroup& group = *default_group();
-    if (scenario == "collectives") return collectives(group, on_gpu);
+    if (scenario == "collectives") return testing::nccl_collectives(group);
     if (scenario == "ddp") return ddp(group, gpu);
     if (scenario == "kill") return kill_scenario(group, on_gpu);
     if (scenario == "metadata") return metadata(group, gpu);

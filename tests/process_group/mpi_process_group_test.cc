@@ -21,6 +21,7 @@
 #include "datapar/error.h"
 #include "datapar/process_group/mpi.h"
 #include "datapar/process_group/process_group.h"
+#include "datapar/rendezvous/prefix_store.h"
 #include "testing/conformance.h"
 #include "testing/expect_throw.h"
 
@@ -59,9 +60,9 @@ TEST(MpiProcessGroup, WorldMatchesTheLauncher) {
 // (CTest runs this file both ways).
 TEST(MpiProcessGroup, PassesTheConformanceSuite) { testing::expect_conformance(world()); }
 
-// Past 256 KiB an all_reduce goes through shared memory (src/collectives/shm_collectives.cc), or around the
-// ring (src/collectives/mpi_ring.cc) where the processes share none; CTest runs this file both ways
-// (DATAPAR_MPI_SHM=0 for the ring). Sizes not divisible by the world size, the ring's
+// On one machine an all_reduce goes through the shared-memory layer
+// (src/collectives/shared_memory_group.h); without it, past 256 KiB, around the ring
+// (src/collectives/mpi_ring.cc). CTest runs this file both ways (DATAPAR_MPI_SHM=0 for the ring). Sizes not divisible by the world size, the ring's
 // segment or the shared memory's round, every reducible dtype and op, values that differ by
 // position.
 TEST(MpiProcessGroup, LargeAllReduces) {
@@ -278,7 +279,7 @@ TEST(MpiProcessGroup, ACollectiveThatTimesOutBreaksOnlyItsGroup) {
   auto quick = new_mpi_process_group({}, options(300ms));
   if (rank == 0) {
     EXPECT_THROW_MSG(quick->barrier()->wait(), TimeoutError, "barrier on rank 0 of");
-    EXPECT_THROW_MSG(quick->all_reduce(at::ones({1}))->wait(), CommError, "an earlier collective of this group");
+    EXPECT_THROW_MSG(quick->all_reduce(at::ones({1}))->wait(), CommError, "unusable since an earlier collective");
   }
   world().barrier()->wait(30s);
   if (rank != 0) quick->barrier()->wait(30s);  // pairs with rank 0's abandoned barrier
@@ -287,9 +288,28 @@ TEST(MpiProcessGroup, ACollectiveThatTimesOutBreaksOnlyItsGroup) {
   auto ring = new_mpi_process_group({}, options(300ms));
   if (rank == 0) {
     EXPECT_THROW_MSG(ring->all_reduce(at::ones({1 << 20}))->wait(), TimeoutError, "all_reduce(sum) on rank 0 of");
-    EXPECT_THROW_MSG(ring->barrier()->wait(), CommError, "an earlier collective of this group");
+    EXPECT_THROW_MSG(ring->barrier()->wait(), CommError, "unusable since an earlier collective");
   }
   world().barrier()->wait(30s);
+}
+
+// MPI cannot tell who is missing when a collective times out; the group's stall inspector
+// can, also when the shared-memory layer handed the operation (here a reduce) to MPI.
+TEST(MpiProcessGroup, ATimeoutNamesTheRanksThatDidNotIssueTheCollective) {
+  const int n = world().size(), rank = world().rank();
+  if (n == 1) GTEST_SKIP() << "needs a peer";
+  init_process_group("mpi");  // for the job's store
+  auto quick = new_mpi_process_group({}, options(500ms));
+  quick->inspect_stalls(std::make_shared<PrefixStore>("quick/stall", default_store()), 0ms);
+  at::Tensor t = at::ones({3});
+  if (rank == 0) {
+    EXPECT_THROW_MSG(quick->reduce(t, 0)->wait(), TimeoutError, "rank(s) 1");
+    EXPECT_THROW_MSG(quick->reduce(t, 0)->wait(), CommError, "unusable since an earlier collective");
+  }
+  // The others never pair with rank 0's abandoned reduce: it stays posted, and its
+  // communicator is never freed (Communicator in src/process_group/mpi/process_group.cc).
+  world().barrier()->wait(30s);
+  destroy_process_group();
 }
 
 TEST(MpiProcessGroup, SubgroupsByRankList) {

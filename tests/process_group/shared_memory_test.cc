@@ -202,6 +202,9 @@ TEST(SharedMemory, AMemberThatNeverArrivesIsNamedAtTheTimeout) {
         EXPECT_THROW_MSG(group.all_reduce(t)->wait(), TimeoutError, "rank 1 did not arrive");
         EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
         EXPECT_THROW_MSG(group.all_reduce(t)->wait(), CommError, "unusable since an earlier collective failed");
+        // Those through the transport too: they would pair with the wrong ones (or wait the
+        // whole timeout) otherwise.
+        EXPECT_THROW_MSG(group.reduce(t, 0)->wait(), CommError, "unusable since an earlier collective failed");
         rank0_done.set_value();
       },
       /*meet_at_end=*/false);

@@ -1,10 +1,10 @@
 // One conformance suite for every backend: expect_* functions that drive a ProcessGroup's
 // collectives and check what they give against closed forms of the rank and world size.
 // Every member calls each with the same arguments in the same order, so the collectives
-// pair up. Run on Gloo over TCP (gloo_process_group_test), Gloo with its shared-memory
-// layer (shared_memory_test) and MPI (mpi_process_group_test, with and without its shared
-// memory); what a backend does beyond this (sizes past a slot, the ring, failures) stays
-// in its own test file.
+// pair up. Run on Gloo over TCP (gloo_process_group_test), the shared-memory layer over
+// Gloo (shared_memory_test), MPI with and without that layer (mpi_process_group_test) and
+// NCCL (gpu/nccl_conformance.cc, on one GPU and on two); what a backend does beyond this
+// (sizes past a slot, the ring, failures) stays in its own test file.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -101,7 +101,10 @@ int run_ranks(int nproc, const std::string& tool, const std::function<int(const 
   // that fails or a signal to this process stops them all (launch.h).
   LaunchOptions job;
   job.nproc_per_node = nproc;
-  job.cpu_bind = "none";  // the tool's own --threads decides, as on any machine it is given
+  // cpu_bind stays "cores": each rank on its own share of the cores, as `datapar launch`
+  // does by default. Unbound, a benchmark's ranks sometimes share a core and every
+  // meeting point waits for a time slice (Note in launch.cc: a 4 KiB all_reduce 5 us in
+  // some runs, 55-80 us in others, the same binary).
   job.program = own_command_line(tool, nproc, detail::str_cat("datapar launch --nproc-per-node ", nproc, " --"));
   job.who = tool;
   job.tag_output = false;  // rank 0 prints the tool's table, as a single process would

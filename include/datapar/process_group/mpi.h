@@ -19,9 +19,10 @@ struct MpiOptions {
   // fails with TimeoutError; a collective that timed out leaves the group unusable (later
   // collectives fail with CommError), a send or recv does not.
   std::chrono::milliseconds timeout = kDefaultTimeout;
-  // Collectives through shared memory among the members on one machine (all_reduce of
-  // large tensors); false: MPI's own. A member that says false makes the whole group do
-  // without. init_process_group passes JobConfig::mpi_shared_memory (DATAPAR_MPI_SHM=0: false).
+  // When every member runs on one machine: all_reduce, reduce_scatter, all_gather,
+  // broadcast and barrier through shared memory, as for Gloo (GlooOptions::shared_memory);
+  // false: MPI's own. A member that says false makes the whole group do without.
+  // init_process_group passes JobConfig::mpi_shared_memory (DATAPAR_MPI_SHM=0: false).
   bool shared_memory = true;
 };
 
@@ -36,7 +37,7 @@ struct MpiOptions {
 // until all have: for the whole world at most options.timeout (TimeoutError), for a subset
 // without limit (MPI has no non-blocking MPI_Comm_create_group).
 // Data moves as MPI's own types (float32/64, int32/64); float16 and bfloat16 are widened to
-// float32 for reductions. Within one machine, Open MPI moves data through shared memory.
+// float32 for reductions.
 // Throws InvalidArgumentError when this build has no MPI backend or for bad ranks,
 // CommError when MPI cannot be initialised or lacks MPI_THREAD_MULTIPLE.
 std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& ranks = {}, MpiOptions options = {});

@@ -20,11 +20,13 @@ std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> stor
   GlooOptions leaders_options = options;
   leaders_options.shared_memory = false;
   std::shared_ptr<ProcessGroup> tcp = detail::new_gloo_tcp_group(store, rank, size, options);
-  const detail::MakeLeaders make_leaders = [&](std::shared_ptr<Store> leaders_store, int leader, int leaders) {
-    return detail::new_gloo_tcp_group(std::move(leaders_store), leader, leaders, leaders_options);
-  };
-  std::shared_ptr<ProcessGroup> group = detail::with_cuda_staging(detail::with_shared_memory(
-      std::move(tcp), std::make_shared<PrefixStore>("shm", store), options.shared_memory, options.timeout, make_leaders));
+  detail::SharedMemoryMeeting meeting = detail::meeting_through(
+      std::make_shared<PrefixStore>("shm", store), rank, size,
+      [leaders_options](std::shared_ptr<Store> leaders_store, int leader, int leaders) {
+        return detail::new_gloo_tcp_group(std::move(leaders_store), leader, leaders, leaders_options);
+      });
+  std::shared_ptr<ProcessGroup> group = detail::with_cuda_staging(
+      detail::with_shared_memory(std::move(tcp), std::move(meeting), options.shared_memory, options.timeout));
   if (size > 1) group->inspect_stalls(std::make_shared<PrefixStore>("stall", std::move(store)), options.stall_warning);
   return group;
 }

@@ -1,6 +1,6 @@
-// The MPI backend: CPU tensors through an MPI library's own collectives. With Open MPI
-// the processes of one machine exchange data through shared memory, which is why this is
-// datapar's fast path within a node (Gloo goes through loopback TCP).
+// The MPI backend: CPU tensors through an MPI library's own collectives, for processes that
+// mpirun (or srun) connected. Within a machine the factory puts the shared-memory layer over
+// it (src/collectives/shared_memory_group.h), as over Gloo.
 //
 // A group owns one communicator (a duplicate of MPI_COMM_WORLD, or a subset of it) that
 // returns errors instead of aborting. Collectives run in issue order on the group's
@@ -30,7 +30,7 @@
 #include "process_group/mpi/runtime.h"
 #include "process_group/mpi/types.h"
 #include "process_group/ordered_runner.h"
-#include "collectives/shm_collectives.h"
+#include "collectives/shared_memory_group.h"
 
 namespace datapar {
 namespace {
@@ -50,12 +50,15 @@ namespace mpi = detail::mpi;
 double seconds(std::chrono::milliseconds d) { return std::chrono::duration<double>(d).count(); }
 
 // Owns a communicator. Declared before the runners, so it is freed after they stopped;
-// not freed once MPI is finalised (the program is exiting).
+// not freed once MPI is finalised (the program is exiting), nor when a collective on it was
+// abandoned: MPI cannot cancel one, it stays posted and completes once the peers post
+// theirs, and Open MPI then progresses it on the communicator, freed or not (a crash in
+// MPI_Test of any later call, seen with an abandoned MPI_Ireduce).
 class Communicator {
  public:
   explicit Communicator(MPI_Comm comm) : comm_(comm) {}
   ~Communicator() {
-    if (mpi::finalized()) return;
+    if (mpi::finalized() || abandoned_) return;
     try {
       mpi::MpiUse use("MPI_Comm_free");
       MPI_Comm_free(&comm_);
@@ -66,26 +69,64 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
   MPI_Comm get() const { return comm_; }
+  // A collective on it was abandoned (from the runner's thread, which stops before the
+  // destructor runs).
+  void abandon() { abandoned_ = true; }
 
  private:
   MPI_Comm comm_;
+  bool abandoned_ = false;
+};
+
+// The shared-memory layer's setup over MPI itself (an MPI group may have no store).
+class MpiExchange final : public detail::shm::Exchange {
+ public:
+  // `comm`: outlives this.
+  MpiExchange(Communicator& comm, std::string what) : comm_(comm), what_(std::move(what)) {}
+
+  std::vector<std::string> all_gather(const std::string& mine, detail::shm::Clock::time_point deadline) override {
+    int size = 0;
+    MPI_Comm_size(comm_.get(), &size);
+    // On the heap: a collective abandoned at the deadline may still write into it.
+    auto blocks = std::make_unique<std::vector<char>>(static_cast<size_t>(size + 1) * kBlock, '\0');
+    DATAPAR_INTERNAL_ASSERT(mine.size() < kBlock);
+    std::memcpy(blocks->data(), mine.data(), mine.size());
+    MPI_Request request = MPI_REQUEST_NULL;
+    mpi::check(MPI_Iallgather(blocks->data(), kBlock, MPI_CHAR, blocks->data() + kBlock, kBlock, MPI_CHAR,
+                              comm_.get(), &request),
+               what_);
+    if (!mpi::wait(request, deadline, what_)) {
+      static_cast<void>(blocks.release());  // leaked: the abandoned collective may still write into it
+      comm_.abandon();
+      throw TimeoutError(str_cat(what_, ": the other members stopped answering while their shared memory was set up."));
+    }
+    std::vector<std::string> texts;
+    for (int r = 0; r < size; ++r) texts.emplace_back(blocks->data() + (r + 1) * kBlock);
+    return texts;
+  }
+
+ private:
+  static constexpr int kBlock = 256;
+  static_assert(detail::shm::Exchange::kMaxText < kBlock, "a text and its terminating zero fit a block");
+  Communicator& comm_;
+  std::string what_;
 };
 
 class ProcessGroupMpi : public ProcessGroup {
  public:
-  // `comm`: the group's communicator; `ring_comm`: a duplicate for the ring all-reduce;
-  // `shm`: the members' shared memory, where they all run on one machine (else null).
-  ProcessGroupMpi(MPI_Comm comm, MPI_Comm ring_comm, std::unique_ptr<detail::shm::ShmCollectives> shm, int rank, int size,
-                  std::chrono::milliseconds timeout)
-      : ProcessGroup(rank, size, timeout),
-        comm_(comm),
-        ring_comm_(ring_comm),
-        ring_(ring_comm),
-        shm_(std::move(shm)) {
+  // `comm`: the group's communicator; `ring_comm`: a duplicate for the ring all-reduce.
+  ProcessGroupMpi(MPI_Comm comm, MPI_Comm ring_comm, int rank, int size, std::chrono::milliseconds timeout)
+      : ProcessGroup(rank, size, timeout), comm_(comm), ring_comm_(ring_comm), ring_(ring_comm) {
     mpi::note_group_timeout(timeout);
   }
 
   std::string backend() const override { return "mpi"; }
+
+  // The members' exchange for the shared-memory layer's setup: over the ring's
+  // communicator, before the ring's first use.
+  std::unique_ptr<detail::shm::Exchange> setup_exchange(std::string what) {
+    return std::make_unique<MpiExchange>(ring_comm_, std::move(what));
+  }
 
  protected:
   std::shared_ptr<Work> do_all_reduce(const std::string& what, at::Tensor tensor, ReduceOp op) override {
@@ -282,8 +323,8 @@ class ProcessGroupMpi : public ProcessGroup {
     std::string full = describe(what);
     return collectives_.push(full, [this, full, op = std::move(op)] {
       if (!broken_.empty()) {
-        throw CommError(str_cat(full, ": an earlier collective of this group (", broken_, ") timed out, so the ",
-                                "processes' collectives no longer match up. Rebuild the process group."));
+        throw CommError(str_cat(full, ": this group is unusable since an earlier collective timed out (", broken_,
+                                "): the processes' collectives no longer pair up. Rebuild the process group."));
       }
       mpi::MpiUse use(full);
       op(full);
@@ -306,6 +347,8 @@ class ProcessGroupMpi : public ProcessGroup {
     for (const at::Tensor& buffer : buffers) {
       if (buffer.defined()) mpi::keep_alive(buffer);
     }
+    comm_.abandon();
+    ring_comm_.abandon();
     broken_ = what;
     const std::string behind = ranks_behind();  // MPI cannot say who is missing; the inspector can
     throw TimeoutError(str_cat(what, ": not finished after the group's timeout of ", seconds(timeout()), " s",
@@ -314,21 +357,13 @@ class ProcessGroupMpi : public ProcessGroup {
                                "unusable now; rebuild the process group."));
   }
 
-  // Large buffers go through shared memory within a machine (Note [Shared-memory
-  // collectives] in src/collectives/shm_collectives.cc), around the ring otherwise (Note [Ring all-reduce] in
-  // src/collectives/mpi_ring.cc); small ones through MPI_Iallreduce, which has the lower latency.
+  // Large buffers go around the ring (Note [Ring all-reduce] in src/collectives/mpi_ring.cc),
+  // small ones through MPI_Iallreduce, which has the lower latency.
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
     const int count = mpi_count(buffer.numel(), what);
     if (size() > 1 && static_cast<int64_t>(buffer.nbytes()) >= mpi::kRingMinBytes) {
       at::Tensor flat = buffer.view({-1});
-      if (shm_) {
-        try {
-          shm_->all_reduce(flat.data_ptr(), flat.numel(), flat.scalar_type(), op, what);
-        } catch (const datapar::Error&) {
-          broken_ = what;
-          throw;
-        }
-      } else if (!ring_.all_reduce(flat, op, mpi::Clock::now() + timeout(), what)) {
+      if (!ring_.all_reduce(flat, op, mpi::Clock::now() + timeout(), what)) {
         abandon(what, {buffer, ring_.scratch()});
       }
     } else {
@@ -370,45 +405,12 @@ class ProcessGroupMpi : public ProcessGroup {
 
   Communicator comm_;
   Communicator ring_comm_;
-  mpi::Ring ring_;                          // only the runner thread uses it
-  std::unique_ptr<detail::shm::ShmCollectives> shm_;  // likewise; null: the ring takes large buffers
+  mpi::Ring ring_;  // only the runner thread uses it
   std::string broken_;  // the collective that timed out; only the runner thread uses it
   // Declared last: stopped first, so queued operations finish while the communicator lives.
   detail::OrderedRunner collectives_{"mpi collectives"};
   // Point-to-point operations are posted at once; this thread only waits for them, in order.
   detail::OrderedRunner p2p_{"mpi send/recv"};
-};
-
-// The shared-memory collectives' setup over MPI itself (an MPI group may have no store).
-class MpiExchange final : public detail::shm::Exchange {
- public:
-  MpiExchange(MPI_Comm comm, std::string what) : comm_(comm), what_(std::move(what)) {}
-
-  std::vector<std::string> all_gather(const std::string& mine, detail::shm::Clock::time_point deadline) override {
-    int size = 0;
-    MPI_Comm_size(comm_, &size);
-    // On the heap: a collective abandoned at the deadline may still write into it.
-    auto blocks = std::make_unique<std::vector<char>>(static_cast<size_t>(size + 1) * kBlock, '\0');
-    DATAPAR_INTERNAL_ASSERT(mine.size() < kBlock);
-    std::memcpy(blocks->data(), mine.data(), mine.size());
-    MPI_Request request = MPI_REQUEST_NULL;
-    mpi::check(MPI_Iallgather(blocks->data(), kBlock, MPI_CHAR, blocks->data() + kBlock, kBlock, MPI_CHAR, comm_,
-                              &request),
-               what_);
-    if (!mpi::wait(request, deadline, what_)) {
-      static_cast<void>(blocks.release());  // leaked: the abandoned collective may still write into it
-      throw TimeoutError(str_cat(what_, ": the other members stopped answering while their shared memory was set up."));
-    }
-    std::vector<std::string> texts;
-    for (int r = 0; r < size; ++r) texts.emplace_back(blocks->data() + (r + 1) * kBlock);
-    return texts;
-  }
-
- private:
-  static constexpr int kBlock = 256;
-  static_assert(detail::shm::Exchange::kMaxText < kBlock, "a text and its terminating zero fit a block");
-  MPI_Comm comm_;
-  std::string what_;
 };
 
 // Members of one MPI_Comm_create_group call share this tag; they call it in the same
@@ -477,13 +479,12 @@ std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& rank
   int size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  std::unique_ptr<detail::shm::ShmCollectives> shm;
-  if (size > 1) {
-    MpiExchange exchange(ring_comm, what);
-    shm = detail::shm::ShmCollectives::create(exchange, rank, size, options.shared_memory,
-                                              options.timeout, [](const std::string& w) { mpi::throw_if_finalizing(w); });
-  }
-  return std::make_shared<ProcessGroupMpi>(comm, ring_comm, std::move(shm), rank, size, options.timeout);
+  auto group = std::make_shared<ProcessGroupMpi>(comm, ring_comm, rank, size, options.timeout);
+  // Within one machine only: across machines MPI's own hierarchical collectives take the
+  // place of the layer's two levels (and leaders would need a split of every member).
+  detail::SharedMemoryMeeting meeting;
+  meeting.everyone = group->setup_exchange(what);
+  return detail::with_shared_memory(std::move(group), std::move(meeting), options.shared_memory, options.timeout);
 }
 
 }  // namespace datapar

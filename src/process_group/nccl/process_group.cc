@@ -56,6 +56,7 @@ namespace {
 using detail::NcclClock;
 using detail::str_cat;
 
+// NCCL's type for a dtype; ncclNumTypes for one NCCL has not.
 ncclDataType_t nccl_type(at::ScalarType type) {
   switch (type) {
     case at::kFloat: return ncclFloat32;
@@ -66,8 +67,33 @@ ncclDataType_t nccl_type(at::ScalarType type) {
     case at::kLong: return ncclInt64;
     case at::kByte: return ncclUint8;
     case at::kChar: return ncclInt8;
-    default: throw InvalidArgumentError(str_cat("the nccl backend does not move ", type, " tensors."));
+    default: return ncclNumTypes;
   }
+}
+
+// A tensor's elements as NCCL sees them.
+struct Elements {
+  ncclDataType_t type;
+  size_t count;
+};
+
+// For a reduction: the tensor's own type, which NCCL must have.
+Elements reduced(const at::Tensor& t) {
+  const ncclDataType_t type = nccl_type(t.scalar_type());
+  if (type == ncclNumTypes) {
+    throw InvalidArgumentError(str_cat("the nccl backend reduces float32/64, float16, bfloat16, int8/32/64 and uint8 "
+                                       "tensors, not ", t.scalar_type(), ". Convert the tensor to one of them first."));
+  }
+  return {type, static_cast<size_t>(t.numel())};
+}
+
+// For an operation that only moves the elements (broadcast, the gathers and scatters,
+// send and recv): the tensor's own type where NCCL has it, else its bytes, so that every
+// dtype moves (bool, int16, complex, ...): NCCL never looks at values it only moves.
+Elements moved(const at::Tensor& t) {
+  const ncclDataType_t type = nccl_type(t.scalar_type());
+  if (type != ncclNumTypes) return {type, static_cast<size_t>(t.numel())};
+  return {ncclUint8, t.nbytes()};
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
@@ -159,41 +185,40 @@ class ProcessGroupNccl : public ProcessGroup {
 
  protected:
   std::shared_ptr<Work> do_all_reduce(const std::string& what, at::Tensor tensor, ReduceOp op) override {
-    const ncclDataType_t type = nccl_type(tensor.scalar_type());
+    const Elements e = reduced(tensor);
     const at::Tensor buffer = tensor.contiguous();
     return launch({what, {tensor, buffer},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), type, nccl_op(op),
-                                          comm, stream);
-                   },
-                   copy_back({buffer}, {tensor})});
-  }
-
-  std::shared_ptr<Work> do_broadcast(const std::string& what, at::Tensor tensor, int root) override {
-    const ncclDataType_t type = nccl_type(tensor.scalar_type());
-    const at::Tensor buffer = tensor.contiguous();
-    return launch({what, {tensor, buffer},
-                   [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclBroadcast(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), type, root, comm,
+                     return ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), e.count, e.type, nccl_op(op), comm,
                                           stream);
                    },
                    copy_back({buffer}, {tensor})});
   }
 
-  std::shared_ptr<Work> do_reduce(const std::string& what, at::Tensor tensor, int root, ReduceOp op) override {
-    const ncclDataType_t type = nccl_type(tensor.scalar_type());
+  std::shared_ptr<Work> do_broadcast(const std::string& what, at::Tensor tensor, int root) override {
+    const Elements e = moved(tensor);
     const at::Tensor buffer = tensor.contiguous();
     return launch({what, {tensor, buffer},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), type, nccl_op(op), root,
-                                       comm, stream);
+                     return ncclBroadcast(buffer.data_ptr(), buffer.data_ptr(), e.count, e.type, root, comm, stream);
+                   },
+                   copy_back({buffer}, {tensor})});
+  }
+
+  std::shared_ptr<Work> do_reduce(const std::string& what, at::Tensor tensor, int root, ReduceOp op) override {
+    const Elements e = reduced(tensor);
+    const at::Tensor buffer = tensor.contiguous();
+    return launch({what, {tensor, buffer},
+                   [&](ncclComm_t comm, cudaStream_t stream) {
+                     return ncclReduce(buffer.data_ptr(), buffer.data_ptr(), e.count, e.type, nccl_op(op), root, comm,
+                                       stream);
                    },
                    copy_back({buffer}, {tensor})});
   }
 
   std::shared_ptr<Work> do_all_gather(const std::string& what, std::vector<at::Tensor> outputs,
                                       at::Tensor input) override {
-    const ncclDataType_t type = nccl_type(input.scalar_type());
+    const Elements e = moved(input);
     const at::Tensor in = input.contiguous();
     const int64_t count = in.numel();
     const at::Tensor flat = at::empty({size() * count}, in.options());  // (size * count), rank r's at r * count
@@ -201,7 +226,7 @@ class ProcessGroupNccl : public ProcessGroup {
     used.insert(used.end(), {input, in, flat});
     return launch({what, std::move(used),
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclAllGather(in.data_ptr(), flat.data_ptr(), count, type, comm, stream);
+                     return ncclAllGather(in.data_ptr(), flat.data_ptr(), e.count, e.type, comm, stream);
                    },
                    [&] {
                      for (int r = 0; r < size(); ++r) {
@@ -212,7 +237,7 @@ class ProcessGroupNccl : public ProcessGroup {
 
   std::shared_ptr<Work> do_gather(const std::string& what, std::vector<at::Tensor> outputs, at::Tensor input,
                                   int root) override {
-    const ncclDataType_t type = nccl_type(input.scalar_type());
+    const Elements e = moved(input);
     const at::Tensor in = input.contiguous();
     std::vector<at::Tensor> buffers;
     for (const at::Tensor& t : outputs) buffers.push_back(contiguous_output(t));
@@ -223,9 +248,9 @@ class ProcessGroupNccl : public ProcessGroup {
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return in_group([&](const auto& keep) {
                        for (int r = 0; r < static_cast<int>(buffers.size()); ++r) {
-                         keep(ncclRecv(buffers[r].data_ptr(), in.numel(), type, r, comm, stream));
+                         keep(ncclRecv(buffers[r].data_ptr(), e.count, e.type, r, comm, stream));
                        }
-                       keep(ncclSend(in.data_ptr(), in.numel(), type, root, comm, stream));
+                       keep(ncclSend(in.data_ptr(), e.count, e.type, root, comm, stream));
                      });
                    },
                    copy_back(buffers, outputs)});
@@ -233,7 +258,7 @@ class ProcessGroupNccl : public ProcessGroup {
 
   std::shared_ptr<Work> do_scatter(const std::string& what, at::Tensor output, std::vector<at::Tensor> inputs,
                                    int root) override {
-    const ncclDataType_t type = nccl_type(output.scalar_type());
+    const Elements e = moved(output);
     std::vector<at::Tensor> ins;
     for (const at::Tensor& t : inputs) ins.push_back(t.contiguous());
     const at::Tensor out = contiguous_output(output);
@@ -244,9 +269,9 @@ class ProcessGroupNccl : public ProcessGroup {
                    [&](ncclComm_t comm, cudaStream_t stream) {
                      return in_group([&](const auto& keep) {
                        for (int r = 0; r < static_cast<int>(ins.size()); ++r) {
-                         keep(ncclSend(ins[r].data_ptr(), out.numel(), type, r, comm, stream));
+                         keep(ncclSend(ins[r].data_ptr(), e.count, e.type, r, comm, stream));
                        }
-                       keep(ncclRecv(out.data_ptr(), out.numel(), type, root, comm, stream));
+                       keep(ncclRecv(out.data_ptr(), e.count, e.type, root, comm, stream));
                      });
                    },
                    copy_back({out}, {output})});
@@ -254,32 +279,33 @@ class ProcessGroupNccl : public ProcessGroup {
 
   std::shared_ptr<Work> do_reduce_scatter(const std::string& what, at::Tensor output, std::vector<at::Tensor> inputs,
                                           ReduceOp op) override {
-    const ncclDataType_t type = nccl_type(output.scalar_type());
+    const Elements e = reduced(output);
     std::vector<at::Tensor> pieces;
     for (const at::Tensor& t : inputs) pieces.push_back(t.reshape({-1}));
     const at::Tensor flat = at::cat(pieces);  // (size * numel), process r's part at r * numel
     const at::Tensor out = contiguous_output(output);
     return launch({what, {output, out, flat},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), type, nccl_op(op), comm,
+                     return ncclReduceScatter(flat.data_ptr(), out.data_ptr(), e.count, e.type, nccl_op(op), comm,
                                               stream);
                    },
                    copy_back({out}, {output})});
   }
 
   std::shared_ptr<Work> do_all_to_all_single(const std::string& what, at::Tensor output, at::Tensor input) override {
-    const ncclDataType_t type = nccl_type(input.scalar_type());
+    const Elements e = moved(input);
     const at::Tensor in = input.contiguous();
     const at::Tensor out = contiguous_output(output);
     return launch({what, {input, in, output, out},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     const int64_t chunk = in.numel() / size();
-                     const size_t bytes = static_cast<size_t>(chunk) * in.element_size();
+                     const size_t chunk = e.count / static_cast<size_t>(size());
+                     const size_t bytes = in.nbytes() / static_cast<size_t>(size());
                      return in_group([&](const auto& keep) {
                        for (int r = 0; r < size(); ++r) {
-                         keep(ncclSend(static_cast<const char*>(in.data_ptr()) + r * bytes, chunk, type, r, comm,
+                         keep(ncclSend(static_cast<const char*>(in.data_ptr()) + r * bytes, chunk, e.type, r, comm,
                                        stream));
-                         keep(ncclRecv(static_cast<char*>(out.data_ptr()) + r * bytes, chunk, type, r, comm, stream));
+                         keep(ncclRecv(static_cast<char*>(out.data_ptr()) + r * bytes, chunk, e.type, r, comm,
+                                       stream));
                        }
                      });
                    },
@@ -301,8 +327,8 @@ class ProcessGroupNccl : public ProcessGroup {
   std::shared_ptr<Work> do_all_reduce_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
                                                 ReduceOp op) override {
     return coalesced(what, std::move(tensors), /*sends=*/true,
-                     [op](const at::Tensor& flat, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
-                       return ncclAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), type, nccl_op(op), comm,
+                     reduced, [op](const at::Tensor& flat, Elements e, ncclComm_t comm, cudaStream_t stream) {
+                       return ncclAllReduce(flat.data_ptr(), flat.data_ptr(), e.count, e.type, nccl_op(op), comm,
                                             stream);
                      });
   }
@@ -310,29 +336,29 @@ class ProcessGroupNccl : public ProcessGroup {
   std::shared_ptr<Work> do_broadcast_coalesced(const std::string& what, std::vector<at::Tensor> tensors,
                                                int root) override {
     return coalesced(what, std::move(tensors), /*sends=*/rank() == root,
-                     [root](const at::Tensor& flat, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
-                       return ncclBroadcast(flat.data_ptr(), flat.data_ptr(), flat.numel(), type, root, comm, stream);
+                     moved, [root](const at::Tensor& flat, Elements e, ncclComm_t comm, cudaStream_t stream) {
+                       return ncclBroadcast(flat.data_ptr(), flat.data_ptr(), e.count, e.type, root, comm, stream);
                      });
   }
 
   std::shared_ptr<Work> do_send(const std::string& what, at::Tensor tensor, int dst, int tag) override {
     refuse_tag(what, tag);
-    const ncclDataType_t type = nccl_type(tensor.scalar_type());
+    const Elements e = moved(tensor);
     const at::Tensor in = tensor.contiguous();
     return launch({what, {tensor, in},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclSend(in.data_ptr(), in.numel(), type, dst, comm, stream);
+                     return ncclSend(in.data_ptr(), e.count, e.type, dst, comm, stream);
                    },
                    nullptr});
   }
 
   std::shared_ptr<Work> do_recv(const std::string& what, at::Tensor tensor, int src, int tag) override {
     refuse_tag(what, tag);
-    const ncclDataType_t type = nccl_type(tensor.scalar_type());
+    const Elements e = moved(tensor);
     const at::Tensor out = contiguous_output(tensor);
     return launch({what, {tensor, out},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclRecv(out.data_ptr(), out.numel(), type, src, comm, stream);
+                     return ncclRecv(out.data_ptr(), e.count, e.type, src, comm, stream);
                    },
                    copy_back({out}, {tensor})});
   }
@@ -376,22 +402,24 @@ class ProcessGroupNccl : public ProcessGroup {
     end->record(stream_);
     auto work = std::make_shared<detail::NcclWork>(comm_->describe(operation.op), device_, end,
                                                    options_.blocking_wait || operation.blocking);
-    watchdog_->push({work, operation.op, std::move(end), std::move(operation.tensors), deadline, trace::detail::queued()});
+    watchdog_->push(
+        {work, operation.op, std::move(end), std::move(operation.tensors), deadline, trace::detail::queued()});
     return work;
   }
 
   // The *_coalesced operations: one flat buffer per dtype (made on the caller's stream),
   // `call` on each inside one NCCL group, the buffers copied back behind it.
-  // `sends`: whether this rank's values are read (false: a broadcast's receivers).
+  // `sends`: whether this rank's values are read (false: a broadcast's receivers);
+  // `elements`: reduced or moved.
   std::shared_ptr<Work> coalesced(
-      const std::string& op, std::vector<at::Tensor> tensors, bool sends,
-      const std::function<ncclResult_t(const at::Tensor&, ncclDataType_t, ncclComm_t, cudaStream_t)>& call) {
+      const std::string& op, std::vector<at::Tensor> tensors, bool sends, Elements (*elements)(const at::Tensor&),
+      const std::function<ncclResult_t(const at::Tensor&, Elements, ncclComm_t, cudaStream_t)>& call) {
     if (tensors.empty()) return do_barrier(op);  // still one operation, as on every other rank
     std::vector<detail::FlatGroup> groups = detail::flatten_by_dtype(tensors, sends);
-    std::vector<ncclDataType_t> types;
+    std::vector<Elements> types;
     std::vector<at::Tensor> used = tensors;
     for (const detail::FlatGroup& g : groups) {
-      types.push_back(nccl_type(g.flat.scalar_type()));
+      types.push_back(elements(g.flat));
       used.push_back(g.flat);
     }
     return launch({op, std::move(used),
