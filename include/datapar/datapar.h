@@ -4,6 +4,7 @@
 // umbrella is datapar/datapar_train.h.
 #pragma once
 
+#include "datapar/autograd/checkpoint.h"
 #include "datapar/config.h"
 #include "datapar/cpu_allocator.h"
 #include "datapar/ddp/comm_hook.h"

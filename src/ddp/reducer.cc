@@ -43,7 +43,6 @@
 #include "ddp/reducer.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -54,6 +53,7 @@
 #include "datapar/error.h"
 #include "datapar/process_group/metadata.h"
 #include "datapar/trace.h"
+#include "autograd/end_of_backward.h"
 #include "trace/recorder.h"
 
 namespace datapar::detail {
@@ -235,12 +235,12 @@ void Reducer::issue_meta(double samples, const std::vector<bool>& used) {
 void Reducer::mark_ready(size_t index) {
   if (!expect_hooks_) return;
   if (!callback_queued_) {
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+    detail::at_end_of_backward([this] { finalize(); });  // the outermost backward's end
     callback_queued_ = true;
   }
   DATAPAR_CHECK(!ready_[index], "DistributedDataParallel: parameter ", names_[index],
                 " got a gradient twice in one backward pass. Run backward once per forward (retain_graph "
-                "and reentrant checkpointing are not supported).");
+                "is not supported), and checkpoint each parameter's use in at most one segment.");
   if (arrival_.size() < params_.size() && synced_passes_ == 0) arrival_.push_back(index);
   ready(index, /*has_gradient=*/true);
 }

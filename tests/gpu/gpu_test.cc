@@ -233,6 +233,28 @@ TEST(Gpu, UnlikeDevicesFiveSgdStepsMatchOneDevice) {
 
 // --balance auto over cuda:0 and a CPU device: the CPU's measured share is what it gets (a
 // few rows of every batch, far fewer than half), and the gradient stays that of one device.
+// Activation checkpointing on the GPU: the recomputation restores cuda:0's RNG state, so
+// dropout on the GPU draws the same mask and the gradients are the plain segment's.
+TEST(Gpu, ActivationCheckpointRestoresTheCudaRngForDropout) {
+  DATAPAR_REQUIRE_GPUS(1);
+  testing::turn_off_tf32();
+  const auto gpu = at::TensorOptions(at::Device(at::kCUDA, 0));
+  const at::Tensor w = at::randn({64, 64}, gpu).requires_grad_(true);
+  const at::Tensor x = at::randn({32, 64}, gpu).requires_grad_(true);
+  const auto segment = [&](const at::Tensor& in) { return at::dropout(at::matmul(in, w).relu(), 0.5, true); };
+  std::vector<at::Tensor> grads[2];
+  for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
+    w.mutable_grad() = at::Tensor();
+    x.mutable_grad() = at::Tensor();
+    torch::manual_seed(11);  // the CPU's and every CUDA device's generator
+    const at::Tensor y = checkpointed ? checkpoint(segment, x) : segment(x);
+    y.pow(2).sum().backward();
+    grads[checkpointed] = {w.grad().clone(), x.grad().clone()};
+  }
+  EXPECT_TRUE(at::equal(grads[1][0], grads[0][0]));
+  EXPECT_TRUE(at::equal(grads[1][1], grads[0][1]));
+}
+
 TEST(Gpu, UnlikeDevicesAutoBalanceGivesTheCpuItsMeasuredShare) {
   DATAPAR_REQUIRE_GPUS(1);
   const at::Device gpu0(at::kCUDA, 0);
