@@ -74,6 +74,9 @@ struct NcclOptions {
 // be issued so that the receives are posted in time, as NCCL requires: else both wait
 // until the timeout, whose TimeoutError says so. NCCL has no message tags: a tag other than
 // 0 is an InvalidArgumentError (PyTorch ignores it).
+// Dtypes: operations that only move data (broadcast, the gathers and scatters, send, recv)
+// take every dtype (bool, int16, complex: as bytes where NCCL has no such type); reductions
+// take float32/64, float16, bfloat16, int8/32/64 and uint8 (else InvalidArgumentError).
 //
 // Failures: a watchdog thread watches every operation. When NCCL reports an error or an
 // operation runs past options.timeout, it aborts the communicator, fails that operation
