@@ -69,7 +69,7 @@ std::shared_ptr<Store> store_through(ProcessGroup& group, const JobConfig& confi
   if (group.rank() == 0) {
     const std::string host = store_host(group.size(), config);
     const std::string token = !config.store_token.empty() ? config.store_token : make_store_token();
-    auto server = std::make_shared<TcpStore>(TcpStoreOptions{host, 0, true, token, timeout});
+    auto server = std::make_shared<TcpStore>(TcpStoreOptions{host, 0, true, token, timeout, config.run_id});
     const std::string text = host + " " + std::to_string(server->port()) + " " + token;
     DATAPAR_CHECK(text.size() < kSize && token.find(' ') == std::string::npos, "init_process_group: the store's ",
                   "address ", host, ":", server->port(), " and DATAPAR_STORE_TOKEN make ", text.size(),
@@ -84,7 +84,7 @@ std::shared_ptr<Store> store_through(ProcessGroup& group, const JobConfig& confi
     const size_t port_at = text.rfind(' ', token_at - 1);
     store = std::make_shared<TcpStore>(TcpStoreOptions{text.substr(0, port_at),
                                                        static_cast<uint16_t>(std::stoi(text.substr(port_at + 1))),
-                                                       false, text.substr(token_at + 1), timeout});
+                                                       false, text.substr(token_at + 1), timeout, config.run_id});
   }
   return store;
 }

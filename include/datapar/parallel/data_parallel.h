@@ -110,7 +110,7 @@ class DataParallel {
 
   DataParallel(std::shared_ptr<ModuleImpl> module, std::vector<Device> device_ids = {},
                std::optional<Device> output_device = std::nullopt, int64_t dim = 0)
-      : DataParallel(std::move(module), DataParallelOptions{std::move(device_ids), output_device, dim, {}, {}}) {}
+      : DataParallel(std::move(module), DataParallelOptions{std::move(device_ids), output_device, dim, {}, {}, false, {}}) {}
 
   DataParallel(const torch::nn::ModuleHolder<ModuleImpl>& module, DataParallelOptions options)
       : DataParallel(module.ptr(), std::move(options)) {}
