@@ -15,6 +15,7 @@
 #include "datapar/devices.h"
 #include "datapar/distributed.h"
 #include "datapar/environment.h"
+#include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/error.h"
 #include "datapar/parallel/chunk_sizes.h"
 #include "datapar/parallel/data_parallel.h"
