@@ -21,6 +21,7 @@
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "autograd/end_of_backward.h"
+#include "parallel/ivalue_tensors.h"
 
 namespace datapar::detail {
 namespace {
@@ -101,7 +102,9 @@ void FsdpCore::pre_forward() {
   gathered_for_backward_ = false;
 }
 
-void FsdpCore::post_forward(std::vector<at::Tensor> outputs) {
+void FsdpCore::post_forward(const c10::IValue& returned) {
+  std::vector<at::Tensor> outputs;
+  collect_tensors(returned, outputs);
   const bool training = at::GradMode::is_enabled() &&
                         std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) {
                           return t.defined() && t.requires_grad();

@@ -13,6 +13,7 @@
 #include <torch/utils.h>
 
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "datapar/error.h"
@@ -93,6 +94,45 @@ TEST(FullyShardedDataParallel, KeepingTheParametersAfterForwardTrainsTheSame) {
   FsdpOptions keep;
   keep.reshard_after_forward = false;
   expect_training_equals_one_process(2, keep);
+}
+
+// A module that returns a tuple: its tensors are found, and backward gathers again.
+struct TwoHeadsImpl : torch::nn::Module {
+  TwoHeadsImpl()
+      : body(register_module("body", torch::nn::Linear(4, 6))), head(register_module("head", torch::nn::Linear(6, 2))) {}
+  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& x) {
+    const at::Tensor h = torch::relu(body->forward(x));
+    return {head->forward(h), h.sum(1)};
+  }
+  torch::nn::Linear body, head;
+};
+TORCH_MODULE(TwoHeads);
+
+TEST(FullyShardedDataParallel, GathersForTheBackwardOfATupleOfOutputs) {
+  const at::Tensor x = at::randn({3, 4});
+  TwoHeads plain;
+  {
+    const std::lock_guard<std::mutex> lock(g_generator);
+    plain = TwoHeads();
+  }
+  auto [a, b] = plain->forward(x);
+  (a.pow(2).sum() + b.sum()).backward();
+  std::vector<at::Tensor> want;
+  for (const at::Tensor& p : plain->parameters()) want.push_back(p.grad().reshape({-1}));
+  testing::run_gloo_ranks(1, [&](int, std::shared_ptr<ProcessGroup> group) {
+    TwoHeads model;
+    {
+      const std::lock_guard<std::mutex> lock(g_generator);
+      model = TwoHeads();
+    }
+    const at::NoGradGuard copy;
+    for (size_t i = 0; i < model->parameters().size(); ++i) model->parameters()[i].copy_(plain->parameters()[i]);
+    const at::AutoGradMode train(true);
+    FullyShardedDataParallel fsdp(model, group);
+    auto [c, d] = fsdp.forward(x);
+    (c.pow(2).sum() + d.sum()).backward();
+    EXPECT_TRUE(at::allclose(fsdp.parameters()[0].grad(), at::cat(want)));
+  });
 }
 
 TEST(FullyShardedDataParallel, RefusesModulesOfMixedDtypes) {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -53,7 +54,8 @@ class FsdpCore {
   FsdpCore& operator=(const FsdpCore&) = delete;
 
   void pre_forward();
-  void post_forward(std::vector<at::Tensor> outputs);
+  // `outputs`: what the module's forward returned (tensors, nested in lists, tuples, dicts).
+  void post_forward(const c10::IValue& outputs);
   std::vector<at::Tensor> parameters() const { return {shard_}; }
   int64_t shard_numel() const { return shard_.numel(); }
   int64_t padded_numel() const { return padded_; }
@@ -97,11 +99,7 @@ class FullyShardedDataParallel {
   auto forward(Args&&... args) {
     core_->pre_forward();
     auto output = module_->forward(std::forward<Args>(args)...);
-    if constexpr (std::is_same_v<std::decay_t<decltype(output)>, at::Tensor>) {
-      core_->post_forward({output});
-    } else {
-      core_->post_forward({});
-    }
+    core_->post_forward(c10::IValue(output));  // the same tensors: hooks set on them are the caller's
     return output;
   }
 
