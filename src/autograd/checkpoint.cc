@@ -180,7 +180,9 @@ class CheckpointBackward : public torch::autograd::Node {
       torch::autograd::backward(roots, root_grads, /*retain_graph=*/false, /*create_graph=*/false);
     }
     variable_list input_grads;
-    for (const at::Tensor& d : detached) input_grads.push_back(d.defined() && d.requires_grad() ? d.grad() : at::Tensor());
+    for (const at::Tensor& d : detached) {
+      input_grads.push_back(d.defined() && d.requires_grad() ? d.grad() : at::Tensor());
+    }
     return input_grads;
   }
 
@@ -213,8 +215,8 @@ std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at:
   });
   if (!differentiable) return outputs;
   std::vector<int64_t> slots;
-  auto node =
-      detail::make_node<CheckpointBackward>(segment, inputs, std::move(rng), options.preserve_rng_state, std::move(shapes));
+  auto node = detail::make_node<CheckpointBackward>(segment, inputs, std::move(rng), options.preserve_rng_state,
+                                                    std::move(shapes));
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   for (at::Tensor& out : outputs) {
     if (!out.defined() || !torch::autograd::isDifferentiableType(out.scalar_type())) {

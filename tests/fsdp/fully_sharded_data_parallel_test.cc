@@ -99,7 +99,8 @@ TEST(FullyShardedDataParallel, KeepingTheParametersAfterForwardTrainsTheSame) {
 // A module that returns a tuple: its tensors are found, and backward gathers again.
 struct TwoHeadsImpl : torch::nn::Module {
   TwoHeadsImpl()
-      : body(register_module("body", torch::nn::Linear(4, 6))), head(register_module("head", torch::nn::Linear(6, 2))) {}
+      : body(register_module("body", torch::nn::Linear(4, 6))),
+        head(register_module("head", torch::nn::Linear(6, 2))) {}
   std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& x) {
     const at::Tensor h = torch::relu(body->forward(x));
     return {head->forward(h), h.sum(1)};
