@@ -62,6 +62,8 @@ void expect_training_equals_one_process(int world, FsdpOptions options) {
     torch::nn::Sequential model = mlp(rank);  // different: FSDP starts every rank from rank 0's
     FullyShardedDataParallel fsdp(model, group, options);
     EXPECT_FALSE(fsdp.gathered()) << "sharded after construction";
+    // The module's own forward, outside fsdp's, finds no parameters: an error, not garbage.
+    EXPECT_ANY_THROW(model->forward(batch(rank, 0)));
     EXPECT_EQ(fsdp.shard_numel(), (325 + world - 1) / world);
     torch::optim::SGD opt(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     for (int step = 0; step < kSteps; ++step) {

@@ -15,7 +15,9 @@
 // - The module's own parameters stay its own tensors (its layers keep using them): at
 //   construction each becomes a view of one flat buffer per module, which is filled by an
 //   all-gather before it is used and emptied after (Note [Parameters over a flat buffer] in
-//   fully_sharded_data_parallel.cc); the optimizer steps the shards, not them.
+//   fully_sharded_data_parallel.cc); the optimizer steps the shards, not them. Between
+//   steps they hold no memory: the module's own forward, called outside this one's, throws
+//   (libtorch: "its data is not allocated").
 // - Starts every rank from rank 0's parameters. Gradients are the average over the ranks,
 //   as DDP's: one backward per forward; a gradient of the module's parameters reaches the
 //   shards at the end of backward.
