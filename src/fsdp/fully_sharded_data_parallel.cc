@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "datapar/distributed.h"
@@ -111,7 +112,6 @@ void FsdpCore::post_forward(const c10::IValue& returned) {
                         });
   if (options_.reshard_after_forward || !training) reshard();
   if (!training) return;
-  backward_pending_ = true;
   for (at::Tensor& out : outputs) {
     if (!out.defined() || !out.requires_grad()) continue;
     out.register_hook([this](const at::Tensor& grad) {
@@ -130,7 +130,6 @@ void FsdpCore::pre_backward() {
 }
 
 void FsdpCore::post_backward() {
-  backward_pending_ = false;
   // The parameters' gradients, flat and padded (zeros for a parameter without one), then
   // averaged over the ranks into this rank's part.
   at::Tensor flat = at::zeros({padded_}, full_.options());

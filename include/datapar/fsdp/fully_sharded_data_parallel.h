@@ -27,7 +27,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
-#include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -77,7 +76,6 @@ class FsdpCore {
   at::Tensor shard_;                // this rank's part of it: what the optimizer steps
   int64_t numel_ = 0;               // of the parameters
   int64_t padded_ = 0;              // numel_ rounded up to a multiple of the group's size
-  bool backward_pending_ = false;   // a forward's backward has not ended yet
   bool gathered_for_backward_ = false;
 };
 
