@@ -5,6 +5,7 @@
 #pragma once
 
 #include "datapar/autograd/checkpoint.h"
+#include "datapar/autograd/checkpoint_wrapper.h"
 #include "datapar/config.h"
 #include "datapar/cpu_allocator.h"
 #include "datapar/ddp/comm_hook.h"

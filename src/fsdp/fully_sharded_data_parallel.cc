@@ -1,152 +1,268 @@
 // See fully_sharded_data_parallel.h.
-//
-// Note [Parameters over a flat buffer]
-// The module's layers hold their parameters as tensors of their own (LinearImpl::weight),
-// so FSDP cannot swap them for others. At construction each trainable parameter becomes,
-// through set_data(), a view of one flat buffer, full_; after that only full_'s storage
-// changes: emptied (its bytes freed, the parameters' shapes untouched) when resharding,
-// given new bytes and filled by an all-gather before the parameters are used. The
-// all-gather writes through an alias without autograd (from_blob), so no version counter
-// moves: the tensors autograd saved in forward (a Linear's weight) are valid again once
-// the storage is refilled before their backward. Each parameter stays a leaf, so its
-// gradient accumulates in its own .grad as without FSDP; at the end of backward they are
-// flattened, reduce-scattered (averaged) into the shard's .grad and released.
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/StorageImpl.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "datapar/distributed.h"
 #include "datapar/error.h"
-#include "autograd/end_of_backward.h"
-#include "parallel/ivalue_tensors.h"
+#include "fsdp/fsdp_optimizer_state.h"
+#include "fsdp/fsdp_run.h"
+#include "fsdp/fsdp_unit.h"
 
 namespace datapar::detail {
 namespace {
 
-c10::StorageImpl& storage_of(const at::Tensor& t) { return *t.storage().unsafeGetStorageImpl(); }
+constexpr const char* kLayoutKey = "_fsdp.layout";
+
+std::string shard_key(const FsdpUnit& unit) { return "_fsdp.shard." + unit.name(); }
+
+// Where each unit's parameter is: its unit and offset in the unit's flat values.
+struct ParamPlace {
+  FsdpUnit* unit;
+  int64_t offset;
+};
+
+std::unordered_map<const void*, ParamPlace> places_of(const std::vector<std::shared_ptr<FsdpUnit>>& units) {
+  std::unordered_map<const void*, ParamPlace> places;
+  for (const auto& unit : units) {
+    int64_t offset = 0;
+    for (const at::Tensor& p : unit->params()) {
+      places.emplace(p.unsafeGetTensorImpl(), ParamPlace{unit.get(), offset});
+      offset += p.numel();
+    }
+  }
+  return places;
+}
 
 }  // namespace
 
-FsdpCore::FsdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> group,
-                   FsdpOptions options)
+FsdpCore::FsdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> group, FsdpOptions options)
     : module_(std::move(module)), group_(std::move(group)), options_(options) {
+  DATAPAR_CHECK(module_ != nullptr, "FullyShardedDataParallel: the module is null.");
   if (!group_) group_ = default_group();
-  for (const at::Tensor& p : module_->parameters()) {
-    if (p.requires_grad()) params_.push_back(p);
+  std::vector<std::shared_ptr<FsdpUnit>> units;
+  // The root's own unit: the parameters outside every unit.
+  std::vector<at::Tensor> own = unit_parameters(*module_);
+  if (!own.empty()) {
+    FsdpOptions root = options_;
+    root.reshard_after_forward = false;  // its parameters are the first backward needs
+    units.push_back(std::make_shared<FsdpUnit>("(root)", std::move(own), group_, root));
+    units.back()->install_hooks();
+    units.back()->cast_buffers(unit_buffers(*module_));
+    root_ = units.back().get();
   }
-  DATAPAR_CHECK(!params_.empty(), "FullyShardedDataParallel: the module has no trainable parameters to shard.");
-  const at::TensorOptions options_of = params_[0].options();
-  for (const at::Tensor& p : params_) {
-    DATAPAR_CHECK(p.scalar_type() == params_[0].scalar_type() && p.device() == params_[0].device(),
-                  "FullyShardedDataParallel: the module's trainable parameters mix ", params_[0].scalar_type(), " on ",
-                  params_[0].device(), " with ", p.scalar_type(), " on ", p.device(),
-                  "; this version shards modules of one dtype on one device. Convert the module (module->to(...)).");
-    DATAPAR_CHECK(at::isFloatingType(p.scalar_type()), "FullyShardedDataParallel: a trainable parameter is ",
-                  p.scalar_type(), "; only floating-point parameters are trained.");
-    numel_ += p.numel();
+  std::unordered_set<const FsdpUnit*> seen;
+  for (const auto& item : module_->named_modules()) {
+    const auto* sharded = dynamic_cast<const ShardedModule*>(item.value().get());
+    if (sharded == nullptr || !seen.insert(&sharded->unit()).second) continue;
+    FsdpUnit& unit = sharded->unit();
+    DATAPAR_CHECK(unit.group() == group_, "FullyShardedDataParallel: unit '", item.key(),
+                  "' shards over another process group than the root's; make the units and the root with one group.");
+    unit.set_name(item.key());
+    units.push_back(std::shared_ptr<FsdpUnit>(item.value(), &unit));  // alive as long as its module
   }
-  const int64_t n = group_->size();
-  padded_ = (numel_ + n - 1) / n * n;
-  // Every rank starts from rank 0's parameters.
-  full_ = at::zeros({padded_}, options_of);
-  {
-    const at::NoGradGuard no_grad;
-    int64_t offset = 0;
-    for (const at::Tensor& p : params_) {
-      full_.narrow(0, offset, p.numel()).copy_(p.detach().reshape({-1}));
-      offset += p.numel();
-    }
-  }
-  group_->broadcast(full_, 0)->wait();
-  const int64_t shard = padded_ / n;
-  shard_ = full_.narrow(0, group_->rank() * shard, shard).clone().requires_grad_(true);
-  {
-    const at::NoGradGuard no_grad;
-    int64_t offset = 0;
-    for (at::Tensor& p : params_) {
-      p.set_data(full_.narrow(0, offset, p.numel()).view(p.sizes()));
-      offset += p.numel();
-    }
-  }
-  reshard();
+  DATAPAR_CHECK(!units.empty(), "FullyShardedDataParallel: the module has no trainable parameters to shard.");
+  // Every rank starts from rank 0's buffers (the units took rank 0's parameters).
+  std::vector<at::Tensor> buffers = module_->buffers();
+  if (!buffers.empty() && group_->size() > 1) group_->broadcast_coalesced(buffers, 0)->wait();
+  run_ = std::make_unique<FsdpRun>(group_, options_, std::move(units));
 }
 
 FsdpCore::~FsdpCore() = default;
 
-bool FsdpCore::gathered() const { return storage_of(full_).nbytes() > 0; }
-
-void FsdpCore::gather() {
-  if (gathered()) return;
-  c10::StorageImpl& storage = storage_of(full_);
-  const size_t bytes = static_cast<size_t>(padded_) * full_.element_size();
-  storage.set_data_ptr_noswap(storage.allocator()->allocate(bytes));
-  storage.set_nbytes(bytes);
-  // Through an alias without autograd: no version counter moves (Note [Parameters over a
-  // flat buffer]).
-  const at::Tensor whole = at::from_blob(storage.data_ptr().get(), {padded_}, full_.options());
-  std::vector<at::Tensor> parts = whole.chunk(group_->size());
-  group_->all_gather(parts, shard_.detach())->wait();
+void FsdpCore::pre_forward(int64_t samples) {
+  run_->begin_iteration(samples);
+  if (root_ != nullptr) root_->pre_forward();  // the root's layers may run anywhere in forward
 }
 
-void FsdpCore::reshard() {
-  c10::StorageImpl& storage = storage_of(full_);
-  storage.set_data_ptr_noswap(storage.allocator()->allocate(0));
-  storage.set_nbytes(0);
+void FsdpCore::post_forward(const c10::IValue& outputs) {
+  if (root_ != nullptr) root_->post_forward(outputs);
 }
 
-void FsdpCore::pre_forward() {
-  gather();
-  gathered_for_backward_ = false;
+at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {
+  if (!options_.param_dtype || !input.defined() || !at::isFloatingType(input.scalar_type())) return input;
+  return input.to(*options_.param_dtype);
 }
 
-void FsdpCore::post_forward(const c10::IValue& returned) {
-  std::vector<at::Tensor> outputs;
-  collect_tensors(returned, outputs);
-  const bool training = at::GradMode::is_enabled() &&
-                        std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) {
-                          return t.defined() && t.requires_grad();
-                        });
-  if (options_.reshard_after_forward || !training) reshard();
-  if (!training) return;
-  for (at::Tensor& out : outputs) {
-    if (!out.defined() || !out.requires_grad()) continue;
-    out.register_hook([this](const at::Tensor& grad) {
-      pre_backward();
-      return grad;
-    });
+std::vector<at::Tensor> FsdpCore::parameters() const {
+  std::vector<at::Tensor> shards;
+  for (const auto& unit : run_->units()) shards.push_back(unit->shard());
+  return shards;
+}
+
+int64_t FsdpCore::shard_numel() const {
+  int64_t numel = 0;
+  for (const auto& unit : run_->units()) numel += unit->shard().numel();
+  return numel;
+}
+
+int64_t FsdpCore::gathered_numel() const {
+  int64_t numel = 0;
+  for (const auto& unit : run_->units()) numel += unit->gathered() ? unit->padded_numel() : 0;
+  return numel;
+}
+
+size_t FsdpCore::units() const { return run_->units().size(); }
+
+int64_t FsdpCore::largest_unit_numel() const {
+  int64_t largest = 0;
+  for (const auto& unit : run_->units()) largest = std::max(largest, unit->padded_numel());
+  return largest;
+}
+bool FsdpCore::sync() const { return run_->sync(); }
+void FsdpCore::set_sync(bool on) { run_->set_sync(on); }
+
+double FsdpCore::clip_grad_norm(double max_norm, double norm_type) {
+  DATAPAR_CHECK(max_norm >= 0 && norm_type > 0, "FullyShardedDataParallel::clip_grad_norm_: max_norm ", max_norm,
+                " and norm_type ", norm_type, " must be non-negative and positive.");
+  const bool infinity = std::isinf(norm_type);
+  const at::TensorOptions options = at::TensorOptions(group_->device()).dtype(at::kDouble);
+  at::Tensor local = at::zeros({1}, options);
+  for (const at::Tensor& shard : parameters()) {
+    if (!shard.grad().defined()) continue;
+    const at::Tensor grad = shard.grad().detach().to(at::kDouble);
+    if (infinity) {
+      local = at::maximum(local, grad.abs().max().reshape({1}).to(local.device()));
+    } else {
+      local += grad.abs().pow(norm_type).sum().to(local.device());  // gloo takes CUDA shards; its sums live on the CPU
+    }
   }
+  group_->all_reduce(local, infinity ? ReduceOp::kMax : ReduceOp::kSum)->wait();
+  const double total = infinity ? local.item<double>() : std::pow(local.item<double>(), 1.0 / norm_type);
+  // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (total + 1e-6) when that is below 1.
+  const double coefficient = max_norm / (total + 1e-6);
+  if (coefficient < 1.0) {
+    const at::NoGradGuard no_grad;
+    for (const at::Tensor& shard : parameters()) {
+      if (shard.grad().defined()) shard.grad().mul_(coefficient);
+    }
+  }
+  return total;
 }
 
-// An output's gradient arrived: the module's backward is next and needs its parameters.
-void FsdpCore::pre_backward() {
-  if (gathered_for_backward_) return;
-  gathered_for_backward_ = true;
-  gather();
-  at_end_of_backward([this] { post_backward(); });
+StateDict FsdpCore::full_state_dict() const {
+  const std::unordered_map<const void*, ParamPlace> places = places_of(run_->units());
+  std::unordered_map<const FsdpUnit*, at::Tensor> values;
+  for (const auto& unit : run_->units()) values.emplace(unit.get(), unit->full_values());
+  StateDict out;
+  for (const auto& item : datapar::state_dict(*module_)) {
+    const at::Tensor& tensor = item.value();
+    const auto place = places.find(tensor.unsafeGetTensorImpl());
+    if (place == places.end()) {
+      at::Tensor value = tensor.detach().clone();
+      for (const auto& unit : run_->units()) {  // a buffer kept in FsdpOptions::buffer_dtype
+        if (const auto dtype = unit->original_dtype(tensor)) value = value.to(*dtype);
+      }
+      out.insert(item.key(), std::move(value));
+    } else {
+      const at::Tensor& flat = values.at(place->second.unit);
+      out.insert(item.key(), flat.narrow(0, place->second.offset, tensor.numel()).view(tensor.sizes()).clone());
+    }
+  }
+  return out;
 }
 
-void FsdpCore::post_backward() {
-  // The parameters' gradients, flat and padded (zeros for a parameter without one), then
-  // averaged over the ranks into this rank's part.
-  at::Tensor flat = at::zeros({padded_}, full_.options());
-  int64_t offset = 0;
-  for (at::Tensor& p : params_) {
-    if (p.grad().defined()) flat.narrow(0, offset, p.numel()).copy_(p.grad().reshape({-1}));
-    p.mutable_grad() = at::Tensor();
-    offset += p.numel();
+void FsdpCore::load_full_state_dict(const StateDict& state, bool strict) {
+  const std::unordered_map<const void*, ParamPlace> places = places_of(run_->units());
+  std::unordered_map<const FsdpUnit*, at::Tensor> values;
+  for (const auto& unit : run_->units()) {
+    values.emplace(unit.get(), at::zeros({unit->numel()}, unit->shard().options().requires_grad(false)));
   }
-  at::Tensor shard_grad = at::empty({shard_.numel()}, shard_.options().requires_grad(false));
-  group_->reduce_scatter(shard_grad, flat.chunk(group_->size()), ReduceOp::kAvg)->wait();
-  if (shard_.grad().defined()) {
-    shard_.mutable_grad().add_(shard_grad);  // accumulation, as .grad does
-  } else {
-    shard_.mutable_grad() = shard_grad;
+  std::vector<std::pair<at::Tensor, at::Tensor>> others;  // (the module's tensor, the saved one)
+  std::unordered_set<std::string> known;
+  for (const auto& item : datapar::state_dict(*module_)) {
+    known.insert(item.key());
+    const at::Tensor* saved = state.find(item.key());
+    if (saved == nullptr) {
+      DATAPAR_CHECK(!strict, "FullyShardedDataParallel::load_full_state_dict: the state dict has no '", item.key(),
+                    "' (strict). Is it this model's? Pass strict = false to load what matches.");
+      continue;
+    }
+    const at::Tensor& tensor = item.value();
+    DATAPAR_CHECK(saved->sizes() == tensor.sizes(), "FullyShardedDataParallel::load_full_state_dict: '", item.key(),
+                  "' is ", saved->sizes(), " in the state dict and ", tensor.sizes(), " in the model.");
+    const auto place = places.find(tensor.unsafeGetTensorImpl());
+    if (place == places.end()) {
+      others.emplace_back(tensor, *saved);
+    } else {
+      values.at(place->second.unit).narrow(0, place->second.offset, tensor.numel()).copy_(saved->reshape({-1}));
+    }
   }
-  reshard();
+  if (strict) {
+    for (const auto& item : state) {
+      DATAPAR_CHECK(known.count(item.key()) > 0, "FullyShardedDataParallel::load_full_state_dict: '", item.key(),
+                    "' is not in the model (strict). Pass strict = false to ignore it.");
+    }
+  }
+  // Checked everything: now load.
+  for (const auto& unit : run_->units()) unit->load_full_values(values.at(unit.get()));
+  const at::NoGradGuard no_grad;
+  for (auto& [tensor, saved] : others) tensor.copy_(saved);
+}
+
+train::OptimizerState FsdpCore::full_optimizer_state(const torch::optim::Optimizer& optimizer) const {
+  return detail::full_optimizer_state(*module_, run_->units(), optimizer);
+}
+
+void FsdpCore::load_full_optimizer_state(torch::optim::Optimizer& optimizer, const train::OptimizerState& state) {
+  detail::load_full_optimizer_state(*module_, run_->units(), optimizer, state);
+}
+
+at::Tensor FsdpCore::layout() const {
+  std::vector<int64_t> layout = {group_->size(), group_->rank(), static_cast<int64_t>(run_->units().size())};
+  for (const auto& unit : run_->units()) layout.push_back(unit->numel());
+  return at::tensor(layout, at::kLong);
+}
+
+StateDict FsdpCore::sharded_state_dict() const {
+  StateDict out;
+  out.insert(kLayoutKey, layout());
+  for (const auto& unit : run_->units()) out.insert(shard_key(*unit), unit->shard().detach().clone());
+  for (const auto& item : module_->named_buffers()) out.insert(item.key(), item.value().detach().clone());
+  return out;
+}
+
+void FsdpCore::load_sharded_state_dict(const StateDict& state) {
+  constexpr const char* kWhat = "FullyShardedDataParallel::load_sharded_state_dict: ";
+  const at::Tensor* saved_layout = state.find(kLayoutKey);
+  DATAPAR_CHECK(saved_layout != nullptr && saved_layout->scalar_type() == at::kLong && saved_layout->dim() == 1 &&
+                    saved_layout->numel() >= 3,
+                kWhat, "this is not a sharded state dict (no valid '", kLayoutKey,
+                "'); a full one loads with load_full_state_dict.");
+  const at::Tensor want = layout();
+  const at::Tensor got = saved_layout->contiguous();
+  const int64_t* w = want.data_ptr<int64_t>();
+  const int64_t* g = got.data_ptr<int64_t>();
+  DATAPAR_CHECK(g[0] == w[0], kWhat, "it was saved by ", g[0], " ranks and this job has ", w[0],
+                ". Shards fit only their world size: load a full state dict (full_state_dict) to change it.");
+  DATAPAR_CHECK(g[1] == w[1], kWhat, "it is rank ", g[1], "'s shard and this is rank ", w[1],
+                ": each rank loads the one it saved.");
+  DATAPAR_CHECK(got.numel() == want.numel() && g[2] == w[2], kWhat, "it has ", g[2], " units and this model ", w[2],
+                ": it was saved from another model (or other units).");
+  for (int64_t i = 0; i < w[2]; ++i) {
+    const FsdpUnit& unit = *run_->units()[static_cast<size_t>(i)];
+    DATAPAR_CHECK(g[3 + i] == w[3 + i], kWhat, "unit '", unit.name(), "' has ", w[3 + i], " parameters here and ",
+                  g[3 + i], " in the state dict: it was saved from another model.");
+    const at::Tensor* shard = state.find(shard_key(unit));
+    DATAPAR_CHECK(shard != nullptr && shard->numel() == unit.shard().numel(), kWhat, "the shard of unit '", unit.name(),
+                  "' is missing or of the wrong size.");
+  }
+  for (const auto& item : module_->named_buffers()) {
+    const at::Tensor* buffer = state.find(item.key());
+    DATAPAR_CHECK(buffer != nullptr && buffer->sizes() == item.value().sizes(), kWhat, "buffer '", item.key(),
+                  "' is missing or of another shape.");
+  }
+  const at::NoGradGuard no_grad;
+  for (const auto& unit : run_->units()) unit->shard().detach().copy_(*state.find(shard_key(*unit)));
+  for (const auto& item : module_->named_buffers()) item.value().copy_(*state.find(item.key()));
 }
 
 }  // namespace datapar::detail

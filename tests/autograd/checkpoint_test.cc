@@ -2,6 +2,7 @@
 // segment equal those without it, dropout included; what the recomputation must match; and
 // DDP over a checkpointed model (ranks as threads, so the TSan suite runs it too).
 #include "datapar/autograd/checkpoint.h"
+#include "datapar/autograd/checkpoint_wrapper.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -211,6 +212,41 @@ TEST(ActivationCheckpoint, UnderDdpEveryRankGetsTheAveragedGradients) {
       }
     }
   });
+}
+
+// checkpoint_each: the model's blocks recomputed in backward (each block's forward runs twice
+// per step), its names and gradients those of the unwrapped model.
+struct CountingBlockImpl : torch::nn::Module {
+  CountingBlockImpl() : fc(register_module("fc", torch::nn::Linear(4, 4))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    ++calls;
+    return at::tanh(fc->forward(x));
+  }
+  torch::nn::Linear fc;
+  int calls = 0;
+};
+
+TEST(ActivationCheckpoint, CheckpointEachWrapsTheBlocksAndKeepsTheirNames) {
+  auto make = [] {
+    const std::lock_guard<std::mutex> lock(g_generator);
+    torch::manual_seed(3);
+    return torch::nn::Sequential(CountingBlockImpl(), torch::nn::ReLU(), CountingBlockImpl());
+  };
+  torch::nn::Sequential plain = make();
+  torch::nn::Sequential wrapped = make();
+  const auto names = wrapped->named_parameters().keys();
+  EXPECT_EQ(datapar::checkpoint_each<CountingBlockImpl>(*wrapped), 2);
+  EXPECT_EQ(wrapped->named_parameters().keys(), names);
+  const at::Tensor x = at::randn({3, 4});
+  plain->forward(x).pow(2).sum().backward();
+  wrapped->forward(x).pow(2).sum().backward();
+  for (const auto& item : plain->named_parameters()) {
+    EXPECT_TRUE(at::allclose(wrapped->named_parameters()[item.key()].grad(), item.value().grad())) << item.key();
+  }
+  EXPECT_EQ(plain[0]->as<CountingBlockImpl>()->calls, 1);
+  auto* block = wrapped[0]->as<datapar::CheckpointedImpl<CountingBlockImpl>>();
+  ASSERT_NE(block, nullptr);
+  EXPECT_EQ(block->module()->calls, 2) << "forward, then the recomputation in backward";
 }
 
 }  // namespace

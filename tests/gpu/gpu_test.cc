@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/nn/cloneable.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/sgd.h>
@@ -17,6 +19,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,6 +27,7 @@
 #include "datapar/datapar.h"
 #include "testing/crash_report.h"
 #include "testing/ddp_jobs.h"
+#include "testing/gloo_ranks.h"
 #include "testing/models.h"
 #include "testing/processes.h"
 #include "testing/sync_batch_norm_check.h"
@@ -255,6 +259,55 @@ TEST(Gpu, ActivationCheckpointRestoresTheCudaRngForDropout) {
   EXPECT_TRUE(at::equal(grads[1][1], grads[0][1]));
 }
 
+// FSDP on a GPU (one is enough): two ranks as threads on cuda:0 over gloo (CUDA tensors
+// staged through host memory), each Linear a unit: the flat buffers' storage freed and
+// refilled on the device, the all-gathers and reduce-scatters of CUDA tensors; 5 SGD steps
+// with momentum on uneven batches equal one process on the CPU.
+TEST(Gpu, FsdpOnCudaOverGlooEqualsOneProcess) {
+  DATAPAR_REQUIRE_GPUS(1);
+  testing::turn_off_tf32();
+  const at::Device gpu0(at::kCUDA, 0);
+  auto make = [] {
+    torch::manual_seed(4);
+    torch::nn::Sequential model(torch::nn::Linear(10, 20), torch::nn::ReLU(), torch::nn::Linear(20, 5));
+    model->to(at::kDouble);
+    return model;
+  };
+  auto batch = [](int r, int step) {
+    return at::sin(at::arange(10 * (3 + r), at::kDouble).view({3 + r, 10}) * (0.1 * (r + 1)) + step);
+  };
+  torch::nn::Sequential reference = make();
+  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 5; ++step) {
+    reference_sgd.zero_grad();
+    ((reference->forward(batch(0, step)).pow(2).mean() + reference->forward(batch(1, step)).pow(2).mean()) / 2)
+        .backward();
+    reference_sgd.step();
+  }
+  std::mutex make_one_at_a_time;  // the default generator is not thread-safe
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model;
+    {
+      const std::lock_guard<std::mutex> lock(make_one_at_a_time);
+      model = make();
+    }
+    model->to(gpu0);
+    fully_shard_each<torch::nn::LinearImpl>(*model, group);
+    FullyShardedDataParallel fsdp(model, group);
+    torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int step = 0; step < 5; ++step) {
+      sgd.zero_grad();
+      fsdp.forward(batch(rank, step).to(gpu0)).pow(2).mean().backward();
+      sgd.step();
+    }
+    for (const auto& item : fsdp.full_state_dict()) {
+      EXPECT_TRUE(item.value().is_cuda()) << item.key();
+      EXPECT_TRUE(at::allclose(item.value().cpu(), reference->named_parameters()[item.key()], 1e-10, 1e-10))
+          << "rank " << rank << ": " << item.key();
+    }
+  });
+}
+
 TEST(Gpu, UnlikeDevicesAutoBalanceGivesTheCpuItsMeasuredShare) {
   DATAPAR_REQUIRE_GPUS(1);
   const at::Device gpu0(at::kCUDA, 0);
@@ -410,6 +463,12 @@ TEST(Gpu, DdpOnNcclEqualsSingleProcessTraining) {
   expect_all_passed(run_nccl_job("ddp", 2, 180s));
 }
 
+// FSDP on NCCL, a GPU per rank: each rank keeps half of every unit (tests/gpu/nccl_probe.cc).
+TEST(Gpu, FsdpOnNcclEqualsSingleProcessTraining) {
+  DATAPAR_REQUIRE_GPUS(2);
+  expect_all_passed(run_nccl_job("fsdp", 2, 180s));
+}
+
 // DDP's metadata (model check, bucket order, unused-parameter and sample flags, join) and
 // SyncBatchNorm's statistics on NCCL, which refuses host tensors (issue "CUDA semantics").
 TEST(Gpu, DdpMetadataJoinAndSyncBatchNormRunOnNccl) {
@@ -432,9 +491,9 @@ TEST(Gpu, NcclWorldOneEveryPath) {
   EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
 }
 
-TEST(Gpu, NcclWorldOneCollectivesDdpMetadataAndZero) {
+TEST(Gpu, NcclWorldOneCollectivesDdpFsdpMetadataAndZero) {
   DATAPAR_REQUIRE_GPUS(1);
-  for (const std::string scenario : {"collectives", "ddp", "metadata", "zero_trace"}) {
+  for (const std::string scenario : {"collectives", "ddp", "fsdp", "metadata", "zero_trace"}) {
     SCOPED_TRACE(scenario);
     expect_all_passed(run_nccl_job(scenario, 1, 180s));
   }

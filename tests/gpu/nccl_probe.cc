@@ -3,6 +3,8 @@
 // Scenarios (exit 0 when the check holds):
 //   collectives  the backend conformance suite and what NCCL does beyond it (nccl_conformance.cc)
 //   ddp          DDP over NCCL; rank 0 also trains the whole batch alone and compares
+//   fsdp         FullyShardedDataParallel over NCCL (each Conv2d and Linear a unit), with
+//                clipping; rank 0's reference trains the whole batch alone and compares
 //   metadata     DDP with find_unused_parameters, average_by_samples, join over uneven
 //                inputs and SyncBatchNorm: every metadata tensor on the GPU
 //   kill         rank 1 SIGKILLs itself before its second all_reduce; rank 0 exits 0 when its
@@ -12,16 +14,19 @@
 //   two_groups   two groups made on one store, one after the other (nccl_groups.cc)
 //   balance      --balance auto's measurements with rank 1 slowed (nccl_groups.cc)
 //   fail_after_wait[_handled]  WORLD_SIZE 1: a timeout after wait() returned (nccl_groups.cc)
-// collectives, ddp, metadata and zero_trace run at WORLD_SIZE 1 too.
+// collectives, ddp, fsdp, metadata and zero_trace run at WORLD_SIZE 1 too.
 #include <signal.h>
 #include <unistd.h>
 
 #include <torch/nn/cloneable.h>
+#include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -109,6 +114,43 @@ int ddp(ProcessGroup& group, const at::Device& gpu) {
   const std::string differs = first_difference(m);
   if (!differs.empty()) {
     return fail("rank " + std::to_string(rank) + ": " + differs + " differs from single-process training");
+  }
+  return 0;
+}
+
+// FSDP on NCCL: the units' storage freed and refilled on the GPU, all-gathers and
+// reduce-scatters on NCCL's stream, the gradient clipped over the shards; 5 steps end where one
+// process training the whole batch (clipped the same way) ends.
+int fsdp(ProcessGroup& group, const at::Device& gpu) {
+  const int rank = group.rank();
+  const int world = group.size();
+  ModelAndReference m = model_and_reference(gpu);
+  fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl>(*m.model);
+  FullyShardedDataParallel sharded(m.model.ptr());
+  torch::optim::SGD sgd(sharded.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD sgd_ref(m.reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  const int64_t per_rank = 8;
+  for (int step = 0; step < 5; ++step) {
+    const auto [x, y] = whole_batch(step, per_rank * world, gpu);
+    sgd.zero_grad();
+    at::cross_entropy_loss(sharded(x.narrow(0, rank * per_rank, per_rank)), y.narrow(0, rank * per_rank, per_rank))
+        .backward();
+    const double norm = sharded.clip_grad_norm_(0.5);
+    sgd.step();
+    sgd_ref.zero_grad();
+    at::cross_entropy_loss(m.reference(x), y).backward();
+    const double want = torch::nn::utils::clip_grad_norm_(m.reference->parameters(), 0.5);
+    sgd_ref.step();
+    if (std::abs(norm - want) > 1e-4 * want) {
+      return fail("step " + std::to_string(step) + ": the sharded gradient's norm is " + std::to_string(norm) +
+                  ", the whole one's " + std::to_string(want));
+    }
+  }
+  const StateDict got = sharded.full_state_dict();
+  for (const auto& item : m.reference->named_parameters()) {
+    if (testing::relative_error(got[item.key()], item.value()) > 1e-5) {
+      return fail("rank " + std::to_string(rank) + ": " + item.key() + " differs from single-process training");
+    }
   }
   return 0;
 }
@@ -271,6 +313,7 @@ int main(int argc, char** argv) {
     ProcessGroup& group = *default_group();
     if (scenario == "collectives") return testing::nccl_collectives(group);
     if (scenario == "ddp") return ddp(group, gpu);
+    if (scenario == "fsdp") return fsdp(group, gpu);
     if (scenario == "kill") return kill_scenario(group, on_gpu);
     if (scenario == "metadata") return metadata(group, gpu);
     if (scenario == "zero_trace") return zero_trace(group, gpu);

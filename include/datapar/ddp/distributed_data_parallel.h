@@ -45,6 +45,7 @@
 #include "datapar/ddp/comm_hook.h"
 #include "datapar/ddp/communication_stats.h"
 #include "datapar/error.h"
+#include "datapar/parallel/leading_rows.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/state_dict.h"
 
@@ -101,19 +102,6 @@ class DdpCore {
   bool sync_ = true;
   int64_t samples_override_ = -1;
 };
-
-// Rows of the first tensor among `args` (dim 0), or 1 when there is none.
-template <typename... Args>
-int64_t leading_rows(const Args&... args) {
-  int64_t rows = -1;
-  auto visit = [&rows](const auto& arg) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, at::Tensor>) {
-      if (rows < 0 && arg.defined() && arg.dim() > 0) rows = arg.size(0);
-    }
-  };
-  (visit(args), ...);
-  return rows < 0 ? 1 : rows;
-}
 
 }  // namespace detail
 
