@@ -216,6 +216,19 @@ void expect_same_parameters(const std::string& a, const std::string& b) {
   EXPECT_EQ(ca.epoch, cb.epoch);
 }
 
+// SGD's momentum of every parameter in two checkpoints, equal within `tolerance` (0: bit for bit).
+void expect_same_momentum(const std::string& a, const std::string& b, double tolerance) {
+  const auto want = datapar::train::load_checkpoint(a).optimizer.at("state").toGenericDict();
+  const auto got = datapar::train::load_checkpoint(b).optimizer.at("state").toGenericDict();
+  ASSERT_EQ(got.size(), want.size()) << b;
+  for (const auto& entry : want) {
+    const at::Tensor w = entry.value().toGenericDict().at("momentum_buffer").toTensor();
+    const at::Tensor g = got.at(entry.key()).toGenericDict().at("momentum_buffer").toTensor();
+    EXPECT_TRUE(tolerance == 0 ? at::equal(w, g) : at::allclose(w, g, 0, tolerance))
+        << b << ", momentum of parameter " << entry.key();
+  }
+}
+
 TEST(TrainCli, ResumeEqualsAnUninterruptedRunSingle) {
   const TempDir straight_temp("train_cli_resume_straight"), resumed_temp("train_cli_resume_resumed");
   const std::string& straight = straight_temp.path();
@@ -307,16 +320,44 @@ TEST(TrainCli, ZeroTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
   }
   for (const std::string& dir : {zero, mixed}) {
     expect_same_parameters(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt");
-    const auto want = datapar::train::load_checkpoint(straight + "/checkpoint-epoch-3.pt").optimizer;
-    const auto got = datapar::train::load_checkpoint(dir + "/checkpoint-epoch-3.pt").optimizer;
-    const auto want_state = want.at("state").toGenericDict(), got_state = got.at("state").toGenericDict();
-    ASSERT_EQ(got_state.size(), want_state.size()) << dir;
-    for (const auto& entry : want_state) {
-      const at::Tensor w = entry.value().toGenericDict().at("momentum_buffer").toTensor();
-      const at::Tensor g = got_state.at(entry.key()).toGenericDict().at("momentum_buffer").toTensor();
-      EXPECT_TRUE(at::equal(w, g)) << dir << ", momentum of parameter " << entry.key();
-    }
+    expect_same_momentum(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt", 0);
   }
+}
+
+// --mode fsdp: the same training as DDP (each rank holding half of everything), with
+// checkpoints in plain SGD's layout that resume sharded or under DDP; and the fsdp-only
+// flags are accepted (resharding off, bf16 parameters).
+TEST(TrainCli, FsdpTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
+  const TempDir temp("train_cli_fsdp");
+  const std::string straight = temp.path() + "/straight", fsdp = temp.path() + "/fsdp", mixed = temp.path() + "/mixed";
+  const std::string args = kSmall + " --seed 5 --momentum 0.9 --checkpoint-dir ";
+  for (const auto& p : ddp_job(args + straight + " --mode ddp --epochs 3", 2, straight + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  const auto first = ddp_job(args + fsdp + " --mode fsdp --epochs 2", 2, fsdp + "/logs");
+  for (const auto& p : first) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(first[0].output.find("fsdp on cpu:0,cpu:1, 2 ranks on gloo, resharded after forward"), std::string::npos)
+      << first[0].output;
+  datapar::detail::make_directories(mixed);
+  {
+    std::ifstream from(fsdp + "/checkpoint-epoch-2.pt", std::ios::binary);
+    std::ofstream(mixed + "/checkpoint-epoch-2.pt", std::ios::binary) << from.rdbuf();
+  }
+  for (const auto& p : ddp_job(args + fsdp + " --mode fsdp --epochs 3 --resume", 2, fsdp + "/logs2")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  for (const auto& p : ddp_job(args + mixed + " --mode ddp --epochs 3 --resume", 2, mixed + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  for (const std::string& dir : {fsdp, mixed}) {
+    expect_same_parameters(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt");
+    expect_same_momentum(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt", 1e-5);
+  }
+  const std::string other = temp.path() + "/other";
+  const auto flags = ddp_job(kSmall + " --mode fsdp --epochs 1 --no-reshard --mp bf16", 2, other);
+  for (const auto& p : flags) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(flags[0].output.find("kept until backward, parameters in bf16"), std::string::npos) << flags[0].output;
+  EXPECT_TRUE(std::regex_search(flags[0].output, kEpochLine)) << flags[0].output;
 }
 
 // --balance: however each global batch is shared out, the ranks (or devices) together compute
@@ -409,6 +450,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--plot /nonexistent/plots/p.png", "--plot /nonexistent/plots/p.png: the directory /nonexistent/plots does not exist"},
         BadOption{"--metrics /nonexistent/m.jsonl", "--metrics /nonexistent/m.jsonl: the directory /nonexistent does not exist"},
         BadOption{"--zero", "--zero shards the optimizer over the ranks of a ddp job; --mode single"},
+        BadOption{"--mode fsdp --zero", "--mode fsdp shards it already, with the parameters and gradients"},
+        BadOption{"--mp bf16", "--mp and --no-reshard are fully sharded training's; --mode single"},
+        BadOption{"--mode fsdp --mp int8", "--mp: \"int8\" is not a precision"},
+        BadOption{"--checkpoint-activations", "--checkpoint-activations recomputes resnet18's residual blocks; --model lenet"},
+        BadOption{"--mode fsdp --balance auto", "--balance auto: fsdp splits each batch evenly"},
         BadOption{"--trace /nonexistent/t.json", "--trace /nonexistent/t.json: the directory /nonexistent does not exist"},
         BadOption{"--mode dp --balance fast", "--balance: \"fast\" is not a balance (\"fast\" is not a share >= 0)"},
         BadOption{"--mode dp --balance 1,,2", "(\"\" is not a share >= 0)"},

@@ -8,6 +8,7 @@
 
 #include "bench_collectives.h"
 #include "bench_ddp.h"
+#include "bench_fsdp.h"
 #include "cli_numbers.h"
 #include "commands.h"
 #include "datapar/devices.h"
@@ -84,6 +85,29 @@ int main(int argc, char** argv) {
                         "Then time DDP steps with the timeline off and on in turn (its cost), and write the timeline "
                         "here (Chrome trace JSON)");
 
+  datapar::tools::BenchFsdpOptions fsdp;
+  auto* bench_fsdp = bench->add_subcommand(
+      "fsdp", "Step time of fully sharded training against DDP's, and the memory each rank holds");
+  bench_fsdp->add_option("--model", fsdp.model,
+                         "mlp, mlp-large (784-4096-4096-4096-10: 147 MiB of parameters), lenet or resnet18 "
+                         "(default mlp)");
+  bench_fsdp->add_option("--nproc", fsdp.nproc, "Processes to start when not under a launcher (default 2)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.nproc)>());
+  bench_fsdp->add_option("--batch", fsdp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.batch)>());
+  bench_fsdp->add_option("--backend", fsdp.backend, "gloo, or mpi (started through mpirun) (default: gloo)");
+  bench_fsdp->add_option("--steps", fsdp.steps, "Timed steps per round (default: mlp 100, lenet 30, resnet18 5)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.steps)>());
+  bench_fsdp->add_option("--warmup", fsdp.warmup, "Untimed steps of each (default 5)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.warmup)>());
+  bench_fsdp->add_option("--rounds", fsdp.rounds, "DDP and FSDP timed in turn, this many rounds each (default 5)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.rounds)>());
+  bench_fsdp->add_option("--threads", fsdp.threads, "Intra-op threads per process (default 1)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.threads)>());
+  bench_fsdp->add_option("--optimizer", fsdp.optimizer, "adam (lr 1e-3; the default) or sgd (lr 0.01)");
+  bench_fsdp->add_flag("--reshard,!--no-reshard", fsdp.reshard,
+                       "Free each unit's parameters after its forward (the default) or keep them until backward");
+
   datapar::tools::TrainOptions train_options;
   auto* train = datapar::tools::add_train_command(app, train_options);
 
@@ -97,6 +121,7 @@ int main(int argc, char** argv) {
   try {
     if (*devices) return list_devices(spec);
     if (*bench_ddp) return datapar::tools::bench_ddp(ddp);
+    if (*bench_fsdp) return datapar::tools::bench_fsdp(fsdp);
     if (*bench_collectives) {
       collectives.sizes = datapar::tools::parse_sizes(sizes);
       return datapar::tools::bench_collectives(collectives);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "datapar/cpu_allocator.h"
+#include "datapar/autograd/checkpoint_wrapper.h"
 #include "datapar/data/balanced_batches.h"
 #include "datapar/data/fashion_mnist.h"
 #include "datapar/data/loader.h"
@@ -38,14 +39,16 @@
 #include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
+#include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/models/lenet.h"
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/parallel/data_parallel.h"
 #include "datapar/process_group/metadata.h"
 #include "datapar/train/checkpoint.h"
-#include "datapar/train/resume_agreement.h"
 #include "datapar/train/metrics.h"
+#include "datapar/train/resume_agreement.h"
+#include "datapar/train/optimizer_state.h"
 #include "datapar/train/plot.h"
 #include "datapar/trace.h"
 
@@ -221,9 +224,18 @@ int64_t resume(const TrainPlan& plan, torch::nn::Module& model, torch::optim::Op
   return 0;
 }
 
-// 6. The step's optimizer, one interface for the epoch loop and the checkpoint: SGD, or
-// under --zero (ZeRO-1) each rank's shard of it, which takes its state from the restored
-// SGD, whose own state then goes.
+// What StepOptimizer needs of FullyShardedDataParallel, whatever the model's type.
+struct ShardedModel {
+  std::vector<at::Tensor> shards;
+  std::function<StateDict()> full_state_dict;
+  std::function<train::OptimizerState(const torch::optim::Optimizer&)> full_optimizer_state;
+  std::function<void(torch::optim::Optimizer&, const train::OptimizerState&)> load_full_optimizer_state;
+};
+
+// 6. The step's optimizer, one interface for the epoch loop and the checkpoint: SGD; under
+// --zero (ZeRO-1) each rank's shard of it, which takes its state from the restored SGD,
+// whose own state then goes; under fsdp an SGD over the shards, which takes its part of the
+// restored SGD's state the same way.
 class StepOptimizer {
  public:
   // `parameters`: DDP's, for --zero; unused otherwise.
@@ -237,11 +249,20 @@ class StepOptimizer {
     sgd.state().clear();
   }
 
+  // fsdp. `restored`: the SGD's state, taken before the model was sharded.
+  StepOptimizer(torch::optim::SGD& sgd, ShardedModel sharded, const train::OptimizerState& restored)
+      : sgd_(sgd), sharded_(std::move(sharded)) {
+    shards_ = std::make_unique<torch::optim::SGD>(sharded_.shards,
+                                                  static_cast<const torch::optim::SGDOptions&>(sgd.defaults()));
+    sharded_.load_full_optimizer_state(*shards_, restored);
+    sgd.state().clear();
+  }
+
   void zero_grad() {
     if (zero_) {
       zero_->zero_grad();
     } else {
-      sgd_.zero_grad();
+      stepped().zero_grad();
     }
   }
 
@@ -249,24 +270,38 @@ class StepOptimizer {
     if (zero_) {
       zero_->step();  // this rank's shard, then every rank's parameters to all
     } else {
-      sgd_.step();
+      stepped().step();
     }
   }
 
   // Every rank holds the same parameters; rank 0 writes (atomically) for all. Under --zero
-  // the whole state is gathered on rank 0 first (every rank takes part): the checkpoint is
-  // the one plain SGD writes, and resumes either way.
+  // the whole state is gathered on rank 0 first (every rank takes part), under fsdp on every
+  // rank: the checkpoint is the one plain SGD writes, and resumes in any mode.
   void save_checkpoint(const torch::nn::Module& model, int64_t epoch, const TrainPlan& plan) {
+    const std::string path = train::checkpoint_path(plan.options.checkpoint_dir, epoch);
+    const train::Progress progress = {{"seed", static_cast<int64_t>(plan.options.seed)}};
+    if (shards_) {
+      train::Checkpoint c;
+      c.model = sharded_.full_state_dict();
+      c.optimizer = sharded_.full_optimizer_state(*shards_);
+      c.epoch = epoch;
+      c.progress = progress;
+      c.rng = train::get_rng_state();
+      train::save_checkpoint(c, path, plan.rank);
+      return;
+    }
     const std::unique_ptr<torch::optim::Optimizer> whole = zero_ ? zero_->consolidate(0) : nullptr;
     if (zero_ && !whole) return;  // not rank 0
-    train::save_checkpoint(
-        train::make_checkpoint(model, whole ? *whole : sgd_, epoch, {{"seed", static_cast<int64_t>(plan.options.seed)}}),
-        train::checkpoint_path(plan.options.checkpoint_dir, epoch), plan.rank);
+    train::save_checkpoint(train::make_checkpoint(model, whole ? *whole : sgd_, epoch, progress), path, plan.rank);
   }
 
  private:
+  torch::optim::SGD& stepped() { return shards_ ? *shards_ : sgd_; }
+
   torch::optim::SGD& sgd_;
   std::unique_ptr<ZeroRedundancyOptimizer> zero_;
+  ShardedModel sharded_;
+  std::unique_ptr<torch::optim::SGD> shards_;
 };
 
 // What one epoch's training gave, summed (or, for times, the maximum) over the job.
@@ -342,6 +377,9 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   // restore: DP's replicas and DDP's initial broadcast start from the restored parameters.
   std::unique_ptr<DataParallel<Impl>> dp;
   std::unique_ptr<DistributedDataParallel<Impl>> ddp;
+  std::unique_ptr<FullyShardedDataParallel<Impl>> fsdp;
+  std::unique_ptr<StepOptimizer> optimizer;
+  if (o.checkpoint_activations) checkpoint_each<models::ResidualImpl>(*model);
   Forward forward = [&](const at::Tensor& x) { return model->forward(x); };
   if (o.mode == "dp") {
     DataParallelOptions options;
@@ -356,8 +394,31 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     options.average_by_samples = true;  // an uneven last batch still gives the exact gradient
     ddp = std::make_unique<DistributedDataParallel<Impl>>(model, nullptr, options);
     forward = [&](const at::Tensor& x) { return ddp->forward(x); };
+  } else if (o.mode == "fsdp") {
+    FsdpOptions options;
+    options.reshard_after_forward = o.reshard;
+    options.average_by_samples = true;
+    if (o.mp != "none") {
+      options.param_dtype = o.mp == "bf16" ? at::kBFloat16 : at::kHalf;
+      options.buffer_dtype = options.param_dtype;  // BatchNorm computes in one dtype on the CPU
+    }
+    const train::OptimizerState restored = train::optimizer_state_dict(sgd);
+    // Units: each layer with parameters in the models' Sequentials (a residual block whole);
+    // the rest (resnet18's stem) is the root's.
+    fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl,
+                     CheckpointedImpl<models::ResidualImpl>>(*model, nullptr, options);
+    fsdp = std::make_unique<FullyShardedDataParallel<Impl>>(model, nullptr, options);
+    forward = [&](const at::Tensor& x) { return fsdp->forward(x).to(at::kFloat); };  // the loss in float32
+    ShardedModel sharded{fsdp->parameters(), [&] { return fsdp->full_state_dict(); },
+                         [&](const torch::optim::Optimizer& opt) { return fsdp->full_optimizer_state(opt); },
+                         [&](torch::optim::Optimizer& opt, const train::OptimizerState& state) {
+                           fsdp->load_full_optimizer_state(opt, state);
+                         }};
+    optimizer = std::make_unique<StepOptimizer>(sgd, std::move(sharded), restored);
   }
-  StepOptimizer optimizer(sgd, o.zero, o.zero ? ddp->parameters() : std::vector<at::Tensor>{});
+  if (!optimizer) {
+    optimizer = std::make_unique<StepOptimizer>(sgd, o.zero, o.zero ? ddp->parameters() : std::vector<at::Tensor>{});
+  }
 
   if (o.evaluate) {
     const auto [correct, samples] = evaluate(plan, data, *model, forward, device);
@@ -365,7 +426,9 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
       std::printf("test acc %.4f (%ld/%ld)  checkpoint epoch %ld  devices %s (%s%s)\n",
                   samples ? double(correct) / samples : 0.0, (long)correct, (long)samples, (long)first_epoch,
                   plan.devices_label.c_str(), o.mode.c_str(),
-                  o.mode == "ddp" ? (", " + std::to_string(plan.world_size) + " ranks").c_str() : "");
+                  plan.world_size > 1 || o.mode == "ddp" || o.mode == "fsdp"
+                      ? (", " + std::to_string(plan.world_size) + " ranks").c_str()
+                      : "");
     }
     return 0;
   }
@@ -422,7 +485,7 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
       if (!batch) break;
       const at::Tensor x = batch->data.to(device, /*non_blocking=*/true);
       const at::Tensor y = batch->target.to(device, /*non_blocking=*/true);
-      optimizer.zero_grad();
+      optimizer->zero_grad();
       at::Tensor logits, loss;
       if (rank_balancer) rank_balancer->begin_step(ddp->communication_stats(), plan.devices.front());
       {
@@ -441,7 +504,7 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
       }
       {
         const trace::Span span("optimizer step", "step");
-        optimizer.step();
+        optimizer->step();
       }
       if (dp && dp->balancer() && dp->balancer()->rebalances() != dp_rebalances) {
         dp_rebalances = dp->balancer()->rebalances();  // measured at this step's forward
@@ -471,7 +534,7 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
     // 7c. Checkpoint, and report.
     if (!o.checkpoint_dir.empty()) {
       const trace::Span span("checkpoint", "epoch");
-      optimizer.save_checkpoint(*model, epoch + 1, plan);
+      optimizer->save_checkpoint(*model, epoch + 1, plan);
     }
     if (leader) report.epoch(epoch + 1, {sums[0], sums[1], sums[2], times[0], times[1]}, test, eval_seconds);
   }
@@ -486,7 +549,7 @@ int run_plan(const TrainPlan& plan) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (o.threads > 0) {
     at::set_num_threads(o.threads);
-  } else if (o.mode == "ddp") {
+  } else if (o.mode == "ddp" || o.mode == "fsdp") {
     at::set_num_threads(std::max(1, cores / plan.local_world_size));
   } else if (o.mode == "dp" && plan.devices.front().is_cpu()) {
     at::set_num_threads(1);  // the CPU devices' workers have the cores (README, Performance)
@@ -498,7 +561,7 @@ int run_plan(const TrainPlan& plan) {
     trace::start();
     trace::name_thread("main");
   }
-  if (o.mode == "ddp") {
+  if (o.mode == "ddp" || o.mode == "fsdp") {
     // The nccl group takes cuda:LOCAL_RANK (nccl.h), where plan_training put this rank's
     // model; mpirun and srun give the local rank under other names.
     JobConfig config = resolve_job_config();
@@ -511,9 +574,15 @@ int run_plan(const TrainPlan& plan) {
   if (plan.rank == 0) {
     std::printf("datapar train: %s, %s on %s%s, batch %ld (%ld per %s), lr %g, %ld train / %ld test samples (%s)\n",
                 o.model.c_str(), o.mode.c_str(), plan.devices_label.c_str(),
-                o.mode == "ddp" ? (", " + std::to_string(plan.world_size) + " ranks on " + o.backend +
-                                   (o.zero ? ", optimizer state sharded (ZeRO-1)" : "")).c_str()
-                                : "",
+                o.mode == "ddp" || o.mode == "fsdp"
+                    ? (", " + std::to_string(plan.world_size) + " ranks on " + o.backend +
+                       (o.zero ? ", optimizer state sharded (ZeRO-1)" : "") +
+                       (o.mode == "fsdp" ? std::string(o.reshard ? ", resharded after forward" : ", kept until backward") +
+                                               (o.mp != "none" ? ", parameters in " + o.mp : "")
+                                         : "") +
+                       (o.checkpoint_activations ? ", activations recomputed" : ""))
+                          .c_str()
+                    : "",
                 (long)plan.global_batch,
                 (long)(o.mode == "dp" ? (plan.global_batch + plan.parallelism - 1) / plan.parallelism : plan.rank_batch),
                 o.mode == "single" ? "step" : (o.mode == "dp" ? "device" : "rank"), plan.lr, (long)data.train->size(),

@@ -30,7 +30,7 @@ struct TrainOptions {
   int64_t batch_size = 256;        // global batch (before --scale-lr)
   double lr = 0.1;                 // plain SGD, as d2l
   double momentum = 0;
-  std::string mode = "single";     // single, dp, ddp
+  std::string mode = "single";     // single, dp, ddp, fsdp
   std::string devices;             // "" = the mode's default (see plan_training)
   std::string backend;             // ddp only: gloo, nccl, mpi; empty: nccl on CUDA, else default_backend()
   std::string replicas = "shared"; // dp only: shared (CPU replicas share the parameters) or copy
@@ -44,6 +44,9 @@ struct TrainOptions {
   std::string plot;                // PNG of loss and accuracy per epoch
   std::string trace;               // Chrome trace of every step, all ranks (rank 0 writes)
   bool zero = false;               // ddp only: optimizer state sharded over the ranks (ZeRO-1)
+  bool reshard = true;             // fsdp: free each unit's parameters after its forward (ZeRO-3)
+  std::string mp = "none";         // fsdp: mixed precision, the parameters' compute dtype: none, bf16, fp16
+  bool checkpoint_activations = false;  // resnet18: recompute each residual block in backward
   std::string balance = "even";    // dp, ddp: even, auto (shares by measured speed), or weights "3,1"
   int64_t limit = 0;               // use only the first N train and N test samples (0: all)
   int64_t workers = 2;             // loader threads

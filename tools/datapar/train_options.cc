@@ -31,7 +31,9 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
       ->check(whole_number<decltype(o.batch_size)>());
   cmd->add_option("--lr", o.lr, "SGD learning rate (default 0.1)");
   cmd->add_option("--momentum", o.momentum, "SGD momentum (default 0: plain SGD, as d2l)");
-  cmd->add_option("--mode", o.mode, "single, dp (DataParallel) or ddp (one rank per process; default single)");
+  cmd->add_option("--mode", o.mode,
+                  "single, dp (DataParallel), ddp or fsdp (fully sharded: one rank per process, each keeping 1/N of "
+                  "the parameters, gradients and optimizer state; default single)");
   cmd->add_option("--devices", o.devices,
                   "single: one device (default cpu:0); dp: the replicas' devices (default every CUDA device, "
                   "else one CPU device per core); ddp: one per local rank (default cuda:LOCAL_RANK or CPU)");
@@ -57,6 +59,14 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_flag("--zero", o.zero,
                 "ddp: shard the optimizer state over the ranks (ZeroRedundancyOptimizer, ZeRO-1): each rank keeps "
                 "the momentum of its share of the parameters only; checkpoints hold the whole state");
+  cmd->add_flag("--reshard,!--no-reshard", o.reshard,
+                "fsdp: free each unit's gathered parameters after its forward and gather them again for backward "
+                "(ZeRO-3, the default); --no-reshard keeps them until backward (less traffic, more memory)");
+  cmd->add_option("--mp", o.mp,
+                  "fsdp: mixed precision: none (default), bf16 or fp16: parameters gathered and computed in that "
+                  "dtype, gradients reduced in it, float32 shards stepped");
+  cmd->add_flag("--checkpoint-activations", o.checkpoint_activations,
+                "resnet18: recompute each residual block's activations in backward instead of keeping them");
   cmd->add_option("--balance", o.balance,
                   "dp, ddp: even (the default: equal shares of each batch), auto (time every device or rank and "
                   "give each a share in proportion to its speed, re-measured as training goes), or fixed shares, one "
@@ -161,8 +171,9 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   plan.options = o;
   DATAPAR_CHECK(one_of(o.model, {"mlp", "lenet", "resnet18"}), "--model: \"", o.model,
                 "\" is not a model datapar train knows.\n---> HINT: use mlp, lenet or resnet18.");
-  DATAPAR_CHECK(one_of(o.mode, {"single", "dp", "ddp"}), "--mode: \"", o.mode,
-                "\" is not a mode.\n---> HINT: use single (one device), dp (DataParallel) or ddp (one rank per process).");
+  DATAPAR_CHECK(one_of(o.mode, {"single", "dp", "ddp", "fsdp"}), "--mode: \"", o.mode,
+                "\" is not a mode.\n---> HINT: use single (one device), dp (DataParallel), ddp or fsdp (one rank per "
+                "process).");
   DATAPAR_CHECK(o.backend.empty() || one_of(o.backend, {"gloo", "nccl", "mpi"}), "--backend: \"", o.backend,
                 "\" is not a backend.\n---> HINT: use gloo (CPU), nccl (CUDA) or mpi.");
   DATAPAR_CHECK(one_of(o.replicas, {"shared", "copy"}), "--replicas: \"", o.replicas,
@@ -172,7 +183,18 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                 ": the learning rate must be positive and finite (d2l uses 0.1).");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
   DATAPAR_CHECK(!o.zero || o.mode == "ddp", "--zero shards the optimizer over the ranks of a ddp job; --mode ", o.mode,
-                " has one optimizer.\n---> HINT: add --mode ddp (under datapar launch), or leave out --zero.");
+                o.mode == "fsdp"
+                    ? " shards it already, with the parameters and gradients."
+                    : " has one optimizer.\n---> HINT: add --mode ddp (under datapar launch), or leave out --zero.");
+  DATAPAR_CHECK(one_of(o.mp, {"none", "bf16", "fp16"}), "--mp: \"", o.mp,
+                "\" is not a precision.\n---> HINT: use none, bf16 or fp16.");
+  DATAPAR_CHECK(o.mode == "fsdp" || (o.mp == "none" && o.reshard), "--mp and --no-reshard are fully sharded ",
+                "training's; --mode ", o.mode,
+                " keeps whole parameters.\n---> HINT: add --mode fsdp, or leave them out.");
+  DATAPAR_CHECK(!o.checkpoint_activations || o.model == "resnet18", "--checkpoint-activations recomputes resnet18's ",
+                "residual blocks; --model ", o.model, " has none.\n---> HINT: use --model resnet18, or leave it out.");
+  DATAPAR_CHECK(o.mode != "fsdp" || o.balance == "even", "--balance ", o.balance, ": fsdp splits each batch ",
+                "evenly.\n---> HINT: leave out --balance, or use --mode ddp.");
   DATAPAR_CHECK(o.batch_size >= 1, "--batch-size ", o.batch_size, ": the batch must hold at least 1 sample.");
   DATAPAR_CHECK(o.limit >= 0, "--limit ", o.limit, ": use 0 (all samples) or a positive count.");
   DATAPAR_CHECK(o.workers >= 0 && o.workers <= kMaxLoaderWorkers, "--workers ", o.workers, ": use 0 .. ",
@@ -213,9 +235,9 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   } else {
     const std::optional<ProcessIdentity> id = identity_from_environment(env);
     DATAPAR_CHECK(id.has_value(),
-                  "--mode ddp: this process is not part of a job (RANK and WORLD_SIZE are not set).\n"
+                  "--mode ", o.mode, ": this process is not part of a job (RANK and WORLD_SIZE are not set).\n"
                   "---> HINT: start it with a launcher: datapar launch --nproc-per-node N -- datapar train "
-                  "--mode ddp ... (or torchrun, mpirun, srun).");
+                  "--mode ", o.mode, " ... (or torchrun, mpirun, srun).");
     plan.rank = id->rank;
     plan.world_size = id->world_size;
     plan.local_rank = id->local_rank >= 0 ? id->local_rank : id->rank;
@@ -232,14 +254,15 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   }
 
   // Shares of each batch.
+  const bool ranks = o.mode == "ddp" || o.mode == "fsdp";  // one per process
   plan.balance_weights = balance_weights(o.balance);
   DATAPAR_CHECK(o.balance == "even" || o.mode != "single", "--balance ", o.balance, " shares each batch between "
                 "devices or ranks; --mode single has one device.\n---> HINT: add --mode dp or --mode ddp, or leave out "
                 "--balance.");
   DATAPAR_CHECK(plan.balance_weights.empty() || static_cast<int64_t>(plan.balance_weights.size()) == plan.parallelism,
                 "--balance ", o.balance, ": ", plan.balance_weights.size(), " shares for ", plan.parallelism,
-                o.mode == "ddp" ? " ranks" : " devices", ".\n---> HINT: give one share per ",
-                o.mode == "ddp" ? "rank" : "device", ", or use even or auto.");
+                ranks ? " ranks" : " devices", ".\n---> HINT: give one share per ", ranks ? "rank" : "device",
+                ", or use even or auto.");
 
   // Report files go into directories that exist: found now, not after the first epoch.
   // Only rank 0 writes them (its machine's file system).
@@ -256,14 +279,14 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   // Linear scaling (d2l, Goyal et al.): N workers, N times the batch and the learning rate.
   plan.global_batch = o.scale_lr ? o.batch_size * plan.parallelism : o.batch_size;
   plan.lr = o.scale_lr ? o.lr * static_cast<double>(plan.parallelism) : o.lr;
-  const char* what = o.mode == "ddp" ? " ranks" : " devices";
+  const char* what = ranks ? " ranks" : " devices";
   DATAPAR_CHECK(plan.global_batch >= plan.parallelism, "--batch-size ", plan.global_batch, " is smaller than the ",
                 plan.parallelism, what, ": each needs at least one sample per step.\n---> HINT: raise --batch-size to ",
                 plan.parallelism, " or more, or use fewer", what, ".");
-  if (o.mode == "ddp" && o.balance != "even") {
+  if (ranks && o.balance != "even") {
     // BalancedBatches splits each global batch itself; evaluation reads even shares.
     plan.rank_batch = (plan.global_batch + plan.world_size - 1) / plan.world_size;
-  } else if (o.mode == "ddp") {
+  } else if (ranks) {
     DATAPAR_CHECK(plan.global_batch % plan.world_size == 0, "--batch-size ", plan.global_batch,
                   " does not split evenly over ", plan.world_size,
                   " ranks (every rank must take the same number of steps).\n---> HINT: use a multiple of ",

@@ -1,0 +1,192 @@
+// See bench_fsdp.h.
+#include "bench_fsdp.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "datapar/cpu_allocator.h"
+#include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/distributed.h"
+#include "datapar/error.h"
+#include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/models/lenet.h"
+#include "datapar/models/mlp.h"
+#include "datapar/models/resnet18.h"
+#include "datapar/process_group/metadata.h"
+#include "datapar/train/optimizer_state.h"
+#include "local_job.h"
+
+namespace datapar::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+// Parameters, their gradients and the optimizer's state, in bytes, on this rank.
+struct Footprint {
+  int64_t parameters = 0, gradients = 0, optimizer = 0;
+  int64_t total() const { return parameters + gradients + optimizer; }
+};
+
+Footprint footprint(const std::vector<at::Tensor>& parameters, const torch::optim::Optimizer& optimizer) {
+  Footprint f;
+  for (const at::Tensor& p : parameters) {
+    f.parameters += bytes_of(p);
+    f.gradients += bytes_of(p.grad());
+  }
+  const auto state = train::optimizer_state_dict(optimizer).at("state").toGenericDict();
+  for (const auto& per_param : state) {
+    for (const auto& item : per_param.value().toGenericDict()) {
+      if (item.value().isTensor() && item.value().toTensor().dim() > 0)
+        f.optimizer += bytes_of(item.value().toTensor());
+    }
+  }
+  return f;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<at::Tensor> params) {
+  if (kind == "adam") return std::make_unique<torch::optim::Adam>(std::move(params), torch::optim::AdamOptions(1e-3));
+  return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(0.01));
+}
+
+// The slowest rank's mean step time over `steps` steps.
+template <typename Step>
+double time_steps(ProcessGroup& group, int steps, const Step& step) {
+  group.barrier()->wait();
+  const auto start = Clock::now();
+  for (int i = 0; i < steps; ++i) step(i);
+  at::Tensor t =
+      metadata_tensor(group, std::vector<double>{std::chrono::duration<double>(Clock::now() - start).count() / steps});
+  group.all_reduce(t, ReduceOp::kMax)->synchronize();
+  return host_doubles(t)[0];
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+template <typename Module>
+int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& group,
+              const std::function<Module()>& make) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + group.rank());
+  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+  for (int i = 0; i < 4; ++i) {
+    batches.emplace_back(at::randn({batch, 1, 28, 28}, gen, at::kFloat), at::randint(10, {batch}, gen, at::kLong));
+  }
+  auto fresh = [&] {
+    torch::manual_seed(0);
+    return make();
+  };
+  Module plain = fresh();
+  DistributedDataParallel ddp(plain.ptr());
+  auto ddp_optimizer = make_optimizer(o.optimizer, ddp.parameters());
+  Module sharded = fresh();
+  FsdpOptions options;
+  options.reshard_after_forward = o.reshard;
+  fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl>(*sharded, nullptr, options);
+  FullyShardedDataParallel fsdp(sharded.ptr(), nullptr, options);
+  auto fsdp_optimizer = make_optimizer(o.optimizer, fsdp.parameters());
+
+  auto step = [&](auto& model, torch::optim::Optimizer& optimizer, int i) {
+    const auto& [x, y] = batches[i % batches.size()];
+    optimizer.zero_grad();
+    at::cross_entropy_loss(model.forward(x), y).backward();
+    optimizer.step();
+  };
+  auto ddp_step = [&](int i) { step(ddp, *ddp_optimizer, i); };
+  auto fsdp_step = [&](int i) { step(fsdp, *fsdp_optimizer, i); };
+  for (int i = 0; i < o.warmup; ++i) ddp_step(i), fsdp_step(i);
+  std::vector<double> ddp_times, fsdp_times;
+  for (int round = 0; round < o.rounds; ++round) {  // in turn: drifts of a shared machine hit both
+    ddp_times.push_back(time_steps(group, steps, ddp_step));
+    fsdp_times.push_back(time_steps(group, steps, fsdp_step));
+  }
+  // Bytes after a step, gradients still held (zero_grad comes at the next step's start).
+  const Footprint whole = footprint(ddp.parameters(), *ddp_optimizer);
+  const Footprint shards = footprint(fsdp.parameters(), *fsdp_optimizer);
+  at::Tensor most = metadata_tensor(group, std::vector<double>{static_cast<double>(shards.total())});
+  group.all_reduce(most, ReduceOp::kMax)->synchronize();
+  const double most_shards = host_doubles(most)[0];
+  if (group.rank() != 0) return 0;
+  const int world = group.size();
+  const double t_ddp = median(ddp_times), t_fsdp = median(fsdp_times);
+  const int64_t unit_bytes = fsdp.largest_unit_numel() * static_cast<int64_t>(sizeof(float));
+  std::printf(
+      "datapar bench fsdp: %s, %d ranks, batch %d per rank, %s, %d thread%s, %d units%s, %d rounds of %d steps\n",
+      o.model.c_str(), world, batch, o.optimizer.c_str(), o.threads, o.threads == 1 ? "" : "s",
+      static_cast<int>(fsdp.units()), o.reshard ? "" : " (no reshard)", o.rounds, steps);
+  std::printf("step (median, slowest rank): ddp %.2f ms, fsdp %.2f ms: fsdp/ddp %.3f\n", t_ddp * 1e3, t_fsdp * 1e3,
+              t_fsdp / t_ddp);
+  std::printf("per rank, parameters + gradients + optimizer state:\n");
+  std::printf("  ddp     %8.2f MiB (%.2f + %.2f + %.2f)\n", mib(whole.total()), mib(whole.parameters),
+              mib(whole.gradients), mib(whole.optimizer));
+  std::printf("  zero-1  %8.2f MiB (computed: ddp's parameters and gradients, 1/%d of its optimizer state)\n",
+              mib(whole.parameters + whole.gradients + whole.optimizer / world), world);
+  std::printf("  fsdp    %8.2f MiB (%.2f + %.2f + %.2f; largest rank %.2f), %.3f of ddp's (1/%d = %.3f)\n",
+              mib(shards.total()), mib(shards.parameters), mib(shards.gradients), mib(shards.optimizer),
+              mib(static_cast<int64_t>(most_shards)), most_shards / static_cast<double>(whole.total()), world,
+              1.0 / world);
+  std::printf("  + gathered in a step: the largest unit %.2f MiB, the unit computing and %d prefetched at most\n",
+              mib(unit_bytes), options.prefetch);
+  std::printf("samples/s: ddp %.0f fsdp %.0f\n", world * batch / t_ddp, world * batch / t_fsdp);
+  return 0;
+}
+
+int run_rank(const BenchFsdpOptions& o, const std::string& init, int rank, int world) {
+  at::set_num_threads(o.threads);
+  tune_cpu_allocator();
+  init_process_group(job_backend(o.backend), init, rank, world, kDefaultTimeout);
+  ProcessGroup& group = *default_group();
+  int code = 1;
+  if (o.model == "mlp") {
+    code =
+        run_model<models::Mlp>(o, o.batch ? o.batch : 64, o.steps ? o.steps : 100, group, [] { return models::Mlp(); });
+  } else if (o.model == "mlp-large") {  // 36.8M parameters: 147 MiB in float32
+    code = run_model<models::Mlp>(o, o.batch ? o.batch : 64, o.steps ? o.steps : 5, group, [] {
+      return models::Mlp(std::vector<int64_t>{784, 4096, 4096, 4096, 10});
+    });
+  } else if (o.model == "lenet") {
+    code = run_model<models::LeNet>(o, o.batch ? o.batch : 128, o.steps ? o.steps : 30, group,
+                                    [] { return models::LeNet(); });
+  } else {
+    code = run_model<models::ResNet18>(o, o.batch ? o.batch : 32, o.steps ? o.steps : 5, group,
+                                       [] { return models::ResNet18(); });
+  }
+  destroy_process_group();
+  return code;
+}
+
+}  // namespace
+
+int bench_fsdp(const BenchFsdpOptions& options) {
+  DATAPAR_CHECK(
+      options.model == "mlp" || options.model == "mlp-large" || options.model == "lenet" || options.model == "resnet18",
+      "--model: \"", options.model, "\" is not one of mlp, mlp-large, lenet, resnet18.");
+  DATAPAR_CHECK(options.batch >= 0 && options.steps >= 0 && options.warmup >= 0 && options.rounds >= 1 &&
+                    options.threads >= 1 && options.threads <= 1024,
+                "--batch, --steps and --warmup must not be negative, --rounds at least 1; --threads takes 1 .. 1024.");
+  DATAPAR_CHECK(options.optimizer == "sgd" || options.optimizer == "adam", "--optimizer: \"", options.optimizer,
+                "\" is not one of sgd, adam.");
+  return run_ranks(
+      options.nproc, "datapar bench fsdp",
+      [&](const std::string& init, int rank, int world) { return run_rank(options, init, rank, world); },
+      options.backend);
+}
+
+}  // namespace datapar::tools
