@@ -28,8 +28,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "datapar/cpu_allocator.h"
 #include "datapar/autograd/checkpoint_wrapper.h"
+#include "datapar/cpu_allocator.h"
 #include "datapar/data/balanced_batches.h"
 #include "datapar/data/fashion_mnist.h"
 #include "datapar/data/loader.h"
@@ -47,9 +47,9 @@
 #include "datapar/process_group/metadata.h"
 #include "datapar/train/checkpoint.h"
 #include "datapar/train/metrics.h"
-#include "datapar/train/resume_agreement.h"
 #include "datapar/train/optimizer_state.h"
 #include "datapar/train/plot.h"
+#include "datapar/train/resume_agreement.h"
 #include "datapar/trace.h"
 
 namespace datapar::tools {

@@ -4,6 +4,8 @@
 // must not cost a rendezvous timeout or a minute of loading. The messages follow the house
 // form "subject: problem" plus a hint line saying what to do.
 
+#include <torch/version.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -252,6 +254,12 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
     plan.parallelism = plan.world_size;
     plan.options.backend = ddp_backend(o.backend, plan.devices.front(), plan.local_rank, inventory.cuda_count);
   }
+
+#if TORCH_VERSION_MAJOR < 2
+  DATAPAR_CHECK(o.mp != "fp16" || !plan.devices.front().is_cpu(), "--mp fp16: libtorch ", TORCH_VERSION_MAJOR, ".",
+                TORCH_VERSION_MINOR, " has no float16 matrix products on the CPU (2.x has).\n---> HINT: use --mp bf16 "
+                "on the CPU.");
+#endif
 
   // Shares of each batch.
   const bool ranks = o.mode == "ddp" || o.mode == "fsdp";  // one per process
