@@ -58,7 +58,9 @@ demo: build
 
 test: test-asan test-torch2 test-tsan test-bundle
 
+# The DCP interop tests run PyTorch 2.15's Python (scripts/setup_torch.sh) on either line.
 test-debian: build
+	bash scripts/setup_torch.sh $(TORCH_VERSION) >/dev/null
 	$(BUILD_DIR)/bin/datapar --version
 	cd $(BUILD_DIR) && ctest --output-on-failure -j 1
 
@@ -70,6 +72,7 @@ test-torch2: build-torch2
 # Debian's libtorch under clang with AddressSanitizer + UndefinedBehaviorSanitizer: the whole
 # suite, and each fuzz target (fuzz/) for FUZZ_SECONDS under libFuzzer.
 test-asan: setup
+	bash scripts/setup_torch.sh $(TORCH_VERSION) >/dev/null
 	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) \
 	  -DDATAPAR_SANITIZE=address,undefined -DDATAPAR_FUZZ=ON -DDATAPAR_FUZZ_SECONDS=$(FUZZ_SECONDS)
 	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)

@@ -36,6 +36,7 @@ enum Op : uint8_t {
   kBinFloat = 'G',        // float64, big-endian
   kEmptyDict = '}',
   kProto = 0x80,          // uint8 protocol version
+  kNewObj = 0x81,         // cls.__new__(cls, *args): stack [cls, args] -> object (dcp metadata)
   kTuple1 = 0x85,
   kTuple2 = 0x86,
   kTuple3 = 0x87,

@@ -82,10 +82,11 @@ const at::ScalarType kStorageTypes[] = {at::kFloat, at::kDouble, at::kHalf, at::
 
 class Machine {
  public:
-  Machine(const char* data, size_t size, const StorageLoader& load)
+  Machine(const char* data, size_t size, const StorageLoader& load, const PickleClasses* classes)
       : data_(data),
         size_(size),
         load_(load),
+        classes_(classes),
         memory_budget_(static_cast<int64_t>(size) * kMaxPickleMemoryPerByte + kPickleMemoryAllowance) {}
 
   c10::IValue run() {
@@ -198,6 +199,8 @@ class Machine {
     c10::IValue value;  // holds it, so that its address is never reused for another
     Size size;
     bool sealed = false;
+    bool object_keys = false;  // a dict keyed by objects (PickleClasses), read as {position: (key, value)}
+    bool plain_keys = false;
   };
 
   void check(const Size& size) const {
@@ -308,6 +311,18 @@ class Machine {
     auto dict = c.value.toGenericDict();
     for (size_t i = 0; i < kv.size(); i += 2) {
       c10::IValue key = value_of(kv[i]);
+      if (is_object(key)) {  // PickleClasses: {position: (key, value)}
+        if (c.plain_keys) fail("a dict has both objects and plain values as keys");
+        c.object_keys = true;
+        charge(kPickleTupleCost + 2 * kPickleSlotCost);
+        c10::IValue k = nest(kv[i], c.size);
+        c10::IValue v = nest(kv[i + 1], c.size, &c.value);
+        const int64_t position = static_cast<int64_t>(dict.size());
+        dict.insert_or_assign(position, c10::ivalue::Tuple::create({std::move(k), std::move(v)}));
+        continue;
+      }
+      if (c.object_keys) fail("a dict has both objects and plain values as keys");
+      c.plain_keys = true;
       if (!key.isString() && !key.isInt() && !key.isBool() && !key.isDouble()) {
         fail("a dict key is a ", key.tagKind(), "; only str, int, float and bool keys are read");
       }
@@ -317,6 +332,80 @@ class Machine {
       nest(kv[i], c.size);
       dict.insert_or_assign(std::move(key), nest(kv[i + 1], c.size, &c.value));
     }
+  }
+
+  // ---- Python objects (PickleClasses) ----
+
+  bool is_object(const c10::IValue& v) const { return v.isGenericDict() && objects_.count(v.internalToPointer()) > 0; }
+
+  // A new object of class `name`: a dict {"__class__": name}, filled by BUILD.
+  Item new_object(const std::string& name, std::vector<Item> args) {
+    Item item = new_dict();
+    objects_.emplace(item.value.internalToPointer(), item.value);
+    Container& c = containers_.at(item.value.internalToPointer());
+    put(c, "__class__", value_item(name));
+    if (!args.empty()) put(c, "__args__", tuple_item(std::move(args)));
+    return item;
+  }
+
+  void put(Container& c, const std::string& key, const Item& value) {
+    charge(kPickleDictEntryCost + kPickleStringCost + static_cast<int64_t>(key.size()));
+    c.size.values += 1;
+    c.size.bytes += static_cast<int64_t>(key.size());
+    c.value.toGenericDict().insert_or_assign(key, nest(value, c.size, &c.value));
+  }
+
+  // BUILD on an object: a dict state's entries become its own, any other state is kept whole.
+  void build(const c10::IValue& object, const Item& state) {
+    Container& c = containers_.at(object.internalToPointer());
+    if (c.sealed) fail("BUILD on an object that is already inside a container (not what Python's pickler writes)");
+    const c10::IValue s = value_of(state);
+    if (!s.isGenericDict()) {
+      put(c, "__state__", state);
+      return;
+    }
+    nest(state, c.size, &c.value);  // seals it and counts what it holds
+    auto target = c.value.toGenericDict();
+    for (const auto& entry : s.toGenericDict()) {
+      if (!entry.key().isString() || entry.key().toStringRef().rfind("__", 0) == 0) {
+        fail("an object's state names a field that is not a plain string");
+      }
+      charge(kPickleDictEntryCost);
+      target.insert_or_assign(entry.key(), entry.value());
+    }
+  }
+
+  // A call PickleClasses allows: true, with its result in *out.
+  bool call_class(const std::string& fn, std::vector<Item>& args, Item* out) {
+    if (classes_ == nullptr) return false;
+    if (classes_->objects.count(fn) > 0) {
+      *out = new_object(fn, std::move(args));
+      return true;
+    }
+    if (classes_->identities.count(fn) > 0) {
+      if (args.size() != 1) fail(fn, " with ", args.size(), " arguments instead of 1");
+      *out = std::move(args[0]);
+      return true;
+    }
+    if (classes_->paths.count(fn) > 0) {
+      std::string path;
+      for (const Item& part : args) {
+        if (part.kind != Item::Kind::kValue || !part.value.isString()) fail(fn, " with a part that is not a str");
+        if (!path.empty() && path.back() != '/') path += '/';
+        path += part.value.toStringRef();
+      }
+      charge(kPickleStringCost + static_cast<int64_t>(path.size()));
+      *out = value_item(path);
+      return true;
+    }
+    if (fn == "builtins.getattr" && args.size() == 2 && args[0].kind == Item::Kind::kGlobal &&
+        classes_->enums.count(args[0].name()) > 0 && args[1].kind == Item::Kind::kValue && args[1].value.isString()) {
+      const std::string member = args[0].name() + "." + args[1].value.toStringRef();
+      charge(kPickleStringCost + static_cast<int64_t>(member.size()));
+      *out = value_item(member);
+      return true;
+    }
+    return false;
   }
 
   void append(std::vector<Item> items, const char* opcode) {
@@ -369,6 +458,8 @@ class Machine {
   }
 
   Item call(const std::string& fn, std::vector<Item> args) {
+    Item built;
+    if (call_class(fn, args, &built)) return built;
     if (fn == "collections.OrderedDict") {
       if (!args.empty()) fail("OrderedDict built from arguments");
       return new_dict();
@@ -515,12 +606,33 @@ class Machine {
       case op::kBuild: {
         Item state = pop();
         Item& target = top();
+        if (target.kind == Item::Kind::kValue && is_object(target.value)) {
+          build(target.value, state);
+          break;
+        }
         // Python's state_dict() is an OrderedDict with a _metadata attribute (module
         // versions) that load_state_dict does not need; a tensor's state is its Python
         // attributes. Both are dropped.
         if (target.kind != Item::Kind::kValue || !(target.value.isGenericDict() || target.value.isTensor())) {
           fail("BUILD on a Python object; datapar reads only dicts, lists, tuples, numbers, strings and tensors");
         }
+        break;
+      }
+      case op::kNewObj: {
+        Item args = pop();
+        Item cls = pop();
+        if (cls.kind != Item::Kind::kGlobal || args.kind != Item::Kind::kValue || !args.value.isTuple()) {
+          fail("NEWOBJ without a class and an argument tuple");
+        }
+        if (classes_ == nullptr || classes_->objects.count(cls.name()) == 0) {
+          fail("the file builds a ", cls.name(), ", which datapar does not read");
+        }
+        std::vector<Item> arguments;
+        for (const c10::IValue& e : args.value.toTupleRef().elements()) arguments.push_back(value_item(e));
+        if (arguments.size() > kMaxPickleCallArguments) {
+          over_limit(str_cat("a call with ", arguments.size(), " arguments, more than ", kMaxPickleCallArguments));
+        }
+        stack_.push_back(new_object(cls.name(), std::move(arguments)));
         break;
       }
       case op::kBinPersId: stack_.push_back(persistent_load(pop())); break;
@@ -540,6 +652,10 @@ class Machine {
     Item item;
     item.kind = Item::Kind::kGlobal;
     item.value = module + "." + name;
+    if (classes_ != nullptr && classes_->constants.count(item.name()) > 0) {
+      charge(kPickleStringCost + static_cast<int64_t>(item.name().size()));
+      item.kind = Item::Kind::kValue;  // torch.float32 reads as "torch.float32"
+    }
     return item;
   }
 
@@ -553,11 +669,14 @@ class Machine {
   size_t size_;
   size_t pos_ = 0;
   const StorageLoader& load_;
+  const PickleClasses* classes_;  // null: plain data only
   std::vector<Item> stack_;
   std::vector<size_t> marks_;  // stack heights at each MARK
   std::unordered_map<uint32_t, Item> memo_;
   std::unordered_map<std::string, at::Tensor> storages_;  // by key: views share a storage
   std::unordered_map<const void*, Container> containers_;  // by internalToPointer()
+  // The dicts that are objects (PickleClasses::objects), held so that no address is reused.
+  std::unordered_map<const void*, c10::IValue> objects_;
   size_t swept_size_ = 1024;  // containers_.size() after the last sweep (see track)
   const int64_t memory_budget_;  // Note [Pickle budget], 4
   int64_t memory_ = 0;           // charged so far
@@ -577,8 +696,9 @@ bool scalar_type_from_storage_name(const std::string& name, at::ScalarType* type
   return false;
 }
 
-c10::IValue read_pickle(const char* data, size_t size, const StorageLoader& load_storage) {
-  return Machine(data, size, load_storage).run();
+c10::IValue read_pickle(const char* data, size_t size, const StorageLoader& load_storage,
+                        const PickleClasses* classes) {
+  return Machine(data, size, load_storage, classes).run();
 }
 
 }  // namespace datapar::detail

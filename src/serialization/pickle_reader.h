@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <unordered_set>
 
 namespace datapar::detail {
 
@@ -31,6 +32,27 @@ namespace datapar::detail {
 // another size.
 using StorageLoader = std::function<at::Tensor(const std::string& key, at::ScalarType dtype, int64_t numel)>;
 
+// Python objects a pickle may build besides the data above, each named by its class:
+// torch.distributed.checkpoint's .metadata is a tree of dataclasses (dcp/metadata.h). None
+// runs any code; each is built as data, within the same budgets.
+struct PickleClasses {
+  // Built by NEWOBJ (class, args) or REDUCE (class, args) and filled by BUILD: reads as a
+  // dict {"__class__": "module.Name", <the BUILD state's entries>}, or with "__state__":
+  // <state> when the state is not a dict, and "__args__": <args> when there are any. A dict
+  // keyed by such objects (DCP's storage_data) reads as {0: (key, value), 1: ...}, in order:
+  // an object is no IValue dict key.
+  std::unordered_set<std::string> objects;
+  // Called by REDUCE with one argument, and read as that argument: torch.Size((3, 5)) ->
+  // (3, 5).
+  std::unordered_set<std::string> identities;
+  // Path classes, called with the path's parts: PosixPath("/", "tmp", "ck") -> "/tmp/ck".
+  std::unordered_set<std::string> paths;
+  // Globals read as their name where a value is expected: torch.float32 -> "torch.float32".
+  std::unordered_set<std::string> constants;
+  // Enum classes whose members are read by builtins.getattr(Enum, "NAME") -> "Enum.NAME".
+  std::unordered_set<std::string> enums;
+};
+
 // Runs the pickle in data[0, size). Throws CheckpointError("data.pkl: <problem> at byte N of M")
 // for a malformed or truncated program, an object outside the subset above, or one past a
 // limit of pickle_limits.h (nesting, values counted at each reference, string bytes; see
@@ -38,7 +60,9 @@ using StorageLoader = std::function<at::Tensor(const std::string& key, at::Scala
 // it was put into another (Python's pickler never writes either). The caller adds the
 // file name. Memory and time grow with `size`, whatever the program says; the result
 // nests at most kMaxPickleDepth levels and has no cycles.
-c10::IValue read_pickle(const char* data, size_t size, const StorageLoader& load_storage);
+// `classes`: what it may build besides plain data (none: torch.save's subset only).
+c10::IValue read_pickle(const char* data, size_t size, const StorageLoader& load_storage,
+                        const PickleClasses* classes = nullptr);
 
 // "Float" -> kFloat, as in the names torch.FloatStorage ... torch.BoolStorage; false if the
 // name is not a storage type datapar reads.

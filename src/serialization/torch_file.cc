@@ -2,6 +2,7 @@
 #include "serialization/torch_file.h"
 
 #include <ATen/ATen.h>
+#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <sys/stat.h>
 
@@ -62,6 +63,22 @@ std::string python_type_name(const c10::IValue& v) {
   return v.tagKind();
 }
 
+namespace {
+
+// The records of a torch.save archive of `pickle` and its storages.
+void write_archive(PyTorchStreamWriter& writer, const std::string& pickle, const std::vector<at::Tensor>& storages) {
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  const char order[] = "little";
+  writer.writeRecord("byteorder", order, sizeof order - 1);
+  for (size_t i = 0; i < storages.size(); ++i) {
+    const at::Tensor& t = storages[i];
+    writer.writeRecord("data/" + std::to_string(i), t.data_ptr(), t.numel() * t.element_size());
+  }
+  writer.writeEndOfFile();
+}
+
+}  // namespace
+
 void torch_save(const c10::IValue& root, const std::string& path) {
   std::vector<at::Tensor> storages;
   const std::string pickle = write_pickle(root, &storages);  // throws before any file exists
@@ -72,16 +89,23 @@ void torch_save(const c10::IValue& root, const std::string& path) {
     // and remembers the error for commit()): PyTorchStreamWriter may throw from its
     // destructor when a write fails, which would end the process.
     PyTorchStreamWriter writer([&file](const void* data, size_t size) { return file.write(data, size); });
-    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-    const char order[] = "little";
-    writer.writeRecord("byteorder", order, sizeof order - 1);
-    for (size_t i = 0; i < storages.size(); ++i) {
-      const at::Tensor& t = storages[i];
-      writer.writeRecord("data/" + std::to_string(i), t.data_ptr(), t.numel() * t.element_size());
-    }
-    writer.writeEndOfFile();
+    write_archive(writer, pickle, storages);
   }
   file.commit();
+}
+
+std::string torch_save_bytes(const c10::IValue& root) {
+  std::vector<at::Tensor> storages;
+  const std::string pickle = write_pickle(root, &storages);
+  std::string out;
+  {
+    PyTorchStreamWriter writer([&out](const void* data, size_t size) {
+      out.append(static_cast<const char*>(data), size);
+      return size;
+    });
+    write_archive(writer, pickle, storages);
+  }
+  return out;
 }
 
 bool torch_file_is_intact(const std::string& path) noexcept {
@@ -94,29 +118,22 @@ bool torch_file_is_intact(const std::string& path) noexcept {
   }
 }
 
-c10::IValue torch_load(const std::string& path, uint32_t* digest) {
-  uint32_t records_digest = 0;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    throw CheckpointError(str_cat(path, ": cannot open (", std::strerror(errno), "). Check the path."));
-  }
-  if (S_ISDIR(st.st_mode)) throw CheckpointError(str_cat(path, ": cannot open (is a directory). Give a file."));
-  const size_t file_size = static_cast<size_t>(st.st_size);
+namespace {
 
-  std::unique_ptr<PyTorchStreamReader> reader;
-  try {
-    reader = std::make_unique<PyTorchStreamReader>(path);
-  } catch (const c10::Error& e) {
-    throw CheckpointError(str_cat(path, ": cannot read (", file_size, " bytes): ", describe_unreadable(path, file_size),
-                                  ". [zip reader: ", reader_message(e), "]"));
-  }
-  try {
+// The object in `reader`'s archive (file_size bytes), each record checked against the CRC-32
+// of the zip directory that `read_entries()` returns.
+template <typename Entries>
+c10::IValue load_archive(PyTorchStreamReader& archive, const Entries& read_entries, size_t file_size,
+                         uint32_t* digest) {
+  uint32_t records_digest = 0;
+  PyTorchStreamReader* reader = &archive;
+  {
     if (!reader->hasRecord("data.pkl")) {
       throw CheckpointError("the archive has no data.pkl; it is not a torch.save file");
     }
     // Each record is checked against the CRC-32 the archive holds for it (zip_crc.h), and
     // its announced size against the file's before libtorch allocates that size.
-    const auto entries = read_zip_entries(path);
+    const auto entries = read_entries();
     auto record = [&](const std::string& name) {
       const auto entry = entries.find(name);
       if (entry == entries.end()) {
@@ -164,11 +181,46 @@ c10::IValue torch_load(const std::string& path, uint32_t* digest) {
     c10::IValue value = read_pickle(static_cast<const char*>(pickle.first.get()), pickle.second, load);
     if (digest != nullptr) *digest = records_digest;
     return value;
+  }
+}
+
+}  // namespace
+
+c10::IValue torch_load(const std::string& path, uint32_t* digest) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw CheckpointError(str_cat(path, ": cannot open (", std::strerror(errno), "). Check the path."));
+  }
+  if (S_ISDIR(st.st_mode)) throw CheckpointError(str_cat(path, ": cannot open (is a directory). Give a file."));
+  const size_t file_size = static_cast<size_t>(st.st_size);
+
+  std::unique_ptr<PyTorchStreamReader> reader;
+  try {
+    reader = std::make_unique<PyTorchStreamReader>(path);
+  } catch (const c10::Error& e) {
+    throw CheckpointError(str_cat(path, ": cannot read (", file_size, " bytes): ", describe_unreadable(path, file_size),
+                                  ". [zip reader: ", reader_message(e), "]"));
+  }
+  try {
+    return load_archive(*reader, [&] { return read_zip_entries(path); }, file_size, digest);
   } catch (const CheckpointError& e) {
     throw CheckpointError(str_cat(path, ": ", e.what(), "."));
   } catch (const c10::Error& e) {
     throw CheckpointError(str_cat(path, ": the archive is damaged (", reader_message(e),
                                   "). Load an earlier checkpoint, or re-save this one."));
+  }
+}
+
+c10::IValue torch_load_bytes(const char* data, size_t size) {
+  if (size < 4 || std::memcmp(data, "PK\x03\x04", 4) != 0) {
+    throw CheckpointError(str_cat("not a torch.save archive (", size, " bytes that do not start like a zip)"));
+  }
+  std::unique_ptr<PyTorchStreamReader> reader;
+  try {
+    reader = std::make_unique<PyTorchStreamReader>(std::make_shared<caffe2::serialize::MemoryReadAdapter>(data, size));
+    return load_archive(*reader, [&] { return read_zip_entries(data, size); }, size, nullptr);
+  } catch (const c10::Error& e) {
+    throw CheckpointError(str_cat("a damaged torch.save archive (", reader_message(e), ")"));
   }
 }
 

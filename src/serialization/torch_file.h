@@ -34,6 +34,14 @@ void torch_save(const c10::IValue& root, const std::string& path);
 // give equal digests, at no extra read.
 c10::IValue torch_load(const std::string& path, uint32_t* digest = nullptr);
 
+// torch_save into memory: the bytes of the file torch_save would write (Python's torch.load
+// reads them from an io.BytesIO).
+std::string torch_save_bytes(const c10::IValue& root);
+
+// torch_load of an archive held in memory, data[0, size), with the same checks. Throws
+// CheckpointError without a file name (the caller says where the bytes came from).
+c10::IValue torch_load_bytes(const char* data, size_t size);
+
 // True if `path` opens as a zip archive with a data.pkl record. Reads only the zip's central
 // directory at the end of the file, so it is cheap and catches truncation, not damage inside.
 bool torch_file_is_intact(const std::string& path) noexcept;

@@ -63,18 +63,11 @@ uint32_t crc32(const void* data, size_t size, uint32_t crc) {
   return ~crc;
 }
 
-std::unordered_map<std::string, ZipEntry> read_zip_entries(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(0, std::ios::end);
-  const uint64_t size = static_cast<uint64_t>(in.tellg());
-  auto read_at = [&](uint64_t offset, uint64_t n) {
-    if (!in || offset > size || n > size - offset) damaged("it points past the end of the file");
-    std::string out(n, '\0');
-    in.seekg(static_cast<std::streamoff>(offset));
-    in.read(&out[0], static_cast<std::streamsize>(n));
-    if (!in) damaged("a read failed");
-    return out;
-  };
+namespace {
+
+// `read_at(offset, n)`: n bytes of the archive from offset, or damaged() if past its end.
+template <typename ReadAt>
+std::unordered_map<std::string, ZipEntry> read_entries(uint64_t size, const ReadAt& read_at) {
 
   // The end record is the last thing in the file but for a comment of up to 64 KB.
   const uint64_t tail_size = std::min<uint64_t>(size, 22 + 0xffff);
@@ -132,6 +125,29 @@ std::unordered_map<std::string, ZipEntry> read_zip_entries(const std::string& pa
     pos += 46 + rest;
   }
   return found;
+}
+
+}  // namespace
+
+std::unordered_map<std::string, ZipEntry> read_zip_entries(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(0, std::ios::end);
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  return read_entries(size, [&](uint64_t offset, uint64_t n) {
+    if (!in || offset > size || n > size - offset) damaged("it points past the end of the file");
+    std::string out(n, '\0');
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(&out[0], static_cast<std::streamsize>(n));
+    if (!in) damaged("a read failed");
+    return out;
+  });
+}
+
+std::unordered_map<std::string, ZipEntry> read_zip_entries(const char* data, size_t size) {
+  return read_entries(size, [&](uint64_t offset, uint64_t n) {
+    if (offset > size || n > size - offset) damaged("it points past the end of the archive");
+    return std::string(data + offset, n);
+  });
 }
 
 }  // namespace datapar::detail

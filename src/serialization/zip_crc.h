@@ -35,4 +35,7 @@ struct ZipEntry {
 // of the two a reader finds is up to the reader).
 std::unordered_map<std::string, ZipEntry> read_zip_entries(const std::string& path);
 
+// The same for an archive held in memory, data[0, size).
+std::unordered_map<std::string, ZipEntry> read_zip_entries(const char* data, size_t size);
+
 }  // namespace datapar::detail

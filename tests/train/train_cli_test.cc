@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "datapar/dcp/checkpoint.h"
 #include "datapar/train/checkpoint.h"
 #include "datapar/train/plot.h"
 #include "testing/idx.h"
@@ -359,6 +360,65 @@ TEST(TrainCli, FsdpTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
   for (const auto& p : flags) ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_NE(flags[0].output.find("kept until backward, parameters in bf16"), std::string::npos) << flags[0].output;
   EXPECT_TRUE(std::regex_search(flags[0].output, kEpochLine)) << flags[0].output;
+}
+
+// --checkpoint-format dcp: a DDP run's DCP checkpoint resumes under FSDP (skipping a newer
+// directory that a cut save left without .metadata) and ends where an uninterrupted run ends.
+TEST(TrainCli, DcpCheckpointsResumeInAnyModeSkippingIncompleteOnes) {
+  const TempDir temp("train_cli_dcp");
+  const std::string straight = temp.path() + "/straight", dcp_dir = temp.path() + "/dcp";
+  const std::string args = kSmall + " --seed 5 --momentum 0.9 --checkpoint-dir ";
+  for (const auto& p : ddp_job(args + straight + " --mode ddp --epochs 3", 2, straight + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  const std::string dcp_args = " --checkpoint-format dcp";
+  for (const auto& p : ddp_job(args + dcp_dir + " --mode ddp --epochs 2" + dcp_args, 2, dcp_dir + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  ASSERT_TRUE(datapar::dcp::is_checkpoint(dcp_dir + "/epoch-2"));
+  datapar::detail::make_directories(dcp_dir + "/epoch-3");  // a save cut short: no .metadata
+  const auto resumed = ddp_job(args + dcp_dir + " --mode fsdp --epochs 3 --resume" + dcp_args, 2, dcp_dir + "/logs2");
+  for (const auto& p : resumed) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(resumed[0].output.find("skipping an incomplete checkpoint (a save cut short): " + dcp_dir + "/epoch-3"),
+            std::string::npos) << resumed[0].output;
+  EXPECT_NE(resumed[0].output.find("resuming from " + dcp_dir + "/epoch-2 (2 epochs done)"), std::string::npos)
+      << resumed[0].output;
+  const datapar::train::Checkpoint want = datapar::train::load_checkpoint(straight + "/checkpoint-epoch-3.pt", c10::kCPU);
+  const datapar::dcp::State got = datapar::dcp::load_all(dcp_dir + "/epoch-3");
+  for (const auto& item : want.model) {
+    const at::Tensor& t = got.at("model." + item.key()).shard.local;
+    EXPECT_TRUE(at::allclose(t, item.value(), 1e-5, 1e-6)) << item.key();
+  }
+  EXPECT_EQ(got.at("epoch").value.toInt(), 3);
+  EXPECT_EQ(got.at("optim.param_groups.0.momentum").value.toDouble(), 0.9);
+  const auto zero = ddp_job(kSmall + " --mode ddp --zero --checkpoint-dir " + dcp_dir + dcp_args, 2, dcp_dir + "/logs3");
+  EXPECT_NE(zero[0].output.find("--checkpoint-format dcp with --zero: not yet"), std::string::npos) << zero[0].output;
+}
+
+// A DCP checkpoint that 2 ranks of `datapar train` saved, loaded by PyTorch 2.15's dcp.load on
+// 1 and 2 ranks into datapar's Python twin of the MLP (python/datapar_models.py), answers the
+// test set exactly as datapar's --evaluate does.
+TEST(TrainCli, PyTorchLoadsADcpCheckpointAndGetsItsTestAccuracy) {
+  const TempDir temp("train_cli_dcp_python");
+  const std::string dir = temp.path() + "/ck";
+  const std::string args = " train --model mlp --batch-size 64 --lr 0.1 --workers 1 --checkpoint-dir " + dir +
+                           " --checkpoint-format dcp";
+  for (const auto& p : ddp_job(args + " --mode ddp --epochs 2", 2, temp.path() + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  const CliRun evaluated = cli(args + " --evaluate");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(evaluated.output, m, std::regex(R"(test acc \d\.\d{4} \((\d+)/(\d+)\))")))
+      << evaluated.output;
+  const std::string want = "correct " + m[1].str() + " of " + m[2].str();
+  for (int ranks : {1, 2}) {
+    const datapar::testing::ProcessResult python = datapar::testing::run_shell(
+        "PYTHONPATH='" DATAPAR_SOURCE_DIR "/python' '" DATAPAR_DCP_PYTHON "' '" DATAPAR_SOURCE_DIR
+        "/tests/dcp/dcp_interop.py' accuracy '" + dir + "/epoch-2' '" DATAPAR_SOURCE_DIR "/data/fashion-mnist' " +
+        std::to_string(ranks));
+    ASSERT_EQ(python.exit_code, 0) << python.output;
+    EXPECT_NE(python.output.find(want), std::string::npos) << ranks << " ranks: " << python.output << "\nwant " << want;
+  }
 }
 
 // --balance: however each global batch is shared out, the ranks (or devices) together compute

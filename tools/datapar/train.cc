@@ -46,6 +46,7 @@
 #include "datapar/parallel/data_parallel.h"
 #include "datapar/process_group/metadata.h"
 #include "datapar/train/checkpoint.h"
+#include "datapar/train/dcp_checkpoint.h"
 #include "datapar/train/metrics.h"
 #include "datapar/train/optimizer_state.h"
 #include "datapar/train/plot.h"
@@ -175,6 +176,35 @@ void report_balance(const char* who, int64_t step, const std::vector<int64_t>& r
   std::fflush(stdout);
 }
 
+// 5 (--checkpoint-format dcp). The newest complete epoch-N directory, loaded by every rank
+// together; directories a save left incomplete are reported and skipped (kept, not moved).
+int64_t resume_dcp(const TrainPlan& plan, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                   const c10::Device& device) {
+  const TrainOptions& o = plan.options;
+  const bool leader = plan.rank == 0;
+  ProcessGroup* group = is_initialized() ? default_group().get() : nullptr;
+  std::vector<std::string> skipped;
+  std::optional<train::Checkpoint> found = train::load_latest_dcp_checkpoint(o.checkpoint_dir, model, group, &skipped);
+  for (const std::string& s : skipped) {
+    if (leader) std::fprintf(stderr, "datapar train: skipping an incomplete checkpoint (a save cut short): %s\n", s.c_str());
+  }
+  if (group != nullptr && !o.evaluate) train::agree_on_resume(*group, found);
+  if (found) {
+    for (auto& item : found->model) item.value() = item.value().to(device);
+    train::restore_checkpoint(*found, model, optimizer);
+    if (leader && !o.evaluate) std::printf("resuming from %s (%ld epochs done)\n", found->path.c_str(), (long)found->epoch);
+    return found->epoch;
+  }
+  DATAPAR_CHECK(!o.evaluate, "--evaluate: no complete checkpoint in ", o.checkpoint_dir, ".");
+  DATAPAR_CHECK(!o.resume || o.start_over || skipped.empty(), "--resume: no complete checkpoint in ", o.checkpoint_dir,
+                " (", skipped.size(), " incomplete).\n---> HINT: add --start-over to train from epoch 1.");
+  DATAPAR_CHECK(!o.resume || o.start_over || !skipped.empty(), "--resume: no checkpoint in ", o.checkpoint_dir,
+                " to resume from.\n---> HINT: leave out --resume to start a new run, or add --start-over to start "
+                "from epoch 1 when there is none.");
+  if (leader) std::printf("no checkpoint in %s: starting from epoch 1\n", o.checkpoint_dir.c_str());
+  return 0;
+}
+
 // 5. Resumes (or, for --evaluate, loads) the newest checkpoint that loads; every rank
 // loads onto its device. Note [Damaged checkpoints] (checkpoint.h): rank 0 moves damaged
 // ones aside, so that this run, which writes those epochs again, cannot overwrite them
@@ -186,6 +216,7 @@ int64_t resume(const TrainPlan& plan, torch::nn::Module& model, torch::optim::Op
                const c10::Device& device) {
   const TrainOptions& o = plan.options;
   const bool leader = plan.rank == 0;
+  if (o.checkpoint_format == "dcp") return resume_dcp(plan, model, optimizer, device);
   const train::LatestCheckpoint found =
       train::load_latest_checkpoint(o.checkpoint_dir, o.evaluate ? -1 : plan.rank, device);
   // Before anything a rank could decide alone: every rank resumes the same checkpoint
@@ -280,6 +311,19 @@ class StepOptimizer {
   void save_checkpoint(const torch::nn::Module& model, int64_t epoch, const TrainPlan& plan) {
     const std::string path = train::checkpoint_path(plan.options.checkpoint_dir, epoch);
     const train::Progress progress = {{"seed", static_cast<int64_t>(plan.options.seed)}};
+    if (plan.options.checkpoint_format == "dcp") {  // every rank writes its share (no --zero: train_options.cc)
+      train::Checkpoint c = shards_ ? train::Checkpoint{} : train::make_checkpoint(model, sgd_, epoch, progress);
+      if (shards_) {
+        c.model = sharded_.full_state_dict();
+        c.optimizer = sharded_.full_optimizer_state(*shards_);
+        c.epoch = epoch;
+        c.progress = progress;
+        c.rng = train::get_rng_state();
+      }
+      train::save_dcp_checkpoint(c, model, train::dcp_checkpoint_path(plan.options.checkpoint_dir, epoch),
+                                 is_initialized() ? default_group().get() : nullptr);
+      return;
+    }
     if (shards_) {
       train::Checkpoint c;
       c.model = sharded_.full_state_dict();

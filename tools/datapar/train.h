@@ -37,6 +37,7 @@ struct TrainOptions {
   bool scale_lr = false;           // N devices or ranks: N x batch, N x lr
   uint64_t seed = 0;
   std::string checkpoint_dir;      // a checkpoint per epoch (rank 0 writes)
+  std::string checkpoint_format = "torch";  // torch: a torch.save file per epoch; dcp: a DCP directory
   bool resume = false;             // continue from the latest checkpoint in checkpoint_dir
   bool start_over = false;         // resume: start from epoch 1 when no checkpoint is intact
   bool evaluate = false;           // only evaluate the latest checkpoint on the test set

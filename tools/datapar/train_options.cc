@@ -50,6 +50,11 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
       ->check(whole_number<decltype(o.seed)>());
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
                   "Write a checkpoint after each epoch here (rank 0); created if missing");
+  cmd->add_option("--checkpoint-format", o.checkpoint_format,
+                  "torch: a torch.save file per epoch, written by rank 0 (the default); dcp: PyTorch's "
+                  "torch.distributed.checkpoint, a directory epoch-N per epoch that every rank writes its share "
+                  "of, loadable by Python's dcp.load at any world size")
+      ->check(CLI::IsMember({"torch", "dcp"}));
   cmd->add_flag("--resume", o.resume,
                 "Continue from the newest intact checkpoint in --checkpoint-dir (damaged ones are reported and "
                 "renamed *.damaged); an error if there is none");
@@ -203,6 +208,9 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                 kMaxLoaderWorkers, " data loader threads per process.");
   DATAPAR_CHECK(o.threads >= 0 && o.threads <= kMaxIntraOpThreads, "--threads ", o.threads, ": use 0 (default) .. ",
                 kMaxIntraOpThreads, " intra-op threads per process.");
+  DATAPAR_CHECK(o.checkpoint_format == "torch" || !o.zero, "--checkpoint-format dcp with --zero: not yet; ZeRO-1's "
+                "optimizer shards are gathered on rank 0 for its checkpoints.\n---> HINT: leave out --checkpoint-format "
+                "(torch.save files), or --zero.");
   DATAPAR_CHECK(!(o.resume || o.evaluate || o.start_over) || !o.checkpoint_dir.empty(),
                 o.resume ? "--resume" : o.evaluate ? "--evaluate" : "--start-over",
                 " needs --checkpoint-dir: the directory that holds the checkpoints.");

@@ -1,0 +1,37 @@
+// Training checkpoints (checkpoint.h) in PyTorch's torch.distributed.checkpoint format
+// (datapar/dcp/checkpoint.h): a directory per checkpoint, "<dir>/epoch-<N>", that every rank
+// writes its share of, and that Python loads with dcp.load. `datapar train
+// --checkpoint-format dcp` keeps its checkpoints so.
+//
+// Entries, in the names of PyTorch's get_state_dict: "model.<name>", "optim.state.<param>.<key>",
+// "optim.param_groups.<i>.<key>", and "epoch", "progress.<key>", "rng.cpu", "rng.cuda.<i>".
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "datapar/process_group/process_group.h"
+#include "datapar/train/checkpoint.h"
+
+namespace datapar::train {
+
+// "<dir>/epoch-<N>".
+std::string dcp_checkpoint_path(const std::string& dir, int64_t epoch);
+
+// Writes `checkpoint` (of `module`, whose parameters number its optimizer state) into `path`.
+// Collective over `group` (null: this process alone); every rank holds the same checkpoint.
+void save_dcp_checkpoint(const Checkpoint& checkpoint, const torch::nn::Module& module, const std::string& path,
+                         ProcessGroup* group);
+
+// Loads the newest complete "epoch-<N>" of `dir` (the same N on every rank: the smallest
+// newest one among them), as a Checkpoint for restore_checkpoint. Newer directories without
+// a complete checkpoint (a save cut short) are skipped and listed in `skipped`. nullopt if
+// none. Collective over `group` (null: alone).
+std::optional<Checkpoint> load_latest_dcp_checkpoint(const std::string& dir, const torch::nn::Module& module,
+                                                     ProcessGroup* group, std::vector<std::string>* skipped);
+
+}  // namespace datapar::train

@@ -1,0 +1,576 @@
+// dcp::save / dcp::load. See datapar/dcp/checkpoint.h; the format is in
+// docs/checkpoint_format.md, and src/dcp/metadata.h reads and writes its .metadata.
+//
+// A save is three exchanges among the ranks (all_gather of small byte strings): each
+// rank's plan (names, kinds, sizes, boxes, and any problem with the directory), from which
+// every rank alike checks that they agree and picks who writes each whole tensor and value;
+// after writing, each rank's byte ranges (or its error); and rank 0's verdict on .metadata.
+// A load reads .metadata on every rank and ends with one exchange of errors, so that no rank
+// goes on training while another failed.
+#include "datapar/dcp/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "datapar/error.h"
+#include "datapar/process_group/work.h"
+#include "dcp/metadata.h"
+#include "file_system.h"
+#include "random_bytes.h"
+#include "serialization/atomic_file.h"
+#include "serialization/torch_file.h"
+
+namespace datapar::dcp {
+namespace {
+
+using c10::IValue;
+using datapar::detail::str_cat;
+using detail::Metadata;
+using GenericList = c10::impl::GenericList;
+
+std::string data_file(int rank) { return "__" + std::to_string(rank) + "_0.distcp"; }
+std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
+
+// ---- byte strings among the ranks ----
+
+// Every rank's `bytes`, by rank: lengths first, then the bytes packed in int64 words (the
+// dtype every backend moves).
+std::vector<std::string> all_gather_bytes(ProcessGroup* group_or_null, const std::string& bytes) {
+  if (group_or_null == nullptr) return {bytes};  // one process alone
+  ProcessGroup& group = *group_or_null;
+  const int n = group.size();
+  at::Tensor length = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong).to(group.device());
+  std::vector<at::Tensor> lengths;
+  for (int r = 0; r < n; ++r) lengths.push_back(at::empty({1}, group.options(at::kLong)));
+  group.all_gather(lengths, length)->wait();
+  std::vector<int64_t> sizes;
+  int64_t longest = 0;
+  for (const at::Tensor& l : lengths) {
+    sizes.push_back(l.cpu().item<int64_t>());
+    longest = std::max(longest, sizes.back());
+  }
+  const int64_t words = (longest + 7) / 8;
+  at::Tensor mine = at::zeros({std::max<int64_t>(words, 1)}, at::kLong);
+  if (!bytes.empty()) std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
+  std::vector<at::Tensor> all;
+  for (int r = 0; r < n; ++r) all.push_back(at::empty({std::max<int64_t>(words, 1)}, group.options(at::kLong)));
+  group.all_gather(all, mine.to(group.device()))->wait();
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) {
+    const at::Tensor cpu = all[r].cpu();
+    out.emplace_back(static_cast<const char*>(cpu.data_ptr()), static_cast<size_t>(sizes[r]));
+  }
+  return out;
+}
+
+IValue list_of(std::vector<IValue> items) {
+  GenericList list(c10::AnyType::get());
+  for (IValue& i : items) list.push_back(std::move(i));
+  return list;
+}
+
+IValue ints(const std::vector<int64_t>& v) { return list_of(std::vector<IValue>(v.begin(), v.end())); }
+
+std::vector<int64_t> ints_of(const IValue& v) {
+  std::vector<int64_t> out;
+  for (const IValue& e : v.toListRef()) out.push_back(e.toInt());
+  return out;
+}
+
+// The first error among the ranks' strings, as "rank r: <error>"; "" if none.
+std::string first_error(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) return str_cat("rank ", r, ": ", errors[r]);
+  }
+  return "";
+}
+
+// ---- a rank's plan ----
+
+struct PlanEntry {
+  std::string name;
+  State::Kind kind;
+  at::ScalarType dtype;
+  std::vector<int64_t> global_size, offsets, sizes;
+  std::vector<IValue> path;
+};
+
+std::string encode_plan(const State& state, const std::string& problem) {
+  std::vector<IValue> entries;
+  for (const State::Entry& e : state.entries()) {
+    const bool tensor = e.kind != State::Kind::kValue;
+    entries.push_back(list_of({e.name, static_cast<int64_t>(e.kind),
+                               static_cast<int64_t>(tensor ? e.shard.local.scalar_type() : at::kByte),
+                               ints(e.shard.global_size), ints(e.shard.offsets),
+                               ints(tensor ? e.shard.local.sizes().vec() : std::vector<int64_t>{}), list_of(e.path)}));
+  }
+  return datapar::detail::torch_save_bytes(list_of({problem, list_of(std::move(entries))}));
+}
+
+std::vector<PlanEntry> decode_plan(const std::string& bytes, std::string* problem) {
+  const IValue v = datapar::detail::torch_load_bytes(bytes.data(), bytes.size());
+  const auto& top = v.toListRef();
+  *problem = top[0].toStringRef();
+  std::vector<PlanEntry> out;
+  for (const IValue& e : top[1].toListRef()) {
+    const auto& f = e.toListRef();
+    out.push_back(PlanEntry{f[0].toStringRef(), static_cast<State::Kind>(f[1].toInt()),
+                            static_cast<at::ScalarType>(f[2].toInt()), ints_of(f[3]), ints_of(f[4]), ints_of(f[5]),
+                            f[6].toListRef().vec()});
+  }
+  return out;
+}
+
+const char* kind_name(State::Kind kind) {
+  return kind == State::Kind::kTensor ? "a whole tensor" : kind == State::Kind::kShard ? "a shard" : "a value";
+}
+
+// What rank `r`'s plan disagrees on with rank 0's; "" if nothing.
+std::string disagreement(const std::vector<PlanEntry>& zero, const std::vector<PlanEntry>& other, size_t r) {
+  if (zero.size() != other.size()) {
+    return str_cat("rank 0 saves ", zero.size(), " entries but rank ", r, " saves ", other.size(),
+                   ". Every rank saves the same entries");
+  }
+  for (size_t i = 0; i < zero.size(); ++i) {
+    const PlanEntry& a = zero[i];
+    const PlanEntry& b = other[i];
+    if (a.name != b.name) return str_cat("entry ", i, " is ", a.name, " on rank 0 but ", b.name, " on rank ", r);
+    if (a.kind != b.kind)
+      return str_cat(a.name, " is ", kind_name(a.kind), " on rank 0 but ", kind_name(b.kind), " on rank ", r);
+    if (a.kind == State::Kind::kValue) continue;
+    if (a.dtype != b.dtype || a.global_size != b.global_size) {
+      return str_cat(a.name, " is ", a.dtype, c10::IntArrayRef(a.global_size), " on rank 0 but ", b.dtype,
+                     c10::IntArrayRef(b.global_size), " on rank ", r);
+    }
+    if (a.kind == State::Kind::kTensor && a.sizes != b.sizes) {
+      return str_cat(a.name, " differs in size between rank 0 and rank ", r);
+    }
+  }
+  return "";
+}
+
+// One thing a rank writes: entry `entry`'s chunk `chunk` (its only one for whole tensors
+// and values), and where it went.
+struct Written {
+  int64_t entry = 0;
+  int64_t chunk = 0;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+// ---- reading data files ----
+
+class DataFiles {
+ public:
+  explicit DataFiles(std::string dir) : dir_(std::move(dir)) {}
+
+  // The bytes of `info`, after checking that the file holds them.
+  std::string read(const detail::StorageInfo& info) {
+    auto it = files_.find(info.relative_path);
+    if (it == files_.end()) {
+      const std::string path = join(dir_, info.relative_path);
+      auto file = std::make_unique<std::ifstream>(path, std::ios::binary);
+      struct stat st {};
+      if (!*file || ::stat(path.c_str(), &st) != 0) {
+        throw CheckpointError(str_cat("data file ", info.relative_path, " is missing (", std::strerror(errno),
+                                      "): the checkpoint was not copied whole"));
+      }
+      it = files_.emplace(info.relative_path, std::make_pair(std::move(file), static_cast<int64_t>(st.st_size))).first;
+    }
+    const int64_t size = it->second.second;
+    if (info.offset > size || info.length > size - info.offset) {
+      throw CheckpointError(str_cat("data file ", info.relative_path, " has ", size,
+                                    " bytes, but the metadata puts an entry at ", info.offset, "..",
+                                    info.offset + info.length, " (a truncated copy?)"));
+    }
+    std::string out(static_cast<size_t>(info.length), '\0');
+    std::ifstream& in = *it->second.first;
+    in.clear();
+    in.seekg(info.offset);
+    in.read(&out[0], info.length);
+    if (!in) throw CheckpointError(str_cat("data file ", info.relative_path, ": a read failed"));
+    return out;
+  }
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::pair<std::unique_ptr<std::ifstream>, int64_t>> files_;
+};
+
+IValue read_item(DataFiles& files, const detail::StorageInfo& info, const std::string& name) {
+  const std::string bytes = files.read(info);
+  try {
+    return datapar::detail::torch_load_bytes(bytes.data(), bytes.size());
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(str_cat(name, " at ", info.relative_path, ":", info.offset, ": ", e.what()));
+  }
+}
+
+// Copies the part of saved chunk `c` (data `saved`) that meets the box of `target` (at
+// `offsets` of the global tensor).
+void copy_overlap(const detail::Chunk& c, const at::Tensor& saved, at::Tensor& target,
+                  const std::vector<int64_t>& offsets) {
+  at::Tensor from = saved;
+  at::Tensor to = target;
+  for (size_t d = 0; d < offsets.size(); ++d) {
+    const int64_t begin = std::max(c.offsets[d], offsets[d]);
+    const int64_t end = std::min(c.offsets[d] + c.sizes[d], offsets[d] + target.size(static_cast<int64_t>(d)));
+    if (begin >= end) return;
+    from = from.narrow(static_cast<int64_t>(d), begin - c.offsets[d], end - begin);
+    to = to.narrow(static_cast<int64_t>(d), begin - offsets[d], end - begin);
+  }
+  at::NoGradGuard no_grad;
+  to.copy_(from);
+}
+
+void load_entry(State::Entry& e, const detail::Entry& saved, DataFiles& files) {
+  if ((e.kind == State::Kind::kValue) == saved.is_tensor) {
+    throw CheckpointError(str_cat(e.name, " is ", saved.is_tensor ? "a tensor" : "a value", " in the checkpoint but ",
+                                  e.kind == State::Kind::kValue ? "a value" : "a tensor", " here"));
+  }
+  if (e.kind == State::Kind::kValue) {
+    e.value = read_item(files, saved.storage[0], e.name);
+    return;
+  }
+  if (saved.size != e.shard.global_size) {
+    throw CheckpointError(str_cat(e.name, " has size ", c10::IntArrayRef(saved.size), " in the checkpoint but ",
+                                  c10::IntArrayRef(e.shard.global_size),
+                                  " here. Load it into the model it was saved from"));
+  }
+  at::Tensor target = e.shard.local;
+  const std::vector<int64_t> local = target.sizes().vec();
+  for (size_t c = 0; c < saved.chunks.size(); ++c) {
+    const detail::Chunk& chunk = saved.chunks[c];
+    bool meets = true;
+    for (size_t d = 0; d < local.size(); ++d) {
+      meets = meets && chunk.offsets[d] < e.shard.offsets[d] + local[d] &&
+              e.shard.offsets[d] < chunk.offsets[d] + chunk.sizes[d];
+    }
+    if (!meets || detail::volume(chunk.sizes) == 0) continue;
+    const IValue item = read_item(files, saved.storage[c], e.name);
+    if (!item.isTensor() || item.toTensor().sizes() != c10::IntArrayRef(chunk.sizes) ||
+        item.toTensor().scalar_type() != saved.dtype) {
+      throw CheckpointError(str_cat(e.name, "'s chunk at ", c10::IntArrayRef(chunk.offsets), " should be a ",
+                                    saved.dtype, " tensor of size ", c10::IntArrayRef(chunk.sizes),
+                                    " but its bytes hold ",
+                                    item.isTensor() ? str_cat(item.toTensor().scalar_type(), item.toTensor().sizes())
+                                                    : datapar::detail::python_type_name(item)));
+    }
+    copy_overlap(chunk, item.toTensor(), target, e.shard.offsets);
+  }
+}
+
+// Every byte range inside its file, and every tensor no larger than the bytes its chunks
+// are stored in: what load_all allocates is then bounded by the checkpoint's size.
+void check_sizes(const Metadata& md, const std::string& dir) {
+  std::map<std::string, int64_t> file_sizes;
+  for (const detail::Entry& e : md.entries) {
+    int64_t stored = 0;
+    for (const detail::StorageInfo& info : e.storage) {
+      auto it = file_sizes.find(info.relative_path);
+      if (it == file_sizes.end()) {
+        struct stat st {};
+        if (::stat(join(dir, info.relative_path).c_str(), &st) != 0) {
+          throw CheckpointError(str_cat("data file ", info.relative_path, " is missing (", std::strerror(errno),
+                                        "): the checkpoint was not copied whole"));
+        }
+        it = file_sizes.emplace(info.relative_path, static_cast<int64_t>(st.st_size)).first;
+      }
+      if (info.offset > it->second || info.length > it->second - info.offset) {
+        throw CheckpointError(str_cat("data file ", info.relative_path, " has ", it->second,
+                                      " bytes, but the metadata puts ", e.fqn, " at ", info.offset, "..",
+                                      info.offset + info.length, " (a truncated copy?)"));
+      }
+      stored += info.length;
+    }
+    if (e.is_tensor && detail::volume(e.size) > stored / static_cast<int64_t>(c10::elementSize(e.dtype))) {
+      throw CheckpointError(str_cat(e.fqn, " claims ", detail::volume(e.size), " elements of ", e.dtype,
+                                    " but its chunks are "
+                                    "stored in ",
+                                    stored, " bytes: the metadata is damaged"));
+    }
+  }
+}
+
+Metadata read_metadata_file(const std::string& dir) {
+  const std::string path = join(dir, detail::kMetadataFile);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw CheckpointError(
+        str_cat(dir, ": not a directory (", std::strerror(errno), "); a DCP checkpoint is a directory"));
+  }
+  if (::stat(path.c_str(), &st) != 0) {
+    throw CheckpointError(
+        str_cat(dir, ": no ", detail::kMetadataFile,
+                " file: not a checkpoint, or an incomplete one (a save that did not finish: a rank died "
+                "or the disk filled). Load the previous checkpoint"));
+  }
+  if (st.st_size > (int64_t{1} << 30))
+    throw CheckpointError(str_cat(path, ": ", st.st_size, " bytes, too large for metadata"));
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  in.read(&bytes[0], st.st_size);
+  if (!in) throw CheckpointError(str_cat(path, ": cannot read it"));
+  try {
+    return detail::parse_metadata(bytes.data(), bytes.size());
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(str_cat(path, ": ", e.what(), "."));
+  } catch (const c10::Error& e) {
+    throw CheckpointError(str_cat(path, ": the metadata is damaged (", e.what_without_backtrace(), ")."));
+  }
+}
+
+}  // namespace
+
+// ---- State ----
+
+State::Entry& State::add(const std::string& name, std::vector<IValue> path) {
+  DATAPAR_CHECK(!name.empty(), "dcp::State: an entry needs a name");
+  for (const Entry& e : entries_) DATAPAR_CHECK(e.name != name, "dcp::State: ", name, " is put twice");
+  entries_.emplace_back();
+  entries_.back().name = name;
+  entries_.back().path = std::move(path);
+  return entries_.back();
+}
+
+void State::put(const std::string& name, at::Tensor whole, std::vector<IValue> path) {
+  DATAPAR_CHECK(whole.defined() && whole.layout() == at::kStrided, "dcp::State: ", name, " is not a dense tensor");
+  Entry& e = add(name, std::move(path));
+  e.kind = Kind::kTensor;
+  e.shard = Shard{whole, std::vector<int64_t>(whole.dim(), 0), whole.sizes().vec()};
+}
+
+void State::put(const std::string& name, Shard shard, std::vector<IValue> path) {
+  DATAPAR_CHECK(shard.local.defined() && shard.local.layout() == at::kStrided, "dcp::State: ", name,
+                " is not a dense tensor");
+  const size_t dims = shard.global_size.size();
+  DATAPAR_CHECK(shard.offsets.size() == dims && static_cast<size_t>(shard.local.dim()) == dims, "dcp::State: ", name,
+                "'s shard has ", shard.local.dim(), " dimensions, offsets of ", shard.offsets.size(),
+                " and a global size of ", dims);
+  for (size_t d = 0; d < dims; ++d) {
+    DATAPAR_CHECK(
+        shard.offsets[d] >= 0 && shard.offsets[d] + shard.local.size(static_cast<int64_t>(d)) <= shard.global_size[d],
+        "dcp::State: ", name, "'s shard of size ", shard.local.sizes(), " at ", c10::IntArrayRef(shard.offsets),
+        " is not inside ", c10::IntArrayRef(shard.global_size));
+  }
+  Entry& e = add(name, std::move(path));
+  e.kind = Kind::kShard;
+  e.shard = std::move(shard);
+}
+
+void State::put(const std::string& name, IValue value, std::vector<IValue> path) {
+  DATAPAR_CHECK(!value.isTensor(), "dcp::State: ", name, ": put a tensor as a tensor or a Shard, not as a value");
+  Entry& e = add(name, std::move(path));
+  e.kind = Kind::kValue;
+  e.value = std::move(value);
+}
+
+const State::Entry& State::at(const std::string& name) const {
+  for (const Entry& e : entries_) {
+    if (e.name == name) return e;
+  }
+  throw InvalidArgumentError(str_cat("dcp::State has no entry ", name));
+}
+
+// ---- save ----
+
+namespace {
+
+void save_state(const State& state, const std::string& dir, ProcessGroup* group) {
+  const int rank = group != nullptr ? group->rank() : 0;
+  const int world = group != nullptr ? group->size() : 1;
+
+  // 1. Plans, and any problem with the directory, on every rank.
+  std::string problem = datapar::detail::make_directories(dir);
+  if (!problem.empty()) {
+    problem = str_cat("cannot make ", dir, " (", problem, ")");
+  } else if (datapar::detail::exists(join(dir, detail::kMetadataFile))) {
+    problem = str_cat(dir,
+                      " holds a checkpoint already; save each checkpoint into a new directory (the last good one "
+                      "stays loadable if this save fails), or remove it first");
+  }
+  std::vector<std::vector<PlanEntry>> plans;
+  std::string plan_problem;
+  for (const std::string& bytes : all_gather_bytes(group, encode_plan(state, problem))) {
+    std::string p;
+    plans.push_back(decode_plan(bytes, &p));
+    if (plan_problem.empty() && !p.empty()) plan_problem = str_cat("rank ", plans.size() - 1, ": ", p);
+  }
+  if (!plan_problem.empty()) throw CheckpointError(str_cat("dcp::save: ", plan_problem, "."));
+  for (int r = 1; r < world; ++r) {
+    const std::string d = disagreement(plans[0], plans[r], static_cast<size_t>(r));
+    if (!d.empty()) throw InvalidArgumentError(str_cat("dcp::save: the ranks' states differ: ", d, "."));
+  }
+
+  // 2. Who writes what: every rank its shards; each whole tensor and value the rank with the
+  // fewest bytes so far (PyTorch's dedup does the same), the same choice on every rank.
+  const std::vector<PlanEntry>& plan = plans[0];
+  std::vector<int> writer(plan.size(), -1);
+  std::vector<int64_t> bytes_by_rank(world, 0);
+  for (int r = 0; r < world; ++r) {
+    for (const PlanEntry& e : plans[r]) {
+      if (e.kind == State::Kind::kShard)
+        bytes_by_rank[r] += detail::volume(e.sizes) * static_cast<int64_t>(c10::elementSize(e.dtype));
+    }
+  }
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (plan[i].kind == State::Kind::kShard) continue;
+    writer[i] = static_cast<int>(std::min_element(bytes_by_rank.begin(), bytes_by_rank.end()) - bytes_by_rank.begin());
+    bytes_by_rank[writer[i]] +=
+        plan[i].kind == State::Kind::kTensor
+            ? detail::volume(plan[i].sizes) * static_cast<int64_t>(c10::elementSize(plan[i].dtype))
+            : 64;
+  }
+
+  // 3. This rank's file.
+  std::vector<Written> written;
+  std::string error;
+  try {
+    const std::string path = join(dir, data_file(rank));
+    datapar::detail::AtomicFile file(path);
+    int64_t offset = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const State::Entry& e = state.entries()[i];
+      if (e.kind != State::Kind::kShard && writer[i] != rank) continue;
+      const IValue item = e.kind == State::Kind::kValue ? e.value : IValue(e.shard.local.detach().cpu().contiguous());
+      const std::string bytes = datapar::detail::torch_save_bytes(item);
+      file.write(bytes.data(), bytes.size());
+      written.push_back(Written{static_cast<int64_t>(i), 0, offset, static_cast<int64_t>(bytes.size())});
+      offset += static_cast<int64_t>(bytes.size());
+    }
+    file.commit();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+
+  // 4. Everyone's ranges (or errors) to everyone; rank 0 writes .metadata.
+  std::vector<IValue> mine;
+  for (const Written& w : written) mine.push_back(ints({w.entry, w.chunk, w.offset, w.length}));
+  const std::vector<std::string> results =
+      all_gather_bytes(group, datapar::detail::torch_save_bytes(list_of({error, list_of(std::move(mine))})));
+  std::vector<std::string> errors;
+  for (const std::string& r : results) {
+    errors.push_back(datapar::detail::torch_load_bytes(r.data(), r.size()).toListRef()[0].toStringRef());
+  }
+  const std::string failed = first_error(errors);
+  if (!failed.empty()) {
+    throw CheckpointError(str_cat("dcp::save into ", dir, ": ", failed, ". The checkpoint there is incomplete (no ",
+                                  detail::kMetadataFile, "); the previous one is untouched"));
+  }
+  std::string verdict;
+  if (rank == 0) {
+    try {
+      Metadata md;
+      md.save_id = datapar::detail::random_hex(16);
+      md.entries.resize(plan.size());
+      for (size_t i = 0; i < plan.size(); ++i) {
+        detail::Entry& e = md.entries[i];
+        e.fqn = plan[i].name;
+        e.is_tensor = plan[i].kind != State::Kind::kValue;
+        e.dtype = plan[i].dtype;
+        e.size = plan[i].global_size;
+        e.path = plan[i].path;
+      }
+      for (int r = 0; r < world; ++r) {
+        const IValue v = datapar::detail::torch_load_bytes(results[r].data(), results[r].size());
+        for (const IValue& w : v.toListRef()[1].toListRef()) {
+          const std::vector<int64_t> f = ints_of(w);
+          detail::Entry& e = md.entries[static_cast<size_t>(f[0])];
+          if (e.is_tensor) e.chunks.push_back(detail::Chunk{plans[r][f[0]].offsets, plans[r][f[0]].sizes});
+          e.storage.push_back(detail::StorageInfo{data_file(r), f[2], f[3]});
+        }
+      }
+      datapar::detail::AtomicFile file(join(dir, detail::kMetadataFile));
+      const std::string bytes = detail::write_metadata(md, dir);
+      file.write(bytes.data(), bytes.size());
+      file.commit();
+    } catch (const std::exception& e) {
+      verdict = e.what();
+    }
+  }
+  const std::string written_metadata = all_gather_bytes(group, verdict)[0];
+  if (!written_metadata.empty()) {
+    throw CheckpointError(str_cat("dcp::save into ", dir, ": rank 0 could not write ", detail::kMetadataFile, ": ",
+                                  written_metadata, ". The checkpoint there is incomplete"));
+  }
+}
+
+void load_state(State& state, const std::string& dir, ProcessGroup* group, bool allow_partial) {
+  std::string error;
+  try {
+    const Metadata md = read_metadata_file(dir);
+    DataFiles files(dir);
+    for (State::Entry& e : state.entries()) {
+      const detail::Entry* saved = md.find(e.name);
+      if (saved == nullptr) {
+        if (allow_partial) continue;
+        throw CheckpointError(str_cat(e.name, " is not in the checkpoint (it has ", md.entries.size(),
+                                      " entries); load with allow_partial to leave it as it is"));
+      }
+      load_entry(e, *saved, files);
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::string failed = first_error(all_gather_bytes(group, error));
+  if (!failed.empty()) throw CheckpointError(str_cat("dcp::load from ", dir, ": ", failed));
+}
+
+State load_all_state(const std::string& dir, ProcessGroup* group) {
+  State state;
+  std::string error;
+  try {
+    const Metadata md = read_metadata_file(dir);
+    check_sizes(md, dir);  // before allocating what the metadata claims
+    for (const detail::Entry& e : md.entries) {
+      if (e.is_tensor) {
+        state.put(e.fqn, at::empty(e.size, at::TensorOptions().dtype(e.dtype)), e.path);
+      } else {
+        state.put(e.fqn, IValue(), e.path);
+      }
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::string failed = first_error(all_gather_bytes(group, error));
+  if (!failed.empty()) throw CheckpointError(str_cat("dcp::load_all from ", dir, ": ", failed));
+  load_state(state, dir, group, false);
+  return state;
+}
+
+}  // namespace
+
+void save(const State& state, const std::string& dir, ProcessGroup& group) { save_state(state, dir, &group); }
+void save(const State& state, const std::string& dir) { save_state(state, dir, nullptr); }
+void load(State& state, const std::string& dir, ProcessGroup& group, bool allow_partial) {
+  load_state(state, dir, &group, allow_partial);
+}
+void load(State& state, const std::string& dir, bool allow_partial) { load_state(state, dir, nullptr, allow_partial); }
+State load_all(const std::string& dir, ProcessGroup& group) { return load_all_state(dir, &group); }
+State load_all(const std::string& dir) { return load_all_state(dir, nullptr); }
+
+bool is_checkpoint(const std::string& dir) noexcept {
+  try {
+    read_metadata_file(dir);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::vector<SavedEntry> saved_entries(const std::string& dir) {
+  std::vector<SavedEntry> out;
+  for (const detail::Entry& e : read_metadata_file(dir).entries)
+    out.push_back(SavedEntry{e.fqn, e.is_tensor, e.dtype, e.size});
+  return out;
+}
+
+}  // namespace datapar::dcp

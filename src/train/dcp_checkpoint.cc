@@ -1,0 +1,112 @@
+// save_dcp_checkpoint / load_latest_dcp_checkpoint. See datapar/train/dcp_checkpoint.h.
+#include "datapar/train/dcp_checkpoint.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+
+#include "datapar/dcp/checkpoint.h"
+#include "datapar/error.h"
+#include "file_system.h"
+#include "serialization/zip_crc.h"
+
+namespace datapar::train {
+namespace {
+
+using c10::IValue;
+
+std::vector<std::string> parameter_names(const torch::nn::Module& module) {
+  std::vector<std::string> names;
+  for (const auto& p : module.named_parameters()) names.push_back(p.key());
+  return names;
+}
+
+// N of "epoch-<N>", or -1.
+int64_t epoch_of(const std::string& name) {
+  const std::string prefix = "epoch-";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() > prefix.size() + 12) return -1;
+  for (size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+  }
+  return std::atoll(name.c_str() + prefix.size());
+}
+
+}  // namespace
+
+std::string dcp_checkpoint_path(const std::string& dir, int64_t epoch) {
+  return dir + "/epoch-" + std::to_string(epoch);
+}
+
+void save_dcp_checkpoint(const Checkpoint& c, const torch::nn::Module& module, const std::string& path,
+                         ProcessGroup* group) {
+  dcp::State state;
+  for (const auto& item : c.model)
+    state.put("model." + item.key(), item.value(), {IValue("model"), IValue(item.key())});
+  if (c.optimizer.contains("state")) dcp::add_optimizer_state(state, "optim", c.optimizer, parameter_names(module));
+  state.put("epoch", IValue(c.epoch), {IValue("epoch")});
+  for (const auto& p : c.progress)
+    state.put("progress." + p.first, IValue(p.second), {IValue("progress"), IValue(p.first)});
+  if (c.rng.cpu.defined()) state.put("rng.cpu", c.rng.cpu, {IValue("rng"), IValue("cpu")});
+  for (size_t i = 0; i < c.rng.cuda.size(); ++i) {
+    state.put("rng.cuda." + std::to_string(i), c.rng.cuda[i], {IValue("rng"), IValue("cuda"), IValue(int64_t(i))});
+  }
+  if (group != nullptr) {
+    dcp::save(state, path, *group);
+  } else {
+    dcp::save(state, path);
+  }
+}
+
+std::optional<Checkpoint> load_latest_dcp_checkpoint(const std::string& dir, const torch::nn::Module& module,
+                                                     ProcessGroup* group, std::vector<std::string>* skipped) {
+  std::vector<int64_t> epochs;
+  for (const std::string& name : detail::list_directory(dir)) {
+    const int64_t epoch = epoch_of(name);
+    if (epoch >= 0 && detail::is_directory(dir + "/" + name)) epochs.push_back(epoch);
+  }
+  std::sort(epochs.rbegin(), epochs.rend());
+  int64_t newest = -1;
+  for (int64_t epoch : epochs) {
+    const std::string path = dcp_checkpoint_path(dir, epoch);
+    if (dcp::is_checkpoint(path)) {
+      newest = epoch;
+      break;
+    }
+    if (skipped != nullptr) skipped->push_back(path);
+  }
+  if (group != nullptr) {  // the same epoch everywhere: the oldest of the ranks' newest
+    at::Tensor t = at::full({1}, newest < 0 ? INT64_MAX : newest, at::kLong).to(group->device());
+    group->all_reduce(t, ReduceOp::kMin)->wait();
+    newest = t.cpu().item<int64_t>();
+    if (newest == INT64_MAX) newest = -1;
+  }
+  if (newest < 0) return std::nullopt;
+  const std::string path = dcp_checkpoint_path(dir, newest);
+  const dcp::State state = group != nullptr ? dcp::load_all(path, *group) : dcp::load_all(path);
+  Checkpoint c;
+  c.path = path;
+  c.optimizer = dcp::optimizer_state_of(state, "optim", parameter_names(module));
+  for (const auto& e : state.entries()) {
+    if (e.path.empty() || !e.path[0].isString()) continue;
+    const std::string& head = e.path[0].toStringRef();
+    if (head == "model" && e.path.size() == 2) c.model.insert(e.path[1].toStringRef(), e.shard.local);
+    if (head == "epoch" && e.value.isInt()) c.epoch = e.value.toInt();
+    if (head == "progress" && e.path.size() == 2 && e.value.isInt())
+      c.progress[e.path[1].toStringRef()] = e.value.toInt();
+    if (head == "rng" && e.path.size() >= 2 && e.path[1].toStringRef() == "cpu") c.rng.cpu = e.shard.local;
+    if (head == "rng" && e.path.size() == 3 && e.path[1].toStringRef() == "cuda") c.rng.cuda.push_back(e.shard.local);
+  }
+  if (c.optimizer.at("state").toGenericDict().empty() && c.optimizer.at("param_groups").toListRef().empty()) {
+    c.optimizer = OptimizerState(c10::AnyType::get(), c10::AnyType::get());
+  }
+  // What agree_on_resume compares: the metadata's bytes, equal for the same checkpoint.
+  std::ifstream in(path + "/.metadata", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  c.digest = detail::crc32(bytes.data(), bytes.size());
+  return c;
+}
+
+}  // namespace datapar::train

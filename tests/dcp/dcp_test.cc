@@ -1,0 +1,342 @@
+// torch.distributed.checkpoint in datapar (datapar/dcp/checkpoint.h): the .metadata reader
+// and writer, saving and loading across world sizes with ranks as threads, and the errors
+// for damaged, hostile and incomplete checkpoints. PyTorch's side: dcp_python_test.cc.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "datapar/dcp/checkpoint.h"
+#include "datapar/error.h"
+#include "datapar/state_dict.h"
+#include "datapar/train/optimizer_state.h"
+#include "dcp/metadata.h"
+#include "testing/expect_throw.h"
+#include "testing/dcp_twin.h"
+#include "testing/gloo_ranks.h"
+#include "testing/temp_dir.h"
+
+namespace datapar {
+namespace {
+
+using dcp::detail::Metadata;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+#define EXPECT_THAT_ERROR(error, substring)                                         \
+  do {                                                                              \
+    const std::string datapar_error_ = (error);                                     \
+    EXPECT_NE(datapar_error_.find(substring), std::string::npos) << datapar_error_; \
+  } while (0)
+
+Metadata parse(const std::string& bytes) { return dcp::detail::parse_metadata(bytes.data(), bytes.size()); }
+
+// A tensor of 7x3 in two row chunks, and a value.
+Metadata two_chunks() {
+  Metadata md;
+  dcp::detail::Entry t;
+  t.fqn = "model.w";
+  t.is_tensor = true;
+  t.dtype = at::kFloat;
+  t.size = {7, 3};
+  t.chunks = {{{0, 0}, {4, 3}}, {{4, 0}, {3, 3}}};
+  t.storage = {{"__0_0.distcp", 0, 100}, {"__1_0.distcp", 0, 100}};
+  t.path = {c10::IValue("model"), c10::IValue("w")};
+  dcp::detail::Entry v;
+  v.fqn = "progress.step";
+  v.storage = {{"__1_0.distcp", 100, 50}};
+  md.entries = {t, v};
+  md.save_id = "abc";
+  return md;
+}
+
+TEST(DcpMetadata, ReadsWhatItWrites) {
+  const Metadata back = parse(dcp::detail::write_metadata(two_chunks(), "ck"));
+  ASSERT_EQ(back.entries.size(), 2u);
+  const auto& t = back.entries[0];
+  EXPECT_EQ(t.fqn, "model.w");
+  EXPECT_TRUE(t.is_tensor);
+  EXPECT_EQ(t.size, (std::vector<int64_t>{7, 3}));
+  ASSERT_EQ(t.chunks.size(), 2u);
+  EXPECT_EQ(t.chunks[1].offsets, (std::vector<int64_t>{4, 0}));
+  EXPECT_EQ(t.storage[1].relative_path, "__1_0.distcp");
+  EXPECT_EQ(t.path.size(), 2u);
+  EXPECT_FALSE(back.entries[1].is_tensor);
+  EXPECT_EQ(back.entries[1].storage[0].offset, 100);
+  EXPECT_EQ(back.save_id, "abc");
+}
+
+// What PyTorch 2.15's dcp.save wrote (fuzz/corpus/dcp_metadata: a DDP and an FSDP2 model
+// with Adam, 2 ranks).
+TEST(DcpMetadata, ReadsPyTorchsMetadata) {
+  const Metadata fsdp =
+      parse(read_file(DATAPAR_SOURCE_DIR "/fuzz/corpus/dcp_metadata/fsdp2_adam_pytorch_2_15.metadata"));
+  const auto* w = fsdp.find("model.0.weight");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->size, (std::vector<int64_t>{3, 5}));
+  ASSERT_EQ(w->chunks.size(), 2u);  // FSDP2 shards rows: 2 + 1
+  EXPECT_EQ(w->chunks[1].offsets, (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(w->chunks[1].sizes, (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(w->path, (std::vector<c10::IValue>{c10::IValue("model"), c10::IValue("0.weight")}));
+  const auto* step = fsdp.find("optim.state.0.weight.step");
+  ASSERT_NE(step, nullptr);
+  EXPECT_TRUE(step->size.empty());
+  const auto* lr = fsdp.find("optim.param_groups.0.lr");
+  ASSERT_NE(lr, nullptr);
+  EXPECT_FALSE(lr->is_tensor);
+  const Metadata ddp = parse(read_file(DATAPAR_SOURCE_DIR "/fuzz/corpus/dcp_metadata/ddp_adam_pytorch_2_15.metadata"));
+  EXPECT_EQ(ddp.find("model.2.bias")->chunks.size(), 1u);
+  EXPECT_EQ(ddp.find("progress.epoch")->storage.size(), 1u);
+}
+
+TEST(DcpMetadata, RefusesWhatNoCheckpointHolds) {
+  struct Case {
+    const char* what;
+    void (*damage)(Metadata&);
+    const char* message;
+  };
+  const Case cases[] = {
+      {"overlap",
+       [](Metadata& m) {
+         m.entries[0].chunks[1].offsets = {3, 0};
+       },
+       "overlapping chunks at [3, 0] and [0, 0]"},
+      {"outside",
+       [](Metadata& m) {
+         m.entries[0].chunks[1].sizes = {4, 3};
+       },
+       "that is not inside it"},
+      {"gap",
+       [](Metadata& m) {
+         m.entries[0].chunks[1].sizes = {2, 3};
+       },
+       "chunks covering 18 (a part is missing)"},
+      {"escape", [](Metadata& m) { m.entries[0].storage[0].relative_path = "../../etc/passwd"; },
+       "not a file name inside the checkpoint"},
+      {"negative", [](Metadata& m) { m.entries[1].storage[0].offset = -5; }, "is stored at offset -5"},
+      {"dims", [](Metadata& m) { m.entries[0].chunks[0].offsets = {0}; }, "that is not inside it"},
+      {"huge",
+       [](Metadata& m) {
+         m.entries[0].size = {int64_t{1} << 40, int64_t{1} << 40};
+       },
+       "past 2^62 elements"},
+  };
+  for (const Case& c : cases) {
+    Metadata md = two_chunks();
+    c.damage(md);
+    SCOPED_TRACE(c.what);
+    EXPECT_THROW_MSG(parse(dcp::detail::write_metadata(md, "ck")), CheckpointError, c.message);
+  }
+  // A version datapar does not know, and every truncation of a good file: an error, never a crash.
+  std::string good = dcp::detail::write_metadata(two_chunks(), "ck");
+  std::string other = good;
+  other.replace(other.find("1.0.0"), 5, "9.9.9");
+  EXPECT_THROW_MSG(parse(other), CheckpointError, "DCP format version is \"9.9.9\"; datapar reads version 1.0.0");
+  for (size_t n = 0; n < good.size(); n += 7) EXPECT_THROW(parse(good.substr(0, n)), CheckpointError) << n;
+  // Code instead of data.
+  const char evil_bytes[] =
+      "\x80\x02"
+      "cos\nsystem\n"
+      "(X\x02\x00\x00\x00"
+      "ls"
+      "tR.";
+  const std::string evil(evil_bytes, sizeof evil_bytes - 1);
+  EXPECT_THROW_MSG(parse(evil), CheckpointError, "calls os.system, which datapar does not read");
+  const char object_bytes[] =
+      "\x80\x02"
+      "cbuiltins\nobject\n"
+      ")\x81"
+      ".";
+  const std::string object(object_bytes, sizeof object_bytes - 1);
+  EXPECT_THROW_MSG(parse(object), CheckpointError, "builds a builtins.object, which datapar does not read");
+}
+
+// A whole tensor, a tensor in row shards and a value, saved by 2 ranks and loaded by 1, 2 and
+// 3, each time in other boxes (columns at 3).
+TEST(Dcp, SavedByTwoRanksLoadsOnOneTwoOrThree) {
+  const testing::TempDir dir("dcp");
+  const std::string ck = dir.path() + "/ck";
+  const at::Tensor whole = at::arange(12, at::kDouble).reshape({3, 4});
+  const at::Tensor sharded = at::arange(70, at::kFloat).reshape({7, 10});
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    dcp::State state;
+    state.put("whole", whole.clone());
+    const int64_t begin = rank == 0 ? 0 : 4;
+    state.put("sharded", dcp::Shard{sharded.narrow(0, begin, rank == 0 ? 4 : 3).clone(), {begin, 0}, {7, 10}});
+    state.put("progress.step", c10::IValue(int64_t{17}));
+    dcp::save(state, ck, *group);
+  });
+  EXPECT_TRUE(dcp::is_checkpoint(ck));
+  struct stat st {};
+  EXPECT_EQ(::stat((ck + "/__1_0.distcp").c_str(), &st), 0) << "each rank writes its own shard";
+  for (int world : {1, 2, 3}) {
+    testing::run_gloo_ranks(world, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+      dcp::State state;
+      state.put("whole", at::zeros({3, 4}, at::kDouble));
+      const int64_t width = (10 + world - 1) / world;
+      const int64_t begin = std::min<int64_t>(10, rank * width);
+      const int64_t columns = std::min<int64_t>(10 - begin, width);
+      state.put("sharded", dcp::Shard{at::zeros({7, columns}, at::kDouble), {0, begin}, {7, 10}});
+      state.put("progress.step", c10::IValue());
+      dcp::load(state, ck, *group);
+      EXPECT_TRUE(at::equal(state.at("whole").shard.local, whole)) << world;
+      EXPECT_TRUE(at::equal(state.at("sharded").shard.local, sharded.narrow(1, begin, columns).to(at::kDouble)))
+          << "world " << world << " rank " << rank;
+      EXPECT_EQ(state.at("progress.step").value.toInt(), 17);
+    });
+  }
+}
+
+using testing::dcp_twin;
+using testing::dcp_twin_step;
+
+// A model and Adam saved by 2 ranks and loaded by 3 continue exactly where they were.
+TEST(Dcp, ModelAndAdamContinueAtAnotherWorldSize) {
+  const testing::TempDir dir("dcp");
+  const std::string ck = dir.path() + "/ck";
+  torch::manual_seed(7);
+  const at::Tensor x = at::randn({5, 6});
+  const at::Tensor x2 = at::randn({5, 6});
+  torch::nn::Sequential reference = dcp_twin(0);
+  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(0.01));
+  dcp_twin_step(reference, reference_adam, x);
+  dcp_twin_step(reference, reference_adam, x);
+  testing::run_gloo_ranks(2, [&](int, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = dcp_twin(0);
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
+    dcp_twin_step(model, adam, x);
+    dcp::State state;
+    dcp::add_module(state, "model", *model);
+    dcp::add_optimizer(state, "optim", adam, *model);
+    dcp::save(state, ck, *group);
+  });
+  dcp_twin_step(reference, reference_adam, x2);  // the third step, taken after loading below
+  const auto names = dcp::saved_entries(ck);
+  EXPECT_EQ(names.front().name, "model.0.weight");
+  testing::run_gloo_ranks(3, [&](int, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = dcp_twin(99);
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.5));  // lr comes from the checkpoint
+    dcp::State state;
+    dcp::add_module(state, "model", *model);
+    dcp::add_optimizer(state, "optim", adam, *model);
+    dcp::load(state, ck, *group);
+    dcp::apply_optimizer(state, "optim", adam, *model);
+    EXPECT_DOUBLE_EQ(static_cast<torch::optim::AdamOptions&>(adam.param_groups()[0].options()).lr(), 0.01);
+    dcp_twin_step(model, adam, x);   // the second step
+    dcp_twin_step(model, adam, x2);  // the third
+    const StateDict got = state_dict(*model);
+    for (const auto& item : state_dict(*reference)) {
+      EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-6, 1e-7)) << item.key();
+    }
+  });
+}
+
+TEST(Dcp, RefusesAnExistingCheckpointRanksThatDisagreeAndWhatDoesNotFit) {
+  const testing::TempDir dir("dcp");
+  const std::string ck = dir.path() + "/ck";
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    dcp::State state;
+    state.put("w", at::ones({2, 2}));
+    dcp::save(state, ck, *group);
+    EXPECT_THROW_MSG(dcp::save(state, ck, *group), CheckpointError,
+                     "holds a checkpoint already; save each checkpoint into a new directory");
+    dcp::State other;
+    other.put(rank == 0 ? "w" : "v", at::ones({2, 2}));
+    EXPECT_THROW_MSG(dcp::save(other, dir.path() + "/ck2", *group), InvalidArgumentError,
+                     "the ranks' states differ: entry 0 is w on rank 0 but v on rank 1");
+    dcp::State bigger;
+    bigger.put("w", at::ones({3, 2}));
+    EXPECT_THROW_MSG(dcp::load(bigger, ck, *group), CheckpointError,
+                     "w has size [2, 2] in the checkpoint but [3, 2] here");
+    dcp::State missing;
+    missing.put("u", at::ones({1}));
+    EXPECT_THROW_MSG(dcp::load(missing, ck, *group), CheckpointError, "u is not in the checkpoint");
+    dcp::load(missing, ck, *group, /*allow_partial=*/true);
+    // One rank's failure is every rank's error.
+    dcp::State fine;
+    fine.put("w", at::ones({2, 2}));
+    EXPECT_THROW_MSG(dcp::load(rank == 0 ? fine : bigger, ck, *group), CheckpointError, "rank 1: w has size");
+  });
+}
+
+// A rank that cannot write its file fails the save on every rank, without .metadata; the
+// previous checkpoint still loads. Then damaged data files: each a clear error.
+TEST(Dcp, AFailedSaveLeavesNoCheckpointAndDamageIsNamed) {
+  const testing::TempDir dir("dcp");
+  const std::string good = dir.path() + "/step-1";
+  const std::string bad = dir.path() + "/step-2";
+  ASSERT_EQ(::mkdir(bad.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((bad + "/__1_0.distcp").c_str(), 0755), 0);  // rank 1's file cannot replace a directory
+  testing::run_gloo_ranks(2, [&](int, std::shared_ptr<ProcessGroup> group) {
+    dcp::State state;
+    state.put("w", at::full({4, 4}, 2.0));
+    dcp::save(state, good, *group);
+    EXPECT_THROW_MSG(dcp::save(state, bad, *group), CheckpointError, "rank 1: ");
+  });
+  EXPECT_FALSE(dcp::is_checkpoint(bad));
+  EXPECT_TRUE(dcp::is_checkpoint(good));
+  // What loading `ck` on one rank says: "" when it loads.
+  auto load_w = [](const std::string& ck) {
+    std::string error;
+    testing::run_gloo_ranks(1, [&](int, std::shared_ptr<ProcessGroup> group) {
+      dcp::State state;
+      state.put("w", at::zeros({4, 4}));
+      try {
+        dcp::load(state, ck, *group);
+        EXPECT_TRUE(at::equal(state.at("w").shard.local, at::full({4, 4}, 2.0)));
+      } catch (const CheckpointError& e) {
+        error = e.what();
+      }
+    });
+    return error;
+  };
+  EXPECT_THAT_ERROR(load_w(bad), "no .metadata file: not a checkpoint, or an incomplete one");
+  EXPECT_EQ(load_w(good), "");
+
+  // Metadata that claims a tensor far larger than its bytes: refused before anything is allocated.
+  {
+    const std::string saved = read_file(good + "/.metadata");
+    Metadata md = parse(saved);
+    md.entries[0].size = {int64_t{1} << 20, int64_t{1} << 20};
+    md.entries[0].chunks = {{{0, 0}, {int64_t{1} << 20, int64_t{1} << 20}}};
+    md.entries[0].storage.resize(1);
+    write_file(good + "/.metadata", dcp::detail::write_metadata(md, good));
+    EXPECT_THROW_MSG(dcp::load_all(good), CheckpointError, "w claims 1099511627776 elements of Float but its chunks");
+    write_file(good + "/.metadata", saved);
+  }
+
+  // The one data file that holds w (rank 0 or 1 wrote it): truncated, flipped, missing.
+  std::string file = good + "/__0_0.distcp";
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0 || st.st_size == 0) file = good + "/__1_0.distcp";
+  const std::string bytes = read_file(file);
+  write_file(file, bytes.substr(0, bytes.size() / 2));
+  EXPECT_THAT_ERROR(load_w(good), "(a truncated copy?)");
+  std::string flipped = bytes;
+  flipped[flipped.size() - 200] ^= 0x10;  // in the zip directory's last entries
+  write_file(file, flipped);
+  EXPECT_NE(load_w(good), "");
+  std::string tensor_bit = bytes;
+  // A bit of w's 64 bytes, before the next record (and any 16-byte data descriptor).
+  tensor_bit[bytes.find("PK\x03\x04", bytes.find("data/0")) - 20] ^= 0x01;
+  write_file(file, tensor_bit);
+  EXPECT_THAT_ERROR(load_w(good), "its CRC-32 does not match");
+  ::unlink(file.c_str());
+  EXPECT_THAT_ERROR(load_w(good), "is missing (No such file or directory): the checkpoint was not copied whole");
+}
+
+}  // namespace
+}  // namespace datapar
