@@ -5,11 +5,11 @@
 // PyTorch's dcp.save / dcp.load; bench/dcp_ab.sh runs both in turn.
 //
 //   build/bin/dcp_bench DIR [--rounds 5] [--ranks 2]
-#include <CLI/CLI.hpp>
 #include <sys/stat.h>
 #include <torch/optim/adam.h>
 #include <torch/utils.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

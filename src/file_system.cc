@@ -39,7 +39,9 @@ std::string directory_of(const std::string& path) {
 
 std::string make_directories(const std::string& path) {
   if (path.empty() || is_directory(path)) return "";
-  if (exists(path)) return path + ": exists and is not a directory";
+  // Made by another process or thread since is_directory above (ranks make one checkpoint
+  // directory at once) is no error; anything else there is.
+  if (exists(path) && !is_directory(path)) return path + ": exists and is not a directory";
   const std::string parent = parent_directory(path);
   if (!parent.empty() && parent != path) {
     std::string problem = make_directories(parent);

@@ -99,18 +99,18 @@ struct PlanEntry {
   std::string name;
   State::Kind kind;
   at::ScalarType dtype;
-  std::vector<int64_t> global_size, offsets, sizes;
+  std::vector<int64_t> global_size;
+  std::vector<detail::Chunk> boxes;  // this rank's: offsets and sizes
   std::vector<IValue> path;
 };
 
 std::string encode_plan(const State& state, const std::string& problem) {
   std::vector<IValue> entries;
   for (const State::Entry& e : state.entries()) {
-    const bool tensor = e.kind != State::Kind::kValue;
-    entries.push_back(list_of({e.name, static_cast<int64_t>(e.kind),
-                               static_cast<int64_t>(tensor ? e.shard.local.scalar_type() : at::kByte),
-                               ints(e.shard.global_size), ints(e.shard.offsets),
-                               ints(tensor ? e.shard.local.sizes().vec() : std::vector<int64_t>{}), list_of(e.path)}));
+    std::vector<IValue> boxes;
+    for (const Shard& b : e.boxes) boxes.push_back(list_of({ints(b.offsets), ints(b.local.sizes().vec())}));
+    entries.push_back(list_of({e.name, static_cast<int64_t>(e.kind), static_cast<int64_t>(e.dtype), ints(e.global_size),
+                               list_of(std::move(boxes)), list_of(e.path)}));
   }
   return datapar::detail::torch_save_bytes(list_of({problem, list_of(std::move(entries))}));
 }
@@ -122,9 +122,11 @@ std::vector<PlanEntry> decode_plan(const std::string& bytes, std::string* proble
   std::vector<PlanEntry> out;
   for (const IValue& e : top[1].toListRef()) {
     const auto& f = e.toListRef();
+    std::vector<detail::Chunk> boxes;
+    for (const IValue& b : f[4].toListRef()) boxes.push_back({ints_of(b.toListRef()[0]), ints_of(b.toListRef()[1])});
     out.push_back(PlanEntry{f[0].toStringRef(), static_cast<State::Kind>(f[1].toInt()),
-                            static_cast<at::ScalarType>(f[2].toInt()), ints_of(f[3]), ints_of(f[4]), ints_of(f[5]),
-                            f[6].toListRef().vec()});
+                            static_cast<at::ScalarType>(f[2].toInt()), ints_of(f[3]), std::move(boxes),
+                            f[5].toListRef().vec()});
   }
   return out;
 }
@@ -150,7 +152,7 @@ std::string disagreement(const std::vector<PlanEntry>& zero, const std::vector<P
       return str_cat(a.name, " is ", a.dtype, c10::IntArrayRef(a.global_size), " on rank 0 but ", b.dtype,
                      c10::IntArrayRef(b.global_size), " on rank ", r);
     }
-    if (a.kind == State::Kind::kTensor && a.sizes != b.sizes) {
+    if (a.kind == State::Kind::kTensor && a.boxes[0].sizes != b.boxes[0].sizes) {
       return str_cat(a.name, " differs in size between rank 0 and rank ", r);
     }
   }
@@ -231,6 +233,29 @@ void copy_overlap(const detail::Chunk& c, const at::Tensor& saved, at::Tensor& t
   to.copy_(from);
 }
 
+void load_box(Shard& box, const detail::Entry& saved, DataFiles& files, const std::string& name) {
+  at::Tensor target = box.local;
+  const std::vector<int64_t> local = target.sizes().vec();
+  for (size_t c = 0; c < saved.chunks.size(); ++c) {
+    const detail::Chunk& chunk = saved.chunks[c];
+    bool meets = true;
+    for (size_t d = 0; d < local.size(); ++d) {
+      meets =
+          meets && chunk.offsets[d] < box.offsets[d] + local[d] && box.offsets[d] < chunk.offsets[d] + chunk.sizes[d];
+    }
+    if (!meets || detail::volume(chunk.sizes) == 0) continue;
+    const IValue item = read_item(files, saved.storage[c], name);
+    if (!item.isTensor() || item.toTensor().sizes() != c10::IntArrayRef(chunk.sizes) ||
+        item.toTensor().scalar_type() != saved.dtype) {
+      throw CheckpointError(str_cat(name, "'s chunk at ", c10::IntArrayRef(chunk.offsets), " should be a ", saved.dtype,
+                                    " tensor of size ", c10::IntArrayRef(chunk.sizes), " but its bytes hold ",
+                                    item.isTensor() ? str_cat(item.toTensor().scalar_type(), item.toTensor().sizes())
+                                                    : datapar::detail::python_type_name(item)));
+    }
+    copy_overlap(chunk, item.toTensor(), target, box.offsets);
+  }
+}
+
 void load_entry(State::Entry& e, const detail::Entry& saved, DataFiles& files) {
   if ((e.kind == State::Kind::kValue) == saved.is_tensor) {
     throw CheckpointError(str_cat(e.name, " is ", saved.is_tensor ? "a tensor" : "a value", " in the checkpoint but ",
@@ -240,32 +265,11 @@ void load_entry(State::Entry& e, const detail::Entry& saved, DataFiles& files) {
     e.value = read_item(files, saved.storage[0], e.name);
     return;
   }
-  if (saved.size != e.shard.global_size) {
+  if (saved.size != e.global_size) {
     throw CheckpointError(str_cat(e.name, " has size ", c10::IntArrayRef(saved.size), " in the checkpoint but ",
-                                  c10::IntArrayRef(e.shard.global_size),
-                                  " here. Load it into the model it was saved from"));
+                                  c10::IntArrayRef(e.global_size), " here. Load it into the model it was saved from"));
   }
-  at::Tensor target = e.shard.local;
-  const std::vector<int64_t> local = target.sizes().vec();
-  for (size_t c = 0; c < saved.chunks.size(); ++c) {
-    const detail::Chunk& chunk = saved.chunks[c];
-    bool meets = true;
-    for (size_t d = 0; d < local.size(); ++d) {
-      meets = meets && chunk.offsets[d] < e.shard.offsets[d] + local[d] &&
-              e.shard.offsets[d] < chunk.offsets[d] + chunk.sizes[d];
-    }
-    if (!meets || detail::volume(chunk.sizes) == 0) continue;
-    const IValue item = read_item(files, saved.storage[c], e.name);
-    if (!item.isTensor() || item.toTensor().sizes() != c10::IntArrayRef(chunk.sizes) ||
-        item.toTensor().scalar_type() != saved.dtype) {
-      throw CheckpointError(str_cat(e.name, "'s chunk at ", c10::IntArrayRef(chunk.offsets), " should be a ",
-                                    saved.dtype, " tensor of size ", c10::IntArrayRef(chunk.sizes),
-                                    " but its bytes hold ",
-                                    item.isTensor() ? str_cat(item.toTensor().scalar_type(), item.toTensor().sizes())
-                                                    : datapar::detail::python_type_name(item)));
-    }
-    copy_overlap(chunk, item.toTensor(), target, e.shard.offsets);
-  }
+  for (Shard& box : e.boxes) load_box(box, saved, files, e.name);
 }
 
 // Every byte range inside its file, and every tensor no larger than the bytes its chunks
@@ -345,25 +349,40 @@ void State::put(const std::string& name, at::Tensor whole, std::vector<IValue> p
   DATAPAR_CHECK(whole.defined() && whole.layout() == at::kStrided, "dcp::State: ", name, " is not a dense tensor");
   Entry& e = add(name, std::move(path));
   e.kind = Kind::kTensor;
-  e.shard = Shard{whole, std::vector<int64_t>(whole.dim(), 0), whole.sizes().vec()};
+  e.global_size = whole.sizes().vec();
+  e.dtype = whole.scalar_type();
+  e.boxes = {Shard{whole, std::vector<int64_t>(whole.dim(), 0), whole.sizes().vec()}};
 }
 
 void State::put(const std::string& name, Shard shard, std::vector<IValue> path) {
-  DATAPAR_CHECK(shard.local.defined() && shard.local.layout() == at::kStrided, "dcp::State: ", name,
-                " is not a dense tensor");
-  const size_t dims = shard.global_size.size();
-  DATAPAR_CHECK(shard.offsets.size() == dims && static_cast<size_t>(shard.local.dim()) == dims, "dcp::State: ", name,
-                "'s shard has ", shard.local.dim(), " dimensions, offsets of ", shard.offsets.size(),
-                " and a global size of ", dims);
-  for (size_t d = 0; d < dims; ++d) {
-    DATAPAR_CHECK(
-        shard.offsets[d] >= 0 && shard.offsets[d] + shard.local.size(static_cast<int64_t>(d)) <= shard.global_size[d],
-        "dcp::State: ", name, "'s shard of size ", shard.local.sizes(), " at ", c10::IntArrayRef(shard.offsets),
-        " is not inside ", c10::IntArrayRef(shard.global_size));
+  DATAPAR_CHECK(shard.local.defined(), "dcp::State: ", name, " is not a dense tensor");
+  std::vector<int64_t> global_size = shard.global_size;
+  const at::ScalarType dtype = shard.local.scalar_type();
+  put(name, std::vector<Shard>{std::move(shard)}, std::move(global_size), dtype, std::move(path));
+}
+
+void State::put(const std::string& name, std::vector<Shard> boxes, std::vector<int64_t> global_size,
+                at::ScalarType dtype, std::vector<IValue> path) {
+  const size_t dims = global_size.size();
+  for (const Shard& box : boxes) {
+    DATAPAR_CHECK(box.local.defined() && box.local.layout() == at::kStrided, "dcp::State: ", name,
+                  " is not a dense tensor");
+    DATAPAR_CHECK(box.local.scalar_type() == dtype, "dcp::State: ", name, "'s boxes are ", box.local.scalar_type(),
+                  " and ", dtype);
+    DATAPAR_CHECK(box.offsets.size() == dims && static_cast<size_t>(box.local.dim()) == dims, "dcp::State: ", name,
+                  "'s shard has ", box.local.dim(), " dimensions, offsets of ", box.offsets.size(),
+                  " and a global size of ", dims);
+    for (size_t d = 0; d < dims; ++d) {
+      DATAPAR_CHECK(box.offsets[d] >= 0 && box.offsets[d] + box.local.size(static_cast<int64_t>(d)) <= global_size[d],
+                    "dcp::State: ", name, "'s shard of size ", box.local.sizes(), " at ", c10::IntArrayRef(box.offsets),
+                    " is not inside ", c10::IntArrayRef(global_size));
+    }
   }
   Entry& e = add(name, std::move(path));
   e.kind = Kind::kShard;
-  e.shard = std::move(shard);
+  e.boxes = std::move(boxes);
+  e.global_size = std::move(global_size);
+  e.dtype = dtype;
 }
 
 void State::put(const std::string& name, IValue value, std::vector<IValue> path) {
@@ -418,7 +437,9 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
   for (int r = 0; r < world; ++r) {
     for (const PlanEntry& e : plans[r]) {
       if (e.kind == State::Kind::kShard)
-        bytes_by_rank[r] += detail::volume(e.sizes) * static_cast<int64_t>(c10::elementSize(e.dtype));
+        for (const detail::Chunk& box : e.boxes) {
+          bytes_by_rank[r] += detail::volume(box.sizes) * static_cast<int64_t>(c10::elementSize(e.dtype));
+        }
     }
   }
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -426,7 +447,7 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
     writer[i] = static_cast<int>(std::min_element(bytes_by_rank.begin(), bytes_by_rank.end()) - bytes_by_rank.begin());
     bytes_by_rank[writer[i]] +=
         plan[i].kind == State::Kind::kTensor
-            ? detail::volume(plan[i].sizes) * static_cast<int64_t>(c10::elementSize(plan[i].dtype))
+            ? detail::volume(plan[i].global_size) * static_cast<int64_t>(c10::elementSize(plan[i].dtype))
             : 64;
   }
 
@@ -440,11 +461,16 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
     for (size_t i = 0; i < plan.size(); ++i) {
       const State::Entry& e = state.entries()[i];
       if (e.kind != State::Kind::kShard && writer[i] != rank) continue;
-      const IValue item = e.kind == State::Kind::kValue ? e.value : IValue(e.shard.local.detach().cpu().contiguous());
-      const std::string bytes = datapar::detail::torch_save_bytes(item);
-      file.write(bytes.data(), bytes.size());
-      written.push_back(Written{static_cast<int64_t>(i), 0, offset, static_cast<int64_t>(bytes.size())});
-      offset += static_cast<int64_t>(bytes.size());
+      const size_t items = e.kind == State::Kind::kValue ? 1 : e.boxes.size();
+      for (size_t box = 0; box < items; ++box) {
+        const IValue item =
+            e.kind == State::Kind::kValue ? e.value : IValue(e.boxes[box].local.detach().cpu().contiguous());
+        const std::string bytes = datapar::detail::torch_save_bytes(item);
+        file.write(bytes.data(), bytes.size());
+        written.push_back(
+            Written{static_cast<int64_t>(i), static_cast<int64_t>(box), offset, static_cast<int64_t>(bytes.size())});
+        offset += static_cast<int64_t>(bytes.size());
+      }
     }
     file.commit();
   } catch (const std::exception& e) {
@@ -484,7 +510,7 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
         for (const IValue& w : v.toListRef()[1].toListRef()) {
           const std::vector<int64_t> f = ints_of(w);
           detail::Entry& e = md.entries[static_cast<size_t>(f[0])];
-          if (e.is_tensor) e.chunks.push_back(detail::Chunk{plans[r][f[0]].offsets, plans[r][f[0]].sizes});
+          if (e.is_tensor) e.chunks.push_back(plans[r][static_cast<size_t>(f[0])].boxes.at(static_cast<size_t>(f[1])));
           e.storage.push_back(detail::StorageInfo{data_file(r), f[2], f[3]});
         }
       }
@@ -556,6 +582,46 @@ void load(State& state, const std::string& dir, ProcessGroup& group, bool allow_
 void load(State& state, const std::string& dir, bool allow_partial) { load_state(state, dir, nullptr, allow_partial); }
 State load_all(const std::string& dir, ProcessGroup& group) { return load_all_state(dir, &group); }
 State load_all(const std::string& dir) { return load_all_state(dir, nullptr); }
+
+std::vector<Shard> flat_range_boxes(const std::vector<int64_t>& sizes, int64_t begin, int64_t end) {
+  std::vector<Shard> out;
+  if (begin >= end) return out;
+  if (sizes.empty()) {  // a scalar: [0, 1)
+    out.push_back(Shard{at::Tensor(), {}, {}});
+    return out;
+  }
+  const std::vector<int64_t> inner_sizes(sizes.begin() + 1, sizes.end());
+  int64_t inner = 1;
+  for (int64_t s : inner_sizes) inner *= s;
+  // `rows` whole rows from `row`, or, with inner_begin/inner_end, part of one row.
+  auto prefixed = [&](int64_t row, int64_t inner_begin, int64_t inner_end) {
+    for (Shard& b : flat_range_boxes(inner_sizes, inner_begin, inner_end)) {
+      b.offsets.insert(b.offsets.begin(), row);
+      b.global_size.insert(b.global_size.begin(), 1);  // global_size holds the box's sizes here
+      out.push_back(std::move(b));
+    }
+  };
+  const int64_t first = begin / inner, last = (end - 1) / inner;
+  if (first == last && !(begin % inner == 0 && end - begin == inner)) {
+    prefixed(first, begin - first * inner, end - first * inner);
+    return out;
+  }
+  int64_t whole_begin = first, whole_end = last + 1;
+  if (begin % inner != 0) {
+    prefixed(first, begin % inner, inner);
+    whole_begin = first + 1;
+  }
+  const bool tail = end % inner != 0;
+  if (tail) whole_end = last;
+  if (whole_begin < whole_end) {
+    Shard b{at::Tensor(), std::vector<int64_t>(sizes.size(), 0), sizes};
+    b.offsets[0] = whole_begin;
+    b.global_size[0] = whole_end - whole_begin;
+    out.push_back(std::move(b));
+  }
+  if (tail) prefixed(last, 0, end % inner);
+  return out;
+}
 
 bool is_checkpoint(const std::string& dir) noexcept {
   try {

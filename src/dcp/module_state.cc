@@ -14,6 +14,7 @@
 #include "datapar/error.h"
 #include "datapar/state_dict.h"
 #include "datapar/train/optimizer_state.h"
+#include "dcp/optimizer_layout.h"
 #include "optim/state_key.h"
 
 namespace datapar::dcp {
@@ -41,6 +42,10 @@ std::vector<std::string> parameter_names(const optim::Optimizer& optimizer, cons
   }
   return out;
 }
+
+}  // namespace
+
+namespace detail {
 
 // State for every parameter that has none yet, as zeros (PyTorch's get_state_dict does the
 // same by a step with zero gradients): what a load fills.
@@ -93,7 +98,10 @@ std::vector<std::pair<std::string, IValue>> python_only_keys(const Dict& group, 
   return keys;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::create_missing_state;
+using detail::python_only_keys;
 
 void add_module(State& state, const std::string& prefix, torch::nn::Module& module) {
   for (const auto& item : datapar::state_dict(module)) {
@@ -160,7 +168,7 @@ train::OptimizerState optimizer_state_of(const State& state, const std::string& 
       if (!per_param.contains(it->second)) per_param.insert(it->second, new_dict());
       per_param.at(it->second)
           .toGenericDict()
-          .insert(e.path[3].toStringRef(), e.kind == State::Kind::kValue ? e.value : IValue(e.shard.local));
+          .insert(e.path[3].toStringRef(), e.kind == State::Kind::kValue ? e.value : IValue(e.boxes.at(0).local));
     } else if (e.path[1].toStringRef() == "param_groups" && e.path[2].isInt()) {
       const int64_t g = e.path[2].toInt();
       if (groups.count(g) == 0) groups.emplace(g, new_dict());

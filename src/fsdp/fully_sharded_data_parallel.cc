@@ -148,6 +148,32 @@ double FsdpCore::clip_grad_norm(double max_norm, double norm_type) {
   return total;
 }
 
+std::vector<ShardRange> FsdpCore::shard_ranges() const {
+  const std::unordered_map<const void*, ParamPlace> places = places_of(run_->units());
+  std::unordered_map<const FsdpUnit*, size_t> shard_of;
+  for (size_t i = 0; i < run_->units().size(); ++i) shard_of.emplace(run_->units()[i].get(), i);
+  std::vector<ShardRange> out;
+  for (const auto& item : module_->named_parameters()) {
+    const auto place = places.find(item.value().unsafeGetTensorImpl());
+    if (place == places.end()) continue;
+    const FsdpUnit& unit = *place->second.unit;
+    const int64_t lo = group_->rank() * unit.shard().numel(), hi = lo + unit.shard().numel();
+    const int64_t at = place->second.offset;
+    const int64_t first = std::max(at, lo), last = std::min(at + item.value().numel(), hi);
+    ShardRange r;
+    r.name = item.key();
+    r.sizes = item.value().sizes().vec();
+    r.shard = shard_of.at(&unit);
+    if (first < last) {
+      r.offset = first - lo;
+      r.begin = first - at;
+      r.end = last - at;
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 StateDict FsdpCore::full_state_dict() const {
   const std::unordered_map<const void*, ParamPlace> places = places_of(run_->units());
   std::unordered_map<const FsdpUnit*, at::Tensor> values;

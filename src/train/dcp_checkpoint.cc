@@ -92,12 +92,13 @@ std::optional<Checkpoint> load_latest_dcp_checkpoint(const std::string& dir, con
   for (const auto& e : state.entries()) {
     if (e.path.empty() || !e.path[0].isString()) continue;
     const std::string& head = e.path[0].toStringRef();
-    if (head == "model" && e.path.size() == 2) c.model.insert(e.path[1].toStringRef(), e.shard.local);
+    if (head == "model" && e.path.size() == 2) c.model.insert(e.path[1].toStringRef(), e.boxes.at(0).local);
     if (head == "epoch" && e.value.isInt()) c.epoch = e.value.toInt();
     if (head == "progress" && e.path.size() == 2 && e.value.isInt())
       c.progress[e.path[1].toStringRef()] = e.value.toInt();
-    if (head == "rng" && e.path.size() >= 2 && e.path[1].toStringRef() == "cpu") c.rng.cpu = e.shard.local;
-    if (head == "rng" && e.path.size() == 3 && e.path[1].toStringRef() == "cuda") c.rng.cuda.push_back(e.shard.local);
+    if (head == "rng" && e.path.size() >= 2 && e.path[1].toStringRef() == "cpu") c.rng.cpu = e.boxes.at(0).local;
+    if (head == "rng" && e.path.size() == 3 && e.path[1].toStringRef() == "cuda")
+      c.rng.cuda.push_back(e.boxes.at(0).local);
   }
   if (c.optimizer.at("state").toGenericDict().empty() && c.optimizer.at("param_groups").toListRef().empty()) {
     c.optimizer = OptimizerState(c10::AnyType::get(), c10::AnyType::get());

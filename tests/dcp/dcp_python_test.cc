@@ -15,7 +15,10 @@
 
 #include "child_process.h"
 #include "datapar/dcp/checkpoint.h"
+#include "datapar/dcp/fsdp_state.h"
 #include "datapar/error.h"
+#include "datapar/fsdp/fully_shard.h"
+#include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/process_group/gloo.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/state_dict.h"
@@ -97,7 +100,7 @@ TEST(DcpPython, DataparLoadsWhatPyTorchSavedOnOneTwoAndThreeRanks) {
         dcp::apply_optimizer(state, "optim", adam, *model);
         EXPECT_EQ(state.at("progress.epoch").value.toInt(), 3) << where;
         EXPECT_EQ(state.at("progress.step").value.toInt(), 17) << where;
-        expect_close(shard.at("model.0.weight").shard.local, want["model.0.weight"].narrow(0, begin, count), where);
+        expect_close(shard.tensor("model.0.weight"), want["model.0.weight"].narrow(0, begin, count), where);
         for (const auto& p : state_dict(*model))
           expect_close(p.value(), want["model." + p.key()], where + " " + p.key());
         const auto osd = train::optimizer_state_dict(adam);
@@ -117,8 +120,9 @@ TEST(DcpPython, DataparLoadsWhatPyTorchSavedOnOneTwoAndThreeRanks) {
   }
 }
 
-// datapar saves with 2 ranks; PyTorch loads on 1 rank (DDP), on 2 (FSDP2: resharded into its
-// row shards) and into one torch.save file (dcp_to_torch_save), and steps on from there.
+// datapar saves with 2 ranks, whole (DDP) and sharded (FSDP); PyTorch loads on 1 rank (DDP),
+// on 2 (FSDP2: resharded into its row shards) and into one torch.save file
+// (dcp_to_torch_save), and steps on from there.
 TEST(DcpPython, PyTorchLoadsWhatDataparSaved) {
   DATAPAR_REQUIRE_DCP_PYTHON();
   const testing::TempDir dir("dcp");
@@ -146,7 +150,7 @@ TEST(DcpPython, PyTorchLoadsWhatDataparSaved) {
   dcp::add_optimizer(state, "optim", adam, *model);
   StateDict ref;
   for (const auto& e : state.entries()) {
-    if (e.kind == dcp::State::Kind::kTensor) ref.insert(e.name, e.shard.local.clone());
+    if (e.kind == dcp::State::Kind::kTensor) ref.insert(e.name, e.boxes.at(0).local.clone());
   }
   dcp_twin_step(model, adam, x2);
   ref.insert("x2", x2);
@@ -155,6 +159,27 @@ TEST(DcpPython, PyTorchLoadsWhatDataparSaved) {
   EXPECT_EQ(interop("load '" + ck + "' '" + dir.path() + "/ref.pt' 1 ddp"), 0);
   EXPECT_EQ(interop("load '" + ck + "' '" + dir.path() + "/ref.pt' 2 fsdp"), 0);
   EXPECT_EQ(interop("convert '" + ck + "' '" + dir.path() + "/ref.pt'"), 0);
+
+  // The same training under datapar's FSDP (each Linear a unit): each rank saves only its
+  // shards' boxes, and PyTorch loads them the same ways.
+  const std::string sharded = dir.path() + "/fsdp";
+  testing::run_gloo_ranks(2, [&](int, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = dcp_twin(3);
+    fully_shard_each<torch::nn::LinearImpl>(*model, group);
+    FullyShardedDataParallel fsdp(model, group);
+    torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+    adam.zero_grad();
+    fsdp.forward(x).pow(2).mean().backward();
+    adam.step();
+    dcp::State state;
+    dcp::add_fsdp(state, "model", fsdp);
+    dcp::add_fsdp_optimizer(state, "optim", fsdp, adam);
+    state.put("progress.epoch", c10::IValue(int64_t{3}), {c10::IValue("progress"), c10::IValue("epoch")});
+    state.put("progress.step", c10::IValue(int64_t{17}), {c10::IValue("progress"), c10::IValue("step")});
+    dcp::save(state, sharded, *group);
+  });
+  EXPECT_EQ(interop("load '" + sharded + "' '" + dir.path() + "/ref.pt' 1 ddp"), 0);
+  EXPECT_EQ(interop("load '" + sharded + "' '" + dir.path() + "/ref.pt' 2 fsdp"), 0);
 }
 
 std::optional<std::string> no_env(const std::string&) { return std::nullopt; }
@@ -211,8 +236,8 @@ TEST(DcpProcess, ARankKilledMidSaveLeavesThePreviousCheckpointLoadable) {
       EXPECT_NE(std::string(e.what()).find("an incomplete one"), std::string::npos) << e.what();
     }
     dcp::load(state, before, *group);
-    EXPECT_EQ(state.at("w").shard.local[2047][0].item<double>(), 1.0);
-    EXPECT_EQ(state.at("w").shard.local[0][8191].item<double>(), 0.0);
+    EXPECT_EQ(state.tensor("w")[2047][0].item<double>(), 1.0);
+    EXPECT_EQ(state.tensor("w")[0][8191].item<double>(), 0.0);
   });
 }
 

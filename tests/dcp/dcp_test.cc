@@ -15,12 +15,15 @@
 #include <vector>
 
 #include "datapar/dcp/checkpoint.h"
+#include "datapar/dcp/fsdp_state.h"
 #include "datapar/error.h"
+#include "datapar/fsdp/fully_shard.h"
+#include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/state_dict.h"
 #include "datapar/train/optimizer_state.h"
 #include "dcp/metadata.h"
-#include "testing/expect_throw.h"
 #include "testing/dcp_twin.h"
+#include "testing/expect_throw.h"
 #include "testing/gloo_ranks.h"
 #include "testing/temp_dir.h"
 
@@ -192,8 +195,8 @@ TEST(Dcp, SavedByTwoRanksLoadsOnOneTwoOrThree) {
       state.put("sharded", dcp::Shard{at::zeros({7, columns}, at::kDouble), {0, begin}, {7, 10}});
       state.put("progress.step", c10::IValue());
       dcp::load(state, ck, *group);
-      EXPECT_TRUE(at::equal(state.at("whole").shard.local, whole)) << world;
-      EXPECT_TRUE(at::equal(state.at("sharded").shard.local, sharded.narrow(1, begin, columns).to(at::kDouble)))
+      EXPECT_TRUE(at::equal(state.tensor("whole"), whole)) << world;
+      EXPECT_TRUE(at::equal(state.tensor("sharded"), sharded.narrow(1, begin, columns).to(at::kDouble)))
           << "world " << world << " rank " << rank;
       EXPECT_EQ(state.at("progress.step").value.toInt(), 17);
     });
@@ -241,6 +244,83 @@ TEST(Dcp, ModelAndAdamContinueAtAnotherWorldSize) {
     for (const auto& item : state_dict(*reference)) {
       EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-6, 1e-7)) << item.key();
     }
+  });
+}
+
+// The boxes of a flat range: a part row, whole rows, a part row (3-d: part rows of part planes).
+TEST(Dcp, FlatRangeBoxesAreContiguousAndCoverTheRange) {
+  const std::vector<int64_t> sizes = {3, 4, 5};
+  for (int64_t begin = 0; begin <= 60; begin += 7) {
+    for (int64_t end = begin; end <= 60; end += 5) {
+      int64_t at = begin;
+      for (const dcp::Shard& box : dcp::flat_range_boxes(sizes, begin, end)) {
+        const int64_t start = box.offsets[0] * 20 + box.offsets[1] * 5 + box.offsets[2];
+        EXPECT_EQ(start, at) << begin << ".." << end;
+        at += box.global_size[0] * box.global_size[1] * box.global_size[2];
+      }
+      EXPECT_EQ(at, end) << begin << ".." << end;
+    }
+  }
+  EXPECT_EQ(dcp::flat_range_boxes(sizes, 7, 53).size(), 5u);  // part row, rows, plane, rows, part row
+}
+
+// FSDP's flat shards saved as boxes by 2 ranks load into FSDP at 3 ranks and into a whole
+// model on 1, and the next Adam step is one process's.
+TEST(Dcp, FsdpShardsLoadAtAnotherWorldSizeOrWhole) {
+  const testing::TempDir dir("dcp");
+  const std::string ck = dir.path() + "/ck";
+  torch::manual_seed(11);
+  const at::Tensor x = at::randn({5, 6});
+  const at::Tensor x2 = at::randn({5, 6});
+  torch::nn::Sequential reference = dcp_twin(0);
+  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(0.01));
+  dcp_twin_step(reference, reference_adam, x);
+  dcp_twin_step(reference, reference_adam, x2);
+  const StateDict want = state_dict(*reference);
+  testing::run_gloo_ranks(2, [&](int, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = dcp_twin(0);
+    fully_shard_each<torch::nn::LinearImpl>(*model, group);
+    FullyShardedDataParallel fsdp(model, group);
+    torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+    adam.zero_grad();
+    fsdp.forward(x).pow(2).mean().backward();
+    adam.step();
+    dcp::State state;
+    dcp::add_fsdp(state, "model", fsdp);
+    dcp::add_fsdp_optimizer(state, "optim", fsdp, adam);
+    EXPECT_GE(state.at("model.0.weight").boxes.size(), 1u);
+    dcp::save(state, ck, *group);
+  });
+  struct stat st {};
+  ASSERT_EQ(::stat((ck + "/__1_0.distcp").c_str(), &st), 0);
+  EXPECT_GT(st.st_size, 0) << "each rank writes its own shards";
+  testing::run_gloo_ranks(3, [&](int, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = dcp_twin(99);
+    fully_shard_each<torch::nn::LinearImpl>(*model, group);
+    FullyShardedDataParallel fsdp(model, group);
+    torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(0.5));
+    dcp::State state;
+    dcp::add_fsdp(state, "model", fsdp);
+    dcp::add_fsdp_optimizer(state, "optim", fsdp, adam);
+    dcp::load(state, ck, *group);
+    dcp::apply_fsdp_optimizer(state, "optim", fsdp, adam);
+    adam.zero_grad();
+    fsdp.forward(x2).pow(2).mean().backward();
+    adam.step();
+    const StateDict got = fsdp.full_state_dict();
+    for (const auto& item : want) EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-5, 1e-6)) << item.key();
+  });
+  testing::run_gloo_ranks(1, [&](int, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = dcp_twin(98);
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.5));
+    dcp::State state;
+    dcp::add_module(state, "model", *model);
+    dcp::add_optimizer(state, "optim", adam, *model);
+    dcp::load(state, ck, *group);
+    dcp::apply_optimizer(state, "optim", adam, *model);
+    dcp_twin_step(model, adam, x2);
+    const StateDict got = state_dict(*model);
+    for (const auto& item : want) EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-5, 1e-6)) << item.key();
   });
 }
 
@@ -296,7 +376,7 @@ TEST(Dcp, AFailedSaveLeavesNoCheckpointAndDamageIsNamed) {
       state.put("w", at::zeros({4, 4}));
       try {
         dcp::load(state, ck, *group);
-        EXPECT_TRUE(at::equal(state.at("w").shard.local, at::full({4, 4}, 2.0)));
+        EXPECT_TRUE(at::equal(state.tensor("w"), at::full({4, 4}, 2.0)));
       } catch (const CheckpointError& e) {
         error = e.what();
       }

@@ -10,9 +10,14 @@
 #include <torch/optim/optimizer.h>
 #include <torch/utils.h>
 
+#include <mutex>
+
 namespace datapar::testing {
 
+// Ranks as threads make their models at once; the default generator is not thread-safe.
 inline torch::nn::Sequential dcp_twin(int seed) {
+  static std::mutex generator;
+  const std::lock_guard<std::mutex> lock(generator);
   torch::manual_seed(seed);
   return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
 }

@@ -45,7 +45,11 @@ class State {
   struct Entry {
     std::string name;
     Kind kind = Kind::kValue;
-    Shard shard;        // kTensor: local is the whole tensor, offsets 0, global_size its size
+    // kTensor: one box, the whole tensor at offsets 0; kShard: this rank's boxes (any number,
+    // none too), each a Shard of the tensor of `global_size`.
+    std::vector<Shard> boxes;
+    std::vector<int64_t> global_size;
+    at::ScalarType dtype = at::kFloat;
     c10::IValue value;  // kValue: None, bool, int, float, str, or lists and tuples of them
     // The name's parts in Python's nested state ("optim", "state", "fc1.weight", "step"),
     // which Python's dcp_to_torch_save rebuilds; empty: the name is one flat key.
@@ -56,6 +60,10 @@ class State {
   void put(const std::string& name, at::Tensor whole, std::vector<c10::IValue> path = {});
   // This rank's shard of a tensor.
   void put(const std::string& name, Shard shard, std::vector<c10::IValue> path = {});
+  // This rank's boxes of a tensor of `global_size` and `dtype` (several: FSDP's flat shards
+  // hold a parameter's rows and part rows; none: it holds nothing of it).
+  void put(const std::string& name, std::vector<Shard> boxes, std::vector<int64_t> global_size, at::ScalarType dtype,
+           std::vector<c10::IValue> path = {});
   // A Python object (pickled in the checkpoint): the training progress, a hyperparameter.
   void put(const std::string& name, c10::IValue value, std::vector<c10::IValue> path = {});
 
@@ -63,6 +71,8 @@ class State {
   std::vector<Entry>& entries() { return entries_; }
   // The entry named `name`; throws InvalidArgumentError if there is none.
   const Entry& at(const std::string& name) const;
+  // Its tensor: the whole one, or this rank's first box.
+  const at::Tensor& tensor(const std::string& name) const { return at(name).boxes.at(0).local; }
 
  private:
   Entry& add(const std::string& name, std::vector<c10::IValue> path);
@@ -107,6 +117,12 @@ std::vector<SavedEntry> saved_entries(const std::string& dir);
 // Python's dcp_to_torch_save gives, for a state whose layout is known only from the file.
 State load_all(const std::string& dir, ProcessGroup& group);
 State load_all(const std::string& dir);  // one process alone
+
+// The boxes that elements [begin, end) of a row-major tensor of `sizes` (flattened) make, in
+// order: a part row, whole rows, a part row, recursively; each one contiguous in the
+// flattened tensor (what FSDP's flat shards hold of a parameter). Each comes back as a
+// Shard without `local`, its offsets in `offsets` and its sizes in `global_size`.
+std::vector<Shard> flat_range_boxes(const std::vector<int64_t>& sizes, int64_t begin, int64_t end);
 
 // ---- models and optimizers, in the names of PyTorch's get_state_dict ----
 

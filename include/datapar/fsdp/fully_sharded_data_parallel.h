@@ -36,7 +36,9 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -53,6 +55,22 @@ namespace detail {
 
 class FsdpRun;
 class FsdpUnit;
+
+}  // namespace detail
+
+// Where this rank's shards (FullyShardedDataParallel::parameters()) hold a parameter of the
+// model: elements [begin, end) of the flattened parameter `name`, of `sizes`, at `offset` of
+// shard `shard`; begin == end when this rank holds none of it.
+struct ShardRange {
+  std::string name;
+  std::vector<int64_t> sizes;
+  size_t shard = 0;
+  int64_t offset = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+namespace detail {
 
 // The non-template part of FullyShardedDataParallel.
 class FsdpCore {
@@ -83,6 +101,7 @@ class FsdpCore {
   void load_sharded_state_dict(const StateDict& state);
   train::OptimizerState full_optimizer_state(const torch::optim::Optimizer& optimizer) const;
   void load_full_optimizer_state(torch::optim::Optimizer& optimizer, const train::OptimizerState& state);
+  std::vector<ShardRange> shard_ranges() const;
 
  private:
   at::Tensor layout() const;
@@ -189,6 +208,10 @@ class FullyShardedDataParallel {
   // Elements of the largest unit's parameters, gathered whole (padded).
   int64_t largest_unit_numel() const { return core_->largest_unit_numel(); }
   const std::shared_ptr<ModuleImpl>& module() const { return module_; }
+
+  // Each parameter of the model, in named_parameters() order, and what this rank's shards
+  // hold of it (dcp/fsdp_state.h saves and loads them so, in PyTorch's DCP format).
+  std::vector<ShardRange> shard_ranges() const { return core_->shard_ranges(); }
   const std::shared_ptr<ProcessGroup>& process_group() const { return core_->group(); }
 
   void train(bool on = true) { module_->train(on); }
