@@ -312,7 +312,8 @@ class StepOptimizer {
     const std::string path = train::checkpoint_path(plan.options.checkpoint_dir, epoch);
     const train::Progress progress = {{"seed", static_cast<int64_t>(plan.options.seed)}};
     if (plan.options.checkpoint_format == "dcp") {  // every rank writes its share (no --zero: train_options.cc)
-      train::Checkpoint c = shards_ ? train::Checkpoint{} : train::make_checkpoint(model, sgd_, epoch, progress);
+      train::Checkpoint c;
+      if (!shards_) c = train::make_checkpoint(model, sgd_, epoch, progress);
       if (shards_) {
         c.model = sharded_.full_state_dict();
         c.optimizer = sharded_.full_optimizer_state(*shards_);
