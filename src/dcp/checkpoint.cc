@@ -233,29 +233,18 @@ void copy_overlap(const detail::Chunk& c, const at::Tensor& saved, at::Tensor& t
   to.copy_(from);
 }
 
-void load_box(Shard& box, const detail::Entry& saved, DataFiles& files, const std::string& name) {
-  at::Tensor target = box.local;
-  const std::vector<int64_t> local = target.sizes().vec();
-  for (size_t c = 0; c < saved.chunks.size(); ++c) {
-    const detail::Chunk& chunk = saved.chunks[c];
-    bool meets = true;
-    for (size_t d = 0; d < local.size(); ++d) {
-      meets =
-          meets && chunk.offsets[d] < box.offsets[d] + local[d] && box.offsets[d] < chunk.offsets[d] + chunk.sizes[d];
+bool meets(const detail::Chunk& chunk, const Shard& box) {
+  for (size_t d = 0; d < chunk.offsets.size(); ++d) {
+    if (chunk.offsets[d] >= box.offsets[d] + box.local.size(static_cast<int64_t>(d)) ||
+        box.offsets[d] >= chunk.offsets[d] + chunk.sizes[d]) {
+      return false;
     }
-    if (!meets || detail::volume(chunk.sizes) == 0) continue;
-    const IValue item = read_item(files, saved.storage[c], name);
-    if (!item.isTensor() || item.toTensor().sizes() != c10::IntArrayRef(chunk.sizes) ||
-        item.toTensor().scalar_type() != saved.dtype) {
-      throw CheckpointError(str_cat(name, "'s chunk at ", c10::IntArrayRef(chunk.offsets), " should be a ", saved.dtype,
-                                    " tensor of size ", c10::IntArrayRef(chunk.sizes), " but its bytes hold ",
-                                    item.isTensor() ? str_cat(item.toTensor().scalar_type(), item.toTensor().sizes())
-                                                    : datapar::detail::python_type_name(item)));
-    }
-    copy_overlap(chunk, item.toTensor(), target, box.offsets);
   }
+  return true;
 }
 
+// Each saved chunk that meets one of this rank's boxes is read once and copied into every
+// box it meets (FSDP's part rows and whole rows of one parameter may meet the same chunk).
 void load_entry(State::Entry& e, const detail::Entry& saved, DataFiles& files) {
   if ((e.kind == State::Kind::kValue) == saved.is_tensor) {
     throw CheckpointError(str_cat(e.name, " is ", saved.is_tensor ? "a tensor" : "a value", " in the checkpoint but ",
@@ -269,7 +258,25 @@ void load_entry(State::Entry& e, const detail::Entry& saved, DataFiles& files) {
     throw CheckpointError(str_cat(e.name, " has size ", c10::IntArrayRef(saved.size), " in the checkpoint but ",
                                   c10::IntArrayRef(e.global_size), " here. Load it into the model it was saved from"));
   }
-  for (Shard& box : e.boxes) load_box(box, saved, files, e.name);
+  for (size_t c = 0; c < saved.chunks.size(); ++c) {
+    const detail::Chunk& chunk = saved.chunks[c];
+    if (detail::volume(chunk.sizes) == 0 ||
+        std::none_of(e.boxes.begin(), e.boxes.end(), [&](const Shard& box) { return meets(chunk, box); })) {
+      continue;
+    }
+    const IValue item = read_item(files, saved.storage[c], e.name);
+    if (!item.isTensor() || item.toTensor().sizes() != c10::IntArrayRef(chunk.sizes) ||
+        item.toTensor().scalar_type() != saved.dtype) {
+      throw CheckpointError(str_cat(e.name, "'s chunk at ", c10::IntArrayRef(chunk.offsets), " should be a ",
+                                    saved.dtype, " tensor of size ", c10::IntArrayRef(chunk.sizes),
+                                    " but its bytes hold ",
+                                    item.isTensor() ? str_cat(item.toTensor().scalar_type(), item.toTensor().sizes())
+                                                    : datapar::detail::python_type_name(item)));
+    }
+    for (Shard& box : e.boxes) {
+      if (meets(chunk, box)) copy_overlap(chunk, item.toTensor(), box.local, box.offsets);
+    }
+  }
 }
 
 // Every byte range inside its file, and every tensor no larger than the bytes its chunks
@@ -529,20 +536,24 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
   }
 }
 
+// Fills `state` from the checkpoint `md` describes.
+void fill(State& state, const Metadata& md, const std::string& dir, bool allow_partial) {
+  DataFiles files(dir);
+  for (State::Entry& e : state.entries()) {
+    const detail::Entry* saved = md.find(e.name);
+    if (saved == nullptr) {
+      if (allow_partial) continue;
+      throw CheckpointError(str_cat(e.name, " is not in the checkpoint (it has ", md.entries.size(),
+                                    " entries); load with allow_partial to leave it as it is"));
+    }
+    load_entry(e, *saved, files);
+  }
+}
+
 void load_state(State& state, const std::string& dir, ProcessGroup* group, bool allow_partial) {
   std::string error;
   try {
-    const Metadata md = read_metadata_file(dir);
-    DataFiles files(dir);
-    for (State::Entry& e : state.entries()) {
-      const detail::Entry* saved = md.find(e.name);
-      if (saved == nullptr) {
-        if (allow_partial) continue;
-        throw CheckpointError(str_cat(e.name, " is not in the checkpoint (it has ", md.entries.size(),
-                                      " entries); load with allow_partial to leave it as it is"));
-      }
-      load_entry(e, *saved, files);
-    }
+    fill(state, read_metadata_file(dir), dir, allow_partial);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -563,12 +574,12 @@ State load_all_state(const std::string& dir, ProcessGroup* group) {
         state.put(e.fqn, IValue(), e.path);
       }
     }
+    fill(state, md, dir, /*allow_partial=*/false);
   } catch (const std::exception& e) {
     error = e.what();
   }
   const std::string failed = first_error(all_gather_bytes(group, error));
   if (!failed.empty()) throw CheckpointError(str_cat("dcp::load_all from ", dir, ": ", failed));
-  load_state(state, dir, group, false);
   return state;
 }
 
