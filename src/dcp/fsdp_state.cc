@@ -2,6 +2,7 @@
 #include "datapar/dcp/fsdp_state.h"
 
 #include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
 
 #include <map>
 #include <unordered_map>
@@ -93,31 +94,24 @@ void add_fsdp_optimizer(State& state, const std::string& prefix, torch::optim::O
       }
     }
   }
-  int64_t g = 0;
-  size_t first = 0;
+  // Each group's parameters: the names of what its shards hold, in the model's order.
+  std::vector<size_t> first_of_group;  // the group's first optimizer index
+  size_t count = 0;
   for (const IValue& group : osd.at("param_groups").toListRef()) {
-    const Dict d = group.toGenericDict();
-    auto put = [&](const std::string& key, IValue value) {
-      state.put(str_cat(prefix, ".param_groups.", g, ".", key), std::move(value),
-                {IValue(prefix), IValue("param_groups"), IValue(g), IValue(key)});
-    };
-    for (const auto& kv : d) {
-      if (kv.key().toStringRef() != "params") put(kv.key().toStringRef(), kv.value());
-    }
-    for (auto& extra : python_only_keys(d, false)) {
-      if (!d.contains(extra.first)) put(extra.first, extra.second);
-    }
+    first_of_group.push_back(count);
+    count += group.toGenericDict().at("params").toListRef().size();
+  }
+  const bool adamw = dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr;
+  add_param_groups(state, prefix, osd, adamw, [&](int64_t g, const Dict& group) {
     std::unordered_set<size_t> in_group;
-    const size_t count = d.at("params").toListRef().size();
-    for (size_t i = first; i < first + count; ++i) in_group.insert(shard_of.at(i));
-    first += count;
+    const size_t first = first_of_group.at(static_cast<size_t>(g));
+    for (size_t i = first; i < first + group.at("params").toListRef().size(); ++i) in_group.insert(shard_of.at(i));
     c10::impl::GenericList names(c10::AnyType::get());
     for (const ShardRange& r : ranges) {
       if (in_group.count(r.shard) > 0) names.push_back(r.name);
     }
-    put("params", names);
-    ++g;
-  }
+    return names;
+  });
 }
 
 void apply_fsdp_optimizer(const State& state, const std::string& prefix, torch::optim::Optimizer& optimizer,

@@ -5,6 +5,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -98,8 +99,29 @@ std::vector<std::pair<std::string, IValue>> python_only_keys(const Dict& group, 
   return keys;
 }
 
+void add_param_groups(State& state, const std::string& prefix, const train::OptimizerState& osd, bool adamw,
+                      const std::function<c10::impl::GenericList(int64_t, const Dict&)>& params_of) {
+  int64_t g = 0;
+  for (const IValue& group : osd.at("param_groups").toListRef()) {
+    auto put = [&](const std::string& key, IValue value) {
+      state.put(str_cat(prefix, ".param_groups.", g, ".", key), std::move(value),
+                {IValue(prefix), IValue("param_groups"), IValue(g), IValue(key)});
+    };
+    const Dict d = group.toGenericDict();
+    for (const auto& kv : d) {
+      if (kv.key().toStringRef() != "params") put(kv.key().toStringRef(), kv.value());
+    }
+    for (auto& extra : python_only_keys(d, adamw)) {
+      if (!d.contains(extra.first)) put(extra.first, extra.second);
+    }
+    put("params", params_of(g, d));
+    ++g;
+  }
+}
+
 }  // namespace detail
 
+using detail::add_param_groups;
 using detail::create_missing_state;
 using detail::python_only_keys;
 
@@ -122,25 +144,13 @@ void add_optimizer_state(State& state, const std::string& prefix, const train::O
                 {IValue(prefix), IValue("state"), IValue(name), IValue(key)});
     }
   }
-  int64_t g = 0;
-  for (const IValue& group : osd.at("param_groups").toListRef()) {
-    auto put = [&](const std::string& key, IValue value) {
-      state.put(str_cat(prefix, ".param_groups.", g, ".", key), std::move(value),
-                {IValue(prefix), IValue("param_groups"), IValue(g), IValue(key)});
-    };
-    const Dict d = group.toGenericDict();
-    for (const auto& kv : d) {
-      if (kv.key().toStringRef() != "params") put(kv.key().toStringRef(), kv.value());
-    }
-    for (auto& extra : python_only_keys(d, adamw)) {
-      if (!d.contains(extra.first)) put(extra.first, extra.second);
-    }
+  add_param_groups(state, prefix, osd, adamw, [&](int64_t, const Dict& group) {
     c10::impl::GenericList params(c10::AnyType::get());
-    for (const IValue& index : d.at("params").toListRef())
+    for (const IValue& index : group.at("params").toListRef()) {
       params.push_back(names.at(static_cast<size_t>(index.toInt())));
-    put("params", params);
-    ++g;
-  }
+    }
+    return params;
+  });
 }
 
 void add_optimizer(State& state, const std::string& prefix, optim::Optimizer& optimizer, torch::nn::Module& module) {
