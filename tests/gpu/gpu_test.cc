@@ -259,10 +259,14 @@ TEST(Gpu, ActivationCheckpointRestoresTheCudaRngForDropout) {
   EXPECT_TRUE(at::equal(grads[1][1], grads[0][1]));
 }
 
-// FSDP on a GPU (one is enough): two ranks as threads on cuda:0 over gloo (CUDA tensors
-// staged through host memory), each Linear a unit: the flat buffers' storage freed and
-// refilled on the device, the all-gathers and reduce-scatters of CUDA tensors; 5 SGD steps
-// with momentum on uneven batches equal one process on the CPU.
+// FSDP on a GPU (one is enough): two ranks as threads over gloo, rank 0 on cuda:0 (CUDA
+// tensors staged through host memory), each Linear a unit: the flat buffers' storage freed
+// and refilled on the device, the all-gathers and reduce-scatters of CUDA tensors; 5 SGD
+// steps with momentum on uneven batches equal one process on the CPU. Rank 1 runs on the
+// CPU: two ranks that are threads of one process cannot share a GPU, because libtorch runs
+// a device's backward functions on one engine thread, where one rank's gather for backward
+// waits for the other's, queued behind it (real jobs' ranks are processes; the train CLI's
+// test runs FSDP as two processes on cuda:0).
 TEST(Gpu, FsdpOnCudaOverGlooEqualsOneProcess) {
   DATAPAR_REQUIRE_GPUS(1);
   testing::turn_off_tf32();
@@ -291,17 +295,18 @@ TEST(Gpu, FsdpOnCudaOverGlooEqualsOneProcess) {
       const std::lock_guard<std::mutex> lock(make_one_at_a_time);
       model = make();
     }
-    model->to(gpu0);
+    const at::Device device = rank == 0 ? gpu0 : at::Device(at::kCPU);
+    model->to(device);
     fully_shard_each<torch::nn::LinearImpl>(*model, group);
     FullyShardedDataParallel fsdp(model, group);
     torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     for (int step = 0; step < 5; ++step) {
       sgd.zero_grad();
-      fsdp.forward(batch(rank, step).to(gpu0)).pow(2).mean().backward();
+      fsdp.forward(batch(rank, step).to(device)).pow(2).mean().backward();
       sgd.step();
     }
     for (const auto& item : fsdp.full_state_dict()) {
-      EXPECT_TRUE(item.value().is_cuda()) << item.key();
+      EXPECT_EQ(item.value().device(), device) << item.key();
       EXPECT_TRUE(at::allclose(item.value().cpu(), reference->named_parameters()[item.key()], 1e-10, 1e-10))
           << "rank " << rank << ": " << item.key();
     }
@@ -415,8 +420,9 @@ TEST(Gpu, SyncBatchNormOnFloat16) {
       {at::kHalf, 100, 2e-2, {6, 10}, {at::Device(at::kCUDA, 0), at::Device(at::kCPU)}});
 }
 
-// `datapar train` on one GPU: DDP of 2 ranks sharing cuda:0 over gloo, and DataParallel over
-// cuda:0 and a CPU device balanced by measurement; each trains an epoch and reports.
+// `datapar train` on one GPU: DDP of 2 ranks sharing cuda:0 over gloo, DataParallel over
+// cuda:0 and a CPU device balanced by measurement, and FSDP of 2 ranks on cuda:0 saving
+// sharded checkpoints (dcp) that a second FSDP job resumes from; each trains and reports.
 TEST(Gpu, TrainCliOnOneGpuDdpOverGlooAndUnlikeDevices) {
   DATAPAR_REQUIRE_GPUS(1);
   const testing::TempDir temp("train_one_gpu");
@@ -426,11 +432,20 @@ TEST(Gpu, TrainCliOnOneGpuDdpOverGlooAndUnlikeDevices) {
        "2000", "--batch-size", "64", "--lr", "0.05", "--momentum", "0.9", "--mode", "ddp", "--backend", "gloo"},
       {datapar, "train", "--model", "mlp", "--epochs", "2", "--limit", "2000", "--batch-size", "64", "--lr", "0.05",
        "--momentum", "0.9", "--mode", "dp", "--devices", "cuda:0,cpu:0", "--balance", "auto"},
+      {datapar, "launch", "--nproc-per-node", "2", "--", datapar, "train", "--model", "mlp", "--epochs", "1", "--limit",
+       "2000", "--batch-size", "64", "--lr", "0.05", "--momentum", "0.9", "--mode", "fsdp", "--backend", "gloo",
+       "--checkpoint-dir", temp.path() + "/dcp", "--checkpoint-format", "dcp"},
+      {datapar, "launch", "--nproc-per-node", "2", "--", datapar, "train", "--model", "mlp", "--epochs", "2", "--limit",
+       "2000", "--batch-size", "64", "--lr", "0.05", "--momentum", "0.9", "--mode", "fsdp", "--backend", "gloo",
+       "--checkpoint-dir", temp.path() + "/dcp", "--checkpoint-format", "dcp", "--resume"},
   };
   for (const auto& run : runs) {
     const auto results = testing::run_processes({run}, temp.path(), 300s);
     EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
     EXPECT_NE(results[0].output.find("test acc"), std::string::npos) << results[0].output;
+    if (run.back() == "--resume") {
+      EXPECT_NE(results[0].output.find("resuming from"), std::string::npos) << results[0].output;
+    }
   }
 }
 

@@ -4,7 +4,9 @@
 //   collectives  the backend conformance suite and what NCCL does beyond it (nccl_conformance.cc)
 //   ddp          DDP over NCCL; rank 0 also trains the whole batch alone and compares
 //   fsdp         FullyShardedDataParallel over NCCL (each Conv2d and Linear a unit), with
-//                clipping; rank 0's reference trains the whole batch alone and compares
+//                clipping; rank 0's reference trains the whole batch alone and compares;
+//                then a sharded checkpoint (dcp) of the GPU shards saved over NCCL, loaded
+//                into a whole model on the CPU and back into the shards
 //   metadata     DDP with find_unused_parameters, average_by_samples, join over uneven
 //                inputs and SyncBatchNorm: every metadata tensor on the GPU
 //   kill         rank 1 SIGKILLs itself before its second all_reduce; rank 0 exits 0 when its
@@ -34,6 +36,8 @@
 
 #include "datapar/config.h"
 #include "datapar/datapar.h"
+#include "datapar/dcp/checkpoint.h"
+#include "datapar/dcp/fsdp_state.h"
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/ddp/sync_batch_norm.h"
 #include "datapar/distributed.h"
@@ -118,10 +122,59 @@ int ddp(ProcessGroup& group, const at::Device& gpu) {
   return 0;
 }
 
+// A sharded checkpoint of FSDP's shards on the GPU, over NCCL (the plans exchanged as CUDA
+// tensors, the shards copied to the host to be written): rank 0 loads it alone into a whole
+// model on the CPU, which must equal the reference; then the shards, zeroed, and the
+// momentum buffers load back over NCCL and the full state is the reference's again.
+int fsdp_checkpoint(ProcessGroup& group, FullyShardedDataParallel<testing::ConvNetImpl>& sharded,
+                    torch::optim::SGD& sgd, const testing::ConvNet& reference, const std::string& dir) {
+  const std::string who = "rank " + std::to_string(group.rank()) + ": dcp: ";
+  {
+    dcp::State state;
+    dcp::add_fsdp(state, "model", sharded);
+    dcp::add_fsdp_optimizer(state, "optim", sharded, sgd);
+    dcp::save(state, dir, group);
+  }
+  if (group.rank() == 0) {
+    testing::ConvNet whole;
+    for (auto& p : whole->parameters()) p.detach().zero_();
+    dcp::State state;
+    dcp::add_module(state, "model", *whole);
+    dcp::load(state, dir);
+    for (const auto& item : reference->named_parameters()) {
+      if (testing::relative_error(whole->named_parameters()[item.key()], item.value().cpu()) > 1e-6) {
+        return fail(who + item.key() + " loaded into a whole model on the CPU differs from the one saved");
+      }
+    }
+  }
+  for (const at::Tensor& shard : sharded.parameters()) shard.detach().zero_();
+  for (auto& [key, state] : sgd.state()) {
+    static_cast<torch::optim::SGDParamState&>(*state).momentum_buffer().zero_();
+  }
+  dcp::State state;
+  dcp::add_fsdp(state, "model", sharded);
+  dcp::add_fsdp_optimizer(state, "optim", sharded, sgd);
+  dcp::load(state, dir, group);
+  dcp::apply_fsdp_optimizer(state, "optim", sharded, sgd);
+  const StateDict back = sharded.full_state_dict();
+  for (const auto& item : reference->named_parameters()) {
+    if (!back[item.key()].is_cuda()) return fail(who + item.key() + " came back off the GPU");
+    if (testing::relative_error(back[item.key()], item.value()) > 1e-6) {
+      return fail(who + item.key() + " loaded back into the shards differs from the one saved");
+    }
+  }
+  for (auto& [key, state] : sgd.state()) {
+    if (static_cast<torch::optim::SGDParamState&>(*state).momentum_buffer().abs().sum().item<double>() == 0) {
+      return fail(who + "a momentum buffer stayed zero after the load");
+    }
+  }
+  return 0;
+}
+
 // FSDP on NCCL: the units' storage freed and refilled on the GPU, all-gathers and
 // reduce-scatters on NCCL's stream, the gradient clipped over the shards; 5 steps end where one
 // process training the whole batch (clipped the same way) ends.
-int fsdp(ProcessGroup& group, const at::Device& gpu) {
+int fsdp(ProcessGroup& group, const at::Device& gpu, const std::string& dir) {
   const int rank = group.rank();
   const int world = group.size();
   ModelAndReference m = model_and_reference(gpu);
@@ -152,7 +205,7 @@ int fsdp(ProcessGroup& group, const at::Device& gpu) {
       return fail("rank " + std::to_string(rank) + ": " + item.key() + " differs from single-process training");
     }
   }
-  return 0;
+  return fsdp_checkpoint(group, sharded, sgd, m.reference, dir + "/dcp");
 }
 
 // ZeRO-1 and the timeline on NCCL: DDP with Adam sharded over the ranks ends where one
@@ -313,7 +366,10 @@ int main(int argc, char** argv) {
     ProcessGroup& group = *default_group();
     if (scenario == "collectives") return testing::nccl_collectives(group);
     if (scenario == "ddp") return ddp(group, gpu);
-    if (scenario == "fsdp") return fsdp(group, gpu);
+    if (scenario == "fsdp") {
+      const std::string init = argv[2];  // file://DIR/rendezvous
+      return fsdp(group, gpu, init.substr(7, init.rfind('/') - 7));
+    }
     if (scenario == "kill") return kill_scenario(group, on_gpu);
     if (scenario == "metadata") return metadata(group, gpu);
     if (scenario == "zero_trace") return zero_trace(group, gpu);
