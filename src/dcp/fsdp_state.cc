@@ -129,23 +129,9 @@ void apply_fsdp_optimizer(const State& state, const std::string& prefix, torch::
     }
     per_param.insert(item.key(), s);
   }
-  c10::impl::GenericList groups(c10::AnyType::get());
-  int64_t g = 0;
-  for (const IValue& group : current.at("param_groups").toListRef()) {
-    Dict d = group.toGenericDict().copy();
-    for (const auto& e : state.entries()) {
-      if (e.path.size() == 4 && e.path[0].isString() && e.path[0].toStringRef() == prefix && e.path[1].isString() &&
-          e.path[1].toStringRef() == "param_groups" && e.path[2].isInt() && e.path[2].toInt() == g &&
-          e.path[3].isString() && e.path[3].toStringRef() != "params") {
-        d.insert_or_assign(e.path[3], e.value);
-      }
-    }
-    groups.push_back(d);
-    ++g;
-  }
   train::OptimizerState osd(c10::AnyType::get(), c10::AnyType::get());
   osd.insert("state", per_param);
-  osd.insert("param_groups", groups);
+  osd.insert("param_groups", loaded_param_groups(state, prefix, current));
   train::load_optimizer_state_dict(optimizer, osd);
 }
 

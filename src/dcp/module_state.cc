@@ -30,23 +30,30 @@ Dict new_dict() { return Dict(c10::AnyType::get(), c10::AnyType::get()); }
 
 // The optimizer's parameters, numbered across its groups as PyTorch numbers them, by name.
 std::vector<std::string> parameter_names(const optim::Optimizer& optimizer, const torch::nn::Module& module) {
-  std::unordered_map<const void*, std::string> names;
-  for (const auto& p : module.named_parameters()) names.emplace(p.value().unsafeGetTensorImpl(), p.key());
-  std::vector<std::string> out;
+  std::vector<at::Tensor> params;
   for (const auto& group : optimizer.param_groups()) {
-    for (const at::Tensor& p : group.params()) {
-      const auto it = names.find(p.unsafeGetTensorImpl());
-      DATAPAR_CHECK(it != names.end(), "dcp::add_optimizer: the optimizer holds a parameter of shape ", p.sizes(),
-                    " that is not the module's. Give the module whose parameters it optimizes");
-      out.push_back(it->second);
-    }
+    params.insert(params.end(), group.params().begin(), group.params().end());
   }
-  return out;
+  return detail::names_in(module, params, "dcp::add_optimizer: the optimizer");
 }
 
 }  // namespace
 
 namespace detail {
+
+std::vector<std::string> names_in(const torch::nn::Module& module, const std::vector<at::Tensor>& params,
+                                  const std::string& holder) {
+  std::unordered_map<const void*, std::string> names;
+  for (const auto& p : module.named_parameters()) names.emplace(p.value().unsafeGetTensorImpl(), p.key());
+  std::vector<std::string> out;
+  for (const at::Tensor& p : params) {
+    const auto it = names.find(p.unsafeGetTensorImpl());
+    DATAPAR_CHECK(it != names.end(), holder, " holds a parameter of shape ", p.sizes(),
+                  " that is not the module's. Give the module whose parameters it optimizes");
+    out.push_back(it->second);
+  }
+  return out;
+}
 
 // State for every parameter that has none yet, as zeros (PyTorch's get_state_dict does the
 // same by a step with zero gradients): what a load fills.
@@ -117,6 +124,25 @@ void add_param_groups(State& state, const std::string& prefix, const train::Opti
     put("params", params_of(g, d));
     ++g;
   }
+}
+
+c10::impl::GenericList loaded_param_groups(const State& state, const std::string& prefix,
+                                           const train::OptimizerState& current) {
+  c10::impl::GenericList groups(c10::AnyType::get());
+  int64_t g = 0;
+  for (const IValue& group : current.at("param_groups").toListRef()) {
+    Dict d = group.toGenericDict().copy();
+    for (const auto& e : state.entries()) {
+      if (e.path.size() == 4 && e.path[0].isString() && e.path[0].toStringRef() == prefix && e.path[1].isString() &&
+          e.path[1].toStringRef() == "param_groups" && e.path[2].isInt() && e.path[2].toInt() == g &&
+          e.path[3].isString() && e.path[3].toStringRef() != "params") {
+        d.insert_or_assign(e.path[3], e.value);
+      }
+    }
+    groups.push_back(d);
+    ++g;
+  }
+  return groups;
 }
 
 }  // namespace detail

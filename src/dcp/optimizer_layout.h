@@ -15,6 +15,11 @@
 
 namespace datapar::dcp::detail {
 
+// The module's name of each of `params`; InvalidArgumentError naming `holder` (e.g.
+// "dcp::add_optimizer: the optimizer") for one that is not the module's.
+std::vector<std::string> names_in(const torch::nn::Module& module, const std::vector<at::Tensor>& params,
+                                  const std::string& holder);
+
 // State for every parameter that has none yet, as zeros (PyTorch's get_state_dict does the
 // same by a step with zero gradients): what a load fills.
 void create_missing_state(torch::optim::Optimizer& optimizer);
@@ -27,5 +32,10 @@ std::vector<std::pair<std::string, c10::IValue>> python_only_keys(const c10::imp
 // keys of python_only_keys it lacks, and "params": params_of(g, group), the parameters' names.
 void add_param_groups(State& state, const std::string& prefix, const train::OptimizerState& osd, bool adamw,
                       const std::function<c10::impl::GenericList(int64_t, const c10::impl::GenericDict&)>& params_of);
+
+// `current`'s param groups (an optimizer's state dict) with every "<prefix>.param_groups.<g>.<key>"
+// value of a loaded `state` but "params" put in: the hyperparameters a checkpoint restores.
+c10::impl::GenericList loaded_param_groups(const State& state, const std::string& prefix,
+                                           const train::OptimizerState& current);
 
 }  // namespace datapar::dcp::detail

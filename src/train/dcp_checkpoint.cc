@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "datapar/dcp/checkpoint.h"
+#include "datapar/dcp/zero_state.h"
 #include "datapar/error.h"
 #include "file_system.h"
 #include "serialization/zip_crc.h"
@@ -41,11 +42,15 @@ std::string dcp_checkpoint_path(const std::string& dir, int64_t epoch) {
 }
 
 void save_dcp_checkpoint(const Checkpoint& c, const torch::nn::Module& module, const std::string& path,
-                         ProcessGroup* group) {
+                         ProcessGroup* group, ZeroRedundancyOptimizer* zero) {
   dcp::State state;
   for (const auto& item : c.model)
     state.put("model." + item.key(), item.value(), {IValue("model"), IValue(item.key())});
-  if (c.optimizer.contains("state")) dcp::add_optimizer_state(state, "optim", c.optimizer, parameter_names(module));
+  if (zero != nullptr) {
+    dcp::add_zero_optimizer(state, "optim", *zero, module);
+  } else if (c.optimizer.contains("state")) {
+    dcp::add_optimizer_state(state, "optim", c.optimizer, parameter_names(module));
+  }
   state.put("epoch", IValue(c.epoch), {IValue("epoch")});
   for (const auto& p : c.progress)
     state.put("progress." + p.first, IValue(p.second), {IValue("progress"), IValue(p.first)});

@@ -10,12 +10,15 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 
 #include "child_process.h"
 #include "datapar/dcp/checkpoint.h"
 #include "datapar/dcp/fsdp_state.h"
+#include "datapar/dcp/zero_state.h"
+#include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/error.h"
 #include "datapar/fsdp/fully_shard.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
@@ -180,6 +183,26 @@ TEST(DcpPython, PyTorchLoadsWhatDataparSaved) {
   });
   EXPECT_EQ(interop("load '" + sharded + "' '" + dir.path() + "/ref.pt' 1 ddp"), 0);
   EXPECT_EQ(interop("load '" + sharded + "' '" + dir.path() + "/ref.pt' 2 fsdp"), 0);
+
+  // And under ZeRO-1: each parameter's Adam state written by its owner alone.
+  const std::string zero_dir = dir.path() + "/zero";
+  testing::run_gloo_ranks(2, [&](int, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = dcp_twin(3);
+    ZeroRedundancyOptimizer zero(model->parameters(), [](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::Adam>(std::move(p), torch::optim::AdamOptions(0.01));
+    }, group);
+    zero.zero_grad();
+    model->forward(x).pow(2).mean().backward();
+    zero.step();
+    dcp::State state;
+    dcp::add_module(state, "model", *model);
+    dcp::add_zero_optimizer(state, "optim", zero, *model);
+    state.put("progress.epoch", c10::IValue(int64_t{3}), {c10::IValue("progress"), c10::IValue("epoch")});
+    state.put("progress.step", c10::IValue(int64_t{17}), {c10::IValue("progress"), c10::IValue("step")});
+    dcp::save(state, zero_dir, *group);
+  });
+  EXPECT_EQ(interop("load '" + zero_dir + "' '" + dir.path() + "/ref.pt' 1 ddp"), 0);
+  EXPECT_EQ(interop("load '" + zero_dir + "' '" + dir.path() + "/ref.pt' 2 fsdp"), 0);
 }
 
 std::optional<std::string> no_env(const std::string&) { return std::nullopt; }

@@ -8,14 +8,19 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
 
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "datapar/dcp/checkpoint.h"
 #include "datapar/dcp/fsdp_state.h"
+#include "datapar/dcp/zero_state.h"
+#include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/error.h"
 #include "datapar/fsdp/fully_shard.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
@@ -322,6 +327,162 @@ TEST(Dcp, FsdpShardsLoadAtAnotherWorldSizeOrWhole) {
     const StateDict got = state_dict(*model);
     for (const auto& item : want) EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-5, 1e-6)) << item.key();
   });
+}
+
+// ZeRO-1's state saved by each owner (2 ranks, nothing gathered) loads under ZeRO at 3 ranks,
+// whose owners differ, and into a whole Adam in one process; both continue as one process
+// would, with the learning rate a schedule set after the first step.
+TEST(Dcp, ZeroStateSavedByItsOwnersLoadsAtAnotherWorldSizeAndWhole) {
+  const testing::TempDir dir("dcp");
+  const std::string ck = dir.path() + "/ck";
+  torch::manual_seed(13);
+  const at::Tensor x = at::randn({5, 6});
+  const at::Tensor x2 = at::randn({5, 6});
+  auto adam = [](double lr) {
+    return [lr](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+      return std::make_unique<torch::optim::Adam>(std::move(p), torch::optim::AdamOptions(lr));
+    };
+  };
+  auto set_lr = [](torch::optim::Optimizer& o, double lr) {
+    static_cast<torch::optim::AdamOptions&>(o.param_groups()[0].options()).lr(lr);
+  };
+  torch::nn::Sequential reference = dcp_twin(0);
+  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(0.01));
+  dcp_twin_step(reference, reference_adam, x);
+  set_lr(reference_adam, 0.02);
+  dcp_twin_step(reference, reference_adam, x2);
+  const StateDict want = state_dict(*reference);
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = dcp_twin(0);
+    ZeroRedundancyOptimizer zero(model->parameters(), adam(0.01), group);
+    zero.zero_grad();
+    model->forward(x).pow(2).mean().backward();  // the same batch on each rank: no DDP needed
+    zero.step();
+    set_lr(*zero.shard_optimizer(), 0.02);
+    dcp::State state;
+    dcp::add_module(state, "model", *model);
+    dcp::add_zero_optimizer(state, "optim", zero, *model);
+    for (size_t i = 0; i < zero.parameters().size(); ++i) {
+      const std::string name = state.entries()[i].name.substr(6);  // the module's entries come first
+      EXPECT_EQ(state.at("optim.state." + name + ".exp_avg").boxes.size(), zero.owner(i) == rank ? 1u : 0u) << name;
+    }
+    dcp::save(state, ck, *group);
+  });
+  for (const dcp::SavedEntry& e : dcp::saved_entries(ck)) {
+    if (e.name == "optim.state.0.weight.step") EXPECT_TRUE(e.size.empty()) << "Adam's step is a 0-d tensor";
+  }
+  struct stat st {};
+  for (const char* file : {"/__0_0.distcp", "/__1_0.distcp"}) {
+    ASSERT_EQ(::stat((ck + file).c_str(), &st), 0) << file;
+    EXPECT_GT(st.st_size, 0) << file << ": each owner writes its own state";
+  }
+  testing::run_gloo_ranks(3, [&](int, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = dcp_twin(99);
+    ZeroRedundancyOptimizer zero(model->parameters(), adam(0.5), group);
+    dcp::State state;
+    dcp::add_module(state, "model", *model);
+    dcp::add_zero_optimizer(state, "optim", zero, *model);
+    dcp::load(state, ck, *group);
+    dcp::apply_zero_optimizer(state, "optim", zero, *model);
+    if (zero.shard_optimizer() != nullptr) {
+      EXPECT_DOUBLE_EQ(
+          static_cast<torch::optim::AdamOptions&>(zero.shard_optimizer()->param_groups()[0].options()).lr(), 0.02);
+    }
+    zero.zero_grad();
+    model->forward(x2).pow(2).mean().backward();
+    zero.step();
+    const StateDict got = state_dict(*model);
+    for (const auto& item : want) EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-6, 1e-7)) << item.key();
+  });
+  torch::nn::Sequential model = dcp_twin(98);
+  torch::optim::Adam whole(model->parameters(), torch::optim::AdamOptions(0.5));
+  dcp::State state;
+  dcp::add_module(state, "model", *model);
+  dcp::add_optimizer(state, "optim", whole, *model);
+  dcp::load(state, ck);
+  dcp::apply_optimizer(state, "optim", whole, *model);
+  dcp_twin_step(model, whole, x2);
+  const StateDict got = state_dict(*model);
+  for (const auto& item : want) EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-6, 1e-7)) << item.key();
+}
+
+// More ranks than parameters: a rank that owns nothing saves no state and still agrees on the
+// hyperparameters, which are the owners' (it has only the factory's); a checkpoint of a whole
+// SGD (DDP's, one process) loads under ZeRO, and ZeRO's loads back into a whole SGD.
+TEST(Dcp, ZeroRanksOwningNothingSaveTheOwnersHyperparameters) {
+  const testing::TempDir dir("dcp");
+  torch::manual_seed(17);
+  const at::Tensor x = at::randn({5, 4});
+  auto make = [] {
+    torch::manual_seed(3);
+    return torch::nn::Linear(4, 3);  // two parameters
+  };
+  auto sgd = [](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::SGD>(std::move(p), torch::optim::SGDOptions(0.1).momentum(0.9));
+  };
+  auto step = [&](torch::nn::Linear& model, auto& optimizer) {
+    optimizer.zero_grad();
+    model->forward(x).pow(2).mean().backward();
+    optimizer.step();
+  };
+  torch::nn::Linear reference = make();
+  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  step(reference, reference_sgd);
+  dcp::State whole_state;
+  dcp::add_module(whole_state, "model", *reference);
+  dcp::add_optimizer(whole_state, "optim", reference_sgd, *reference);
+  dcp::save(whole_state, dir.path() + "/whole");  // DDP's checkpoint: one whole SGD
+  static_cast<torch::optim::SGDOptions&>(reference_sgd.param_groups()[0].options()).lr(0.05);
+  step(reference, reference_sgd);
+  const StateDict want = state_dict(*reference);
+
+  std::mutex make_one_at_a_time;
+  testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Linear model = nullptr;
+    {
+      const std::lock_guard<std::mutex> lock(make_one_at_a_time);
+      model = make();
+    }
+    ZeroRedundancyOptimizer zero(model->parameters(), sgd, group);
+    EXPECT_EQ(zero.shard_optimizer() == nullptr, rank == 2) << "parameters go to ranks 0 and 1";
+    dcp::State state;
+    dcp::add_module(state, "model", *model);
+    dcp::add_zero_optimizer(state, "optim", zero, *model);
+    dcp::load(state, dir.path() + "/whole", *group);
+    dcp::apply_zero_optimizer(state, "optim", zero, *model);
+    if (zero.shard_optimizer() != nullptr) {
+      static_cast<torch::optim::SGDOptions&>(zero.shard_optimizer()->param_groups()[0].options()).lr(0.05);
+    }
+    zero.zero_grad();
+    model->forward(x).pow(2).mean().backward();
+    zero.step();
+    dcp::State again;
+    dcp::add_module(again, "model", *model);
+    dcp::add_zero_optimizer(again, "optim", zero, *model);
+    if (rank == 2) EXPECT_TRUE(again.at("optim.state.weight.momentum_buffer").boxes.empty());
+    EXPECT_DOUBLE_EQ(again.at("optim.param_groups.0.lr").value.toDouble(), 0.05) << "rank " << rank;
+    dcp::save(again, dir.path() + "/zero", *group);
+  });
+  const dcp::State saved = dcp::load_all(dir.path() + "/zero");
+  EXPECT_DOUBLE_EQ(saved.at("optim.param_groups.0.lr").value.toDouble(), 0.05) << "the owners' rate, not the factory's";
+  EXPECT_EQ(saved.at("optim.param_groups.0.params").value.toListRef().size(), 2u);
+  torch::nn::Linear model(4, 3);
+  // A momentum of its own (any but 0), so that it has momentum buffers to load into.
+  torch::optim::SGD whole(model->parameters(), torch::optim::SGDOptions(0.5).momentum(0.1));
+  dcp::State state;
+  dcp::add_module(state, "model", *model);
+  dcp::add_optimizer(state, "optim", whole, *model);
+  dcp::load(state, dir.path() + "/zero");
+  dcp::apply_optimizer(state, "optim", whole, *model);
+  EXPECT_DOUBLE_EQ(static_cast<torch::optim::SGDOptions&>(whole.param_groups()[0].options()).momentum(), 0.9);
+  const StateDict got = state_dict(*model);
+  for (const auto& item : want) EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-6, 1e-7)) << item.key();
+  step(model, whole);
+  step(reference, reference_sgd);
+  const StateDict next = state_dict(*model);
+  for (const auto& item : state_dict(*reference)) {
+    EXPECT_TRUE(at::allclose(next[item.key()], item.value(), 1e-6, 1e-7)) << "momentum " << item.key();
+  }
 }
 
 TEST(Dcp, RefusesAnExistingCheckpointRanksThatDisagreeAndWhatDoesNotFit) {

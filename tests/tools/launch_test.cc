@@ -398,27 +398,40 @@ TEST(Launch, WhatTheWorkersStartedDiesWithAKilledLauncher) {
   EXPECT_TRUE(all_die(pids, 10s)) << "what the workers started outlived a SIGKILLed launcher:\n" << read_text(b.log);
 }
 
+// Adds process `name` (a /proc entry) to `out` if it is a worker of `launcher`'s attempt
+// `restart`.
+void add_worker(const std::string& name, pid_t launcher, int restart, std::map<int, pid_t>* out) {
+  const std::string stat = read_text("/proc/" + name + "/stat");
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return;
+  std::istringstream fields(stat.substr(paren + 2));
+  char state = 0;
+  pid_t parent = 0;
+  fields >> state >> parent;
+  if (parent != launcher || state == 'Z') return;
+  std::string environment = read_text("/proc/" + name + "/environ");
+  std::replace(environment.begin(), environment.end(), '\0', '\n');
+  std::smatch rank, attempt;
+  static const std::regex rank_line("(^|\n)RANK=(\\d+)"), restart_line("(^|\n)DATAPAR_RESTART_COUNT=(\\d+)");
+  if (std::regex_search(environment, rank, rank_line) && std::regex_search(environment, attempt, restart_line) &&
+      std::stoi(attempt[2]) == restart) {
+    (*out)[std::stoi(rank[2])] = static_cast<pid_t>(std::stol(name));
+  }
+}
+
 // The workers of `launcher`'s attempt `restart` (its children whose environment has
 // DATAPAR_RESTART_COUNT=restart), by RANK.
 std::map<int, pid_t> workers_of(pid_t launcher, int restart) {
   std::map<int, pid_t> out;
   for (const std::string& name : datapar::detail::list_directory("/proc")) {
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = read_text("/proc/" + name + "/stat");
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::istringstream fields(stat.substr(paren + 2));
-    char state = 0;
-    pid_t parent = 0;
-    fields >> state >> parent;
-    if (parent != launcher || state == 'Z') continue;
-    std::string environment = read_text("/proc/" + name + "/environ");
-    std::replace(environment.begin(), environment.end(), '\0', '\n');
-    std::smatch rank, attempt;
-    static const std::regex rank_line("(^|\n)RANK=(\\d+)"), restart_line("(^|\n)DATAPAR_RESTART_COUNT=(\\d+)");
-    if (std::regex_search(environment, rank, rank_line) && std::regex_search(environment, attempt, restart_line) &&
-        std::stoi(attempt[2]) == restart) {
-      out[std::stoi(rank[2])] = static_cast<pid_t>(std::stol(name));
+    try {
+      add_worker(name, launcher, restart, &out);
+    } catch (const std::exception&) {
+      // The process ended while it was read: read() fails with ESRCH, which libstdc++'s filebuf
+      // throws whatever the stream's exception mask (as an ios_base::failure of the library's
+      // ABI, which a catch of this ABI's ios_base::failure may miss: GCC bug 66145). Not a
+      // worker any more.
     }
   }
   return out;

@@ -307,13 +307,15 @@ class StepOptimizer {
 
   // Every rank holds the same parameters; rank 0 writes (atomically) for all. Under --zero
   // the whole state is gathered on rank 0 first (every rank takes part), under fsdp on every
-  // rank: the checkpoint is the one plain SGD writes, and resumes in any mode.
+  // rank: the checkpoint is the one plain SGD writes, and resumes in any mode. In the dcp
+  // format every rank writes its share, under --zero its own optimizer shard, in the names a
+  // whole SGD has: that checkpoint too resumes in any mode.
   void save_checkpoint(const torch::nn::Module& model, int64_t epoch, const TrainPlan& plan) {
     const std::string path = train::checkpoint_path(plan.options.checkpoint_dir, epoch);
     const train::Progress progress = {{"seed", static_cast<int64_t>(plan.options.seed)}};
-    if (plan.options.checkpoint_format == "dcp") {  // every rank writes its share (no --zero: train_options.cc)
+    if (plan.options.checkpoint_format == "dcp") {
       train::Checkpoint c;
-      if (!shards_) c = train::make_checkpoint(model, sgd_, epoch, progress);
+      if (!shards_) c = train::make_checkpoint(model, sgd_, epoch, progress);  // under --zero: no state (zero_ has it)
       if (shards_) {
         c.model = sharded_.full_state_dict();
         c.optimizer = sharded_.full_optimizer_state(*shards_);
@@ -322,7 +324,7 @@ class StepOptimizer {
         c.rng = train::get_rng_state();
       }
       train::save_dcp_checkpoint(c, model, train::dcp_checkpoint_path(plan.options.checkpoint_dir, epoch),
-                                 is_initialized() ? default_group().get() : nullptr);
+                                 is_initialized() ? default_group().get() : nullptr, zero_.get());
       return;
     }
     if (shards_) {

@@ -208,9 +208,6 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                 kMaxLoaderWorkers, " data loader threads per process.");
   DATAPAR_CHECK(o.threads >= 0 && o.threads <= kMaxIntraOpThreads, "--threads ", o.threads, ": use 0 (default) .. ",
                 kMaxIntraOpThreads, " intra-op threads per process.");
-  DATAPAR_CHECK(o.checkpoint_format == "torch" || !o.zero, "--checkpoint-format dcp with --zero: not yet; ZeRO-1's "
-                "optimizer shards are gathered on rank 0 for its checkpoints.\n---> HINT: leave out --checkpoint-format "
-                "(torch.save files), or --zero.");
   DATAPAR_CHECK(!(o.resume || o.evaluate || o.start_over) || !o.checkpoint_dir.empty(),
                 o.resume ? "--resume" : o.evaluate ? "--evaluate" : "--start-over",
                 " needs --checkpoint-dir: the directory that holds the checkpoints.");

@@ -23,7 +23,9 @@
 // `make` builds, over every parameter) on one rank, which make_checkpoint() saves in
 // PyTorch's layout; load_full_state() takes the shard of a whole optimizer's state back, so
 // a checkpoint resumes the same with or without sharding. consolidate() and
-// load_full_state() support SGD, Adam and AdamW (step() supports any optimizer).
+// load_full_state() support SGD, Adam and AdamW (step() supports any optimizer). Sharded
+// checkpoints in PyTorch's DCP format, each owner writing its own state with nothing
+// gathered: datapar/dcp/zero_state.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -71,6 +73,9 @@ class ZeroRedundancyOptimizer {
   // The rank that owns parameter `index` (its position in `params`).
   int owner(size_t index) const { return owner_.at(index); }
   const std::vector<at::Tensor>& parameters() const { return params_; }
+  ProcessGroup& process_group() const { return *group_; }
+  // The `make` given at construction (what kind of optimizer, with which options).
+  const Factory& factory() const { return make_; }
 
   // This rank's optimizer, over the parameters it owns (e.g. to change its learning rate;
   // change it alike on every rank). Null on a rank that owns none (more ranks than

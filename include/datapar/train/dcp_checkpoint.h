@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/train/checkpoint.h"
 
@@ -24,8 +25,10 @@ std::string dcp_checkpoint_path(const std::string& dir, int64_t epoch);
 
 // Writes `checkpoint` (of `module`, whose parameters number its optimizer state) into `path`.
 // Collective over `group` (null: this process alone); every rank holds the same checkpoint.
+// `zero`: the optimizer state is ZeRO-1's, each rank's shard written by that rank under the
+// whole optimizer's names (dcp::add_zero_optimizer), in place of checkpoint.optimizer.
 void save_dcp_checkpoint(const Checkpoint& checkpoint, const torch::nn::Module& module, const std::string& path,
-                         ProcessGroup* group);
+                         ProcessGroup* group, ZeroRedundancyOptimizer* zero = nullptr);
 
 // Loads the newest complete "epoch-<N>" of `dir` (the same N on every rank: the smallest
 // newest one among them), as a Checkpoint for restore_checkpoint. Newer directories without
