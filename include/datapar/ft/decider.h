@@ -1,0 +1,88 @@
+// The membership decider of a fault-tolerant job (issue 31, docs/fault_tolerance.md): one
+// thread, in one process that is not a rank (the launcher that hosts the store), decides
+// every membership epoch, so two epochs never form at once and any rank may die.
+//
+// Store keys, under "ft/<run>/":
+//   hb/<id>        a member's heartbeat counter (Member's thread adds 1 per interval)
+//   joins, join/N  join requests, numbered: "<id> <committed step>"
+//   epoch/<E>      epoch E's record (Epoch::encode), written once; epoch: the newest E
+//   broken/<E>     set when a member of E is evicted: the others abort and join again
+//   grow/<E>       set when a new member waits: the members join again at a step boundary
+//   evicted/<id>   set when a member is evicted (a stopped process learns it on resuming)
+//
+// An epoch forms when every live member of the last one has joined again, with at least
+// min_members, at most max_members (the last epoch's members first, in their old order,
+// then newcomers in join order); newcomers get settle_time for others to follow. A member
+// whose heartbeat stops for eviction_timeout is evicted. Without a quorum within
+// quorum_timeout, the decider publishes a stop (members' join() throws the reason).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "datapar/ft/epoch.h"
+#include "datapar/rendezvous/store.h"
+
+namespace datapar::ft {
+
+class Decider {
+ public:
+  // Starts deciding for job `run` on `store` (its own connection: the decider's calls must
+  // not queue behind another thread's).
+  Decider(std::shared_ptr<Store> store, const std::string& run, FtOptions options = {});
+  ~Decider();
+  Decider(const Decider&) = delete;
+  Decider& operator=(const Decider&) = delete;
+
+  // The newest epoch published (number 0: none yet).
+  Epoch epoch() const;
+  // Why it stopped the job; "" while the job goes on.
+  std::string stop_reason() const;
+
+ private:
+  struct Pending {
+    std::string id;
+    int64_t step = 0;
+  };
+  struct Seen {
+    int64_t beats = -1;
+    std::chrono::steady_clock::time_point changed;
+  };
+
+  void decide_until_stopped();
+  void read_joins();
+  void read_heartbeats();
+  void evict(const std::string& id);
+  void decide();
+  void publish(Epoch epoch);
+
+  std::shared_ptr<Store> store_;
+  FtOptions options_;
+
+  // The decider thread's own state.
+  int64_t joins_read_ = 0;
+  std::vector<Pending> pending_;
+  std::map<std::string, Seen> seen_;
+  std::set<std::string> evicted_;
+  bool grow_signalled_ = false;
+  std::chrono::steady_clock::time_point first_pending_, last_join_, started_;
+
+  mutable std::mutex mutex_;
+  Epoch current_;            // guarded by mutex_
+  std::string stop_reason_;  // guarded by mutex_
+
+  std::mutex stop_mutex_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;  // guarded by stop_mutex_
+  std::thread thread_;
+};
+
+}  // namespace datapar::ft

@@ -1,0 +1,65 @@
+// Fault-tolerant membership (issue 31, docs/fault_tolerance.md): the options, and the record
+// of one membership epoch, which the decider (decider.h) publishes in the store and every
+// member (member.h) reads alike, so that no decision is taken by one rank alone.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "datapar/error.h"
+
+namespace datapar::ft {
+
+// The job cannot go on as a fault-tolerant job: below the minimum of members, the decider
+// gone, this member evicted. The message says which, and what to do.
+class MembershipError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct FtOptions {
+  // How often a member renews its heartbeat, and the decider looks.
+  std::chrono::milliseconds heartbeat_interval{500};
+  // A member whose heartbeat stopped this long is evicted (dead, hung, or stopped by a
+  // signal); its epoch is marked broken, so the others abort their collectives at once.
+  std::chrono::milliseconds eviction_timeout{5000};
+  // A new epoch waits this long after the last join for more members, once it could form.
+  std::chrono::milliseconds settle_time{1000};
+  // The longest wait for a quorum; then the job stops with MembershipError. A member's join
+  // waits a little longer (the settle time and four heartbeats) for the decider's verdict.
+  std::chrono::milliseconds quorum_timeout{60000};
+  // Members the first epoch waits for (up to quorum_timeout); 0: min_members.
+  int expected_members = 0;
+  int min_members = 1;
+  int max_members = std::numeric_limits<int>::max();
+};
+
+struct EpochMember {
+  std::string id;              // the member's incarnation id: a restarted process is a new one
+  int64_t committed_step = 0;  // the last step it committed
+};
+
+// Epoch `number`: its members in rank order, or the decider's verdict that the job stops.
+struct Epoch {
+  int64_t number = 0;
+  std::vector<EpochMember> members;
+  std::string stop_reason;  // non-empty: no epoch can form; the job stops
+
+  int size() const { return static_cast<int>(members.size()); }
+  // The rank of member `id` in this epoch, or -1.
+  int rank_of(const std::string& id) const;
+  // The newest step a member committed: the step the epoch goes on from.
+  int64_t newest_step() const;
+  // For each rank: the rank it receives the state from (a member at newest_step(), round
+  // robin over them), or -1 for a member at newest_step() itself.
+  std::vector<int> sources() const;
+
+  // The record in the store, and back (MembershipError for a malformed one).
+  std::string encode() const;
+  static Epoch decode(int64_t number, const std::string& record);
+};
+
+}  // namespace datapar::ft

@@ -1,0 +1,187 @@
+// Decider. See datapar/ft/decider.h.
+#include "datapar/ft/decider.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "datapar/rendezvous/prefix_store.h"
+#include "datapar/warning.h"
+
+namespace datapar::ft {
+namespace {
+
+using detail::str_cat;
+using Clock = std::chrono::steady_clock;
+
+std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
+bool holds(const Epoch& e, const std::string& id) { return e.rank_of(id) >= 0; }
+
+}  // namespace
+
+Decider::Decider(std::shared_ptr<Store> store, const std::string& run, FtOptions options)
+    : store_(std::make_shared<PrefixStore>("ft/" + run + "/", std::move(store))), options_(options) {
+  DATAPAR_CHECK(options_.min_members >= 1 && options_.min_members <= options_.max_members,
+                "ft::Decider: the minimum of members is ", options_.min_members, " and the maximum ",
+                options_.max_members, "; use 1 <= minimum <= maximum.");
+  started_ = Clock::now();
+  thread_ = std::thread([this] { decide_until_stopped(); });
+}
+
+Decider::~Decider() {
+  {
+    const std::lock_guard<std::mutex> lock(stop_mutex_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  thread_.join();
+}
+
+Epoch Decider::epoch() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return current_;
+}
+
+std::string Decider::stop_reason() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return stop_reason_;
+}
+
+void Decider::decide_until_stopped() {
+  const auto period =
+      std::max<std::chrono::milliseconds>(options_.heartbeat_interval / 2, std::chrono::milliseconds(1));
+  std::unique_lock<std::mutex> lock(stop_mutex_);
+  std::string last_error;
+  while (!stop_cv_.wait_for(lock, period, [this] { return stopping_; })) {
+    lock.unlock();
+    try {
+      read_joins();
+      read_heartbeats();
+      decide();
+      last_error.clear();
+    } catch (const std::exception& e) {
+      // Its own store answers unless this process is failing; say so once, and go on.
+      if (last_error != e.what()) warn(str_cat("ft: the membership decider could not read the store: ", e.what()));
+      last_error = e.what();
+    }
+    lock.lock();
+    if (!stop_reason().empty()) return;
+  }
+}
+
+void Decider::read_joins() {
+  const int64_t total = store_->add("joins", 0);
+  while (joins_read_ < total) {
+    const std::string key = str_cat("join/", joins_read_ + 1);
+    if (!store_->check({key})) return;  // numbered, not yet written: the next round
+    const std::string record = text(store_->get(key));
+    ++joins_read_;
+    std::istringstream fields(record);
+    Pending p;
+    if (!(fields >> p.id >> p.step) || p.step < 0) {
+      warn(str_cat("ft: ignoring a malformed join request \"", record, "\" (", key, ")"));
+      continue;
+    }
+    const auto now = Clock::now();
+    if (evicted_.erase(p.id) > 0) store_->delete_key("evicted/" + p.id);  // back: admitted anew
+    seen_[p.id] = Seen{-1, now};                                          // its heartbeat counts from now
+    if (pending_.empty()) first_pending_ = now;
+    last_join_ = now;
+    auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& q) { return q.id == p.id; });
+    if (it != pending_.end()) {
+      it->step = p.step;
+    } else {
+      pending_.push_back(p);
+    }
+  }
+}
+
+void Decider::read_heartbeats() {
+  std::vector<std::string> watched;
+  for (const EpochMember& m : current_.members) watched.push_back(m.id);
+  for (const Pending& p : pending_) watched.push_back(p.id);
+  const auto now = Clock::now();
+  for (const std::string& id : watched) {
+    if (evicted_.count(id) > 0) continue;
+    const int64_t beats = store_->add("hb/" + id, 0);
+    Seen& seen = seen_[id];
+    if (seen.beats != beats) seen = Seen{beats, now};  // judged by this clock alone: no skew
+    if (now - seen.changed > options_.eviction_timeout) evict(id);
+  }
+}
+
+void Decider::evict(const std::string& id) {
+  evicted_.insert(id);
+  store_->set("evicted/" + id, std::string("1"));
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.id == id; }),
+                 pending_.end());
+  if (holds(current_, id)) store_->set(str_cat("broken/", current_.number), id);
+}
+
+void Decider::decide() {
+  if (pending_.empty()) return;
+  const auto now = Clock::now();
+  auto pending = [&](const std::string& id) {
+    return std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.id == id; });
+  };
+  bool all_back = true;
+  for (const EpochMember& m : current_.members) {
+    if (evicted_.count(m.id) == 0 && !pending(m.id)) all_back = false;
+  }
+  const bool newcomer =
+      std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return !holds(current_, p.id); });
+  if (current_.number > 0 && newcomer && !grow_signalled_ && current_.size() < options_.max_members) {
+    store_->set(str_cat("grow/", current_.number), std::string("1"));
+    grow_signalled_ = true;
+  }
+  const int ready = std::min<int>(static_cast<int>(pending_.size()), options_.max_members);
+  const int need =
+      current_.number == 0 ? std::max(options_.min_members, options_.expected_members) : options_.min_members;
+  const bool settled = !newcomer || ready >= options_.max_members || now - last_join_ >= options_.settle_time;
+  const bool timed_out = now - first_pending_ >= options_.quorum_timeout;
+  if (!(all_back && ready >= need && settled) && !(timed_out && ready >= options_.min_members)) {
+    if (timed_out) {
+      Epoch stop;
+      stop.number = current_.number + 1;
+      stop.stop_reason = str_cat("only ", ready, " member(s) joined within the quorum timeout (",
+                                 options_.quorum_timeout.count(), " ms), and the job needs at least ",
+                                 options_.min_members, " (--min-ranks). Resume it from its last checkpoint");
+      publish(stop);
+    }
+    return;
+  }
+  Epoch next;
+  next.number = current_.number + 1;
+  for (const EpochMember& m : current_.members) {  // the last epoch's members keep their order
+    for (const Pending& p : pending_) {
+      if (p.id == m.id) next.members.push_back({p.id, p.step});
+    }
+  }
+  for (const Pending& p : pending_) {
+    if (!holds(current_, p.id)) next.members.push_back({p.id, p.step});
+  }
+  next.members.resize(std::min<size_t>(next.members.size(), static_cast<size_t>(options_.max_members)));
+  bool left_out = false;  // a live member of the last epoch that did not join in time
+  for (const EpochMember& m : current_.members) {
+    if (evicted_.count(m.id) == 0 && !holds(next, m.id)) left_out = true;
+  }
+  if (left_out && current_.number > 0) store_->set(str_cat("broken/", current_.number), std::string("left out"));
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return holds(next, p.id); }),
+                 pending_.end());
+  if (!pending_.empty()) first_pending_ = now;
+  publish(next);
+}
+
+void Decider::publish(Epoch epoch) {
+  store_->set(str_cat("epoch/", epoch.number), epoch.encode());
+  store_->set("epoch", std::to_string(epoch.number));
+  grow_signalled_ = false;
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (!epoch.stop_reason.empty()) {
+    stop_reason_ = epoch.stop_reason;
+  } else {
+    current_ = std::move(epoch);
+  }
+}
+
+}  // namespace datapar::ft

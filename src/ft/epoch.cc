@@ -1,0 +1,68 @@
+// Epoch. See datapar/ft/epoch.h.
+#include "datapar/ft/epoch.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace datapar::ft {
+
+using detail::str_cat;
+
+int Epoch::rank_of(const std::string& id) const {
+  for (int r = 0; r < size(); ++r) {
+    if (members[r].id == id) return r;
+  }
+  return -1;
+}
+
+int64_t Epoch::newest_step() const {
+  int64_t newest = 0;
+  for (const EpochMember& m : members) newest = std::max(newest, m.committed_step);
+  return newest;
+}
+
+std::vector<int> Epoch::sources() const {
+  const int64_t newest = newest_step();
+  std::vector<int> up_to_date;
+  for (int r = 0; r < size(); ++r) {
+    if (members[r].committed_step == newest) up_to_date.push_back(r);
+  }
+  std::vector<int> out(members.size(), -1);
+  size_t next = 0;
+  for (int r = 0; r < size(); ++r) {
+    if (members[r].committed_step != newest) out[r] = up_to_date[next++ % up_to_date.size()];
+  }
+  return out;
+}
+
+// One line per member, "<id> <step>", in rank order; or one line "stop <reason>".
+std::string Epoch::encode() const {
+  if (!stop_reason.empty()) return "stop " + stop_reason;
+  std::string out;
+  for (const EpochMember& m : members) out += str_cat(m.id, ' ', m.committed_step, '\n');
+  return out;
+}
+
+Epoch Epoch::decode(int64_t number, const std::string& record) {
+  Epoch e;
+  e.number = number;
+  if (record.rfind("stop ", 0) == 0) {
+    e.stop_reason = record.substr(5);
+    return e;
+  }
+  std::istringstream lines(record);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    EpochMember m;
+    if (!(fields >> m.id >> m.committed_step) || m.committed_step < 0) {
+      throw MembershipError(str_cat("membership epoch ", number, " has a malformed record line \"", line,
+                                    "\": the store holds something the decider did not write"));
+    }
+    e.members.push_back(m);
+  }
+  if (e.members.empty()) throw MembershipError(str_cat("membership epoch ", number, " has no members"));
+  return e;
+}
+
+}  // namespace datapar::ft

@@ -1,0 +1,153 @@
+// Member. See datapar/ft/member.h; the store's keys are in decider.h.
+#include "datapar/ft/member.h"
+
+#include <algorithm>
+#include <string>
+
+#include "datapar/rendezvous/prefix_store.h"
+#include "random_bytes.h"
+
+namespace datapar::ft {
+namespace {
+
+using detail::str_cat;
+using Clock = std::chrono::steady_clock;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
+}  // namespace
+
+Member::Member(std::shared_ptr<Store> store, const std::string& run, FtOptions options)
+    : options_(options), id_(detail::random_hex(8)), last_beat_ns_(now_ns()) {
+  if (id_.empty()) throw Error("ft::Member: cannot read random bytes for this member's id");
+  store_ = std::make_shared<PrefixStore>("ft/" + run + "/", std::move(store));
+  heartbeat_ =
+      store_->clone(std::max<std::chrono::milliseconds>(options_.heartbeat_interval * 2, std::chrono::seconds(1)));
+  if (!heartbeat_) heartbeat_ = store_;
+  heartbeat_->add("hb/" + id_, 1);  // alive before it joins: the decider counts from here
+  heartbeat_thread_ = std::thread([this] { beat_until_stopped(); });
+}
+
+Member::~Member() {
+  {
+    const std::lock_guard<std::mutex> lock(stop_mutex_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  heartbeat_thread_.join();
+}
+
+void Member::beat_until_stopped() {
+  std::unique_lock<std::mutex> lock(stop_mutex_);
+  while (!stop_cv_.wait_for(lock, options_.heartbeat_interval, [this] { return stopping_; })) {
+    lock.unlock();
+    try {
+      heartbeat_->add("hb/" + id_, 1);
+      const int64_t beat = now_ns();
+      const int64_t e = epoch_number_;
+      if (e > 0 && broken_epoch_ != e && heartbeat_->check({str_cat("broken/", e)})) {
+        broken_epoch_ = e;
+        std::function<void()> callback;
+        {
+          const std::lock_guard<std::mutex> guard(mutex_);
+          callback = on_broken_;
+        }
+        if (callback) callback();
+      }
+      if (e > 0 && grow_epoch_ != e && heartbeat_->check({str_cat("grow/", e)})) grow_epoch_ = e;
+      // Set only if no join() completed meanwhile (it clears the flag, and the decider the
+      // key, when the member is admitted again).
+      if (!evicted_ && heartbeat_->check({"evicted/" + id_}) && epoch_number_ == e) evicted_ = true;
+      // Renewed last: a process that resumes after a stop learns of its eviction first.
+      last_beat_ns_ = beat;
+    } catch (const std::exception&) {
+      // The store did not answer: the lease runs out (may_commit() turns false), and join()
+      // reports the store gone.
+    }
+    lock.lock();
+  }
+}
+
+Epoch Member::join(int64_t committed_step) {
+  DATAPAR_CHECK(committed_step >= 0, "ft::Member::join: the committed step is ", committed_step, ", not >= 0.");
+  // Longer than the decider's own wait, so that its verdict (a stop, with the reason) comes
+  // first: it reads this join up to a round late, and then may settle.
+  const auto patience = options_.quorum_timeout + options_.settle_time + 4 * options_.heartbeat_interval;
+  const auto deadline = Clock::now() + patience;
+  auto gone = [&](const std::exception& e) {
+    return MembershipError(str_cat("ft: member ", id_, " cannot reach the job's store (", e.what(),
+                                   "): the process that hosts it and the membership decider (the launcher of node 0) "
+                                   "is gone, so no new membership can form. The job stops; resume it from its last "
+                                   "checkpoint."));
+  };
+  int64_t last = epoch_number_;
+  try {
+    // The published epoch first: any epoch that can hold this join comes after it.
+    if (store_->check({"epoch"})) last = std::max<int64_t>(last, std::stoll(text(store_->get("epoch"))));
+    const int64_t n = store_->add("joins", 1);
+    store_->set(str_cat("join/", n), str_cat(id_, ' ', committed_step));
+  } catch (const MembershipError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw gone(e);
+  }
+  for (int64_t e = last + 1;; ++e) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    Epoch got;
+    try {
+      if (left.count() <= 0) throw TimeoutError("no time left");
+      store_->wait({str_cat("epoch/", e)}, left);
+      got = Epoch::decode(e, text(store_->get(str_cat("epoch/", e))));
+    } catch (const TimeoutError&) {
+      throw MembershipError(str_cat("ft: member ", id_, " asked to join at step ", committed_step,
+                                    " and no membership epoch took it within the quorum timeout (", patience.count(),
+                                    " ms; the last epoch was ", e - 1,
+                                    "). Is the decider running (datapar launch with --fault-tolerant), and is the "
+                                    "job above its maximum of members?"));
+    } catch (const MembershipError&) {
+      throw;
+    } catch (const std::exception& error) {
+      throw gone(error);
+    }
+    if (!got.stop_reason.empty()) throw MembershipError("ft: the job stops: " + got.stop_reason);
+    if (got.rank_of(id_) < 0) continue;  // formed without it (above the maximum): the next
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      epoch_ = got;
+    }
+    epoch_number_ = e;
+    evicted_ = false;
+    return got;
+  }
+}
+
+Epoch Member::epoch() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return epoch_;
+}
+
+bool Member::may_commit() const {
+  const int64_t fresh_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.eviction_timeout).count() / 2;
+  return now_ns() - last_beat_ns_ < fresh_ns && !evicted_ && !epoch_broken() && epoch_number_ > 0;
+}
+
+bool Member::epoch_broken() const {
+  const int64_t e = epoch_number_;
+  return e > 0 && broken_epoch_ == e;
+}
+
+bool Member::newcomer_waiting() const {
+  const int64_t e = epoch_number_;
+  return e > 0 && grow_epoch_ == e;
+}
+
+void Member::on_broken(std::function<void()> callback) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  on_broken_ = std::move(callback);
+}
+
+}  // namespace datapar::ft

@@ -1,0 +1,178 @@
+// Fault-tolerant membership (datapar/ft/, issue 31) with the decider and the members as
+// objects of one process, each member joining from a thread of its own (in the threaded
+// list: ThreadSanitizer runs these): epochs, eviction, growth, the minimum, the records.
+// Members as processes killed and stopped: membership_process_test.cc.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "datapar/ft/decider.h"
+#include "datapar/ft/member.h"
+#include "datapar/rendezvous/tcp_store.h"
+#include "testing/expect_throw.h"
+
+namespace datapar::ft {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+FtOptions fast(int expected) {
+  FtOptions o;
+  o.heartbeat_interval = 50ms;
+  o.eviction_timeout = 600ms;
+  o.settle_time = 200ms;
+  o.quorum_timeout = 5s;
+  o.expected_members = expected;
+  return o;
+}
+
+// A store served by this process, and connections to it.
+class ServedStore {
+ public:
+  ServedStore() : server_(std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, "ft-test", 10s, ""})) {}
+  std::shared_ptr<TcpStore> connect() const {
+    return std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", server_->port(), false, "ft-test", 10s, ""});
+  }
+
+ private:
+  std::shared_ptr<TcpStore> server_;
+};
+
+// Each member joins at `steps[i]` from a thread of its own (a join waits for the others).
+std::vector<Epoch> join_all(const std::vector<Member*>& members, const std::vector<int64_t>& steps) {
+  std::vector<std::future<Epoch>> joins;
+  for (size_t i = 0; i < members.size(); ++i) {
+    joins.push_back(std::async(std::launch::async, [&, i] { return members[i]->join(steps[i]); }));
+  }
+  std::vector<Epoch> out;
+  for (auto& j : joins) out.push_back(j.get());
+  return out;
+}
+
+template <typename Condition>
+bool within(std::chrono::milliseconds limit, Condition condition) {
+  for (const auto deadline = Clock::now() + limit; Clock::now() < deadline; std::this_thread::sleep_for(10ms)) {
+    if (condition()) return true;
+  }
+  return condition();
+}
+
+TEST(FtEpoch, RecordsReadBackAndStateComesRoundRobinFromTheNewest) {
+  Epoch e;
+  e.number = 4;
+  e.members = {{"a", 5}, {"b", 3}, {"c", 5}, {"d", 3}, {"e", 3}};
+  const Epoch back = Epoch::decode(4, e.encode());
+  ASSERT_EQ(back.size(), 5);
+  EXPECT_EQ(back.members[3].id, "d");
+  EXPECT_EQ(back.rank_of("c"), 2);
+  EXPECT_EQ(back.rank_of("z"), -1);
+  EXPECT_EQ(back.newest_step(), 5);
+  EXPECT_EQ(back.sources(), (std::vector<int>{-1, 0, -1, 2, 0}));
+  Epoch stop;
+  stop.stop_reason = "only 1 member(s)";
+  EXPECT_EQ(Epoch::decode(5, stop.encode()).stop_reason, "only 1 member(s)");
+  EXPECT_THROW_MSG(Epoch::decode(6, "a 5\nb\n"), MembershipError, "malformed record line \"b\"");
+  EXPECT_THROW_MSG(Epoch::decode(6, "a -1\n"), MembershipError, "malformed");
+  EXPECT_THROW_MSG(Epoch::decode(6, ""), MembershipError, "no members");
+}
+
+// Three members form epoch 1; one stops (its heartbeat with it): within the eviction timeout
+// the others see their epoch broken and may not commit; they join again and form epoch 2.
+TEST(FtMembership, AMemberWhoseHeartbeatStopsIsEvictedAndTheOthersFormTheNextEpoch) {
+  const ServedStore store;
+  const FtOptions options = fast(3);
+  const Decider decider(store.connect(), "job", options);
+  std::vector<std::unique_ptr<Member>> members;
+  for (int i = 0; i < 3; ++i) members.push_back(std::make_unique<Member>(store.connect(), "job", options));
+  const std::vector<Epoch> first = join_all({members[0].get(), members[1].get(), members[2].get()}, {0, 0, 0});
+  std::set<int> ranks;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(first[i].number, 1);
+    EXPECT_EQ(first[i].size(), 3);
+    ranks.insert(first[i].rank_of(members[i]->id()));
+    EXPECT_TRUE(members[i]->may_commit());
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+
+  const auto stopped = Clock::now();
+  members[2].reset();
+  ASSERT_TRUE(within(options.eviction_timeout + 2s, [&] { return members[0]->epoch_broken(); }));
+  EXPECT_LT(Clock::now() - stopped, options.eviction_timeout + 1500ms);
+  EXPECT_FALSE(members[0]->may_commit()) << "a broken epoch commits nothing";
+  const std::vector<Epoch> second = join_all({members[0].get(), members[1].get()}, {5, 5});
+  const bool first_before_second = first[0].rank_of(members[0]->id()) < first[0].rank_of(members[1]->id());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(second[i].number, 2);
+    EXPECT_EQ(second[i].size(), 2);
+    EXPECT_EQ(second[i].rank_of(members[i]->id()), (i == 0) == first_before_second ? 0 : 1) << "the order kept";
+    EXPECT_EQ(second[i].newest_step(), 5);
+    EXPECT_TRUE(members[i]->may_commit());
+  }
+  EXPECT_TRUE(within(1s, [&] { return decider.epoch().number == 2; }));  // it publishes, then notes
+}
+
+// A new member waits; the members learn it (newcomer_waiting), join again at their step, and
+// the epoch grows: the old members keep their ranks, the newcomer gets its state from one.
+TEST(FtMembership, ANewMemberGrowsTheJobAtAStepBoundaryAndIsHealedFromAnUpToDateOne) {
+  const ServedStore store;
+  const FtOptions options = fast(2);
+  const Decider decider(store.connect(), "job", options);
+  Member a(store.connect(), "job", options), b(store.connect(), "job", options);
+  const std::vector<Epoch> first = join_all({&a, &b}, {0, 0});
+  ASSERT_EQ(first[0].size(), 2);
+  Member newcomer(store.connect(), "job", options);
+  auto joined = std::async(std::launch::async, [&] { return newcomer.join(0); });
+  ASSERT_TRUE(within(3s, [&] { return a.newcomer_waiting() && b.newcomer_waiting(); }));
+  EXPECT_TRUE(a.may_commit()) << "a waiting newcomer breaks nothing";
+  const std::vector<Epoch> second = join_all({&a, &b}, {7, 7});
+  const Epoch grown = joined.get();
+  EXPECT_EQ(grown.number, 2);
+  ASSERT_EQ(grown.size(), 3);
+  EXPECT_EQ(grown.rank_of(a.id()), first[0].rank_of(a.id()));
+  EXPECT_EQ(grown.rank_of(b.id()), first[0].rank_of(b.id()));
+  EXPECT_EQ(grown.rank_of(newcomer.id()), 2);
+  EXPECT_EQ(grown.newest_step(), 7);
+  const std::vector<int> sources = grown.sources();
+  EXPECT_EQ(sources[0], -1);
+  EXPECT_EQ(sources[1], -1);
+  EXPECT_TRUE(sources[2] == 0 || sources[2] == 1);
+  EXPECT_EQ(second[0].encode(), grown.encode());
+}
+
+// Below the minimum no epoch forms: after the quorum timeout every join fails with why.
+TEST(FtMembership, BelowTheMinimumTheJobStopsWithTheReason) {
+  const ServedStore store;
+  FtOptions options = fast(2);
+  options.min_members = 2;
+  options.quorum_timeout = 1500ms;
+  const Decider decider(store.connect(), "job", options);
+  auto a = std::make_unique<Member>(store.connect(), "job", options);
+  auto b = std::make_unique<Member>(store.connect(), "job", options);
+  join_all({a.get(), b.get()}, {0, 0});
+  b.reset();
+  ASSERT_TRUE(within(options.eviction_timeout + 2s, [&] { return a->epoch_broken(); }));
+  EXPECT_THROW_MSG(a->join(3), MembershipError,
+                   "the job stops: only 1 member(s) joined within the quorum timeout (1500 ms), and the job needs "
+                   "at least 2 (--min-ranks)");
+  EXPECT_TRUE(within(1s, [&] { return !decider.stop_reason().empty(); }));
+}
+
+// A join that no decider answers fails after the quorum timeout, naming what to check.
+TEST(FtMembership, WithoutADeciderAJoinFailsAfterTheQuorumTimeout) {
+  const ServedStore store;
+  FtOptions options = fast(1);
+  options.quorum_timeout = 300ms;
+  Member lonely(store.connect(), "job", options);
+  EXPECT_THROW_MSG(lonely.join(0), MembershipError,
+                   "no membership epoch took it within the quorum timeout (700 ms");  // 300 + 200 + 4 * 50
+}
+
+}  // namespace
+}  // namespace datapar::ft
