@@ -139,8 +139,24 @@ void Decider::decide() {
       current_.number == 0 ? std::max(options_.min_members, options_.expected_members) : options_.min_members;
   const bool settled = !newcomer || ready >= options_.max_members || now - last_join_ >= options_.settle_time;
   const bool timed_out = now - first_pending_ >= options_.quorum_timeout;
-  if (!(all_back && ready >= need && settled) && !(timed_out && ready >= options_.min_members)) {
-    if (timed_out) {
+  // Without a member of the last epoch, the state it trained would be lost: newcomers alone
+  // never form an epoch (they wait while the job runs at its maximum).
+  const bool continues = current_.number == 0 || std::any_of(pending_.begin(), pending_.end(),
+                                                             [&](const Pending& p) { return holds(current_, p.id); });
+  if (!continues && all_back) {  // every member of the last epoch is gone: so is its state
+    Epoch stop;
+    stop.number = current_.number + 1;
+    stop.stop_reason = str_cat("every member of epoch ", current_.number,
+                               " is gone, and with them the state they trained (new members have none to take). "
+                               "Resume the job from its last checkpoint");
+    publish(stop);
+    return;
+  }
+  const bool complete = all_back && ready >= need && settled;
+  // In time, the members that did not join again (alive, but stuck) are left out.
+  const bool without_stragglers = timed_out && continues && ready >= options_.min_members;
+  if (!complete && !without_stragglers) {
+    if (timed_out && all_back && ready < need) {  // every live member is here, and too few
       Epoch stop;
       stop.number = current_.number + 1;
       stop.stop_reason = str_cat("only ", ready, " member(s) joined within the quorum timeout (",

@@ -164,6 +164,40 @@ TEST(FtMembership, BelowTheMinimumTheJobStopsWithTheReason) {
   EXPECT_TRUE(within(1s, [&] { return !decider.stop_reason().empty(); }));
 }
 
+// At the maximum a newcomer waits, and never forms an epoch alone (the members' state would
+// be lost to it): the members train on, undisturbed, and its join fails in time.
+TEST(FtMembership, AtTheMaximumANewcomerWaitsAndNeverFormsAnEpochAlone) {
+  const ServedStore store;
+  FtOptions options = fast(2);
+  options.max_members = 2;
+  options.quorum_timeout = 800ms;
+  const Decider decider(store.connect(), "job", options);
+  Member a(store.connect(), "job", options), b(store.connect(), "job", options);
+  join_all({&a, &b}, {4, 4});
+  Member newcomer(store.connect(), "job", options);
+  EXPECT_THROW_MSG(newcomer.join(0), MembershipError, "is the job above its maximum of members?");
+  EXPECT_EQ(decider.epoch().number, 1);
+  EXPECT_FALSE(a.newcomer_waiting()) << "no room: no reason to join again";
+  EXPECT_TRUE(a.may_commit());
+  EXPECT_TRUE(b.may_commit());
+}
+
+// Every member of the last epoch gone: a newcomer has no one to take the state from, and the
+// job stops saying so, rather than start again from nothing.
+TEST(FtMembership, WhenEveryMemberIsGoneTheJobStopsRatherThanStartOver) {
+  const ServedStore store;
+  const FtOptions options = fast(2);
+  const Decider decider(store.connect(), "job", options);
+  auto a = std::make_unique<Member>(store.connect(), "job", options);
+  auto b = std::make_unique<Member>(store.connect(), "job", options);
+  join_all({a.get(), b.get()}, {9, 9});
+  a.reset();
+  b.reset();
+  Member newcomer(store.connect(), "job", options);
+  EXPECT_THROW_MSG(newcomer.join(0), MembershipError,
+                   "the job stops: every member of epoch 1 is gone, and with them the state they trained");
+}
+
 // A join that no decider answers fails after the quorum timeout, naming what to check.
 TEST(FtMembership, WithoutADeciderAJoinFailsAfterTheQuorumTimeout) {
   const ServedStore store;
