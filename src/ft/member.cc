@@ -87,7 +87,12 @@ Epoch Member::join(int64_t committed_step) {
   int64_t last = epoch_number_;
   try {
     // The published epoch first: any epoch that can hold this join comes after it.
-    if (store_->check({"epoch"})) last = std::max<int64_t>(last, std::stoll(text(store_->get("epoch"))));
+    if (store_->check({"epoch"})) {
+      const int64_t published = std::stoll(text(store_->get("epoch")));
+      const Epoch newest = Epoch::decode(published, text(store_->get(str_cat("epoch/", published))));
+      if (!newest.stop_reason.empty()) throw MembershipError("ft: the job stops: " + newest.stop_reason);
+      last = std::max(last, published);
+    }
     const int64_t n = store_->add("joins", 1);
     store_->set(str_cat("join/", n), str_cat(id_, ' ', committed_step));
   } catch (const MembershipError&) {

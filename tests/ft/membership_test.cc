@@ -162,6 +162,10 @@ TEST(FtMembership, BelowTheMinimumTheJobStopsWithTheReason) {
                    "the job stops: only 1 member(s) joined within the quorum timeout (1500 ms), and the job needs "
                    "at least 2 (--min-ranks)");
   EXPECT_TRUE(within(1s, [&] { return !decider.stop_reason().empty(); }));
+  Member late(store.connect(), "job", options);  // told at once, not after its own wait
+  const auto asked = Clock::now();
+  EXPECT_THROW_MSG(late.join(0), MembershipError, "the job stops: only 1 member(s)");
+  EXPECT_LT(Clock::now() - asked, options.quorum_timeout);
 }
 
 // At the maximum a newcomer waits, and never forms an epoch alone (the members' state would
