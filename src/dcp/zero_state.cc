@@ -23,11 +23,6 @@ using datapar::detail::str_cat;
 using Dict = c10::impl::GenericDict;
 namespace optim = torch::optim;
 
-// The module's name of each of zero's parameters.
-std::vector<std::string> names_of(const std::vector<at::Tensor>& params, const torch::nn::Module& module) {
-  return detail::names_in(module, params, "dcp: the ZeroRedundancyOptimizer");
-}
-
 // The state keys of each parameter, known alike on every rank from the kind and options (a
 // rank that owns nothing has no state to look at): what PyTorch's optimizers hold.
 std::vector<std::string> state_keys(const optim::Optimizer& prototype) {
@@ -115,7 +110,7 @@ std::vector<size_t> owned_indices(const ZeroRedundancyOptimizer& zero) {
 void add_zero_optimizer(State& state, const std::string& prefix, ZeroRedundancyOptimizer& zero,
                         const torch::nn::Module& module) {
   const std::vector<at::Tensor>& params = zero.parameters();
-  const std::vector<std::string> names = names_of(params, module);
+  const std::vector<std::string> names = detail::names_in(module, params, "dcp: the ZeroRedundancyOptimizer");
   const std::unique_ptr<optim::Optimizer> prototype = zero.factory()({params.front()});
   const std::vector<std::string> keys = state_keys(*prototype);
 
@@ -163,7 +158,8 @@ void apply_zero_optimizer(const State& state, const std::string& prefix, ZeroRed
                           const torch::nn::Module& module) {
   optim::Optimizer* shard = zero.shard_optimizer();
   if (shard == nullptr) return;  // owns nothing: nothing to take
-  const std::vector<std::string> names = names_of(zero.parameters(), module);
+  const std::vector<std::string> names =
+      detail::names_in(module, zero.parameters(), "dcp: the ZeroRedundancyOptimizer");
   const std::vector<size_t> mine = owned_indices(zero);
   const train::OptimizerState current = train::optimizer_state_dict(*shard);
   Dict per_param(c10::AnyType::get(), c10::AnyType::get());
