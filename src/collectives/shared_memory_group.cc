@@ -29,6 +29,7 @@
 #include "datapar/rendezvous/prefix_store.h"
 #include "collectives/coalesce.h"
 #include "process_group/ordered_runner.h"
+#include "process_group/aborted.h"
 #include "collectives/reduce.h"
 #include "collectives/shm_collectives.h"
 #include "collectives/store_exchange.h"
@@ -57,6 +58,14 @@ class SharedMemoryGroup final : public ProcessGroup {
   std::string backend() const override { return backend_; }
 
  protected:
+  // The region's waits and the transports' sockets, so the collective in flight, whichever
+  // level it is on, fails at once.
+  void do_abort() override {
+    if (shm_) shm_->abort();
+    transport_->abort();
+    if (leaders_) leaders_->abort();
+  }
+
   std::shared_ptr<Work> do_all_reduce(const std::string& op_name, at::Tensor tensor, ReduceOp op) override {
     check_reducible(tensor, "all_reduce");
     const std::string what = describe(op_name);
@@ -221,6 +230,7 @@ class SharedMemoryGroup final : public ProcessGroup {
   // member is gone) the members' collectives no longer pair up: every later one fails.
   std::shared_ptr<Work> run(const std::string& what, std::function<void()> op) {
     return collectives_.push(what, [this, what, op = std::move(op)] {
+      if (aborted()) throw CommError(aborted_message(what));
       if (!broken_.empty()) {
         throw CommError(str_cat(what, ": this group is unusable since an earlier collective failed (", broken_,
                                 "): the processes' collectives no longer pair up. Rebuild the process group (e.g. "

@@ -55,6 +55,7 @@
 
 #include "datapar/error.h"
 #include "collectives/reduce.h"
+#include "process_group/aborted.h"
 #include "stale_files.h"
 
 namespace datapar::detail::shm {
@@ -289,6 +290,7 @@ bool ShmCollectives::exited(int member) const {
 }
 
 void ShmCollectives::check_usable(const std::string& what) const {
+  if (aborted_.load(std::memory_order_acquire)) throw CommError(aborted_message(what));
   if (!broken_.empty()) {
     throw CommError(str_cat(what, ": this group is unusable since an earlier collective failed (", broken_,
                             "). Rebuild the process group (e.g. restart the job from a checkpoint)."));
@@ -309,6 +311,11 @@ void ShmCollectives::fail_exited(int gone, const std::string& what) {
                           "checkpoint)."));
 }
 
+void ShmCollectives::fail_aborted(const std::string& what) {
+  broken_ = "aborted";
+  throw CommError(aborted_message(what));
+}
+
 void ShmCollectives::meet(int which, const std::string& what) {
   const uint32_t generation = generation_;
   std::atomic<uint32_t>& own = flags(rank_).reached[which].generation;
@@ -323,6 +330,7 @@ void ShmCollectives::meet(int which, const std::string& what) {
       if (polls % 8 != 7) continue;
       const Clock::time_point now = Clock::now();
       if (now >= deadline_) fail_timeout(r, what);
+      if (aborted_.load(std::memory_order_relaxed)) fail_aborted(what);
       if (now - start < kSpinFor) continue;
       if (polls % 64 == 63 && exited(r)) fail_exited(r, what);
       if (now - start < kYieldFor) {

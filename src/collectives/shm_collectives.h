@@ -7,6 +7,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -83,6 +84,10 @@ class ShmCollectives {
   // Returns once every member called it.
   void barrier(const std::string& what);
 
+  // From any thread (ProcessGroup::abort): the operation in flight and every later one
+  // throw CommError saying the group was aborted; the object is unusable from then on.
+  void abort() { aborted_.store(true, std::memory_order_release); }
+
  private:
   struct Flags;
   ShmCollectives(void* base, size_t bytes, int rank, int size, std::vector<int> pidfds, std::vector<int> pids,
@@ -97,6 +102,7 @@ class ShmCollectives {
   void check_usable(const std::string& what) const;
   [[noreturn]] void fail_timeout(int late, const std::string& what);
   [[noreturn]] void fail_exited(int gone, const std::string& what);
+  [[noreturn]] void fail_aborted(const std::string& what);
   bool exited(int member) const;
 
   void* base_;
@@ -110,6 +116,7 @@ class ShmCollectives {
   uint32_t generation_ = 0;      // rounds done (modulo 2^32); the same on every member
   Clock::time_point deadline_;   // the current operation's
   std::string broken_;           // why the object is unusable; empty while it is usable
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace datapar::detail::shm

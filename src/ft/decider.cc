@@ -84,6 +84,12 @@ void Decider::read_joins() {
     }
     const auto now = Clock::now();
     if (evicted_.erase(p.id) > 0) store_->delete_key("evicted/" + p.id);  // back: admitted anew
+    // A member of the current epoch asks again: its step failed (or it left the group), so
+    // the others' collectives with it will not complete; they abort and join too. Not when
+    // the members were asked to grow: they all join at that step boundary anyway.
+    if (holds(current_, p.id) && !grow_signalled_ && !store_->check({str_cat("broken/", current_.number)})) {
+      store_->set(str_cat("broken/", current_.number), p.id + " joined again");
+    }
     seen_[p.id] = Seen{-1, now};                                          // its heartbeat counts from now
     if (pending_.empty()) first_pending_ = now;
     last_join_ = now;

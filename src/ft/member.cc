@@ -51,12 +51,12 @@ void Member::beat_until_stopped() {
       const int64_t e = epoch_number_;
       if (e > 0 && broken_epoch_ != e && heartbeat_->check({str_cat("broken/", e)})) {
         broken_epoch_ = e;
-        std::function<void()> callback;
+        std::function<void(int64_t)> callback;
         {
           const std::lock_guard<std::mutex> guard(mutex_);
           callback = on_broken_;
         }
-        if (callback) callback();
+        if (callback) callback(e);
       }
       if (e > 0 && grow_epoch_ != e && heartbeat_->check({str_cat("grow/", e)})) grow_epoch_ = e;
       // Set only if no join() completed meanwhile (it clears the flag, and the decider the
@@ -150,7 +150,7 @@ bool Member::newcomer_waiting() const {
   return e > 0 && grow_epoch_ == e;
 }
 
-void Member::on_broken(std::function<void()> callback) {
+void Member::on_broken(std::function<void(int64_t epoch)> callback) {
   const std::lock_guard<std::mutex> lock(mutex_);
   on_broken_ = std::move(callback);
 }

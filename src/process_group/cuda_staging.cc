@@ -138,6 +138,7 @@ class CudaStagingGroup final : public ProcessGroup {
   bool takes_cuda_tensors() const override { return true; }
 
  protected:
+  void do_abort() override { host_->abort(); }
   std::shared_ptr<Work> do_all_reduce(const std::string& what, at::Tensor tensor, ReduceOp op) override {
     Staging s;
     const at::Tensor h = s.in_out(tensor);

@@ -9,6 +9,7 @@
 
 #include "datapar/error.h"
 #include "collectives/stall_inspector.h"
+#include "process_group/aborted.h"
 #include "process_group/work_completion.h"
 
 namespace datapar {
@@ -57,8 +58,24 @@ std::string ProcessGroup::describe(const std::string& what) const {
   return str_cat(what, " on rank ", rank(), " of ", size(), " (", label(), ")");
 }
 
+void ProcessGroup::abort() {
+  if (aborted_.exchange(true, std::memory_order_acq_rel)) return;
+  std::vector<std::weak_ptr<Work>> in_flight;
+  {
+    const std::lock_guard<std::mutex> lock(in_flight_mutex_);
+    in_flight.swap(in_flight_);
+  }
+  for (const std::weak_ptr<Work>& weak : in_flight) {
+    if (const std::shared_ptr<Work> work = weak.lock()) {
+      detail::WorkCompletion::fail(*work, std::make_exception_ptr(CommError(detail::aborted_message(work->what()))));
+    }
+  }
+  do_abort();
+}
+
 template <typename Start>
 std::shared_ptr<Work> ProcessGroup::start(const std::string& what, Start&& start_operation, bool collective) {
+  if (aborted()) throw CommError(detail::aborted_message(describe(what)));
   std::shared_ptr<Work> work;
   try {
     work = start_operation();
@@ -68,6 +85,23 @@ std::shared_ptr<Work> ProcessGroup::start(const std::string& what, Start&& start
   // The group's own timeout error names who is missing: a waiter gives it time to come first.
   detail::WorkCompletion::limit(*work, timeout_ + std::min(timeout_, kWaitGrace));
   if (collective && stall_inspector_) stall_inspector_->issued(work);
+  {
+    const std::lock_guard<std::mutex> lock(in_flight_mutex_);
+    if (in_flight_.size() >= prune_at_) {
+      in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
+                                      [](const std::weak_ptr<Work>& w) {
+                                        const std::shared_ptr<Work> work = w.lock();
+                                        return !work || work->is_completed();
+                                      }),
+                       in_flight_.end());
+      prune_at_ = std::max<size_t>(64, 2 * in_flight_.size());
+    }
+    in_flight_.push_back(work);
+  }
+  // An abort that came while this was issued: the Work fails like the others.
+  if (aborted()) {
+    detail::WorkCompletion::fail(*work, std::make_exception_ptr(CommError(detail::aborted_message(work->what()))));
+  }
   return work;
 }
 

@@ -228,5 +228,82 @@ TEST(GlooProcessGroup, AKilledPeerFailsTheOthersInSharedMemoryToo) {
   kill_a_peer_mid_job(/*shared_memory=*/true, "Rank 2 (process ");
 }
 
+// Note [Aborting a gloo group]: a member stopped mid-job (SIGSTOP: its connections stay
+// open) holds the others' collective until the group's timeout, unless they abort the
+// group, as the survivors of a fault-tolerant job do (datapar/ft/): then the collective in
+// flight fails at once on every survivor, and every operation issued later throws without
+// waiting. Rank 2 stops after a first all_reduce; rank 0 kills it at the end.
+// The store is served by the test (a member stopped while holding a file store's lock would
+// stop the others' store calls too).
+void abort_with_a_stopped_peer(bool shared_memory) {
+  const TcpStore server(TcpStoreOptions{"127.0.0.1", 0, true, "", 30s, ""});
+  const std::vector<detail::ChildExit> exits = detail::fork_ranks(
+      3,
+      [&](int rank) {
+        const auto store = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", server.port(), false, "", 30s, ""});
+        // A timeout far beyond the test's bound: only the abort can end the collective.
+        auto group = new_gloo_process_group(store, rank, 3, {"127.0.0.1", 120s, shared_memory});
+        at::Tensor t = at::ones({1 << 16});
+        group->all_reduce(t)->wait();
+        store->set("pid/" + std::to_string(rank), std::to_string(::getpid()));
+        if (rank == 2) {
+          ::raise(SIGSTOP);
+          return 0;  // not reached: rank 0 kills it
+        }
+        std::shared_ptr<Work> work = group->all_reduce(t);
+        std::this_thread::sleep_for(1s);
+        if (work->is_completed()) return 10;  // completed without rank 2
+        const auto aborted_at = std::chrono::steady_clock::now();
+        group->abort();
+        group->abort();  // idempotent
+        try {
+          work->wait();
+          return 11;
+        } catch (const CommError& e) {
+          if (std::string(e.what()).find("the group was aborted") == std::string::npos) {
+            std::fprintf(stderr, "rank %d: in flight: %s\n", rank, e.what());
+            return 12;
+          }
+        }
+        if (std::chrono::steady_clock::now() - aborted_at > 5s) return 13;  // waited instead of failing
+        try {
+          group->barrier();
+          return 14;
+        } catch (const CommError& e) {
+          if (std::string(e.what()).find("barrier on rank " + std::to_string(rank) + " of 3") == std::string::npos ||
+              std::string(e.what()).find("the group was aborted") == std::string::npos) {
+            std::fprintf(stderr, "rank %d: issued later: %s\n", rank, e.what());
+            return 15;
+          }
+        }
+        if (!group->aborted()) return 16;
+        // Gloo's own thread was released too (Note [Aborting a gloo group]): destroying the
+        // group does not wait for its timeout.
+        const auto destroyed_from = std::chrono::steady_clock::now();
+        group.reset();
+        if (std::chrono::steady_clock::now() - destroyed_from > 5s) return 17;
+        store->set("done/" + std::to_string(rank), std::string("1"));
+        if (rank == 0) {
+          store->wait({"done/1"});
+          const Bytes pid = store->get("pid/2");
+          ::kill(std::stoi(std::string(pid.begin(), pid.end())), SIGKILL);
+        }
+        return 0;
+      },
+      "abort_with_a_stopped_peer");
+  EXPECT_EQ(exits[2].signal, SIGKILL);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(exits[i].exit_code, 0) << "rank " << i << " (10: completed without rank 2, 11: no error, 12: unclear "
+                                     << "error, 13: failed late, 14/15: a later operation did not fail at once, "
+                                     << "16: aborted() false, 17: destroying it waited, 1: other)";
+  }
+}
+
+TEST(GlooProcessGroup, AbortFailsTheCollectiveInFlightAtOnce) { abort_with_a_stopped_peer(/*shared_memory=*/false); }
+
+TEST(GlooProcessGroup, AbortFailsTheCollectiveInFlightAtOnceInSharedMemory) {
+  abort_with_a_stopped_peer(/*shared_memory=*/true);
+}
+
 }  // namespace
 }  // namespace datapar

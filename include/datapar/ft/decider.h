@@ -6,7 +6,8 @@
 //   hb/<id>        a member's heartbeat counter (Member's thread adds 1 per interval)
 //   joins, join/N  join requests, numbered: "<id> <committed step>"
 //   epoch/<E>      epoch E's record (Epoch::encode), written once; epoch: the newest E
-//   broken/<E>     set when a member of E is evicted: the others abort and join again
+//   broken/<E>     set when a member of E is evicted, or joins again (its step failed): the
+//                  others abort and join again
 //   grow/<E>       set when a new member waits: the members join again at a step boundary
 //   evicted/<id>   set when a member is evicted (a stopped process learns it on resuming)
 //

@@ -58,9 +58,11 @@ class Member {
   // decision the training loop takes together, in its per-step vote).
   bool newcomer_waiting() const;
 
-  // Called on the heartbeat thread, once per epoch, when the epoch is broken: e.g. to abort
-  // the process group so that collectives blocked on the lost member fail at once.
-  void on_broken(std::function<void()> callback);
+  // Called on the heartbeat thread, once per epoch, with the epoch's number, when the
+  // epoch is broken: to abort that epoch's process group, so that collectives blocked on
+  // the lost member fail at once (the number tells it from a newer epoch's group, which
+  // join() may have made meanwhile).
+  void on_broken(std::function<void(int64_t epoch)> callback);
 
  private:
   void beat_until_stopped();
@@ -72,7 +74,7 @@ class Member {
 
   mutable std::mutex mutex_;
   Epoch epoch_;                      // guarded by mutex_
-  std::function<void()> on_broken_;  // guarded by mutex_
+  std::function<void(int64_t)> on_broken_;  // guarded by mutex_
   std::atomic<int64_t> epoch_number_{0};
   std::atomic<int64_t> last_beat_ns_;  // steady clock
   std::atomic<int64_t> broken_epoch_{-1};

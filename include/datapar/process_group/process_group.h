@@ -19,8 +19,10 @@
 #include <c10/core/Device.h>
 #include <c10/core/TensorOptions.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -135,6 +137,17 @@ class ProcessGroup {
   std::shared_ptr<Work> send(at::Tensor tensor, int dst, int tag = 0);
   std::shared_ptr<Work> recv(at::Tensor tensor, int src, int tag = 0);
 
+  // Abandons the group, as a job that goes on without a failed member must (datapar/ft/):
+  // every operation in flight fails at once with CommError (its Work; what the backend does
+  // underneath: gloo closes its connections to every peer, which fails the peers'
+  // operations with this process too; the shared-memory layer stops waiting; nccl aborts
+  // the communicator), and every operation issued later throws CommError without waiting.
+  // Thread-safe, idempotent, never waits for a peer. The survivors of a failure abort their
+  // group and make a new one (on a fresh store prefix). Destroying an aborted group may
+  // wait, at most the timeout, for an operation its backend could not abandon (gloo's, mpi's).
+  void abort();
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+
   // Stall warnings (Note [Stall inspection] in src/collectives/stall_inspector.cc): when a
   // collective of this group has not completed after `warn_after`, one warning through the
   // warning sink (datapar/warning.h) names it and the ranks that have not issued it yet,
@@ -175,6 +188,10 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> do_send(const std::string& what, at::Tensor tensor, int dst, int tag) = 0;
   virtual std::shared_ptr<Work> do_recv(const std::string& what, at::Tensor tensor, int src, int tag) = 0;
 
+  // What abort() does underneath, after failing the Works in flight: nothing by default.
+  // Called once, from any thread.
+  virtual void do_abort() {}
+
   // "<what> on rank R of N (<label()>)", the name of an operation in every error.
   std::string describe(const std::string& what) const;
   // How describe() names the backend: backend(), or more ("gloo, shared memory").
@@ -197,6 +214,12 @@ class ProcessGroup {
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
+  std::atomic<bool> aborted_{false};
+  // The Works handed out and perhaps not done, for abort() to fail (completed ones are
+  // pruned as it grows).
+  std::mutex in_flight_mutex_;
+  std::vector<std::weak_ptr<Work>> in_flight_;
+  size_t prune_at_ = 64;
   std::shared_ptr<detail::StallInspector> stall_inspector_;  // null: not inspected
 };
 

@@ -7,6 +7,7 @@
 // the host goes on at once (unless the group was asked to block, NcclOptions::blocking_wait).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <future>
@@ -67,14 +68,21 @@ class Work {
  private:
   // Only the backends report the outcome (src/process_group/work_completion.h).
   friend class detail::WorkCompletion;
-  void finish() { promise_.set_value(); }
-  void fail(std::exception_ptr error) { promise_.set_exception(std::move(error)); }
+  // The first outcome counts: an abort (ProcessGroup::abort) may fail a Work that its
+  // backend completes later.
+  void finish() {
+    if (!settled_.exchange(true)) promise_.set_value();
+  }
+  void fail(std::exception_ptr error) {
+    if (!settled_.exchange(true)) promise_.set_exception(std::move(error));
+  }
 
   std::string what_;
   // Its group's timeout plus kWaitGrace, set as the group hands it out; a year for a Work
   // made elsewhere.
   std::chrono::milliseconds timeout_ = std::chrono::hours(24 * 365);
   std::promise<void> promise_;
+  std::atomic<bool> settled_{false};
   std::shared_future<void> done_;
 };
 

@@ -18,6 +18,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/pair.h>
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -25,7 +26,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "datapar/error.h"
@@ -33,6 +36,8 @@
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/prefix_store.h"
 #include "collectives/coalesce.h"
+#include "process_group/aborted.h"
+#include "process_group/gloo/socket_shutdown.h"
 #include "process_group/gloo/transport.h"
 #include "process_group/ordered_runner.h"
 
@@ -42,7 +47,8 @@ namespace {
 using detail::str_cat;
 using detail::unflatten;
 
-// Gloo's rendezvous talks to our Store through this.
+// Gloo's rendezvous talks to our Store through this. It keeps what gloo reads under the
+// ranks' numbers: each rank's pair addresses (Note [Aborting a gloo group]).
 class GlooStore : public gloo::rendezvous::Store {
  public:
   explicit GlooStore(std::shared_ptr<datapar::Store> store) : store_(std::move(store)) {}
@@ -51,16 +57,31 @@ class GlooStore : public gloo::rendezvous::Store {
   }
   std::vector<char> get(const std::string& key) override {
     const Bytes value = store_->get(key);
-    return std::vector<char>(value.begin(), value.end());
+    std::vector<char> bytes(value.begin(), value.end());
+    if (!key.empty() && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      read_[std::stoi(key)] = bytes;
+    }
+    return bytes;
   }
   void wait(const std::vector<std::string>& keys) override { store_->wait(keys); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     store_->wait(keys, timeout);
   }
+  // Rank r's pair addresses as gloo read them, by r.
+  const std::map<int, std::vector<char>>& read() const { return read_; }
 
  private:
   std::shared_ptr<datapar::Store> store_;
+  std::map<int, std::vector<char>> read_;
 };
+
+// The socket address at the start of a gloo TCP address's bytes (tcp::Address::bytes():
+// its trivially copyable sockaddr_storage, then a sequence number).
+bool socket_address(const std::vector<char>& bytes, size_t offset, sockaddr_storage* out) {
+  if (offset + sizeof(sockaddr_storage) > bytes.size()) return false;
+  std::memcpy(out, bytes.data() + offset, sizeof(sockaddr_storage));
+  return out->ss_family == AF_INET || out->ss_family == AF_INET6;
+}
 
 // A reduce function for Gloo over elements of type T.
 template <typename T>
@@ -95,6 +116,7 @@ class ProcessGroupGloo : public ProcessGroup {
       context_->setTimeout(timeout());
       GlooStore gloo_store(std::make_shared<PrefixStore>("gloo", store));
       context_->connectFullMesh(gloo_store, device_);
+      learn_pair_sockets(gloo_store.read());
       roll_store_ = std::make_shared<PrefixStore>("gloo-failed", store);
     } catch (const datapar::Error&) {
       throw;
@@ -108,6 +130,35 @@ class ProcessGroupGloo : public ProcessGroup {
   std::string backend() const override { return "gloo"; }
 
  protected:
+  // Note [Aborting a gloo group]
+  // Gloo (as Debian ships it) has no abort, and a thread blocked in one of its operations
+  // waits for its data or the timeout; closing a pair (its one public lever) does not wake
+  // it. What wakes it is its connection ending: then gloo's own thread fails every
+  // operation pending on the pair at once. So abort shuts the group's sockets down (not
+  // closes: gloo owns them). Gloo does not hand them out, but they are known by address:
+  // each pair's socket is either the one gloo accepted on the pair's listening address
+  // (pair->address()), or the one it connected to the peer's (what the peer published in
+  // the store, which GlooStore kept as gloo read it). A TCP connection's two addresses are
+  // unique on the machine while it exists, so no other socket matches. The peers see the
+  // connections end too, and their operations with this process fail at once.
+  void learn_pair_sockets(const std::map<int, std::vector<char>>& published) {
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank()) continue;
+      const std::vector<char> own = context_->getPair(peer)->address().bytes();
+      sockaddr_storage address{};
+      if (socket_address(own, 0, &address)) pair_locals_.push_back(address);
+      // The peer published one address per other rank, in rank order: ours is at our
+      // rank, less one past the peer's own.
+      const auto it = published.find(peer);
+      if (it == published.end() || size() < 2 || it->second.size() % static_cast<size_t>(size() - 1) != 0) continue;
+      const size_t each = it->second.size() / static_cast<size_t>(size() - 1);
+      const size_t index = static_cast<size_t>(rank() < peer ? rank() : rank() - 1);
+      if (socket_address(it->second, index * each, &address)) pair_remotes_.push_back(address);
+    }
+  }
+
+  void do_abort() override { detail::shut_down_sockets(pair_locals_, pair_remotes_); }
+
   std::shared_ptr<Work> do_all_reduce(const std::string& what, at::Tensor tensor, ReduceOp op) override {
     return enqueue(what, [this, tensor, op]() mutable {
       at::Tensor buffer = reducible(tensor);
@@ -264,8 +315,8 @@ class ProcessGroupGloo : public ProcessGroup {
     std::shared_ptr<gloo::transport::UnboundBuffer> unbound =
         context_->createUnboundBuffer(buffer.data_ptr(), buffer.nbytes());
     unbound->send(dst, p2p_slot(tag));
-    return p2p_.push(describe(what), [this, buffer, unbound] {
-      if (!unbound->waitSend(timeout())) throw CommError("send was aborted.");
+    return p2p_.push(describe(what), [this, what, buffer, unbound] {
+      wait_p2p(what, [&] { return unbound->waitSend(timeout()); });
     });
   }
 
@@ -274,13 +325,26 @@ class ProcessGroupGloo : public ProcessGroup {
     std::shared_ptr<gloo::transport::UnboundBuffer> unbound =
         context_->createUnboundBuffer(buffer.data_ptr(), buffer.nbytes());
     unbound->recv(src, p2p_slot(tag));
-    return p2p_.push(describe(what), [this, tensor, buffer, unbound]() mutable {
-      if (!unbound->waitRecv(timeout())) throw CommError("recv was aborted.");
+    return p2p_.push(describe(what), [this, what, tensor, buffer, unbound]() mutable {
+      wait_p2p(what, [&] { return unbound->waitRecv(timeout()); });
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
     });
   }
 
  private:
+  // Waits for a send or recv: `wait` returns false when gloo abandoned it.
+  template <typename Wait>
+  void wait_p2p(const std::string& what, Wait&& wait) {
+    bool done = false;
+    try {
+      done = wait();
+    } catch (const std::exception&) {
+      if (aborted()) throw CommError(detail::aborted_message(describe(what)));
+      throw;
+    }
+    if (!done) throw CommError(aborted() ? detail::aborted_message(describe(what)) : describe(what) + " was abandoned.");
+  }
+
   // Point-to-point messages use their own slot range, apart from every collective's.
   static uint64_t p2p_slot(int tag) { return gloo::Slot::build(kP2pSlotPrefix, static_cast<uint32_t>(tag)); }
   static constexpr uint8_t kP2pSlotPrefix = 0x40;
@@ -322,11 +386,13 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> enqueue(const std::string& what, std::function<void()> op) {
     const uint64_t seq = issued_++;
     return collectives_.push(describe(what), [this, seq, what, op = std::move(op)] {
+      if (aborted()) throw CommError(detail::aborted_message(describe(what)));
       try {
         op();
       } catch (const datapar::Error&) {
         throw;
       } catch (const std::exception& e) {
+        if (aborted()) throw CommError(detail::aborted_message(describe(what)));
         throw CommError(str_cat(describe(what), " failed: ", e.what(), ". ", roll_call(seq),
                                 " Rebuild the process group (e.g. restart the job from a checkpoint)."));
       }
@@ -379,6 +445,8 @@ class ProcessGroupGloo : public ProcessGroup {
   }
 
   std::shared_ptr<Store> roll_store_;  // where survivors of a failure report (roll_call())
+  std::vector<sockaddr_storage> pair_locals_;   // the pairs' listening addresses (do_abort)
+  std::vector<sockaddr_storage> pair_remotes_;  // the peers' listening addresses for us
   std::atomic<uint64_t> issued_{0};    // collectives issued, numbered alike on every rank
   std::string roll_call_result_;       // the first failure's finding (collectives' thread only)
   std::shared_ptr<gloo::transport::Device> device_;

@@ -176,7 +176,7 @@ bool NcclComm::abort(const std::string& op, const std::string& reason) {
 bool NcclComm::abort_locked(const std::string& op, const std::string& reason) {
   if (comm_ == nullptr) return false;  // Note [Abort once]
   // No device guard, which could throw with the communicator half aborted: NCCL switches
-  // to the communicator's device itself, and every caller is on it anyway.
+  // to the communicator's device itself, whichever thread aborts (ProcessGroup::abort may come from any).
   ncclCommAbort(comm_);  // stops the group's kernels, so its stream moves on
   comm_ = nullptr;
   failed_op_ = op;

@@ -184,6 +184,9 @@ class ProcessGroupNccl : public ProcessGroup {
   c10::Device device() const override { return c10::Device(c10::kCUDA, device_); }
 
  protected:
+  // ncclCommAbort: the kernels in flight end early, the watchdog fails their Works.
+  void do_abort() override { comm_->abort("abort()", "ProcessGroup::abort() was called on this rank"); }
+
   std::shared_ptr<Work> do_all_reduce(const std::string& what, at::Tensor tensor, ReduceOp op) override {
     const Elements e = reduced(tensor);
     const at::Tensor buffer = tensor.contiguous();

@@ -1,0 +1,137 @@
+// ElasticGroup. See datapar/ft/elastic_group.h.
+#include "datapar/ft/elastic_group.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "datapar/error.h"
+#include "datapar/rendezvous/prefix_store.h"
+
+namespace datapar::ft {
+namespace {
+
+using detail::str_cat;
+
+}  // namespace
+
+ElasticGroup::ElasticGroup(std::shared_ptr<Store> store, std::string run, FtOptions options, MakeGroup make_group)
+    : store_(std::move(store)), run_(std::move(run)), options_(options), make_group_(std::move(make_group)) {
+  DATAPAR_CHECK(store_ != nullptr, "ft::ElasticGroup: the store is null.");
+  DATAPAR_CHECK(make_group_ != nullptr, "ft::ElasticGroup: no function makes the epochs' groups.");
+  member_ = std::make_unique<Member>(store_, run_, options_);
+  member_->on_broken([this](int64_t epoch) {
+    const std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (abortable_ && group_epoch_ == epoch) abortable_->abort();
+  });
+}
+
+ElasticGroup::~ElasticGroup() {
+  retire();
+  member_.reset();  // stops the heartbeat thread, the only other user of abortable_
+  for (std::thread& reaper : reapers_) reaper.join();
+}
+
+void ElasticGroup::retire() {
+  {
+    const std::lock_guard<std::mutex> lock(abort_mutex_);
+    abortable_.reset();
+    group_epoch_ = 0;
+  }
+  if (!group_) return;
+  group_->abort();
+  // Its backend's thread may still be inside an operation it could not abandon (gloo's);
+  // destroying the group waits for it, which must not hold up the next epoch.
+  reapers_.emplace_back([group = std::move(group_)]() mutable { group.reset(); });
+  group_ = nullptr;
+}
+
+const Epoch& ElasticGroup::join(int64_t committed_step) {
+  // Leaving a group that did not fail (the members agreed to grow): its connections reset
+  // as it goes, so the others must be done with its last vote first.
+  if (group_ && !group_->aborted()) leave();
+  retire();
+  epoch_ = member_->join(committed_step);
+  rank_ = epoch_.rank_of(member_->id());
+  auto store = std::make_shared<PrefixStore>(str_cat("ft/", run_, "/", epoch_.number, "/"), store_);
+  group_ = make_group_(std::move(store), rank_, epoch_.size());
+  DATAPAR_CHECK(group_ != nullptr && group_->size() == epoch_.size() && group_->rank() == rank_,
+                "ft::ElasticGroup: the function that makes the groups returned no group, or one of the wrong size "
+                "or rank.");
+  const std::lock_guard<std::mutex> lock(abort_mutex_);
+  abortable_ = group_;
+  group_epoch_ = epoch_.number;
+  // Broken while the group was made: the heartbeat thread's callback came too early for it.
+  if (member_->epoch_broken()) group_->abort();
+  return epoch_;
+}
+
+void ElasticGroup::abort() {
+  if (group_) group_->abort();
+}
+
+bool ElasticGroup::behind() const {
+  return rank_ >= 0 && epoch_.members[static_cast<size_t>(rank_)].committed_step < epoch_.newest_step();
+}
+
+void ElasticGroup::heal(const std::function<std::string()>& save, const std::function<void(const std::string&)>& load) {
+  DATAPAR_CHECK(group_ != nullptr, "ft::ElasticGroup::heal: join() first.");
+  const int64_t newest = epoch_.newest_step();
+  int root = -1;
+  bool anyone_behind = false;
+  for (int r = 0; r < epoch_.size(); ++r) {
+    const int64_t step = epoch_.members[static_cast<size_t>(r)].committed_step;
+    if (step == newest && root < 0) root = r;
+    if (step < newest) anyone_behind = true;
+  }
+  if (!anyone_behind) return;  // decided from the epoch record alone: alike on every rank
+  std::string bytes;
+  if (rank_ == root) bytes = save();
+  // The size first, then the bytes, as int64 words (every backend moves them).
+  at::Tensor length = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
+  at::Tensor on_device = length.to(group_->device());
+  group_->broadcast(on_device, root)->synchronize();
+  const int64_t n = on_device.cpu().item<int64_t>();
+  DATAPAR_CHECK(n >= 0, "ft::ElasticGroup::heal: a negative state size (", n, ") arrived.");
+  at::Tensor words = at::zeros({(n + 7) / 8}, at::kLong);
+  if (rank_ == root && n > 0) std::memcpy(words.data_ptr(), bytes.data(), bytes.size());
+  at::Tensor words_on_device = words.to(group_->device());
+  group_->broadcast(words_on_device, root)->synchronize();
+  if (!behind()) return;
+  words = words_on_device.cpu();
+  bytes.assign(static_cast<const char*>(words.data_ptr()), static_cast<size_t>(n));
+  load(bytes);
+}
+
+Vote ElasticGroup::vote(int64_t step) {
+  DATAPAR_CHECK(group_ != nullptr, "ft::ElasticGroup::vote: join() first.");
+  // Reduced by MIN: {may commit, no newcomer waits, step, -step}: the step's min and max.
+  const int64_t mine[4] = {member_->may_commit() ? 1 : 0, member_->newcomer_waiting() ? 0 : 1, step, -step};
+  at::Tensor ballot = at::from_blob(const_cast<int64_t*>(mine), {4}, at::kLong).clone().to(group_->device());
+  group_->all_reduce(ballot, ReduceOp::kMin)->synchronize();
+  const at::Tensor result = ballot.cpu();
+  const int64_t* r = result.data_ptr<int64_t>();
+  const bool same_step = r[2] == step && -r[3] == step;
+  Vote vote;
+  vote.commit = r[0] == 1 && same_step;
+  vote.reconfigure = !vote.commit || r[1] == 0;
+  return vote;
+}
+
+void ElasticGroup::leave() {
+  if (rank_ < 0 || left_epoch_ == epoch_.number) return;
+  left_epoch_ = epoch_.number;
+  const std::string prefix = str_cat("ft/", run_, "/", epoch_.number, "/left/");
+  store_->set(prefix + std::to_string(rank_), std::string("1"));
+  std::vector<std::string> keys;
+  for (int r = 0; r < epoch_.size(); ++r) keys.push_back(prefix + std::to_string(r));
+  try {
+    store_->wait(keys, options_.eviction_timeout);
+  } catch (const TimeoutError&) {
+    // A member died after the last vote: nobody is in a collective with it any more.
+  }
+}
+
+}  // namespace datapar::ft

@@ -1,0 +1,284 @@
+// Fault-tolerant DDP (datapar/ft/fault_tolerant_ddp.h, issue 31) with its members as
+// processes over loopback and the store and decider in the test: a job of three trains 24
+// steps (three epochs of 8 global batches of 12 samples, SGD with momentum); one member is
+// killed with SIGKILL at a step that depends on the seed and a replacement is started.
+// The final model must equal one process's training on the whole global batches within
+// 1e-5 relative, on every member, the replacement included; every sample of every epoch
+// must have been trained once, in a committed step.
+#include "datapar/ft/fault_tolerant_ddp.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "child_process.h"
+#include "datapar/ft/decider.h"
+#include "datapar/process_group/gloo.h"
+#include "datapar/rendezvous/tcp_store.h"
+#include "datapar/state_dict.h"
+#include "file_system.h"
+#include "testing/temp_dir.h"
+#include "testing/text.h"
+
+namespace datapar::ft {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kToken = "ft-ddp-test";
+constexpr int64_t kSamples = 96;
+constexpr int64_t kBatch = 12;
+constexpr int64_t kBatchesPerEpoch = kSamples / kBatch;
+constexpr int64_t kSteps = 3 * kBatchesPerEpoch;
+
+FtOptions options() {
+  FtOptions o;
+  o.heartbeat_interval = 100ms;
+  o.eviction_timeout = 1000ms;
+  o.settle_time = 300ms;
+  o.quorum_timeout = 15s;
+  o.expected_members = 3;
+  o.min_members = 2;
+  return o;
+}
+
+std::shared_ptr<TcpStore> connect(uint16_t port) {
+  return std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", port, false, kToken, 5s, ""});
+}
+
+struct Net : torch::nn::Module {
+  Net() {
+    torch::manual_seed(7);  // the same initial parameters in every process
+    fc1 = register_module("fc1", torch::nn::Linear(6, 8));
+    fc2 = register_module("fc2", torch::nn::Linear(8, 2));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc2->forward(at::tanh(fc1->forward(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+struct Data {
+  at::Tensor x, y;
+  Data() {
+    at::Generator g = at::detail::createCPUGenerator(11);
+    x = at::randn({kSamples, 6}, g);
+    y = at::randn({kSamples, 2}, g);
+  }
+};
+
+// The samples of global batch `step`: defined by the step alone, whoever is alive.
+at::Tensor batch_rows(int64_t step) {
+  at::Generator g = at::detail::createCPUGenerator(1000 + step / kBatchesPerEpoch);
+  const at::Tensor order = at::randperm(kSamples, g, at::kLong);
+  return order.narrow(0, (step % kBatchesPerEpoch) * kBatch, kBatch);
+}
+
+// Rank `rank` of `size`'s share of them.
+at::Tensor share(const at::Tensor& rows, int rank, int size) {
+  const int64_t begin = kBatch * rank / size, end = kBatch * (rank + 1) / size;
+  return rows.narrow(0, begin, end - begin);
+}
+
+torch::optim::SGD make_sgd(Net& net) {
+  return torch::optim::SGD(net.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+// A member's life: trains until step kSteps, dying at `die_at` (if >= 0), pausing `pause`
+// after each step; writes each committed step's samples to its log and its final
+// parameters to final-<index>.pt.
+int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at, bool shared_memory,
+                std::chrono::milliseconds pause) {
+  at::set_num_threads(1);
+  std::ofstream log(dir + "/samples-" + std::to_string(index) + ".log");
+  const Data data;
+  auto net = std::make_shared<Net>();
+  torch::optim::SGD sgd = make_sgd(*net);
+  ElasticGroup elastic(connect(port), "job", options(),
+                       [shared_memory](std::shared_ptr<Store> store, int rank, int size) {
+                         return new_gloo_process_group(std::move(store), rank, size, {"127.0.0.1", 5s, shared_memory});
+                       });
+  FaultTolerantDdp<Net> trainer(net, sgd, elastic);
+  while (trainer.step() < kSteps) {
+    if (trainer.step() == die_at) ::raise(SIGKILL);
+    int64_t step = -1;
+    at::Tensor mine;
+    const bool committed = trainer.train_step([&](DistributedDataParallel<Net>& ddp, int rank, int size) {
+      step = trainer.step();  // after a join, the step this member took from the others
+      mine = share(batch_rows(step), rank, size);
+      torch::nn::functional::mse_loss(ddp.forward(data.x.index_select(0, mine)), data.y.index_select(0, mine))
+          .backward();
+    });
+    if (committed) {
+      log << step;
+      for (int64_t i = 0; i < mine.numel(); ++i) log << ' ' << mine[i].item<int64_t>();
+      log << std::endl;
+    }
+    std::this_thread::sleep_for(pause);  // time for a member to (re)join while the job runs
+  }
+  trainer.finish();
+  log << "epochs " << trainer.epochs_joined() << std::endl;
+  save_state_dict(state_dict(*net), dir + "/final-" + std::to_string(index) + ".pt");
+  return 0;
+}
+
+// One process training on the whole global batches: what every member must end with.
+// Trained in a child of its own, as the members are: this process forks the next job's
+// members, and a process whose BLAS or OpenMP threads have started must not fork.
+StateDict one_process(const std::string& dir) {
+  const pid_t pid = datapar::detail::fork_child(
+      [&] {
+        at::set_num_threads(1);
+        const Data data;
+        auto net = std::make_shared<Net>();
+        torch::optim::SGD sgd = make_sgd(*net);
+        for (int64_t step = 0; step < kSteps; ++step) {
+          const at::Tensor rows = batch_rows(step);
+          sgd.zero_grad();
+          torch::nn::functional::mse_loss(net->forward(data.x.index_select(0, rows)), data.y.index_select(0, rows))
+              .backward();
+          sgd.step();
+        }
+        save_state_dict(state_dict(*net), dir + "/reference.pt");
+        return 0;
+      },
+      "one process");
+  EXPECT_EQ(datapar::detail::wait_child(pid, Clock::now() + 60s).exit_code, 0);
+  return load_state_dict_file(dir + "/reference.pt");
+}
+
+double relative_difference(const StateDict& a, const StateDict& b) {
+  double worst = 0;
+  for (const auto& item : a) {
+    const at::Tensor other = b[item.key()];
+    const double scale = std::max(1e-12, item.value().abs().max().item<double>());
+    worst = std::max(worst, (item.value() - other).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+// What happens to member `victim` of a job: nothing, SIGKILL at the start of step `at`
+// (then a replacement is started), or SIGSTOP once it committed step `at` (in its pause
+// after the step), SIGCONT 1.5 s later.
+struct Failure {
+  enum Kind { kNone, kKill, kStop } kind = kNone;
+  int victim = -1;
+  int64_t at = -1;
+};
+
+// Whether `path` has a line that starts with `prefix`.
+bool has_line(const std::string& path, const std::string& prefix) {
+  std::istringstream lines(datapar::detail::exists(path) ? testing::read_text(path) : "");
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+// Runs a job of three members with `failure`. Checks the samples and the final models.
+void run_job(Failure failure, bool shared_memory) {
+  testing::TempDir dir;
+  const auto server = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kToken, 10s, ""});
+  const uint16_t port = server->port();
+  const auto pause = failure.kind == Failure::kStop ? 100ms : 60ms;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t dies = failure.kind == Failure::kKill && i == failure.victim ? failure.at : -1;
+    pids.push_back(datapar::detail::fork_child(
+        [&, i, dies] { return member_main(port, dir.path(), i, dies, shared_memory, pause); }, "member"));
+  }
+  const Decider decider(connect(port), "job", options());
+  int members = 3;
+  const auto deadline = Clock::now() + 90s;
+  const size_t victim = static_cast<size_t>(failure.victim);
+  if (failure.kind == Failure::kKill) {
+    const datapar::detail::ChildExit died = datapar::detail::wait_child(pids[victim], deadline);
+    EXPECT_EQ(died.signal, SIGKILL) << "the victim did not die as planned (exit " << died.exit_code << ")";
+    pids[victim] = datapar::detail::fork_child(
+        [&] { return member_main(port, dir.path(), 3, -1, shared_memory, pause); }, "replacement");
+    members = 4;
+  } else if (failure.kind == Failure::kStop) {
+    const std::string log = dir.path() + "/samples-" + std::to_string(failure.victim) + ".log";
+    while (!has_line(log, std::to_string(failure.at) + " ") && Clock::now() < deadline) {
+      std::this_thread::sleep_for(2ms);
+    }
+    ::kill(pids[victim], SIGSTOP);
+    std::this_thread::sleep_for(1500ms);  // past the eviction timeout: the others go on without it
+    ::kill(pids[victim], SIGCONT);
+  }
+  for (int i = 0; i < 3; ++i) {
+    const datapar::detail::ChildExit exit = datapar::detail::wait_child(pids[static_cast<size_t>(i)], deadline);
+    const bool replaced = failure.kind == Failure::kKill && i == failure.victim;
+    EXPECT_EQ(exit.exit_code, 0) << "member " << (replaced ? 3 : i) << " (signal " << exit.signal << ")";
+  }
+  // Every sample of every step, exactly once, over all members' committed steps.
+  std::map<int64_t, std::vector<int64_t>> trained;
+  for (int i = 0; i < members; ++i) {
+    std::istringstream lines(testing::read_text(dir.path() + "/samples-" + std::to_string(i) + ".log"));
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("epochs", 0) == 0) continue;
+      std::istringstream fields(line);
+      int64_t step = 0, row = 0;
+      fields >> step;
+      while (fields >> row) trained[step].push_back(row);
+    }
+  }
+  ASSERT_EQ(static_cast<int64_t>(trained.size()), kSteps);
+  for (auto& [step, rows] : trained) {
+    std::sort(rows.begin(), rows.end());
+    const at::Tensor expected = std::get<0>(batch_rows(step).sort());
+    ASSERT_EQ(static_cast<int64_t>(rows.size()), kBatch) << "step " << step;
+    for (int64_t i = 0; i < kBatch; ++i) EXPECT_EQ(rows[static_cast<size_t>(i)], expected[i].item<int64_t>());
+  }
+  const StateDict reference = one_process(dir.path());
+  for (int i = 0; i < members; ++i) {
+    if (failure.kind == Failure::kKill && i == failure.victim) continue;
+    const StateDict final_model = load_state_dict_file(dir.path() + "/final-" + std::to_string(i) + ".pt");
+    EXPECT_LT(relative_difference(final_model, reference), 1e-5) << "member " << i;
+  }
+  if (failure.kind == Failure::kKill) {
+    // The replacement took part: it joined, was healed and trained committed steps.
+    const std::string log = testing::read_text(dir.path() + "/samples-3.log");
+    EXPECT_NE(log.find('\n'), log.rfind('\n')) << "the replacement committed no step:\n" << log;
+  }
+  if (failure.kind == Failure::kStop) {
+    // The stopped member was evicted, and joined again when it continued.
+    const std::string log = dir.path() + "/samples-" + std::to_string(failure.victim) + ".log";
+    EXPECT_FALSE(has_line(log, "epochs 1")) << testing::read_text(log);
+  }
+}
+
+TEST(FaultTolerantDdp, ThreeMembersWithoutFailuresTrainAsOneProcess) { run_job({}, /*shared_memory=*/false); }
+
+// Kill -9 one of three at a step that depends on the seed; the survivors go on, a
+// replacement joins and takes the state; the model is the one of an uninterrupted run.
+TEST(FaultTolerantDdp, AMemberKilledAtARandomStepIsReplacedAndTheModelIsUnchanged) {
+  for (int seed = 1; seed <= 3; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    run_job({Failure::kKill, seed % 3, 1 + (seed * 5) % 11}, /*shared_memory=*/seed == 2);
+  }
+}
+
+// SIGSTOP one of three: evicted after the timeout, the others go on; SIGCONT: its step
+// fails (its group was abandoned, its lease ran out), it joins again, takes the state and
+// trains on; nothing it did while stale is committed.
+TEST(FaultTolerantDdp, AStoppedMemberIsEvictedAndRejoinsWhenItContinues) {
+  run_job({Failure::kStop, 1, 3}, /*shared_memory=*/false);
+  run_job({Failure::kStop, 2, 5}, /*shared_memory=*/true);
+}
+
+}  // namespace
+}  // namespace datapar::ft
