@@ -218,6 +218,20 @@ TEST(Cli, BenchCollectivesOnMpiStartsItselfThroughMpirun) {
   EXPECT_NE(r.output.find("| 4 KiB |"), std::string::npos) << r.output;
 }
 
+// The cost of fault tolerance in a step: ft::FaultTolerantDdp (a decider in rank 0, the
+// epoch's own gloo group, a vote per step) against plain DDP, in one run.
+TEST(Cli, BenchDdpFaultTolerantTimesTheVoteAgainstPlainDdp) {
+  const ProcessResult r =
+      run(bin("datapar") + " bench ddp --model mlp --nproc 2 --batch 16 --steps 3 --warmup 1 --fault-tolerant");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t line = r.output.find("fault tolerance (ft::FaultTolerantDdp: a vote before each update), medians of 4 "
+                                    "alternating rounds: step ");
+  ASSERT_NE(line, std::string::npos) << r.output;
+  const size_t ratio = r.output.find(" = ", line);
+  ASSERT_NE(ratio, std::string::npos) << r.output;
+  EXPECT_GT(std::stod(r.output.substr(ratio + 3)), 0.0) << r.output;
+}
+
 TEST(Cli, BenchDdpReportsTheCeilingTheHiddenShareAndSamplesPerSecond) {
   const ProcessResult r = run(bin("datapar") +
                            " bench ddp --model lenet --nproc 2 --batch 16 --steps 3 --warmup 1 --gradient-as-bucket-view");

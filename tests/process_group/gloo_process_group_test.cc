@@ -233,14 +233,15 @@ TEST(GlooProcessGroup, AKilledPeerFailsTheOthersInSharedMemoryToo) {
 // group, as the survivors of a fault-tolerant job do (datapar/ft/): then the collective in
 // flight fails at once on every survivor, and every operation issued later throws without
 // waiting. Rank 2 stops after a first all_reduce; rank 0 kills it at the end.
-// The store is served by the test (a member stopped while holding a file store's lock would
-// stop the others' store calls too).
+// Rank 0, which survives, serves the store (a member stopped while holding a file store's
+// lock would stop the others' store calls too); the test starts no thread before it forks.
 void abort_with_a_stopped_peer(bool shared_memory) {
-  const TcpStore server(TcpStoreOptions{"127.0.0.1", 0, true, "", 30s, ""});
+  const ReservedPort port("127.0.0.1");
   const std::vector<detail::ChildExit> exits = detail::fork_ranks(
       3,
       [&](int rank) {
-        const auto store = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", server.port(), false, "", 30s, ""});
+        const auto store = std::make_shared<TcpStore>(
+            TcpStoreOptions{"127.0.0.1", port.port(), rank == 0, "abort-test", 30s, ""});
         // A timeout far beyond the test's bound: only the abort can end the collective.
         auto group = new_gloo_process_group(store, rank, 3, {"127.0.0.1", 120s, shared_memory});
         at::Tensor t = at::ones({1 << 16});

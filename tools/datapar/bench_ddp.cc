@@ -25,11 +25,14 @@
 #include "datapar/cpu_allocator.h"
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/ddp/zero_redundancy_optimizer.h"
+#include "datapar/ft/decider.h"
+#include "datapar/ft/fault_tolerant_ddp.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/models/lenet.h"
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
+#include "datapar/process_group/gloo.h"
 #include "datapar/process_group/metadata.h"
 #include "file_system.h"
 #include "datapar/trace.h"
@@ -246,6 +249,65 @@ ZeroTimes time_zero(const ModelBench<Module>& b, const DdpOptions& ddp_options) 
   return out;
 }
 
+struct FtTimes {
+  std::vector<double> ddp, ft;  // per round, the step (slowest rank's): plain DDP, fault-tolerant
+};
+
+// 3b. Fault tolerance (ft::FaultTolerantDdp): the same steps with the vote before each
+// update, against plain DDP on a group of the same kind (the first epoch's), in
+// alternating rounds, each on a model of its own. Rank 0 hosts the membership decider (in
+// a job, the launcher does).
+template <typename Module>
+FtTimes time_fault_tolerance(const ModelBench<Module>& b) {
+  using Impl = typename Module::ContainedType;
+  constexpr int kRounds = 4;
+  DATAPAR_CHECK(b.group.backend() == "gloo", "bench ddp --fault-tolerant: the backend is ", b.group.backend(),
+                "; fault-tolerant groups are gloo's (--backend gloo).");
+  ft::FtOptions options;
+  options.expected_members = b.group.size();
+  options.min_members = b.group.size();
+  const std::shared_ptr<Store> store = default_store();
+  std::unique_ptr<ft::Decider> decider;
+  if (b.group.rank() == 0) {
+    std::shared_ptr<Store> own = store->clone(kDefaultTimeout);  // its calls must not queue behind ours
+    decider = std::make_unique<ft::Decider>(own ? own : store, "bench", options);
+  }
+  ft::ElasticGroup elastic(store, "bench", options, [](std::shared_ptr<Store> epoch_store, int rank, int size) {
+    return new_gloo_process_group(std::move(epoch_store), rank, size);
+  });
+  Module ft_model = b.fresh_model();
+  const std::unique_ptr<torch::optim::Optimizer> ft_optimizer = b.optimizer(ft_model->parameters());
+  ft::FaultTolerantDdp<Impl> trainer(ft_model.ptr(), *ft_optimizer, elastic);
+  auto ft_step = [&](int i) {
+    const Batch& batch = b.batches[i % b.batches.size()];
+    const bool committed = trainer.train_step([&](DistributedDataParallel<Impl>& ddp, int, int) {
+      at::cross_entropy_loss(ddp.forward(batch.x), batch.y).backward();
+    });
+    DATAPAR_CHECK(committed, "bench ddp --fault-tolerant: a step was not committed (did a rank fail?).");
+  };
+  ft_step(0);  // joins the first epoch: its group exists from here
+  Module model = b.fresh_model();
+  DdpOptions ddp_options;
+  ddp_options.average_by_samples = true;  // as the fault-tolerant one
+  DistributedDataParallel ddp(model.ptr(), elastic.group(), ddp_options);
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = b.optimizer(ddp.parameters());
+  auto forward = [&](const at::Tensor& x) { return ddp.forward(x); };
+  StepParts parts;
+  FtTimes out;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      if ((round + k) % 2 == 0) {
+        out.ddp.push_back(
+            time_steps(b.group, b.o.warmup, b.steps, [&](int i) { b.train_step(forward, *optimizer, parts, i); }).step);
+      } else {
+        out.ft.push_back(time_steps(b.group, b.o.warmup, b.steps, ft_step).step);
+      }
+    }
+  }
+  trainer.finish();
+  return out;
+}
+
 struct CommTimes {
   double step = 0;  // all-reducing every bucket once
   size_t buckets = 0;
@@ -319,7 +381,7 @@ TraceTimes time_trace(const ModelBench<Module>& b, const DdpStep& ddp_step) {
 // 6. Rank 0's report.
 template <typename Module>
 void report(const ModelBench<Module>& b, const PhaseTimes& local, const DdpTimes& ddp, const CommTimes& comm,
-            const ZeroTimes& zero, const TraceTimes& trace) {
+            const ZeroTimes& zero, const FtTimes& ft, const TraceTimes& trace) {
   const BenchDdpOptions& o = b.o;
   const int world = b.group.size(), batch = b.batch, steps = b.steps;
   const double t_local = local.step, t_ddp = ddp.times.step;
@@ -362,6 +424,12 @@ void report(const ModelBench<Module>& b, const PhaseTimes& local, const DdpTimes
                 zero.steps[0].size(), step * 1e3, step_own * 1e3, step / step_own, opt * 1e3, opt_own * 1e3,
                 opt / opt_own);
   }
+  if (o.fault_tolerant) {
+    const double plain = median(ft.ddp), tolerant = median(ft.ft);
+    std::printf("fault tolerance (ft::FaultTolerantDdp: a vote before each update), medians of %zu alternating "
+                "rounds: step %.3f ms against plain DDP's %.3f ms on a group of the same kind = %.3f (cost %.1f%%)\n",
+                ft.ft.size(), tolerant * 1e3, plain * 1e3, tolerant / plain, (tolerant / plain - 1) * 100);
+  }
   std::printf("samples/s: %.0f\n", world * batch / t_ddp);
 }
 
@@ -378,6 +446,8 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   const DdpTimes ddp_times = time_ddp(bench, ddp, *optimizer);
   ZeroTimes zero;  // (not a ?: with ZeroTimes{}: GCC 12 in C++17 crashes on that, check_noexcept_r)
   if (o.zero) zero = time_zero(bench, ddp_options);
+  FtTimes ft;
+  if (o.fault_tolerant) ft = time_fault_tolerance(bench);
   const CommTimes comm = time_communication_alone(bench, ddp);
   TraceTimes trace;
   if (!o.trace.empty()) {
@@ -385,7 +455,7 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
     StepParts parts;
     trace = time_trace(bench, [&](int i) { bench.train_step(forward, *optimizer, parts, i); });
   }
-  if (group.rank() == 0) report(bench, local, ddp_times, comm, zero, trace);
+  if (group.rank() == 0) report(bench, local, ddp_times, comm, zero, ft, trace);
   return 0;
 }
 

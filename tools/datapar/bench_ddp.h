@@ -18,6 +18,7 @@ struct BenchDdpOptions {
   std::string optimizer = "sgd";  // sgd (lr 0.01) or adam (lr 1e-3), in every phase
   bool zero = false;          // also time DDP steps under ZeroRedundancyOptimizer, with its state per rank,
                               // its parameters as bucket views and in their own memory by turns
+  bool fault_tolerant = false;  // also time ft::FaultTolerantDdp's steps against plain DDP's (gloo), by turns
 };
 
 // Each rank, all at once: `steps` local steps with no synchronisation (the ceiling), then

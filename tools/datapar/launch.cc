@@ -26,7 +26,9 @@
 
 #include "child_process.h"
 #include "datapar/error.h"
+#include "datapar/ft/decider.h"
 #include "datapar/rendezvous/tcp_store.h"
+#include "ft_job.h"
 #include "local_job.h"
 #include "worker_group.h"
 
@@ -119,14 +121,19 @@ std::vector<std::vector<int>> split_cores(int n) {
   return shares;
 }
 
-std::unique_ptr<WorkerGroup> start_workers(const LaunchOptions& options, int restart_count) {
-  std::vector<WorkerSpec> specs;
+// Worker `local_rank`, in its `restart_count`-th start.
+WorkerSpec worker_spec(const LaunchOptions& options, int local_rank, int restart_count) {
   const std::vector<std::vector<int>> cores = options.cpu_bind == "cores" ? split_cores(options.nproc_per_node)
                                                                           : std::vector<std::vector<int>>{};
+  return {options.node_rank * options.nproc_per_node + local_rank, local_rank,
+          worker_environment(options, local_rank, restart_count),
+          cores.empty() ? std::vector<int>{} : cores[static_cast<size_t>(local_rank)], options.tag_output};
+}
+
+std::unique_ptr<WorkerGroup> start_workers(const LaunchOptions& options, int restart_count) {
+  std::vector<WorkerSpec> specs;
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
-    specs.push_back({options.node_rank * options.nproc_per_node + local_rank, local_rank,
-                     worker_environment(options, local_rank, restart_count),
-                     cores.empty() ? std::vector<int>{} : cores[static_cast<size_t>(local_rank)], options.tag_output});
+    specs.push_back(worker_spec(options, local_rank, restart_count));
   }
   return std::make_unique<WorkerGroup>(options.program, specs);
 }
@@ -171,6 +178,116 @@ AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
   return result;
 }
 
+// Note [A fault-tolerant job's launcher]
+// Under --fault-tolerant each worker is a group of its own (WorkerGroup), so that one can
+// end and start again while the others run on. Node 0's launcher serves the job's store and
+// runs the membership decider (datapar/ft/decider.h): no worker hosts anything, so any may
+// die. A failed worker is restarted alone, as a new member that joins the running job and
+// takes its state from a peer; one out of restarts is given up on, and the others go on as
+// long as the decider lets the job go on (at least --min-ranks). When the decider stops the
+// job, the launcher stops every worker.
+int launch_fault_tolerant(const LaunchOptions& options) {
+  const int world = options.nnodes * options.nproc_per_node;
+  const ft::FtOptions ft_options = ft_job_options(options.ft_timeout, world, options.min_ranks,
+                                                  options.max_ranks > 0 ? options.max_ranks : world);
+  std::shared_ptr<TcpStore> store;
+  std::unique_ptr<ft::Decider> decider;
+  if (options.node_rank == 0) {
+    const auto port = static_cast<uint16_t>(options.master_port);
+    store = std::make_shared<TcpStore>(
+        TcpStoreOptions{options.master_addr, port, true, options.token, kDefaultTimeout, options.run_id});
+    decider = std::make_unique<ft::Decider>(
+        std::make_shared<TcpStore>(
+            TcpStoreOptions{options.master_addr, port, false, options.token, kDefaultTimeout, options.run_id}),
+        kFtRun, ft_options);
+  }
+  struct Slot {
+    std::unique_ptr<WorkerGroup> group;
+    int restarts = 0;
+    bool restart = false;             // start it again once its group has finished
+    std::optional<WorkerExit> given_up;  // failed with no restart left
+  };
+  std::vector<Slot> slots(static_cast<size_t>(options.nproc_per_node));
+  for (int i = 0; i < options.nproc_per_node; ++i) {
+    slots[static_cast<size_t>(i)].group =
+        std::make_unique<WorkerGroup>(options.program, std::vector<WorkerSpec>{worker_spec(options, i, 0)});
+  }
+  auto signal_all = [&](int sig) {
+    for (Slot& slot : slots) slot.group->signal_all(sig);
+  };
+  auto running = [&] {
+    return std::any_of(slots.begin(), slots.end(), [](const Slot& s) { return !s.group->finished() || s.restart; });
+  };
+  int launcher_signal = 0;
+  std::string stop_reason;
+  std::optional<Clock::time_point> kill_at;
+  bool killed = false;
+  const auto poll_each = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(100) / slots.size(),
+                                                             std::chrono::milliseconds(5));
+  bool completed = false;  // a worker finished the training
+  auto check_decider = [&] {
+    if (!decider || !stop_reason.empty() || decider->stop_reason().empty()) return;
+    stop_reason = decider->stop_reason();
+    if (!completed) say(options, str_cat("the job stops: ", stop_reason, "; stopping every worker"));
+    signal_all(SIGTERM);
+    if (!kill_at) kill_at = Clock::now() + options.grace_period;
+  };
+  while (running()) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Slot& slot = slots[i];
+      const WorkerEvents events = slot.group->poll(poll_each);
+      for (int sig : events.signals) {
+        if (launcher_signal != 0 && !killed) {  // a second signal skips the grace period
+          signal_all(SIGKILL);
+          killed = true;
+          continue;
+        }
+        launcher_signal = sig;
+        say(options, str_cat("got ", signal_name(sig), "; forwarding it to every worker"));
+        signal_all(sig);
+        if (!kill_at) kill_at = Clock::now() + options.grace_period;
+      }
+      for (const WorkerExit& e : events.exits) {
+        completed |= !e.failed();
+        check_decider();  // a worker that exits because the job stops is not restarted
+        if (!e.failed() || launcher_signal != 0 || !stop_reason.empty()) continue;
+        const std::string who = str_cat("rank ", e.rank, " (local rank ", e.local_rank, ", pid ", e.pid, ") ",
+                                        describe(e));
+        if (slot.restarts < options.max_restarts) {
+          slot.restart = true;
+          say(options, str_cat(who, "; restarting it alone (restart ", slot.restarts + 1, " of ",
+                               options.max_restarts, "); the other workers go on"));
+        } else {
+          slot.given_up = e;
+          say(options, str_cat(who, options.max_restarts > 0 ? "; out of restarts" : "",
+                               "; the other workers go on without it"));
+        }
+      }
+      if (slot.restart && slot.group->finished()) {  // its output read to the end: start it again
+        slot.restart = false;
+        if (launcher_signal != 0 || !stop_reason.empty()) continue;
+        ++slot.restarts;
+        slot.group = std::make_unique<WorkerGroup>(
+            options.program, std::vector<WorkerSpec>{worker_spec(options, static_cast<int>(i), slot.restarts)});
+      }
+    }
+    check_decider();
+    if (kill_at && !killed && Clock::now() >= *kill_at) {
+      signal_all(SIGKILL);
+      killed = true;
+    }
+  }
+  if (launcher_signal != 0) return 128 + launcher_signal;
+  // Done when a worker finished the training (a worker given up on is reported above; one
+  // that came too late to join is stopped with the decider's verdict, which is moot then).
+  if (completed) return 0;
+  if (!stop_reason.empty()) return 1;
+  for (const Slot& slot : slots) {
+    if (slot.given_up) return slot.given_up->signal != 0 ? 128 + slot.given_up->signal : slot.given_up->exit_code;
+  }
+  return 1;
+}
+
 }  // namespace
 
 LaunchOptions resolve_launch_options(LaunchOptions o) {
@@ -185,6 +302,20 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
   DATAPAR_CHECK(o.master_port >= 0 && o.master_port <= 65535, "launch: --master-port ", o.master_port,
                 " is not a TCP port (0 .. 65535).");
   DATAPAR_CHECK(o.max_restarts >= 0, "launch: --max-restarts must be 0 or more, not ", o.max_restarts, ".");
+  if (o.fault_tolerant) {
+    DATAPAR_CHECK(o.nnodes == 1, "launch: --fault-tolerant runs on one node for now (--nnodes 1): the launchers "
+                  "of other nodes would have to restart their workers against node 0's decider, which is not built.");
+    const int world = o.nnodes * o.nproc_per_node;
+    DATAPAR_CHECK(o.min_ranks >= 1 && o.min_ranks <= world, "launch: --min-ranks ", o.min_ranks,
+                  " must be in [1, ", world, "] (the workers of the job).");
+    DATAPAR_CHECK(o.max_ranks == 0 || (o.max_ranks >= o.min_ranks), "launch: --max-ranks ", o.max_ranks,
+                  " is below --min-ranks ", o.min_ranks, ".");
+    DATAPAR_CHECK(o.ft_timeout.count() >= 100, "launch: --ft-timeout must be at least 0.1 s (a worker silent that "
+                  "long is evicted; heartbeats come ten times as often).");
+  } else {
+    DATAPAR_CHECK(o.min_ranks == 1 && o.max_ranks == 0, "launch: --min-ranks and --max-ranks are for a ",
+                  "fault-tolerant job; add --fault-tolerant.");
+  }
   DATAPAR_CHECK(o.grace_period.count() >= 0, "launch: --grace-period must not be negative.");
   DATAPAR_CHECK(!o.master_addr.empty(), "launch: --master-addr is empty.");
   check_program(o.program.front());
@@ -230,6 +361,13 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
       {"DATAPAR_RESTART_COUNT", std::to_string(restart_count)},
       {"DATAPAR_MAX_RESTARTS", std::to_string(o.max_restarts)},
   };
+  if (o.fault_tolerant) {  // ft_job.h
+    ours.push_back({"DATAPAR_FAULT_TOLERANT", "1"});
+    ours.push_back({"DATAPAR_FT_TIMEOUT_MS", std::to_string(o.ft_timeout.count())});
+    ours.push_back({"DATAPAR_FT_MIN_RANKS", std::to_string(o.min_ranks)});
+    const int max_ranks = o.max_ranks > 0 ? o.max_ranks : o.nnodes * o.nproc_per_node;
+    ours.push_back({"DATAPAR_FT_MAX_RANKS", std::to_string(max_ranks)});
+  }
   if (o.run_id.empty()) {  // none given across nodes: the workers' own, else the token (JobConfig::run_id)
     ours.erase(std::find_if(ours.begin(), ours.end(), [](const auto& v) { return v.first == "DATAPAR_RUN_ID"; }));
   }
@@ -256,6 +394,7 @@ int launch(const LaunchOptions& given) {
   }
   LaunchOptions options = resolve_launch_options(given);
   WorkerGroup::catch_signals();
+  if (options.fault_tolerant) return launch_fault_tolerant(options);
   for (int restart = 0;; ++restart) {
     const AttemptResult r = run_attempt(options, restart);
     if (r.signal != 0) return 128 + r.signal;

@@ -59,6 +59,15 @@ struct LaunchOptions {
   // else (several nodes) none given: the workers use the token as the job's identity.
   std::string run_id;
   int max_restarts = 0;
+  // --fault-tolerant: the job goes on when a worker fails (docs/fault_tolerance.md). The
+  // launcher of node 0 serves the store and decides the membership (no worker does, so any
+  // may die), a failed worker alone is restarted (up to max_restarts times each) while the
+  // others go on, and the job stops below min_ranks. The program must be fault-tolerant
+  // itself (`datapar train --fault-tolerant`); workers get ft_job.h's variables.
+  bool fault_tolerant = false;
+  int min_ranks = 1;
+  int max_ranks = 0;  // 0: nnodes * nproc_per_node
+  std::chrono::milliseconds ft_timeout = std::chrono::seconds(5);  // a worker silent this long is evicted
   std::string cpu_bind = "cores";  // cores | none: forked workers each on their share of the cores
   // After the first failure or a forwarded signal, how long workers get to exit before
   // they are SIGKILLed.
@@ -81,6 +90,8 @@ std::vector<std::string> worker_environment(const LaunchOptions& options, int lo
 // Runs the job to the end and returns the launcher's exit status: 0 when every worker
 // exited 0; the failed worker's exit code (128 + signal if a signal ended it) once
 // restarts are used up; 128 + signal when the launcher got SIGINT, SIGTERM or SIGHUP.
+// --fault-tolerant: 0 when the workers that were not given up on finished with 0; 1 when
+// the membership decider stopped the job (below --min-ranks).
 // Prints one summary line to stderr for each failure and restart. Throws
 // InvalidArgumentError as resolve_launch_options() does.
 int launch(const LaunchOptions& options);

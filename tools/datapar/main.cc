@@ -79,6 +79,20 @@ int main(int argc, char** argv) {
                      "(default: DATAPAR_RUN_ID, else random on one node)");
   launch->add_option("--max-restarts", launch_options.max_restarts,
                      "Restart the whole group up to K times after a failure (default 0)");
+  double ft_timeout_s = 5;
+  launch->add_flag("--fault-tolerant", launch_options.fault_tolerant,
+                   "The job goes on when a worker fails: this launcher (node 0's) serves the store and decides the "
+                   "membership, a failed worker alone is restarted (--max-restarts times each), the others go on; "
+                   "the program must be fault-tolerant too (datapar train --fault-tolerant)");
+  launch->add_option("--min-ranks", launch_options.min_ranks,
+                     "--fault-tolerant: below this many workers the job stops (default 1)")
+      ->check(datapar::tools::whole_number<decltype(launch_options.min_ranks)>());
+  launch->add_option("--max-ranks", launch_options.max_ranks,
+                     "--fault-tolerant: at most this many workers train at once (default: all of them)")
+      ->check(datapar::tools::whole_number<decltype(launch_options.max_ranks)>());
+  launch->add_option("--ft-timeout", ft_timeout_s,
+                     "--fault-tolerant: seconds a worker may be silent (dead, hung, stopped) before the others go on "
+                     "without it (default 5)");
   launch->add_option("--grace-period", grace_s,
                      "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
   launch->add_option("--cpu-bind", launch_options.cpu_bind,
@@ -100,6 +114,9 @@ int main(int argc, char** argv) {
       DATAPAR_CHECK(std::isfinite(grace_s) && grace_s >= 0 && grace_s <= 24 * 3600, "launch: --grace-period ", grace_s,
                     ": give the seconds between SIGTERM and SIGKILL, a number from 0 to 86400.");
       launch_options.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+      DATAPAR_CHECK(std::isfinite(ft_timeout_s) && ft_timeout_s >= 0.1 && ft_timeout_s <= 24 * 3600,
+                    "launch: --ft-timeout ", ft_timeout_s, ": give seconds from 0.1 to 86400.");
+      launch_options.ft_timeout = std::chrono::milliseconds(static_cast<int64_t>(ft_timeout_s * 1000));
       launch_options.token_on_command_line = token->count() > 0;
       return datapar::tools::launch(launch_options);
     }

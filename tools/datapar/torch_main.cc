@@ -81,6 +81,9 @@ int main(int argc, char** argv) {
   bench_ddp->add_flag("--zero", ddp.zero,
                       "Also time DDP steps with the optimizer state sharded (ZeroRedundancyOptimizer), and report "
                       "the state each rank holds");
+  bench_ddp->add_flag("--fault-tolerant", ddp.fault_tolerant,
+                      "Also time fault-tolerant DDP steps (ft::FaultTolerantDdp: a vote before each update) against "
+                      "plain DDP steps on a group of the same kind (gloo only)");
   bench_ddp->add_option("--trace", ddp.trace,
                         "Then time DDP steps with the timeline off and on in turn (its cost), and write the timeline "
                         "here (Chrome trace JSON)");

@@ -40,11 +40,15 @@
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/ft/fault_tolerant_ddp.h"
 #include "datapar/models/lenet.h"
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/parallel/data_parallel.h"
+#include "datapar/process_group/gloo.h"
 #include "datapar/process_group/metadata.h"
+#include "datapar/rendezvous/job_config.h"
+#include "datapar/rendezvous/tcp_store.h"
 #include "datapar/train/checkpoint.h"
 #include "datapar/train/dcp_checkpoint.h"
 #include "datapar/train/metrics.h"
@@ -52,6 +56,7 @@
 #include "datapar/train/plot.h"
 #include "datapar/train/resume_agreement.h"
 #include "datapar/trace.h"
+#include "ft_job.h"
 
 namespace datapar::tools {
 namespace {
@@ -125,11 +130,14 @@ std::vector<T> reduce(const std::vector<T>& values, ReduceOp op) {
 }
 
 // Test accuracy, exact over all ranks: returns {correct, samples} summed over the job.
+// `alone`: over the whole test set on this rank, no collective (a fault-tolerant job's
+// first rank evaluates for everyone).
 std::pair<int64_t, int64_t> evaluate(const TrainPlan& plan, const Data& data, torch::nn::Module& model,
-                                     const Forward& forward, const c10::Device& device) {
+                                     const Forward& forward, const c10::Device& device, bool alone = false) {
   torch::NoGradGuard no_grad;
   model.eval();
-  DistributedSampler sampler(DistributedSamplerOptions::evaluation(data.test->size(), plan.world_size, plan.rank));
+  DistributedSampler sampler(DistributedSamplerOptions::evaluation(data.test->size(), alone ? 1 : plan.world_size,
+                                                                   alone ? 0 : plan.rank));
   DataLoader loader(data.test, {plan.rank_batch, plan.options.workers});
   loader.start_epoch(sampler);
   int64_t correct = 0, samples = 0;  // padding rows skipped
@@ -139,6 +147,7 @@ std::pair<int64_t, int64_t> evaluate(const TrainPlan& plan, const Data& data, to
     correct += predicted.eq(batch->target).logical_and(real).sum().item<int64_t>();
     samples += real.sum().item<int64_t>();
   }
+  if (alone) return {correct, samples};
   const std::vector<int64_t> counts = reduce(std::vector<int64_t>{correct, samples}, ReduceOp::kSum);
   return {counts[0], counts[1]};
 }
@@ -589,6 +598,97 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   return 0;
 }
 
+// --fault-tolerant (datapar/ft/fault_tolerant_ddp.h, docs/fault_tolerance.md): step g is
+// global batch g of the run (BalancedBatches's order of its epoch, cut for the job's full
+// size so that every rank alive has rows), split evenly over the ranks alive at that
+// moment, and committed only when every one of them finished it; gradients are averaged by
+// samples, so the training does not depend on who is alive. At each epoch's end the
+// epoch's rank 0 evaluates alone, reports and writes the checkpoint.
+template <typename Impl>
+int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
+  const TrainOptions& o = plan.options;
+  const c10::Device device = plan.devices.front().torch_device();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum));
+  const Environment env = process_environment();
+  auto number = [&](const char* name) {
+    const std::optional<std::string> v = env(name);
+    DATAPAR_CHECK(v && !v->empty() && v->find_first_not_of("0123456789") == std::string::npos, name, " is \"",
+                  v.value_or(""), "\"; datapar launch --fault-tolerant sets it.");
+    return std::stoll(*v);
+  };
+  const ft::FtOptions ft_options = ft_job_options(std::chrono::milliseconds(number("DATAPAR_FT_TIMEOUT_MS")),
+                                                  plan.world_size, static_cast<int>(number("DATAPAR_FT_MIN_RANKS")),
+                                                  static_cast<int>(number("DATAPAR_FT_MAX_RANKS")));
+  const JobConfig config = resolve_job_config(env);
+  DATAPAR_CHECK(config.master_addr && config.master_port, "--fault-tolerant: MASTER_ADDR and MASTER_PORT (where the ",
+                "launcher serves the store) are not set.");
+  const auto store = std::make_shared<TcpStore>(
+      TcpStoreOptions{*config.master_addr, static_cast<uint16_t>(std::stoi(*config.master_port)), false,
+                      config.store_token, kDefaultTimeout, config.run_id});
+  ft::ElasticGroup elastic(store, kFtRun, ft_options, [](std::shared_ptr<Store> epoch_store, int rank, int size) {
+    return new_gloo_process_group(std::move(epoch_store), rank, size);
+  });
+  ft::FaultTolerantDdp<Impl> trainer(model, sgd, elastic);
+
+  // Each epoch's global batches: rank 0 of a job of the full size takes every row.
+  BalancedBatches batches(
+      {data.train->size(), plan.global_batch, plan.world_size, 0, /*shuffle=*/true, static_cast<uint64_t>(o.seed)});
+  std::vector<double> whole(static_cast<size_t>(plan.world_size), 0.0);
+  whole[0] = 1.0;
+  const int64_t per_epoch = batches.num_steps();
+  const int64_t total = per_epoch * o.epochs;
+  std::vector<at::Tensor> globals;  // the current epoch's
+  int64_t globals_epoch = -1;
+  double loss_sum = 0;
+  int64_t rows = 0, correct = 0;  // this rank's committed rows this epoch
+  const auto start = Clock::now();
+  while (trainer.step() < total) {
+    at::Tensor loss, logits, y;
+    const bool committed = trainer.train_step([&](DistributedDataParallel<Impl>& ddp, int rank, int size) {
+      const int64_t step = trainer.step();
+      if (step / per_epoch != globals_epoch) {
+        globals_epoch = step / per_epoch;
+        batches.set_epoch(globals_epoch);
+        globals = batches.batches(0, whole);
+      }
+      const at::Tensor global = globals[static_cast<size_t>(step % per_epoch)];
+      const int64_t n = global.size(0), begin = n * rank / size, end = n * (rank + 1) / size;
+      const Batch batch = data.train->get_batch(global.narrow(0, begin, end - begin));
+      y = batch.target.to(device);
+      model->train();
+      logits = ddp.forward(batch.data.to(device));
+      loss = at::cross_entropy_loss(logits, y);
+      loss.backward();
+    });
+    if (committed) {
+      loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
+      correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+      rows += y.size(0);
+    }
+    if (!committed || trainer.step() % per_epoch != 0) continue;
+    // An epoch ended. Its first rank evaluates, reports and checkpoints for everyone.
+    const int64_t epoch = trainer.step() / per_epoch;
+    if (elastic.rank() == 0) {
+      const auto [right, samples] =
+          evaluate(plan, data, *model, [&](const at::Tensor& x) { return model->forward(x); }, device, /*alone=*/true);
+      std::printf("epoch %ld/%ld  loss %.4f  train acc %.4f (rank 0's rows)  test acc %.4f  %.1f s  %d ranks "
+                  "(membership epoch %ld)\n",
+                  (long)epoch, (long)o.epochs, rows ? loss_sum / rows : 0.0, rows ? double(correct) / rows : 0.0,
+                  samples ? double(right) / samples : 0.0, seconds_since(start), elastic.size(),
+                  (long)elastic.epoch().number);
+      std::fflush(stdout);
+      if (!o.checkpoint_dir.empty()) {
+        const train::Progress progress = {{"seed", static_cast<int64_t>(o.seed)}};
+        train::save_checkpoint(train::make_checkpoint(*model, sgd, epoch, progress),
+                               train::checkpoint_path(o.checkpoint_dir, epoch), 0);
+      }
+    }
+    loss_sum = 0, rows = 0, correct = 0;
+  }
+  trainer.finish();
+  return 0;
+}
+
 int run_plan(const TrainPlan& plan) {
   const TrainOptions& o = plan.options;
   // Intra-op threads: ddp ranks share the cores of their node; dp gives each device its
@@ -608,7 +708,7 @@ int run_plan(const TrainPlan& plan) {
     trace::start();
     trace::name_thread("main");
   }
-  if (o.mode == "ddp" || o.mode == "fsdp") {
+  if ((o.mode == "ddp" || o.mode == "fsdp") && !o.fault_tolerant) {
     // The nccl group takes cuda:LOCAL_RANK (nccl.h), where plan_training put this rank's
     // model; mpirun and srun give the local rank under other names.
     JobConfig config = resolve_job_config();
@@ -645,16 +745,19 @@ int run_plan(const TrainPlan& plan) {
   // 4. The model, initialised from the seed: the same on every rank and in every mode.
   torch::manual_seed(o.seed);
   int code = 0;
+  auto train_model = [&](auto model) {
+    return o.fault_tolerant ? run_fault_tolerant(plan, data, model) : run(plan, data, model);
+  };
   if (o.model == "mlp") {
-    code = run(plan, data, std::make_shared<models::MlpImpl>());
+    code = train_model(std::make_shared<models::MlpImpl>());
   } else if (o.model == "lenet") {
     auto lenet = std::make_shared<models::LeNetImpl>();
     xavier_init(*lenet);
-    code = run(plan, data, lenet);
+    code = train_model(lenet);
   } else {
     auto resnet = std::make_shared<models::ResNet18Impl>();
     d2l_init(*resnet);
-    code = run(plan, data, resnet);
+    code = train_model(resnet);
   }
   if (!o.trace.empty()) {
     trace::save(o.trace);  // every rank: rank 0 writes all ranks' events

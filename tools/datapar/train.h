@@ -45,6 +45,7 @@ struct TrainOptions {
   std::string plot;                // PNG of loss and accuracy per epoch
   std::string trace;               // Chrome trace of every step, all ranks (rank 0 writes)
   bool zero = false;               // ddp only: optimizer state sharded over the ranks (ZeRO-1)
+  bool fault_tolerant = false;     // ddp under datapar launch --fault-tolerant: goes on when a rank fails
   bool reshard = true;             // fsdp: free each unit's parameters after its forward (ZeRO-3)
   std::string mp = "none";         // fsdp: mixed precision, the parameters' compute dtype: none, bf16, fp16
   bool checkpoint_activations = false;  // resnet18: recompute each residual block in backward

@@ -66,6 +66,11 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_flag("--zero", o.zero,
                 "ddp: shard the optimizer state over the ranks (ZeroRedundancyOptimizer, ZeRO-1): each rank keeps "
                 "the momentum of its share of the parameters only; checkpoints hold the whole state");
+  cmd->add_flag("--fault-tolerant", o.fault_tolerant,
+                "ddp under datapar launch --fault-tolerant: a rank that dies or hangs is left behind and the others "
+                "go on from where they are (each step committed only when every live rank finished it); a "
+                "restarted rank joins and takes the state from a peer. The global batches do not depend on who is "
+                "alive, so the training does not either");
   cmd->add_flag("--reshard,!--no-reshard", o.reshard,
                 "fsdp: free each unit's gathered parameters after its forward and gather them again for backward "
                 "(ZeRO-3, the default); --no-reshard keeps them until backward (less traffic, more memory)");
@@ -193,6 +198,15 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                 o.mode == "fsdp"
                     ? " shards it already, with the parameters and gradients."
                     : " has one optimizer.\n---> HINT: add --mode ddp (under datapar launch), or leave out --zero.");
+  if (o.fault_tolerant) {
+    DATAPAR_CHECK(o.mode == "ddp" && (o.backend.empty() || o.backend == "gloo"), "--fault-tolerant trains ddp ",
+                  "over gloo; --mode ", o.mode, (o.backend.empty() ? "" : " --backend " + o.backend),
+                  " is not that.\n---> HINT: use --mode ddp --backend gloo.");
+    DATAPAR_CHECK(!o.zero && o.balance == "even" && !o.resume && !o.evaluate && o.trace.empty() &&
+                      o.checkpoint_format == "torch",
+                  "--fault-tolerant does not combine with --zero, --balance, --resume, --evaluate, --trace or "
+                  "--checkpoint-format dcp yet.");
+  }
   DATAPAR_CHECK(one_of(o.mp, {"none", "bf16", "fp16"}), "--mp: \"", o.mp,
                 "\" is not a precision.\n---> HINT: use none, bf16 or fp16.");
   DATAPAR_CHECK(o.mode == "fsdp" || (o.mp == "none" && o.reshard), "--mp and --no-reshard are fully sharded ",
@@ -258,6 +272,9 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
     plan.devices_label = to_string(job);
     plan.parallelism = plan.world_size;
     plan.options.backend = ddp_backend(o.backend, plan.devices.front(), plan.local_rank, inventory.cuda_count);
+    DATAPAR_CHECK(!o.fault_tolerant || (plan.options.backend == "gloo" && plan.devices.front().is_cpu()),
+                  "--fault-tolerant trains on the CPU over gloo; this rank would take ", plan.options.backend, " on ",
+                  plan.devices.front().str(), ".\n---> HINT: add --backend gloo --devices cpu.");
   }
 
 #if TORCH_VERSION_MAJOR < 2
@@ -311,7 +328,12 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
 
   // A restarted rank (datapar launch --max-restarts) continues where the job stopped.
   const std::optional<std::string> restarts = env("DATAPAR_RESTART_COUNT");
-  plan.resume = o.resume || (!o.checkpoint_dir.empty() && restarts && std::atoi(restarts->c_str()) > 0);
+  // Not under --fault-tolerant: a restarted rank joins the running job and takes its state.
+  plan.resume = o.resume || (!o.fault_tolerant && !o.checkpoint_dir.empty() && restarts &&
+                             std::atoi(restarts->c_str()) > 0);
+  DATAPAR_CHECK(!o.fault_tolerant || env("DATAPAR_FAULT_TOLERANT") == std::optional<std::string>("1"),
+                "--fault-tolerant needs a launcher that serves the job's store and decides its membership.\n---> "
+                "HINT: start it with datapar launch --fault-tolerant --nproc-per-node N -- datapar train ...");
   return plan;
 }
 
