@@ -268,6 +268,35 @@ std::string abort_and_again(const std::string& dir, const at::Device& gpu) {
   return "";
 }
 
+// ProcessGroup::abort() (issue 31: how a fault-tolerant job abandons a group): the
+// operation in flight fails at once, not at the group's timeout, and later calls throw.
+std::string user_abort(const std::string& dir, const at::Device& gpu) {
+  NcclOptions patient;
+  patient.timeout = 60s;
+  auto group = own_group(dir, "user-aborted", patient);
+  at::Tensor t = at::ones({16}, at::TensorOptions(gpu));
+  at::cuda::sleep(4'000'000'000LL);  // about 2 s of the GPU: the all_reduce waits behind it
+  const auto work = group->all_reduce(t);
+  const auto aborted_at = std::chrono::steady_clock::now();
+  group->abort();
+  try {
+    work->synchronize();
+    return "the operation in flight completed after abort()";
+  } catch (const CommError&) {
+  }
+  if (std::chrono::steady_clock::now() - aborted_at > 20s) return "the operation in flight failed late";
+  try {
+    group->barrier();
+    return "a call after abort() did not throw";
+  } catch (const CommError& e) {
+    if (std::string(e.what()).find("the group was aborted") == std::string::npos) {
+      return std::string("a call after abort() threw an unclear error: ") + e.what();
+    }
+  }
+  c10::cuda::getCurrentCUDAStream(gpu.index()).synchronize();  // the sleep is over
+  return "";
+}
+
 }  // namespace
 
 int failure_after_wait(const std::string& dir, bool end_process) {
@@ -354,6 +383,7 @@ int world_one(ProcessGroup& group, const std::string& dir) {
       {"wait, blocking_wait, synchronize", [&] { return waits(group, dir, gpu); }},
       {"destroying a group with work in flight", [&] { return destroy_in_flight(dir, gpu); }},
       {"abort, then a new group", [&] { return abort_and_again(dir, gpu); }},
+      {"ProcessGroup::abort() with work in flight", [&] { return user_abort(dir, gpu); }},
   };
   int failed = 0;
   for (const auto& [name, check] : checks) {
