@@ -108,8 +108,9 @@ void ElasticGroup::heal(const std::function<std::string()>& save, const std::fun
 Vote ElasticGroup::vote(int64_t step) {
   DATAPAR_CHECK(group_ != nullptr, "ft::ElasticGroup::vote: join() first.");
   // Reduced by MIN: {may commit, no newcomer waits, step, -step}: the step's min and max.
-  const int64_t mine[4] = {member_->may_commit() ? 1 : 0, member_->newcomer_waiting() ? 0 : 1, step, -step};
-  at::Tensor ballot = at::from_blob(const_cast<int64_t*>(mine), {4}, at::kLong).clone().to(group_->device());
+  at::Tensor ballot =
+      at::tensor({int64_t{member_->may_commit()}, int64_t{!member_->newcomer_waiting()}, step, -step}, at::kLong)
+          .to(group_->device());
   group_->all_reduce(ballot, ReduceOp::kMin)->synchronize();
   const at::Tensor result = ballot.cpu();
   const int64_t* r = result.data_ptr<int64_t>();

@@ -121,19 +121,24 @@ std::vector<std::vector<int>> split_cores(int n) {
   return shares;
 }
 
+// The cores of each worker (empty: unbound).
+std::vector<std::vector<int>> worker_cores(const LaunchOptions& options) {
+  return options.cpu_bind == "cores" ? split_cores(options.nproc_per_node) : std::vector<std::vector<int>>{};
+}
+
 // Worker `local_rank`, in its `restart_count`-th start.
-WorkerSpec worker_spec(const LaunchOptions& options, int local_rank, int restart_count) {
-  const std::vector<std::vector<int>> cores = options.cpu_bind == "cores" ? split_cores(options.nproc_per_node)
-                                                                          : std::vector<std::vector<int>>{};
+WorkerSpec worker_spec(const LaunchOptions& options, const std::vector<std::vector<int>>& cores, int local_rank,
+                       int restart_count) {
   return {options.node_rank * options.nproc_per_node + local_rank, local_rank,
           worker_environment(options, local_rank, restart_count),
           cores.empty() ? std::vector<int>{} : cores[static_cast<size_t>(local_rank)], options.tag_output};
 }
 
 std::unique_ptr<WorkerGroup> start_workers(const LaunchOptions& options, int restart_count) {
+  const std::vector<std::vector<int>> cores = worker_cores(options);
   std::vector<WorkerSpec> specs;
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
-    specs.push_back(worker_spec(options, local_rank, restart_count));
+    specs.push_back(worker_spec(options, cores, local_rank, restart_count));
   }
   return std::make_unique<WorkerGroup>(options.program, specs);
 }
@@ -207,10 +212,11 @@ int launch_fault_tolerant(const LaunchOptions& options) {
     bool restart = false;             // start it again once its group has finished
     std::optional<WorkerExit> given_up;  // failed with no restart left
   };
+  const std::vector<std::vector<int>> cores = worker_cores(options);
   std::vector<Slot> slots(static_cast<size_t>(options.nproc_per_node));
   for (int i = 0; i < options.nproc_per_node; ++i) {
     slots[static_cast<size_t>(i)].group =
-        std::make_unique<WorkerGroup>(options.program, std::vector<WorkerSpec>{worker_spec(options, i, 0)});
+        std::make_unique<WorkerGroup>(options.program, std::vector<WorkerSpec>{worker_spec(options, cores, i, 0)});
   }
   auto signal_all = [&](int sig) {
     for (Slot& slot : slots) slot.group->signal_all(sig);
@@ -268,7 +274,8 @@ int launch_fault_tolerant(const LaunchOptions& options) {
         if (launcher_signal != 0 || !stop_reason.empty()) continue;
         ++slot.restarts;
         slot.group = std::make_unique<WorkerGroup>(
-            options.program, std::vector<WorkerSpec>{worker_spec(options, static_cast<int>(i), slot.restarts)});
+            options.program,
+            std::vector<WorkerSpec>{worker_spec(options, cores, static_cast<int>(i), slot.restarts)});
       }
     }
     check_decider();
