@@ -75,8 +75,12 @@ const char* thread_level_name(int level) {
 // (any backend's: gloo's under mpirun too) or an MPI request was abandoned at its deadline,
 // a peer is known to be gone or stuck, and waiting a second group timeout for it only
 // doubled the hang (issue 27: 5.5-10 minutes with the default timeouts): the wait is the
-// grace alone. Live peers reach their own MPI_Finalize soon after the error they saw too.
-constexpr auto kFinalizeGrace = std::chrono::seconds(5);
+// grace alone. Live peers reach their own MPI_Finalize soon after the error they saw too,
+// but each may first wait up to kUsersWait for its own operations to leave MPI, and the
+// grace must outlast that: a 5 s grace against a peer's 5 s wait failed a job whose peers
+// were all healthy (CI, under AddressSanitizer on a loaded machine).
+constexpr auto kUsersWait = std::chrono::seconds(5);
+constexpr auto kFinalizeGrace = kUsersWait + std::chrono::seconds(5);
 
 // Runs at exit when datapar initialised MPI. Operations still polling see `finalizing`
 // and leave MPI at once; one stuck inside a blocking MPI call (e.g. a subgroup's
@@ -85,7 +89,7 @@ void finalize_at_exit() {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mutex);
   s.finalizing = true;
-  s.idle.wait_for(lock, 5s, [&] { return s.users == 0; });
+  s.idle.wait_for(lock, kUsersWait, [&] { return s.users == 0; });
   int done = 0;
   MPI_Finalized(&done);
   if (done) return;
