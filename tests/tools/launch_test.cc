@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "datapar/config.h"
+#include "datapar/rendezvous/reserved_port.h"
 #include "datapar/train/checkpoint.h"
 #include "testing/namespaces.h"
 #include "testing/processes.h"
@@ -533,6 +534,20 @@ TEST(LaunchChaos, ThreeRandomKillsEndWithTheParametersOfAnUninterruptedRun) {
 // peer, and the job ends with the parameters of one that was never interrupted, within
 // 1e-5 relative (the steps after the kill are cut over two ranks, then three again, so the
 // sums run in another order: no bitwise equality).
+// The models of two checkpoints agree within 1e-5 relative (float round-off: the steps of a
+// fault-tolerant run sum their gradients over however many ranks were alive).
+void expect_same_model(const std::string& expected_path, const std::string& got_path) {
+  const train::Checkpoint expected = train::load_checkpoint(expected_path);
+  const train::Checkpoint got = train::load_checkpoint(got_path);
+  ASSERT_EQ(got.model.size(), expected.model.size());
+  for (const auto& item : expected.model) {
+    const at::Tensor* other = got.model.find(item.key());
+    ASSERT_NE(other, nullptr) << item.key();
+    const double scale = std::max(1e-12, item.value().abs().max().item<double>());
+    EXPECT_LT((*other - item.value()).abs().max().item<double>() / scale, 1e-5) << item.key();
+  }
+}
+
 TEST(LaunchFaultTolerant, AKilledWorkerIsRestartedAloneAndTheJobEndsAsAnUninterruptedOne) {
   constexpr int kEpochs = 4;
   const auto train = [](const std::string& checkpoints) {
@@ -575,15 +590,43 @@ TEST(LaunchFaultTolerant, AKilledWorkerIsRestartedAloneAndTheJobEndsAsAnUninterr
   EXPECT_NE(log.find("epoch 4/4"), std::string::npos) << log;
   EXPECT_NE(log.substr(log.find("epoch 4/4")).find("3 ranks"), std::string::npos) << log;
 
-  const train::Checkpoint expected = train::load_checkpoint(train::checkpoint_path(straight_dir.path(), kEpochs));
-  const train::Checkpoint got = train::load_checkpoint(train::checkpoint_path(killed_dir.path(), kEpochs));
-  ASSERT_EQ(got.model.size(), expected.model.size());
-  for (const auto& item : expected.model) {
-    const at::Tensor* other = got.model.find(item.key());
-    ASSERT_NE(other, nullptr) << item.key();
-    const double scale = std::max(1e-12, item.value().abs().max().item<double>());
-    EXPECT_LT((*other - item.value()).abs().max().item<double>() / scale, 1e-5) << item.key();
+  expect_same_model(train::checkpoint_path(straight_dir.path(), kEpochs),
+                    train::checkpoint_path(killed_dir.path(), kEpochs));
+}
+
+// Node 0's launcher serves the store and decides membership: it is the one part whose loss
+// ends a fault-tolerant job (docs/fault_tolerance.md). Another node's launcher says so,
+// stops its workers instead of restarting them, and exits non-zero.
+TEST(LaunchFaultTolerant, LosingNodeZerosLauncherStopsTheOtherNodesWorkersWithTheReason) {
+  const datapar::ReservedPort port;
+  const TempDir checkpoints("launch_test"), logs0("launch_test"), logs1("launch_test");
+  auto node = [&](int node_rank, const std::string& logs) {
+    return start_launch({"--fault-tolerant", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank",
+                         std::to_string(node_rank), "--master-port", std::to_string(port.port()), "--token", "lose0",
+                         "--max-restarts", "3", "--ft-timeout", "1", "--", bin("datapar"), "train", "--fault-tolerant",
+                         "--mode", "ddp", "--backend", "gloo", "--model", "mlp", "--epochs", "1000", "--batch-size",
+                         "48", "--limit", "2000", "--threads", "1", "--workers", "1", "--checkpoint-dir",
+                         checkpoints.path()},
+                        logs);
+  };
+  const Background one = node(1, logs1.path());
+  const Background zero = node(0, logs0.path());
+  ASSERT_GT(one.pid, 0);
+  ASSERT_GT(zero.pid, 0);
+  for (const auto deadline = std::chrono::steady_clock::now() + 60s;
+       latest_epoch(checkpoints.path()) < 1 && std::chrono::steady_clock::now() < deadline;
+       std::this_thread::sleep_for(10ms)) {
   }
+  ASSERT_GE(latest_epoch(checkpoints.path()), 1) << read_text(zero.log) << "\nnode 1:\n" << read_text(one.log);
+  ASSERT_EQ(::kill(zero.pid, SIGKILL), 0);
+  wait_exit(zero.pid, 10s);
+  EXPECT_EQ(wait_exit(one.pid, 60s), 1) << read_text(one.log);
+  const std::string said = read_text(one.log);
+  EXPECT_NE(said.find("the job's store at 127.0.0.1:" + std::to_string(port.port()) + " cannot be reached"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("the job cannot go on without it; stopping every worker"), std::string::npos) << said;
+  EXPECT_EQ(said.find("restarting it alone"), std::string::npos) << said;
 }
 
 // The final weights a `train` run printed.
@@ -633,8 +676,9 @@ TEST(LaunchUsage, BadUsageExitsWithTwoAndSaysWhy) {
       {{"--fault-tolerant", "--nproc-per-node", "3", "--min-ranks", "5", "--", probe, "env"},
        "--min-ranks 5 must be in [1, 3]"},
       {{"--fault-tolerant", "--ft-timeout", "0.01", "--", probe, "env"}, "--ft-timeout 0.01: give seconds"},
-      {{"--fault-tolerant", "--nnodes", "2", "--master-port", "29500", "--token", "t", "--", probe, "env"},
-       "--fault-tolerant runs on one node for now"},
+      {{"--fault-tolerant", "--nnodes", "2", "--master-port", "29500", "--token", "t", "--min-ranks", "3", "--",
+        probe, "env"},
+       "--min-ranks 3 must be in [1, 2]"},
   };
   ::unsetenv("DATAPAR_STORE_TOKEN");
   for (const auto& [args, message] : cases) {
@@ -724,6 +768,65 @@ TEST(TwoHosts, LaunchAcrossANetworkNamespacePair) {
     EXPECT_EQ(count(*log, "large all_reduce exact via all_reduce(sum) on rank "), 2) << *log;
     EXPECT_EQ(count(*log, "(gloo, two levels)"), 2) << *log;
   }
+}
+
+// A fault-tolerant job on two hosts, one worker each: the worker of node 1 is SIGKILLed
+// after the first epoch; node 1's launcher restarts it alone, it joins node 0's worker,
+// which trained on meanwhile, and the job ends as one that was never interrupted. Node 0
+// serves the store until node 1 reported that it is done.
+TEST(TwoHosts, AFaultTolerantJobRestartsAWorkerOnItsOwnNodeAndEndsAsAnUninterruptedOne) {
+  const std::string skip = datapar::testing::namespace_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  constexpr int kEpochs = 3;
+  auto train = [](const std::string& checkpoints) {
+    return std::vector<std::string>{bin("datapar"), "train", "--fault-tolerant", "--mode", "ddp", "--backend", "gloo",
+                                    "--model", "lenet", "--epochs", std::to_string(kEpochs), "--batch-size", "48",
+                                    "--limit", "2000", "--threads", "1", "--workers", "1", "--checkpoint-dir",
+                                    checkpoints};
+  };
+  // The uninterrupted run: the same job size (2) on one node.
+  const TempDir straight_dir("launch_test");
+  std::vector<std::string> straight_args = {"--fault-tolerant", "--nproc-per-node", "2", "--"};
+  for (const std::string& a : train(straight_dir.path())) straight_args.push_back(a);
+  const ProcessResult straight = launch(straight_args);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+
+  datapar::testing::NamespacePair hosts;
+  ASSERT_TRUE(hosts.ok()) << "could not set up the namespaces:\n" << hosts.setup_output();
+  const TempDir killed_dir("launch_test"), logs("launch_test");
+  auto node = [&](const std::string& ns, const std::string& address, int node_rank) {
+    std::vector<std::string> command = {"ip", "netns", "exec", ns, "env", "DATAPAR_GLOO_HOSTNAME=" + address,
+                                        bin("datapar"), "launch", "--fault-tolerant", "--nproc-per-node", "1",
+                                        "--nnodes", "2", "--node-rank", std::to_string(node_rank), "--master-addr",
+                                        hosts.address_a(), "--master-port", "29501", "--token", "twohosts",
+                                        "--max-restarts", "1", "--ft-timeout", "1", "--"};
+    for (const std::string& a : train(killed_dir.path())) command.push_back(a);
+    return datapar::testing::start_logged(command, logs.path() + "/node" + std::to_string(node_rank) + ".log");
+  };
+  const pid_t b = node(hosts.b(), hosts.address_b(), 1);
+  const pid_t a = node(hosts.a(), hosts.address_a(), 0);
+  ASSERT_GT(a, 0);
+  ASSERT_GT(b, 0);
+  const std::string log_a = logs.path() + "/node0.log", log_b = logs.path() + "/node1.log";
+  std::map<int, pid_t> workers;
+  for (const auto deadline = std::chrono::steady_clock::now() + 60s; std::chrono::steady_clock::now() < deadline;
+       std::this_thread::sleep_for(5ms)) {
+    workers = workers_of(b, 0);
+    if (workers.count(1) == 1 && latest_epoch(killed_dir.path()) >= 1) break;
+  }
+  ASSERT_EQ(workers.count(1), 1u) << read_text(log_b);
+  ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
+  EXPECT_EQ(wait_exit(a, 120s), 0) << read_text(log_a) << "\nnode 1:\n" << read_text(log_b);
+  EXPECT_EQ(wait_exit(b, 30s), 0) << read_text(log_b);
+  const std::string said_a = read_text(log_a), said_b = read_text(log_b);
+  EXPECT_NE(said_b.find("restarting it alone (restart 1 of 1); the other workers go on"), std::string::npos) << said_b;
+  EXPECT_EQ(said_a.find("restarting"), std::string::npos) << said_a;
+  // Node 0's worker kept rank 0 and reported every epoch; the last one with both ranks.
+  const size_t last = said_a.find("epoch 3/3");
+  ASSERT_NE(last, std::string::npos) << said_a;
+  EXPECT_NE(said_a.substr(last).find("2 ranks"), std::string::npos) << said_a;
+  expect_same_model(train::checkpoint_path(straight_dir.path(), kEpochs),
+                    train::checkpoint_path(killed_dir.path(), kEpochs));
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // failure on one node reaches the others through the job itself (their workers' next
 // collective fails with CommError and they exit non-zero), so every launcher sees a failure
 // and, with --max-restarts, restarts its workers; the new attempt meets again at
-// MASTER_ADDR:MASTER_PORT. Give every node the same --max-restarts.
+// MASTER_ADDR:MASTER_PORT. Give every node the same --max-restarts. (Under --fault-tolerant
+// they follow node 0's decider through the job's store instead: ft_nodes.h.)
 #include "launch.h"
 
 #include <sched.h>
@@ -29,6 +30,7 @@
 #include "datapar/ft/decider.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "ft_job.h"
+#include "ft_nodes.h"
 #include "local_job.h"
 #include "worker_group.h"
 
@@ -191,20 +193,31 @@ AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
 // takes its state from a peer; one out of restarts is given up on, and the others go on as
 // long as the decider lets the job go on (at least --min-ranks). When the decider stops the
 // job, the launcher stops every worker.
+// On several nodes (ft_nodes.h) the other launchers restart their own workers alike and
+// read the decider's verdict from the store; node 0 serves the store until each of them is
+// done or gone (silent for --ft-timeout). Node 0's launcher is the one whose loss ends the
+// job: the others, finding the store gone, stop their workers and restart none.
 int launch_fault_tolerant(const LaunchOptions& options) {
   const int world = options.nnodes * options.nproc_per_node;
   const ft::FtOptions ft_options = ft_job_options(options.ft_timeout, world, options.min_ranks,
                                                   options.max_ranks > 0 ? options.max_ranks : world);
+  const auto port = static_cast<uint16_t>(options.master_port);
+  // The workers' run id (JobConfig::run_id): the one given, else the token.
+  const std::string run_id = options.run_id.empty() ? options.token : options.run_id;
+  const TcpStoreOptions client{options.master_addr, port, false, options.token, kDefaultTimeout, run_id};
   std::shared_ptr<TcpStore> store;
   std::unique_ptr<ft::Decider> decider;
   if (options.node_rank == 0) {
-    const auto port = static_cast<uint16_t>(options.master_port);
-    store = std::make_shared<TcpStore>(
-        TcpStoreOptions{options.master_addr, port, true, options.token, kDefaultTimeout, options.run_id});
-    decider = std::make_unique<ft::Decider>(
-        std::make_shared<TcpStore>(
-            TcpStoreOptions{options.master_addr, port, false, options.token, kDefaultTimeout, options.run_id}),
-        kFtRun, ft_options);
+    TcpStoreOptions server = client;
+    server.is_server = true;
+    store = std::make_shared<TcpStore>(server);
+    decider = std::make_unique<ft::Decider>(std::make_shared<TcpStore>(client), kFtRun, ft_options);
+  }
+  std::unique_ptr<FtNodes> nodes;
+  if (options.nnodes > 1) {
+    nodes = std::make_unique<FtNodes>(client, kFtRun, options.node_rank, options.nnodes,
+                                      ft_options.heartbeat_interval, ft_options.eviction_timeout,
+                                      ft_options.quorum_timeout);
   }
   struct Slot {
     std::unique_ptr<WorkerGroup> group;
@@ -221,19 +234,34 @@ int launch_fault_tolerant(const LaunchOptions& options) {
   auto signal_all = [&](int sig) {
     for (Slot& slot : slots) slot.group->signal_all(sig);
   };
-  auto running = [&] {
-    return std::any_of(slots.begin(), slots.end(), [](const Slot& s) { return !s.group->finished() || s.restart; });
-  };
   int launcher_signal = 0;
-  std::string stop_reason;
+  std::string stop_reason, store_error;
   std::optional<Clock::time_point> kill_at;
   bool killed = false;
+  bool completed = false;  // a worker finished the training
+  // Node 0 with other nodes: serve the store until they are done (Note above).
+  auto others_running = [&] {
+    return options.node_rank == 0 && nodes && launcher_signal == 0 && nodes->others_ended() < options.nnodes - 1;
+  };
+  auto running = [&] {
+    return std::any_of(slots.begin(), slots.end(), [](const Slot& s) { return !s.group->finished() || s.restart; }) ||
+           others_running();
+  };
   const auto poll_each = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(100) / slots.size(),
                                                              std::chrono::milliseconds(5));
-  bool completed = false;  // a worker finished the training
-  auto check_decider = [&] {
-    if (!decider || !stop_reason.empty() || decider->stop_reason().empty()) return;
-    stop_reason = decider->stop_reason();
+  auto check_job = [&] {
+    if (nodes && store_error.empty() && !(store_error = nodes->store_error()).empty()) {
+      // Node 0 serves the store until this node is done, so it is gone (or cut off): without
+      // the decider no membership can form, and a worker could only wait for it.
+      say(options, str_cat("the job's store at ", options.master_addr, ":", options.master_port,
+                           " cannot be reached (", store_error, "): node 0's launcher is gone or the network "
+                           "failed, and the job cannot go on without it; stopping every worker"));
+      signal_all(SIGTERM);
+      if (!kill_at) kill_at = Clock::now() + options.grace_period;
+    }
+    if (!stop_reason.empty()) return;
+    stop_reason = decider ? decider->stop_reason() : nodes->stop_reason();
+    if (stop_reason.empty()) return;
     if (!completed) say(options, str_cat("the job stops: ", stop_reason, "; stopping every worker"));
     signal_all(SIGTERM);
     if (!kill_at) kill_at = Clock::now() + options.grace_period;
@@ -255,8 +283,8 @@ int launch_fault_tolerant(const LaunchOptions& options) {
       }
       for (const WorkerExit& e : events.exits) {
         completed |= !e.failed();
-        check_decider();  // a worker that exits because the job stops is not restarted
-        if (!e.failed() || launcher_signal != 0 || !stop_reason.empty()) continue;
+        check_job();  // a worker that exits because the job stops is not restarted
+        if (!e.failed() || launcher_signal != 0 || !stop_reason.empty() || !store_error.empty()) continue;
         const std::string who = str_cat("rank ", e.rank, " (local rank ", e.local_rank, ", pid ", e.pid, ") ",
                                         describe(e));
         if (slot.restarts < options.max_restarts) {
@@ -271,24 +299,25 @@ int launch_fault_tolerant(const LaunchOptions& options) {
       }
       if (slot.restart && slot.group->finished()) {  // its output read to the end: start it again
         slot.restart = false;
-        if (launcher_signal != 0 || !stop_reason.empty()) continue;
+        if (launcher_signal != 0 || !stop_reason.empty() || !store_error.empty()) continue;
         ++slot.restarts;
         slot.group = std::make_unique<WorkerGroup>(
             options.program,
             std::vector<WorkerSpec>{worker_spec(options, cores, static_cast<int>(i), slot.restarts)});
       }
     }
-    check_decider();
+    check_job();
     if (kill_at && !killed && Clock::now() >= *kill_at) {
       signal_all(SIGKILL);
       killed = true;
     }
   }
+  if (nodes && options.node_rank != 0) nodes->report_done(completed);
   if (launcher_signal != 0) return 128 + launcher_signal;
   // Done when a worker finished the training (a worker given up on is reported above; one
   // that came too late to join is stopped with the decider's verdict, which is moot then).
   if (completed) return 0;
-  if (!stop_reason.empty()) return 1;
+  if (!stop_reason.empty() || !store_error.empty()) return 1;
   for (const Slot& slot : slots) {
     if (slot.given_up) return slot.given_up->signal != 0 ? 128 + slot.given_up->signal : slot.given_up->exit_code;
   }
@@ -310,8 +339,6 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
                 " is not a TCP port (0 .. 65535).");
   DATAPAR_CHECK(o.max_restarts >= 0, "launch: --max-restarts must be 0 or more, not ", o.max_restarts, ".");
   if (o.fault_tolerant) {
-    DATAPAR_CHECK(o.nnodes == 1, "launch: --fault-tolerant runs on one node for now (--nnodes 1): the launchers "
-                  "of other nodes would have to restart their workers against node 0's decider, which is not built.");
     const int world = o.nnodes * o.nproc_per_node;
     DATAPAR_CHECK(o.min_ranks >= 1 && o.min_ranks <= world, "launch: --min-ranks ", o.min_ranks,
                   " must be in [1, ", world, "] (the workers of the job).");

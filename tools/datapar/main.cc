@@ -81,9 +81,10 @@ int main(int argc, char** argv) {
                      "Restart the whole group up to K times after a failure (default 0)");
   double ft_timeout_s = 5;
   launch->add_flag("--fault-tolerant", launch_options.fault_tolerant,
-                   "The job goes on when a worker fails: this launcher (node 0's) serves the store and decides the "
-                   "membership, a failed worker alone is restarted (--max-restarts times each), the others go on; "
-                   "the program must be fault-tolerant too (datapar train --fault-tolerant)");
+                   "The job goes on when a worker fails: node 0's launcher serves the store and decides the "
+                   "membership, a failed worker alone is restarted by its node's launcher (--max-restarts times "
+                   "each), the others go on; give it to every node's launcher; the program must be fault-tolerant "
+                   "too (datapar train --fault-tolerant)");
   launch->add_option("--min-ranks", launch_options.min_ranks,
                      "--fault-tolerant: below this many workers the job stops (default 1)")
       ->check(datapar::tools::whole_number<decltype(launch_options.min_ranks)>());

@@ -625,8 +625,11 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   const auto store = std::make_shared<TcpStore>(
       TcpStoreOptions{*config.master_addr, static_cast<uint16_t>(std::stoi(*config.master_port)), false,
                       config.store_token, kDefaultTimeout, config.run_id});
-  ft::ElasticGroup elastic(store, kFtRun, ft_options, [](std::shared_ptr<Store> epoch_store, int rank, int size) {
-    return new_gloo_process_group(std::move(epoch_store), rank, size);
+  // Each epoch's group as init_process_group would make it for this job (its address, its
+  // use of shared memory).
+  const GlooOptions gloo = gloo_job_options(config);
+  ft::ElasticGroup elastic(store, kFtRun, ft_options, [gloo](std::shared_ptr<Store> epoch_store, int rank, int size) {
+    return new_gloo_process_group(std::move(epoch_store), rank, size, gloo);
   });
   ft::FaultTolerantDdp<Impl> trainer(model, sgd, elastic);
 

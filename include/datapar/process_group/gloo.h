@@ -41,4 +41,12 @@ struct GlooOptions {
 std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                      GlooOptions options = {});
 
+struct JobConfig;  // datapar/rendezvous/job_config.h
+
+// The options init_process_group("gloo", init_method) gives the group of a job described by
+// `config` (DATAPAR_GLOO_HOSTNAME or the address its store implies, DATAPAR_SHM), for the
+// groups a program makes itself on the job's store, e.g. one per membership epoch of a
+// fault-tolerant job. The timeout is left at its default.
+GlooOptions gloo_job_options(const JobConfig& config, const std::string& init_method = "env://");
+
 }  // namespace datapar

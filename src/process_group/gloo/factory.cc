@@ -54,14 +54,19 @@ Backend gloo_backend() {
   Backend b;
   b.name = "gloo";
   b.make = [](std::shared_ptr<Store> store, int rank, const std::vector<int>& ranks, const JobSettings& job) {
-    GlooOptions options;
-    options.hostname = gloo_hostname(job.init_method, job.config);
+    GlooOptions options = gloo_job_options(job.config, job.init_method);
     options.timeout = job.timeout;
-    options.shared_memory = job.config.gloo_shared_memory;
     return new_gloo_process_group(std::move(store), rank, static_cast<int>(ranks.size()), options);
   };
   return b;
 }
 
 }  // namespace detail
+
+GlooOptions gloo_job_options(const JobConfig& config, const std::string& init_method) {
+  GlooOptions options;
+  options.hostname = detail::gloo_hostname(init_method, config);
+  options.shared_memory = config.gloo_shared_memory;
+  return options;
+}
 }  // namespace datapar
