@@ -56,6 +56,7 @@ void Decider::decide_until_stopped() {
     lock.unlock();
     try {
       read_joins();
+      read_deaths();
       read_heartbeats();
       decide();
       last_error.clear();
@@ -99,6 +100,17 @@ void Decider::read_joins() {
     } else {
       pending_.push_back(p);
     }
+  }
+}
+
+void Decider::read_deaths() {
+  const int64_t total = store_->add("deaths", 0);
+  while (deaths_read_ < total) {
+    const std::string key = str_cat("death/", deaths_read_ + 1);
+    if (!store_->check({key})) return;  // numbered, not yet written: the next round
+    const std::string id = text(store_->get(key));
+    ++deaths_read_;
+    if (evicted_.count(id) == 0) evict(id);
   }
 }
 
@@ -204,6 +216,12 @@ void Decider::publish(Epoch epoch) {
   } else {
     current_ = std::move(epoch);
   }
+}
+
+void report_dead(std::shared_ptr<Store> store, const std::string& run, const std::string& id) {
+  PrefixStore keys("ft/" + run + "/", std::move(store));
+  const int64_t n = keys.add("deaths", 1);
+  keys.set(str_cat("death/", n), id);
 }
 
 }  // namespace datapar::ft

@@ -118,6 +118,32 @@ TEST(FtMembership, AMemberWhoseHeartbeatStopsIsEvictedAndTheOthersFormTheNextEpo
   EXPECT_TRUE(within(1s, [&] { return decider.epoch().number == 2; }));  // it publishes, then notes
 }
 
+// A member reported dead by the process that saw it die (its launcher) is evicted at once:
+// the others go on long before its heartbeat would go stale.
+TEST(FtMembership, AMemberReportedDeadIsEvictedWithoutWaitingForItsHeartbeat) {
+  const ServedStore store;
+  FtOptions options = fast(3);
+  options.eviction_timeout = 60s;  // the heartbeat alone would take a minute
+  options.quorum_timeout = 120s;
+  const Decider decider(store.connect(), "job", options);
+  std::vector<std::unique_ptr<Member>> members;
+  for (int i = 0; i < 3; ++i) members.push_back(std::make_unique<Member>(store.connect(), "job", options));
+  join_all({members[0].get(), members[1].get(), members[2].get()}, {0, 0, 0});
+  const std::string dead = members[2]->id();
+  members[2].reset();
+  report_dead(store.connect(), "job", dead);
+  ASSERT_TRUE(within(10s, [&] { return members[0]->epoch_broken() && members[1]->epoch_broken(); }));
+  const std::vector<Epoch> next = join_all({members[0].get(), members[1].get()}, {3, 3});
+  EXPECT_EQ(next[0].number, 2);
+  EXPECT_EQ(next[0].size(), 2);
+  EXPECT_EQ(next[0].rank_of(dead), -1);
+  // An id nobody knows changes nothing.
+  report_dead(store.connect(), "job", "no-such-member");
+  std::this_thread::sleep_for(4 * options.heartbeat_interval);
+  EXPECT_FALSE(members[0]->epoch_broken());
+  EXPECT_TRUE(members[0]->may_commit());
+}
+
 // A new member waits; the members learn it (newcomer_waiting), join again at their step, and
 // the epoch grows: the old members keep their ranks, the newcomer gets its state from one.
 TEST(FtMembership, ANewMemberGrowsTheJobAtAStepBoundaryAndIsHealedFromAnUpToDateOne) {

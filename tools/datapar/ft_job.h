@@ -19,6 +19,13 @@ namespace datapar::tools {
 // keep others out).
 inline const std::string kFtRun = "job";
 
+// Where a worker names its membership id for its launcher, which reports the member dead
+// (ft::report_dead) the moment the worker's process exits with a failure: the others then go
+// on at once instead of after the eviction timeout.
+inline std::string ft_worker_key(const std::string& run, int node_rank, long pid) {
+  return "ft/" + run + "/worker/" + std::to_string(node_rank) + "/" + std::to_string(pid);
+}
+
 // `expected`: the workers the first epoch waits for (every worker of every node).
 inline ft::FtOptions ft_job_options(std::chrono::milliseconds timeout, int expected, int min_ranks, int max_ranks) {
   using namespace std::chrono_literals;

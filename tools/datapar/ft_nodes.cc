@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "datapar/error.h"
+#include "datapar/ft/decider.h"
 #include "datapar/ft/epoch.h"
 #include "datapar/rendezvous/prefix_store.h"
+#include "ft_job.h"
 
 namespace datapar::tools {
 
@@ -27,6 +29,7 @@ FtNodes::FtNodes(TcpStoreOptions store, const std::string& run, int node_rank, i
                  std::chrono::milliseconds interval, std::chrono::milliseconds silent_limit,
                  std::chrono::milliseconds absent_limit)
     : options_(std::move(store)),
+      run_(run),
       prefix_("ft/" + run + "/"),
       node_rank_(node_rank),
       nnodes_(nnodes),
@@ -75,13 +78,21 @@ bool FtNodes::report_done(bool completed) {
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   // The thread has ended: the connection is this thread's now.
-  if (store_ == nullptr || !store_error_.empty()) return false;
+  if (keys_ == nullptr || !store_error_.empty()) return false;
   try {
-    store_->set(str_cat("node_done/", node_rank_), std::string(completed ? "completed" : "failed"));
+    keys_->set(str_cat("node_done/", node_rank_), std::string(completed ? "completed" : "failed"));
     return true;
   } catch (const Error&) {
     return false;
   }
+}
+
+void FtNodes::worker_failed(long pid) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    failed_pids_.push_back(pid);
+  }
+  wake_.notify_all();
 }
 
 void FtNodes::follow() {
@@ -94,8 +105,7 @@ void FtNodes::follow() {
     try {
       TcpStoreOptions attempt = options_;
       attempt.timeout = kConnectAttempt;
-      // The decider's keys are under the same prefix (datapar/ft/decider.h).
-      store = std::make_shared<PrefixStore>(prefix_, std::make_shared<TcpStore>(attempt));
+      store = std::make_shared<TcpStore>(attempt);
     } catch (const InvalidArgumentError& e) {
       refused = e.what();  // the wrong token or run id: retrying cannot help
     } catch (const Error&) {
@@ -107,12 +117,14 @@ void FtNodes::follow() {
       return;
     }
     store_ = std::move(store);
+    // The decider's keys are under the same prefix (datapar/ft/decider.h).
+    if (store_) keys_ = std::make_shared<PrefixStore>(prefix_, store_);
   }
   while (!stopping_) {
     lock.unlock();
     std::string failed;
     try {
-      look(*store_);
+      look(*keys_);
     } catch (const std::exception& e) {  // a malformed record too: what it says cannot be known
       failed = e.what();
     }
@@ -121,11 +133,20 @@ void FtNodes::follow() {
       store_error_ = failed;
       return;
     }
-    wake_.wait_for(lock, interval_, [&] { return stopping_; });
+    wake_.wait_for(lock, interval_, [&] { return stopping_ || !failed_pids_.empty(); });
   }
 }
 
 void FtNodes::look(Store& store) {
+  std::vector<long> failed;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    failed.swap(failed_pids_);
+  }
+  for (const long pid : failed) {  // a worker that never named its member is judged by its heartbeat
+    const std::string key = ft_worker_key(run_, node_rank_, pid);
+    if (store_->check({key})) ft::report_dead(store_, run_, text(store_->get(key)));
+  }
   if (node_rank_ != 0) {
     store.add(str_cat("node_beat/", node_rank_), 1);
     if (!store.check({"epoch"})) return;

@@ -1,6 +1,7 @@
-// The launchers of a fault-tolerant job on several nodes (Note [A fault-tolerant job's
-// launcher] in launch.cc). Node 0's launcher serves the store and runs the decider; the
-// others have neither, and learn the decider's verdict from the store. Each beats there
+// The launchers of a fault-tolerant job and the store (Note [A fault-tolerant job's
+// launcher] in launch.cc). Every launcher reports its workers that die to the decider
+// (ft_worker_key, ft::report_dead). Node 0's launcher serves the store and runs the
+// decider; the others have neither, and learn the decider's verdict from the store. Each beats there
 // while it runs and reports when it is done, and node 0 serves the store until every other
 // node is done or gone (silent), so that no node's last worker, still evaluating or
 // writing the final checkpoint, loses the store.
@@ -43,6 +44,9 @@ class FtNodes {
   // Node 0: how many other nodes are done or gone, and whether one of them completed.
   int others_ended() const;
   bool other_completed() const;
+  // The worker with process id `pid` exited with a failure: its member is reported dead, so
+  // that the others go on at once (soon, from the following thread).
+  void worker_failed(long pid);
   // Nodes other than 0: reports this node done (stops following first). Returns false when
   // the store cannot be reached.
   bool report_done(bool completed);
@@ -53,7 +57,7 @@ class FtNodes {
   void look(Store& store);
 
   const TcpStoreOptions options_;
-  const std::string prefix_;
+  const std::string run_, prefix_;
   const int node_rank_, nnodes_;
   const std::chrono::milliseconds interval_, silent_limit_, absent_limit_;
 
@@ -68,7 +72,9 @@ class FtNodes {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;                  // guarded by mutex_
-  std::shared_ptr<Store> store_;           // guarded by mutex_; set once connected
+  std::shared_ptr<Store> store_;           // the following thread's; set once connected
+  std::shared_ptr<Store> keys_;            // store_ under prefix_
+  std::vector<long> failed_pids_;          // guarded by mutex_: to report
   std::string stop_reason_, store_error_;  // guarded by mutex_
   int others_ended_ = 0;                   // guarded by mutex_
   bool other_completed_ = false;           // guarded by mutex_

@@ -193,6 +193,8 @@ AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
 // takes its state from a peer; one out of restarts is given up on, and the others go on as
 // long as the decider lets the job go on (at least --min-ranks). When the decider stops the
 // job, the launcher stops every worker.
+// A worker that exits with a failure is reported dead to the decider at once (ft_nodes.h),
+// so that the others go on without waiting --ft-timeout for its heartbeat to stop.
 // On several nodes (ft_nodes.h) the other launchers restart their own workers alike and
 // read the decider's verdict from the store; node 0 serves the store until each of them is
 // done or gone (silent for --ft-timeout). Node 0's launcher is the one whose loss ends the
@@ -213,12 +215,9 @@ int launch_fault_tolerant(const LaunchOptions& options) {
     store = std::make_shared<TcpStore>(server);
     decider = std::make_unique<ft::Decider>(std::make_shared<TcpStore>(client), kFtRun, ft_options);
   }
-  std::unique_ptr<FtNodes> nodes;
-  if (options.nnodes > 1) {
-    nodes = std::make_unique<FtNodes>(client, kFtRun, options.node_rank, options.nnodes,
-                                      ft_options.heartbeat_interval, ft_options.eviction_timeout,
-                                      ft_options.quorum_timeout);
-  }
+  const auto nodes = std::make_unique<FtNodes>(client, kFtRun, options.node_rank, options.nnodes,
+                                               ft_options.heartbeat_interval, ft_options.eviction_timeout,
+                                               ft_options.quorum_timeout);
   struct Slot {
     std::unique_ptr<WorkerGroup> group;
     int restarts = 0;
@@ -241,7 +240,7 @@ int launch_fault_tolerant(const LaunchOptions& options) {
   bool completed = false;  // a worker finished the training
   // Node 0 with other nodes: serve the store until they are done (Note above).
   auto others_running = [&] {
-    return options.node_rank == 0 && nodes && launcher_signal == 0 && nodes->others_ended() < options.nnodes - 1;
+    return options.node_rank == 0 && launcher_signal == 0 && nodes->others_ended() < options.nnodes - 1;
   };
   auto running = [&] {
     return std::any_of(slots.begin(), slots.end(), [](const Slot& s) { return !s.group->finished() || s.restart; }) ||
@@ -250,7 +249,7 @@ int launch_fault_tolerant(const LaunchOptions& options) {
   const auto poll_each = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(100) / slots.size(),
                                                              std::chrono::milliseconds(5));
   auto check_job = [&] {
-    if (nodes && store_error.empty() && !(store_error = nodes->store_error()).empty()) {
+    if (options.node_rank != 0 && store_error.empty() && !(store_error = nodes->store_error()).empty()) {
       // Node 0 serves the store until this node is done, so it is gone (or cut off): without
       // the decider no membership can form, and a worker could only wait for it.
       say(options, str_cat("the job's store at ", options.master_addr, ":", options.master_port,
@@ -283,6 +282,7 @@ int launch_fault_tolerant(const LaunchOptions& options) {
       }
       for (const WorkerExit& e : events.exits) {
         completed |= !e.failed();
+        if (e.failed()) nodes->worker_failed(e.pid);  // the others need not wait for its heartbeat to stop
         check_job();  // a worker that exits because the job stops is not restarted
         if (!e.failed() || launcher_signal != 0 || !stop_reason.empty() || !store_error.empty()) continue;
         const std::string who = str_cat("rank ", e.rank, " (local rank ", e.local_rank, ", pid ", e.pid, ") ",
@@ -312,7 +312,7 @@ int launch_fault_tolerant(const LaunchOptions& options) {
       killed = true;
     }
   }
-  if (nodes && options.node_rank != 0) nodes->report_done(completed);
+  if (options.node_rank != 0) nodes->report_done(completed);
   if (launcher_signal != 0) return 128 + launcher_signal;
   // Done when a worker finished the training (a worker given up on is reported above; one
   // that came too late to join is stopped with the decider's verdict, which is moot then).

@@ -18,6 +18,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -632,6 +634,10 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
     return new_gloo_process_group(std::move(epoch_store), rank, size, gloo);
   });
   ft::FaultTolerantDdp<Impl> trainer(model, sgd, elastic);
+  // For the launcher, which reports this member dead the moment this process fails.
+  store->set(ft_worker_key(kFtRun, static_cast<int>(env("GROUP_RANK") ? number("GROUP_RANK") : 0),
+                           static_cast<long>(::getpid())),
+             elastic.member().id());
 
   // Each epoch's global batches: rank 0 of a job of the full size takes every row.
   BalancedBatches batches(
@@ -644,6 +650,7 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   int64_t globals_epoch = -1;
   double loss_sum = 0;
   int64_t rows = 0, correct = 0;  // this rank's committed rows this epoch
+  int64_t memberships_seen = 0;   // trainer.epochs_joined() when last reported
   const auto start = Clock::now();
   while (trainer.step() < total) {
     at::Tensor loss, logits, y;
@@ -663,6 +670,14 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
       loss = at::cross_entropy_loss(logits, y);
       loss.backward();
     });
+    if (committed && trainer.epochs_joined() != memberships_seen) {  // the first step of a new membership
+      memberships_seen = trainer.epochs_joined();
+      if (elastic.rank() == 0) {
+        std::printf("membership epoch %ld: %d ranks, training from step %ld  %.1f s\n", (long)elastic.epoch().number,
+                    elastic.size(), (long)trainer.step() - 1, seconds_since(start));
+        std::fflush(stdout);
+      }
+    }
     if (committed) {
       loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
       correct += logits.argmax(1).eq(y).sum().item<int64_t>();

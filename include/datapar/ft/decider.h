@@ -10,6 +10,9 @@
 //                  others abort and join again
 //   grow/<E>       set when a new member waits: the members join again at a step boundary
 //   evicted/<id>   set when a member is evicted (a stopped process learns it on resuming)
+//   deaths, death/N  members reported dead by a process that saw them die (their launcher,
+//                  report_dead()): evicted at once, without waiting for their heartbeat
+//                  to go stale
 //
 // An epoch forms when every live member of the last one has joined again, with at least
 // min_members, at most max_members (the last epoch's members first, in their old order,
@@ -60,6 +63,7 @@ class Decider {
 
   void decide_until_stopped();
   void read_joins();
+  void read_deaths();
   void read_heartbeats();
   void evict(const std::string& id);
   void decide();
@@ -69,7 +73,7 @@ class Decider {
   FtOptions options_;
 
   // The decider thread's own state.
-  int64_t joins_read_ = 0;
+  int64_t joins_read_ = 0, deaths_read_ = 0;
   std::vector<Pending> pending_;
   std::map<std::string, Seen> seen_;
   std::set<std::string> evicted_;
@@ -85,5 +89,10 @@ class Decider {
   bool stopping_ = false;  // guarded by stop_mutex_
   std::thread thread_;
 };
+
+// Tells the decider of job `run` on `store` that member `id` is dead (its process exited):
+// it is evicted at once. For the process that saw it die, e.g. its launcher; a member that
+// is only slow must not be reported (the heartbeat judges those).
+void report_dead(std::shared_ptr<Store> store, const std::string& run, const std::string& id);
 
 }  // namespace datapar::ft
