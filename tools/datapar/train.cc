@@ -119,9 +119,9 @@ void xavier_init(torch::nn::Module& model) {
 // Sums (or maxima) of `values` over the job, through the group's device (nccl: the GPU);
 // the values themselves outside ddp.
 template <typename T>
-std::vector<T> reduce(const std::vector<T>& values, ReduceOp op) {
-  if (!is_initialized()) return values;
-  ProcessGroup& group = *default_group();
+std::vector<T> reduce(const std::vector<T>& values, ReduceOp op, ProcessGroup* over = nullptr) {
+  if (over == nullptr && !is_initialized()) return values;
+  ProcessGroup& group = over != nullptr ? *over : *default_group();
   at::Tensor t = metadata_tensor(group, values);
   group.all_reduce(t, op)->synchronize();
   if constexpr (std::is_same_v<T, int64_t>) {
@@ -131,15 +131,23 @@ std::vector<T> reduce(const std::vector<T>& values, ReduceOp op) {
   }
 }
 
-// Test accuracy, exact over all ranks: returns {correct, samples} summed over the job.
-// `alone`: over the whole test set on this rank, no collective (a fault-tolerant job's
-// first rank evaluates for everyone).
+// Which part of the test set a rank evaluates: part `rank` of `size`, the parts summed over
+// `group` (nullptr: the job's default group; unused when size is 1).
+struct EvalPart {
+  int rank = 0;
+  int size = 1;
+  ProcessGroup* group = nullptr;
+};
+
+// Test accuracy, exact over all ranks: returns {correct, samples} summed over the parts
+// (by default one per rank of the job).
 std::pair<int64_t, int64_t> evaluate(const TrainPlan& plan, const Data& data, torch::nn::Module& model,
-                                     const Forward& forward, const c10::Device& device, bool alone = false) {
+                                     const Forward& forward, const c10::Device& device,
+                                     std::optional<EvalPart> part = std::nullopt) {
+  const EvalPart p = part.value_or(EvalPart{plan.rank, plan.world_size, nullptr});
   torch::NoGradGuard no_grad;
   model.eval();
-  DistributedSampler sampler(DistributedSamplerOptions::evaluation(data.test->size(), alone ? 1 : plan.world_size,
-                                                                   alone ? 0 : plan.rank));
+  DistributedSampler sampler(DistributedSamplerOptions::evaluation(data.test->size(), p.size, p.rank));
   DataLoader loader(data.test, {plan.rank_batch, plan.options.workers});
   loader.start_epoch(sampler);
   int64_t correct = 0, samples = 0;  // padding rows skipped
@@ -149,8 +157,8 @@ std::pair<int64_t, int64_t> evaluate(const TrainPlan& plan, const Data& data, to
     correct += predicted.eq(batch->target).logical_and(real).sum().item<int64_t>();
     samples += real.sum().item<int64_t>();
   }
-  if (alone) return {correct, samples};
-  const std::vector<int64_t> counts = reduce(std::vector<int64_t>{correct, samples}, ReduceOp::kSum);
+  if (p.size == 1) return {correct, samples};
+  const std::vector<int64_t> counts = reduce(std::vector<int64_t>{correct, samples}, ReduceOp::kSum, p.group);
   return {counts[0], counts[1]};
 }
 
@@ -684,11 +692,22 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
       rows += y.size(0);
     }
     if (!committed || trainer.step() % per_epoch != 0) continue;
-    // An epoch ended. Its first rank evaluates, reports and checkpoints for everyone.
+    // An epoch ended: the ranks alive evaluate a part each; the first reports and
+    // checkpoints for everyone. A member failing meanwhile fails the sum: the first rank
+    // then evaluates alone (the model is the same on every rank), the others go on to the
+    // next step, which finds the group broken and regroups.
     const int64_t epoch = trainer.step() / per_epoch;
+    const Forward forward = [&](const at::Tensor& x) { return model->forward(x); };
+    std::pair<int64_t, int64_t> tested;
+    try {
+      tested = evaluate(plan, data, *model, forward, device, EvalPart{elastic.rank(), elastic.size(),
+                                                                      elastic.group().get()});
+    } catch (...) {
+      if (!ft::detail::is_membership_failure(std::current_exception(), elastic)) throw;
+      if (elastic.rank() == 0) tested = evaluate(plan, data, *model, forward, device, EvalPart{});
+    }
     if (elastic.rank() == 0) {
-      const auto [right, samples] =
-          evaluate(plan, data, *model, [&](const at::Tensor& x) { return model->forward(x); }, device, /*alone=*/true);
+      const auto [right, samples] = tested;
       std::printf("epoch %ld/%ld  loss %.4f  train acc %.4f (rank 0's rows)  test acc %.4f  %.1f s  %d ranks "
                   "(membership epoch %ld)\n",
                   (long)epoch, (long)o.epochs, rows ? loss_sum / rows : 0.0, rows ? double(correct) / rows : 0.0,
