@@ -594,6 +594,32 @@ TEST(LaunchFaultTolerant, AKilledWorkerIsRestartedAloneAndTheJobEndsAsAnUninterr
                     train::checkpoint_path(killed_dir.path(), kEpochs));
 }
 
+// A fault-tolerant job stopped after an epoch and started again with --resume goes on from
+// its last checkpoint (the model, the optimizer's momentum, the step) and ends as a run that
+// was never stopped.
+TEST(LaunchFaultTolerant, ResumeGoesOnFromTheLastCheckpointAsAnUninterruptedRun) {
+  const auto train = [](const std::string& checkpoints, int epochs, bool resume) {
+    std::vector<std::string> args = {"--fault-tolerant", "--nproc-per-node", "2", "--", bin("datapar"), "train",
+                                      "--fault-tolerant", "--mode", "ddp", "--backend", "gloo", "--model", "lenet",
+                                      "--epochs", std::to_string(epochs), "--batch-size", "48", "--limit", "2000",
+                                      "--threads", "1", "--workers", "1", "--checkpoint-dir", checkpoints};
+    if (resume) args.push_back("--resume");
+    return args;
+  };
+  const TempDir straight_dir("launch_test"), resumed_dir("launch_test");
+  const ProcessResult straight = launch(train(straight_dir.path(), 3, false));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const ProcessResult first = launch(train(resumed_dir.path(), 2, false));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const ProcessResult resumed = launch(train(resumed_dir.path(), 3, true));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from " + train::checkpoint_path(resumed_dir.path(), 2)), std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(resumed.output.find("epoch 2/3"), std::string::npos) << "epoch 2 trained again:\n" << resumed.output;
+  EXPECT_NE(resumed.output.find("epoch 3/3"), std::string::npos) << resumed.output;
+  expect_same_model(train::checkpoint_path(straight_dir.path(), 3), train::checkpoint_path(resumed_dir.path(), 3));
+}
+
 // Node 0's launcher serves the store and decides membership: it is the one part whose loss
 // ends a fault-tolerant job (docs/fault_tolerance.md). Another node's launcher says so,
 // stops its workers instead of restarting them, and exits non-zero.

@@ -641,18 +641,22 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   ft::ElasticGroup elastic(store, kFtRun, ft_options, [gloo](std::shared_ptr<Store> epoch_store, int rank, int size) {
     return new_gloo_process_group(std::move(epoch_store), rank, size, gloo);
   });
-  ft::FaultTolerantDdp<Impl> trainer(model, sgd, elastic);
+  // Each epoch's global batches: rank 0 of a job of the full size takes every row.
+  BalancedBatches batches(
+      {data.train->size(), plan.global_batch, plan.world_size, 0, /*shuffle=*/true, static_cast<uint64_t>(o.seed)});
+  const int64_t per_epoch = batches.num_steps();
+  // --resume: from the newest checkpoint this rank can load. Ranks need not agree: one that
+  // loaded an older checkpoint (or none: a replacement started later) takes the newest
+  // step's state from a peer when it joins.
+  const int64_t first_epoch = plan.resume ? resume(plan, *model, sgd, device) : 0;
+  ft::FaultTolerantDdp<Impl> trainer(model, sgd, elastic, DdpOptions{}, first_epoch * per_epoch);
   // For the launcher, which reports this member dead the moment this process fails.
   store->set(ft_worker_key(kFtRun, static_cast<int>(env("GROUP_RANK") ? number("GROUP_RANK") : 0),
                            static_cast<long>(::getpid())),
              elastic.member().id());
 
-  // Each epoch's global batches: rank 0 of a job of the full size takes every row.
-  BalancedBatches batches(
-      {data.train->size(), plan.global_batch, plan.world_size, 0, /*shuffle=*/true, static_cast<uint64_t>(o.seed)});
   std::vector<double> whole(static_cast<size_t>(plan.world_size), 0.0);
   whole[0] = 1.0;
-  const int64_t per_epoch = batches.num_steps();
   const int64_t total = per_epoch * o.epochs;
   std::vector<at::Tensor> globals;  // the current epoch's
   int64_t globals_epoch = -1;

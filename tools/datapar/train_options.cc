@@ -202,9 +202,8 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
     DATAPAR_CHECK(o.mode == "ddp" && (o.backend.empty() || o.backend == "gloo"), "--fault-tolerant trains ddp ",
                   "over gloo; --mode ", o.mode, (o.backend.empty() ? "" : " --backend " + o.backend),
                   " is not that.\n---> HINT: use --mode ddp --backend gloo.");
-    DATAPAR_CHECK(!o.zero && o.balance == "even" && !o.resume && !o.evaluate && o.trace.empty() &&
-                      o.checkpoint_format == "torch",
-                  "--fault-tolerant does not combine with --zero, --balance, --resume, --evaluate, --trace or "
+    DATAPAR_CHECK(!o.zero && o.balance == "even" && !o.evaluate && o.trace.empty() && o.checkpoint_format == "torch",
+                  "--fault-tolerant does not combine with --zero, --balance, --evaluate, --trace or "
                   "--checkpoint-format dcp yet.");
   }
   DATAPAR_CHECK(one_of(o.mp, {"none", "bf16", "fp16"}), "--mp: \"", o.mp,
