@@ -40,4 +40,13 @@ inline ft::FtOptions ft_job_options(std::chrono::milliseconds timeout, int expec
   return o;
 }
 
+// The timeout of each membership epoch's process group (its connecting and every collective):
+// a backstop, since a member that dies or hangs is noticed through the membership first (its
+// launcher's report, the eviction timeout), which aborts the group. It bounds what an abort
+// cannot end: connecting to a member that died while the group was being made.
+inline std::chrono::milliseconds ft_group_timeout(const ft::FtOptions& options) {
+  using namespace std::chrono_literals;
+  return std::max<std::chrono::milliseconds>(30s, 6 * options.eviction_timeout);
+}
+
 }  // namespace datapar::tools

@@ -637,7 +637,8 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
                       config.store_token, kDefaultTimeout, config.run_id});
   // Each epoch's group as init_process_group would make it for this job (its address, its
   // use of shared memory).
-  const GlooOptions gloo = gloo_job_options(config);
+  GlooOptions gloo = gloo_job_options(config);
+  gloo.timeout = ft_group_timeout(ft_options);
   ft::ElasticGroup elastic(store, kFtRun, ft_options, [gloo](std::shared_ptr<Store> epoch_store, int rank, int size) {
     return new_gloo_process_group(std::move(epoch_store), rank, size, gloo);
   });
