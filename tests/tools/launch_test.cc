@@ -552,7 +552,7 @@ TEST(LaunchFaultTolerant, AKilledWorkerIsRestartedAloneAndTheJobEndsAsAnUninterr
   constexpr int kEpochs = 4;
   const auto train = [](const std::string& checkpoints) {
     return std::vector<std::string>{"--fault-tolerant", "--nproc-per-node", "3", "--max-restarts", "1",
-                                    "--ft-timeout", "1", "--", bin("datapar"), "train", "--fault-tolerant",
+                                    "--", bin("datapar"), "train", "--fault-tolerant",
                                     "--mode", "ddp", "--backend", "gloo", "--model", "lenet", "--epochs",
                                     std::to_string(kEpochs), "--batch-size", "48", "--limit", "3000", "--threads",
                                     "1", "--workers", "1", "--checkpoint-dir", checkpoints};
@@ -629,7 +629,7 @@ TEST(LaunchFaultTolerant, LosingNodeZerosLauncherStopsTheOtherNodesWorkersWithTh
   auto node = [&](int node_rank, const std::string& logs) {
     return start_launch({"--fault-tolerant", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank",
                          std::to_string(node_rank), "--master-port", std::to_string(port.port()), "--token", "lose0",
-                         "--max-restarts", "3", "--ft-timeout", "1", "--", bin("datapar"), "train", "--fault-tolerant",
+                         "--max-restarts", "3", "--", bin("datapar"), "train", "--fault-tolerant",
                          "--mode", "ddp", "--backend", "gloo", "--model", "mlp", "--epochs", "1000", "--batch-size",
                          "48", "--limit", "2000", "--threads", "1", "--workers", "1", "--checkpoint-dir",
                          checkpoints.path()},
@@ -825,7 +825,7 @@ TEST(TwoHosts, AFaultTolerantJobRestartsAWorkerOnItsOwnNodeAndEndsAsAnUninterrup
                                         bin("datapar"), "launch", "--fault-tolerant", "--nproc-per-node", "1",
                                         "--nnodes", "2", "--node-rank", std::to_string(node_rank), "--master-addr",
                                         hosts.address_a(), "--master-port", "29501", "--token", "twohosts",
-                                        "--max-restarts", "1", "--ft-timeout", "1", "--"};
+                                        "--max-restarts", "1", "--"};
     for (const std::string& a : train(killed_dir.path())) command.push_back(a);
     return datapar::testing::start_logged(command, logs.path() + "/node" + std::to_string(node_rank) + ".log");
   };

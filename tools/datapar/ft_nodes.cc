@@ -87,6 +87,17 @@ bool FtNodes::report_done(bool completed) {
   }
 }
 
+bool FtNodes::store_answers(std::chrono::milliseconds limit) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!store_error_.empty()) return false;
+  if (store_ == nullptr) return true;  // not reached yet: nothing is known against it
+  const int64_t answered = looks_answered_;
+  look_requested_ = true;
+  wake_.notify_all();
+  looked_.wait_for(lock, limit, [&] { return looks_answered_ > answered || !store_error_.empty(); });
+  return store_error_.empty();
+}
+
 void FtNodes::worker_failed(long pid) {
   {
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -114,6 +125,7 @@ void FtNodes::follow() {
     lock.lock();
     if (!refused.empty()) {
       store_error_ = refused;
+      looked_.notify_all();
       return;
     }
     store_ = std::move(store);
@@ -121,6 +133,8 @@ void FtNodes::follow() {
     if (store_) keys_ = std::make_shared<PrefixStore>(prefix_, store_);
   }
   while (!stopping_) {
+    const bool requested = look_requested_;
+    look_requested_ = false;
     lock.unlock();
     std::string failed;
     try {
@@ -129,11 +143,11 @@ void FtNodes::follow() {
       failed = e.what();
     }
     lock.lock();
-    if (!failed.empty()) {
-      store_error_ = failed;
-      return;
-    }
-    wake_.wait_for(lock, interval_, [&] { return stopping_ || !failed_pids_.empty(); });
+    if (requested) ++looks_answered_;
+    if (!failed.empty()) store_error_ = failed;
+    looked_.notify_all();
+    if (!failed.empty()) return;
+    wake_.wait_for(lock, interval_, [&] { return stopping_ || look_requested_ || !failed_pids_.empty(); });
   }
 }
 

@@ -44,6 +44,9 @@ class FtNodes {
   // Node 0: how many other nodes are done or gone, and whether one of them completed.
   int others_ended() const;
   bool other_completed() const;
+  // Looks at the store now, waiting at most `limit`, and says whether it still answers
+  // (false: store_error() says why). Before restarting a worker, which could not join without it.
+  bool store_answers(std::chrono::milliseconds limit);
   // The worker with process id `pid` exited with a failure: its member is reported dead, so
   // that the others go on at once (soon, from the following thread).
   void worker_failed(long pid);
@@ -70,7 +73,10 @@ class FtNodes {
   std::vector<Node> others_;
 
   mutable std::mutex mutex_;
-  std::condition_variable wake_;
+  std::condition_variable wake_;           // the following thread: something to do
+  std::condition_variable looked_;         // store_answers(): a look ended
+  bool look_requested_ = false;            // guarded by mutex_
+  int64_t looks_answered_ = 0;             // guarded by mutex_
   bool stopping_ = false;                  // guarded by mutex_
   std::shared_ptr<Store> store_;           // the following thread's; set once connected
   std::shared_ptr<Store> keys_;            // store_ under prefix_

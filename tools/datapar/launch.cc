@@ -199,6 +199,9 @@ AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
 // read the decider's verdict from the store; node 0 serves the store until each of them is
 // done or gone (silent for --ft-timeout). Node 0's launcher is the one whose loss ends the
 // job: the others, finding the store gone, stop their workers and restart none.
+// How long a launcher waits for the store to answer before it restarts a worker.
+constexpr std::chrono::seconds kStoreAnswer{3};
+
 int launch_fault_tolerant(const LaunchOptions& options) {
   const int world = options.nnodes * options.nproc_per_node;
   const ft::FtOptions ft_options = ft_job_options(options.ft_timeout, world, options.min_ranks,
@@ -282,7 +285,11 @@ int launch_fault_tolerant(const LaunchOptions& options) {
       }
       for (const WorkerExit& e : events.exits) {
         completed |= !e.failed();
-        if (e.failed()) nodes->worker_failed(e.pid);  // the others need not wait for its heartbeat to stop
+        if (e.failed()) {
+          nodes->worker_failed(e.pid);  // the others need not wait for its heartbeat to stop
+          // It may have failed because node 0 is gone: then nothing is restarted.
+          if (options.node_rank != 0) nodes->store_answers(kStoreAnswer);
+        }
         check_job();  // a worker that exits because the job stops is not restarted
         if (!e.failed() || launcher_signal != 0 || !stop_reason.empty() || !store_error.empty()) continue;
         const std::string who = str_cat("rank ", e.rank, " (local rank ", e.local_rank, ", pid ", e.pid, ") ",
