@@ -156,6 +156,7 @@ ChildExit wait_child(pid_t pid, std::optional<std::chrono::steady_clock::time_po
 }
 
 pid_t fork_child(const std::function<int()>& body, const std::string& who) {
+  std::fflush(nullptr);  // else the child, flushing at its exit, writes the parent's pending output again
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   int code = 1;

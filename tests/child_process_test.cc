@@ -99,5 +99,21 @@ TEST(ChildProcess, ForkedRanksReturnTheirCodesAndSayWhatTheyThrew) {
   EXPECT_EQ(exits[2].exit_code, 1);
 }
 
+// Output the forking process had not flushed yet is its own: a forked child does not write
+// it a second time when it exits.
+TEST(ChildProcess, AForkedChildDoesNotRepeatItsParentsUnflushedOutput) {
+  const testing::TempDir dir("child_process_test");
+  const std::string path = dir.path() + "/out.txt";
+  const pid_t parent = fork_child([&] {
+    if (std::freopen(path.c_str(), "w", stdout) == nullptr) return 2;
+    std::printf("said once;");  // a file's stdout is fully buffered: still in the buffer
+    const pid_t child = fork_child([] { return 0; });
+    return child > 0 && wait_child(child).exit_code == 0 ? 0 : 3;
+  });
+  ASSERT_GT(parent, 0);
+  EXPECT_EQ(wait_child(parent).exit_code, 0);
+  EXPECT_EQ(testing::read_text(path), "said once;");
+}
+
 }  // namespace
 }  // namespace datapar::detail
