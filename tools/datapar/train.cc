@@ -211,7 +211,10 @@ int64_t resume_dcp(const TrainPlan& plan, torch::nn::Module& model, torch::optim
   if (found) {
     for (auto& item : found->model) item.value() = item.value().to(device);
     train::restore_checkpoint(*found, model, optimizer);
-    if (leader && !o.evaluate) std::printf("resuming from %s (%ld epochs done)\n", found->path.c_str(), (long)found->epoch);
+    if (leader && !o.evaluate) {
+      std::printf("resuming from %s (%ld epochs done)\n", found->path.c_str(), (long)found->epoch);
+      std::fflush(stdout);  // at once, not with the first epoch's report
+    }
     return found->epoch;
   }
   DATAPAR_CHECK(!o.evaluate, "--evaluate: no complete checkpoint in ", o.checkpoint_dir, ".");
@@ -251,7 +254,10 @@ int64_t resume(const TrainPlan& plan, torch::nn::Module& model, torch::optim::Op
   if (found.checkpoint) {
     const train::Checkpoint& c = *found.checkpoint;
     train::restore_checkpoint(c, model, optimizer);
-    if (leader && !o.evaluate) std::printf("resuming from %s (%ld epochs done)\n", c.path.c_str(), (long)c.epoch);
+    if (leader && !o.evaluate) {
+      std::printf("resuming from %s (%ld epochs done)\n", c.path.c_str(), (long)c.epoch);
+      std::fflush(stdout);  // at once, not with the first epoch's report
+    }
     return c.epoch;
   }
   const int64_t damaged = std::max<int64_t>(static_cast<int64_t>(found.damaged.size()), found.set_aside);
