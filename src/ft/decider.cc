@@ -2,6 +2,7 @@
 #include "datapar/ft/decider.h"
 
 #include <algorithm>
+#include <functional>
 #include <sstream>
 
 #include "datapar/rendezvous/prefix_store.h"
@@ -70,18 +71,25 @@ void Decider::decide_until_stopped() {
   }
 }
 
-void Decider::read_joins() {
-  const int64_t total = store_->add("joins", 0);
-  while (joins_read_ < total) {
-    const std::string key = str_cat("join/", joins_read_ + 1);
+void Decider::read_numbered(const std::string& counter, const std::string& item, int64_t& read,
+                            const std::function<void(const std::string& key, const std::string& record)>& take) {
+  const int64_t total = store_->add(counter, 0);
+  while (read < total) {
+    const std::string key = str_cat(item, read + 1);
     if (!store_->check({key})) return;  // numbered, not yet written: the next round
     const std::string record = text(store_->get(key));
-    ++joins_read_;
+    ++read;
+    take(key, record);
+  }
+}
+
+void Decider::read_joins() {
+  read_numbered("joins", "join/", joins_read_, [&](const std::string& key, const std::string& record) {
     std::istringstream fields(record);
     Pending p;
     if (!(fields >> p.id >> p.step) || p.step < 0) {
       warn(str_cat("ft: ignoring a malformed join request \"", record, "\" (", key, ")"));
-      continue;
+      return;
     }
     const auto now = Clock::now();
     if (evicted_.erase(p.id) > 0) store_->delete_key("evicted/" + p.id);  // back: admitted anew
@@ -100,18 +108,13 @@ void Decider::read_joins() {
     } else {
       pending_.push_back(p);
     }
-  }
+  });
 }
 
 void Decider::read_deaths() {
-  const int64_t total = store_->add("deaths", 0);
-  while (deaths_read_ < total) {
-    const std::string key = str_cat("death/", deaths_read_ + 1);
-    if (!store_->check({key})) return;  // numbered, not yet written: the next round
-    const std::string id = text(store_->get(key));
-    ++deaths_read_;
+  read_numbered("deaths", "death/", deaths_read_, [&](const std::string&, const std::string& id) {
     if (evicted_.count(id) == 0) evict(id);
-  }
+  });
 }
 
 void Decider::read_heartbeats() {

@@ -138,7 +138,7 @@ void FtNodes::follow() {
     lock.unlock();
     std::string failed;
     try {
-      look(*keys_);
+      look();
     } catch (const std::exception& e) {  // a malformed record too: what it says cannot be known
       failed = e.what();
     }
@@ -151,7 +151,8 @@ void FtNodes::follow() {
   }
 }
 
-void FtNodes::look(Store& store) {
+void FtNodes::look() {
+  Store& store = *keys_;
   std::vector<long> failed;
   {
     const std::lock_guard<std::mutex> lock(mutex_);

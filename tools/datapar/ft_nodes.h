@@ -57,7 +57,7 @@ class FtNodes {
  private:
   void follow();
   // One look at the store; throws what the store throws.
-  void look(Store& store);
+  void look();
 
   const TcpStoreOptions options_;
   const std::string run_, prefix_;

@@ -228,11 +228,12 @@ int launch_fault_tolerant(const LaunchOptions& options) {
     std::optional<WorkerExit> given_up;  // failed with no restart left
   };
   const std::vector<std::vector<int>> cores = worker_cores(options);
+  auto start_worker = [&](int local_rank, int restarts) {
+    return std::make_unique<WorkerGroup>(options.program,
+                                         std::vector<WorkerSpec>{worker_spec(options, cores, local_rank, restarts)});
+  };
   std::vector<Slot> slots(static_cast<size_t>(options.nproc_per_node));
-  for (int i = 0; i < options.nproc_per_node; ++i) {
-    slots[static_cast<size_t>(i)].group =
-        std::make_unique<WorkerGroup>(options.program, std::vector<WorkerSpec>{worker_spec(options, cores, i, 0)});
-  }
+  for (int i = 0; i < options.nproc_per_node; ++i) slots[static_cast<size_t>(i)].group = start_worker(i, 0);
   auto signal_all = [&](int sig) {
     for (Slot& slot : slots) slot.group->signal_all(sig);
   };
@@ -308,9 +309,7 @@ int launch_fault_tolerant(const LaunchOptions& options) {
         slot.restart = false;
         if (launcher_signal != 0 || !stop_reason.empty() || !store_error.empty()) continue;
         ++slot.restarts;
-        slot.group = std::make_unique<WorkerGroup>(
-            options.program,
-            std::vector<WorkerSpec>{worker_spec(options, cores, static_cast<int>(i), slot.restarts)});
+        slot.group = start_worker(static_cast<int>(i), slot.restarts);
       }
     }
     check_job();

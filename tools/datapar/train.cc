@@ -618,8 +618,9 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
 // global batch g of the run (BalancedBatches's order of its epoch, cut for the job's full
 // size so that every rank alive has rows), split evenly over the ranks alive at that
 // moment, and committed only when every one of them finished it; gradients are averaged by
-// samples, so the training does not depend on who is alive. At each epoch's end the
-// epoch's rank 0 evaluates alone, reports and writes the checkpoint.
+// samples, so the training does not depend on who is alive. At each epoch's end the ranks
+// alive evaluate a part of the test set each; the epoch's rank 0 reports and writes the
+// checkpoint.
 template <typename Impl>
 int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   const TrainOptions& o = plan.options;

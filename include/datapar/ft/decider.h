@@ -24,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,6 +63,10 @@ class Decider {
   };
 
   void decide_until_stopped();
+  // Reads the records `item`1, `item`2, ... that `counter` numbers, from the one after
+  // `read` on, handing each to `take`.
+  void read_numbered(const std::string& counter, const std::string& item, int64_t& read,
+                     const std::function<void(const std::string& key, const std::string& record)>& take);
   void read_joins();
   void read_deaths();
   void read_heartbeats();
