@@ -53,6 +53,12 @@ int64_t load_training_state(torch::nn::Module& module, torch::optim::Optimizer& 
   return step.toInt();
 }
 
+void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int root) {
+  std::vector<at::Tensor> buffers;
+  for (const at::Tensor& b : module.buffers()) buffers.push_back(b.detach());
+  if (!buffers.empty() && group.size() > 1) group.broadcast_coalesced(std::move(buffers), root)->wait();
+}
+
 bool is_membership_failure(std::exception_ptr error, const ElasticGroup& elastic) {
   try {
     std::rethrow_exception(error);

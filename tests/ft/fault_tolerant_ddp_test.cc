@@ -20,8 +20,10 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <thread>
 #include <vector>
 
@@ -30,6 +32,7 @@
 #include "datapar/process_group/gloo.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "datapar/state_dict.h"
+#include "optim/state_key.h"
 #include "file_system.h"
 #include "testing/temp_dir.h"
 #include "testing/text.h"
@@ -93,15 +96,30 @@ at::Tensor share(const at::Tensor& rows, int rank, int size) {
   return rows.narrow(0, begin, end - begin);
 }
 
-torch::optim::SGD make_sgd(Net& net) {
-  return torch::optim::SGD(net.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+torch::optim::SGDOptions sgd_options() { return torch::optim::SGDOptions(0.05).momentum(0.9); }
+
+torch::optim::SGD make_sgd(Net& net) { return torch::optim::SGD(net.parameters(), sgd_options()); }
+
+// The momentum buffers of `optimizer` over `net`'s parameters, by parameter index.
+StateDict momentum_of(const torch::optim::Optimizer& optimizer, Net& net) {
+  using StateMap = std::decay_t<decltype(optimizer.state())>;
+  StateDict out;
+  const std::vector<at::Tensor> params = net.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto it = optimizer.state().find(datapar::detail::optimizer_state_key<StateMap>(params[i]));
+    if (it == optimizer.state().end()) continue;
+    out.insert(std::to_string(i), static_cast<const torch::optim::SGDParamState&>(*it->second).momentum_buffer());
+  }
+  return out;
 }
 
 // A member's life: trains until step kSteps, dying at `die_at` (if >= 0), pausing `pause`
 // after each step; writes each committed step's samples to its log and its final
-// parameters to final-<index>.pt.
+// parameters to final-<index>.pt; the last epoch's rank 0 writes the optimizer's momentum
+// to momentum.pt. `sharded`: the optimizer state sharded over the members (ZeRO-1), and
+// state-<index>.txt says how many bytes of it this member keeps, and of how many.
 int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at, bool shared_memory,
-                std::chrono::milliseconds pause) {
+                std::chrono::milliseconds pause, bool sharded) {
   at::set_num_threads(1);
   std::ofstream log(dir + "/samples-" + std::to_string(index) + ".log");
   const Data data;
@@ -111,7 +129,16 @@ int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at
                        [shared_memory](std::shared_ptr<Store> store, int rank, int size) {
                          return new_gloo_process_group(std::move(store), rank, size, {"127.0.0.1", 5s, shared_memory});
                        });
-  FaultTolerantDdp<Net> trainer(net, sgd, elastic);
+  ShardedOptimizer zero(net->parameters(), [](std::vector<at::Tensor> shard) {
+    return std::make_unique<torch::optim::SGD>(shard, sgd_options());
+  });
+  std::optional<FaultTolerantDdp<Net>> trainer_storage;
+  if (sharded) {
+    trainer_storage.emplace(net, zero, elastic);
+  } else {
+    trainer_storage.emplace(net, sgd, elastic);
+  }
+  FaultTolerantDdp<Net>& trainer = *trainer_storage;
   while (trainer.step() < kSteps) {
     if (trainer.step() == die_at) ::raise(SIGKILL);
     int64_t step = -1;
@@ -129,8 +156,18 @@ int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at
     }
     std::this_thread::sleep_for(pause);  // time for a member to (re)join while the job runs
   }
-  trainer.finish();
+  trainer.finish([&](int rank, int) {
+    std::unique_ptr<torch::optim::Optimizer> whole = sharded ? zero.consolidate(*elastic.group(), 0) : nullptr;
+    if (rank == 0) save_state_dict(momentum_of(whole ? *whole : sgd, *net), dir + "/momentum.pt");
+  });
   log << "epochs " << trainer.epochs_joined() << std::endl;
+  if (sharded) {
+    std::ofstream(dir + "/state-" + std::to_string(index) + ".txt") << zero.state_bytes() << ' ' << 4 * [&] {
+      int64_t n = 0;
+      for (const at::Tensor& p : net->parameters()) n += p.numel();
+      return n;
+    }();
+  }
   save_state_dict(state_dict(*net), dir + "/final-" + std::to_string(index) + ".pt");
   return 0;
 }
@@ -153,6 +190,7 @@ StateDict one_process(const std::string& dir) {
           sgd.step();
         }
         save_state_dict(state_dict(*net), dir + "/reference.pt");
+        save_state_dict(momentum_of(sgd, *net), dir + "/reference-momentum.pt");
         return 0;
       },
       "one process");
@@ -188,8 +226,9 @@ bool has_line(const std::string& path, const std::string& prefix) {
   return false;
 }
 
-// Runs a job of three members with `failure`. Checks the samples and the final models.
-void run_job(Failure failure, bool shared_memory) {
+// Runs a job of three members with `failure`. Checks the samples, the final models and the
+// optimizer's final state.
+void run_job(Failure failure, bool shared_memory, bool sharded = false) {
   testing::TempDir dir;
   const auto server = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kToken, 10s, ""});
   const uint16_t port = server->port();
@@ -198,7 +237,7 @@ void run_job(Failure failure, bool shared_memory) {
   for (int i = 0; i < 3; ++i) {
     const int64_t dies = failure.kind == Failure::kKill && i == failure.victim ? failure.at : -1;
     pids.push_back(datapar::detail::fork_child(
-        [&, i, dies] { return member_main(port, dir.path(), i, dies, shared_memory, pause); }, "member"));
+        [&, i, dies] { return member_main(port, dir.path(), i, dies, shared_memory, pause, sharded); }, "member"));
   }
   const Decider decider(connect(port), "job", options());
   int members = 3;
@@ -208,7 +247,7 @@ void run_job(Failure failure, bool shared_memory) {
     const datapar::detail::ChildExit died = datapar::detail::wait_child(pids[victim], deadline);
     EXPECT_EQ(died.signal, SIGKILL) << "the victim did not die as planned (exit " << died.exit_code << ")";
     pids[victim] = datapar::detail::fork_child(
-        [&] { return member_main(port, dir.path(), 3, -1, shared_memory, pause); }, "replacement");
+        [&] { return member_main(port, dir.path(), 3, -1, shared_memory, pause, sharded); }, "replacement");
     members = 4;
   } else if (failure.kind == Failure::kStop) {
     const std::string log = dir.path() + "/samples-" + std::to_string(failure.victim) + ".log";
@@ -248,7 +287,17 @@ void run_job(Failure failure, bool shared_memory) {
     if (failure.kind == Failure::kKill && i == failure.victim) continue;
     const StateDict final_model = load_state_dict_file(dir.path() + "/final-" + std::to_string(i) + ".pt");
     EXPECT_LT(relative_difference(final_model, reference), 1e-5) << "member " << i;
+    if (!sharded) continue;
+    // Each member keeps two shards of three: less than the whole state, more than none.
+    std::istringstream state(testing::read_text(dir.path() + "/state-" + std::to_string(i) + ".txt"));
+    int64_t kept = -1, whole = -1;
+    state >> kept >> whole;
+    EXPECT_GT(kept, 0) << "member " << i;
+    EXPECT_LT(kept, whole) << "member " << i;
   }
+  const StateDict momentum = load_state_dict_file(dir.path() + "/momentum.pt");
+  EXPECT_EQ(momentum.size(), 4u);
+  EXPECT_LT(relative_difference(momentum, load_state_dict_file(dir.path() + "/reference-momentum.pt")), 1e-5);
   if (failure.kind == Failure::kKill) {
     // The replacement took part: it joined, was healed and trained committed steps.
     const std::string log = testing::read_text(dir.path() + "/samples-3.log");
@@ -278,6 +327,25 @@ TEST(FaultTolerantDdp, AMemberKilledAtARandomStepIsReplacedAndTheModelIsUnchange
 TEST(FaultTolerantDdp, AStoppedMemberIsEvictedAndRejoinsWhenItContinues) {
   run_job({Failure::kStop, 1, 3}, /*shared_memory=*/false);
   run_job({Failure::kStop, 2, 5}, /*shared_memory=*/true);
+}
+
+// ZeRO-1 under fault tolerance: each member keeps two of the three shards of the optimizer
+// state. A member killed at a step that depends on the seed loses nothing: the survivors
+// keep every shard between them, re-shard it over the new membership and hand the
+// replacement its shards; the model and the momentum are those of an uninterrupted run.
+TEST(FaultTolerantDdp, ShardedOptimizerStateSurvivesAKilledMember) {
+  for (int seed = 1; seed <= 2; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    run_job({Failure::kKill, seed % 3, 2 + (seed * 7) % 11}, /*shared_memory=*/seed == 2, /*sharded=*/true);
+  }
+}
+
+TEST(FaultTolerantDdp, ShardedOptimizerStateSurvivesAStoppedMember) {
+  run_job({Failure::kStop, 0, 4}, /*shared_memory=*/false, /*sharded=*/true);
+}
+
+TEST(FaultTolerantDdp, ShardedThreeMembersWithoutFailuresTrainAsOneProcess) {
+  run_job({}, /*shared_memory=*/true, /*sharded=*/true);
 }
 
 }  // namespace

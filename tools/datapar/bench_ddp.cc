@@ -250,42 +250,76 @@ ZeroTimes time_zero(const ModelBench<Module>& b, const DdpOptions& ddp_options) 
 }
 
 struct FtTimes {
-  std::vector<double> ddp, ft;  // per round, the step (slowest rank's): plain DDP, fault-tolerant
+  // Per round, the step (slowest rank's): plain DDP, fault-tolerant, fault-tolerant with the
+  // optimizer state sharded (--zero).
+  std::vector<double> ddp, ft, ft_zero;
+  std::vector<double> zero_state_bytes;  // --zero: {largest rank's, sum over ranks}
+};
+
+// One fault-tolerant job in the bench: its decider (on rank 0; in a job, the launcher
+// hosts it) and its members' group. Each job its own run name: two trainers sharing one
+// ElasticGroup would each join a new epoch under the other.
+struct FtBenchJob {
+  std::unique_ptr<ft::Decider> decider;
+  std::unique_ptr<ft::ElasticGroup> elastic;
+  FtBenchJob(ProcessGroup& group, const std::string& run) {
+    ft::FtOptions options;
+    options.expected_members = group.size();
+    options.min_members = group.size();
+    const std::shared_ptr<Store> store = default_store();
+    if (group.rank() == 0) {
+      std::shared_ptr<Store> own = store->clone(kDefaultTimeout);  // its calls must not queue behind ours
+      decider = std::make_unique<ft::Decider>(own ? own : store, run, options);
+    }
+    elastic = std::make_unique<ft::ElasticGroup>(store, run, options,
+                                                 [](std::shared_ptr<Store> epoch_store, int rank, int size) {
+                                                   return new_gloo_process_group(std::move(epoch_store), rank, size);
+                                                 });
+  }
 };
 
 // 3b. Fault tolerance (ft::FaultTolerantDdp): the same steps with the vote before each
 // update, against plain DDP on a group of the same kind (the first epoch's), in
-// alternating rounds, each on a model of its own. Rank 0 hosts the membership decider (in
-// a job, the launcher does).
+// alternating rounds, each on a model of its own; with --zero also with the optimizer
+// state sharded, each shard kept by two ranks (ft::ShardedOptimizer).
 template <typename Module>
 FtTimes time_fault_tolerance(const ModelBench<Module>& b) {
   using Impl = typename Module::ContainedType;
+  using Trainer = ft::FaultTolerantDdp<Impl>;
   constexpr int kRounds = 4;
   DATAPAR_CHECK(b.group.backend() == "gloo", "bench ddp --fault-tolerant: the backend is ", b.group.backend(),
                 "; fault-tolerant groups are gloo's (--backend gloo).");
-  ft::FtOptions options;
-  options.expected_members = b.group.size();
-  options.min_members = b.group.size();
-  const std::shared_ptr<Store> store = default_store();
-  std::unique_ptr<ft::Decider> decider;
-  if (b.group.rank() == 0) {
-    std::shared_ptr<Store> own = store->clone(kDefaultTimeout);  // its calls must not queue behind ours
-    decider = std::make_unique<ft::Decider>(own ? own : store, "bench", options);
-  }
-  ft::ElasticGroup elastic(store, "bench", options, [](std::shared_ptr<Store> epoch_store, int rank, int size) {
-    return new_gloo_process_group(std::move(epoch_store), rank, size);
-  });
+  FtBenchJob job(b.group, "bench");
+  ft::ElasticGroup& elastic = *job.elastic;
   Module ft_model = b.fresh_model();
   const std::unique_ptr<torch::optim::Optimizer> ft_optimizer = b.optimizer(ft_model->parameters());
-  ft::FaultTolerantDdp<Impl> trainer(ft_model.ptr(), *ft_optimizer, elastic);
-  auto ft_step = [&](int i) {
-    const Batch& batch = b.batches[i % b.batches.size()];
-    const bool committed = trainer.train_step([&](DistributedDataParallel<Impl>& ddp, int, int) {
-      at::cross_entropy_loss(ddp.forward(batch.x), batch.y).backward();
-    });
-    DATAPAR_CHECK(committed, "bench ddp --fault-tolerant: a step was not committed (did a rank fail?).");
+  Trainer trainer(ft_model.ptr(), *ft_optimizer, elastic);
+  std::unique_ptr<FtBenchJob> zero_job;
+  Module zero_model = b.fresh_model();
+  std::unique_ptr<ft::ShardedOptimizer> sharded;
+  std::unique_ptr<Trainer> zero_trainer;
+  if (b.o.zero) {
+    zero_job = std::make_unique<FtBenchJob>(b.group, "bench-zero");
+    sharded = std::make_unique<ft::ShardedOptimizer>(
+        zero_model->parameters(), [&b](std::vector<at::Tensor> p) { return b.optimizer(std::move(p)); });
+    zero_trainer = std::make_unique<Trainer>(zero_model.ptr(), *sharded, *zero_job->elastic);
+  }
+  auto step_of = [&](Trainer& t) {
+    return [&b, &t](int i) {
+      const Batch& batch = b.batches[i % b.batches.size()];
+      const bool committed = t.train_step([&](DistributedDataParallel<Impl>& ddp, int, int) {
+        at::cross_entropy_loss(ddp.forward(batch.x), batch.y).backward();
+      });
+      DATAPAR_CHECK(committed, "bench ddp --fault-tolerant: a step was not committed (did a rank fail?).");
+    };
   };
+  const std::function<void(int)> ft_step = step_of(trainer);
   ft_step(0);  // joins the first epoch: its group exists from here
+  std::function<void(int)> ft_zero_step;
+  if (zero_trainer) {
+    ft_zero_step = step_of(*zero_trainer);
+    ft_zero_step(0);
+  }
   Module model = b.fresh_model();
   DdpOptions ddp_options;
   ddp_options.average_by_samples = true;  // as the fault-tolerant one
@@ -294,17 +328,30 @@ FtTimes time_fault_tolerance(const ModelBench<Module>& b) {
   auto forward = [&](const at::Tensor& x) { return ddp.forward(x); };
   StepParts parts;
   FtTimes out;
+  const int ways = zero_trainer ? 3 : 2;
   for (int round = 0; round < kRounds; ++round) {
-    for (int k = 0; k < 2; ++k) {
-      if ((round + k) % 2 == 0) {
+    for (int k = 0; k < ways; ++k) {
+      const int way = (round + k) % ways;  // each goes first in turn
+      if (way == 0) {
         out.ddp.push_back(
             time_steps(b.group, b.o.warmup, b.steps, [&](int i) { b.train_step(forward, *optimizer, parts, i); }).step);
-      } else {
+      } else if (way == 1) {
         out.ft.push_back(time_steps(b.group, b.o.warmup, b.steps, ft_step).step);
+      } else {
+        out.ft_zero.push_back(time_steps(b.group, b.o.warmup, b.steps, ft_zero_step).step);
       }
     }
   }
   trainer.finish();
+  if (zero_trainer) {
+    zero_trainer->finish();
+    const double mine = static_cast<double>(sharded->state_bytes());
+    at::Tensor largest = metadata_tensor(b.group, std::vector<double>{mine});
+    at::Tensor sum = metadata_tensor(b.group, std::vector<double>{mine});
+    b.group.all_reduce(largest, ReduceOp::kMax)->synchronize();
+    b.group.all_reduce(sum, ReduceOp::kSum)->synchronize();
+    out.zero_state_bytes = {host_doubles(largest)[0], host_doubles(sum)[0]};
+  }
   return out;
 }
 
@@ -429,6 +476,16 @@ void report(const ModelBench<Module>& b, const PhaseTimes& local, const DdpTimes
     std::printf("fault tolerance (ft::FaultTolerantDdp: a vote before each update), medians of %zu alternating "
                 "rounds: step %.3f ms against plain DDP's %.3f ms on a group of the same kind = %.3f (cost %.1f%%)\n",
                 ft.ft.size(), tolerant * 1e3, plain * 1e3, tolerant / plain, (tolerant / plain - 1) * 100);
+    if (!ft.ft_zero.empty()) {
+      const double sharded = median(ft.ft_zero);
+      std::printf("fault tolerance with --zero (ft::ShardedOptimizer: each shard of the %s state kept by two "
+                  "ranks), medians of %zu rounds: step %.3f ms = %.3f of plain DDP's, %.3f of the fault-tolerant "
+                  "DDP's; optimizer state per rank %.2f MB at most, %.2f MB over all ranks (the whole state: %.2f "
+                  "MB once)\n",
+                  o.optimizer.c_str(), ft.ft_zero.size(), sharded * 1e3, sharded / plain, sharded / tolerant,
+                  ft.zero_state_bytes[0] / 1e6, ft.zero_state_bytes[1] / 1e6,
+                  ft.zero_state_bytes[1] / std::min(world, 2) / 1e6);
+    }
   }
   std::printf("samples/s: %.0f\n", world * batch / t_ddp);
 }

@@ -618,9 +618,10 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
 // global batch g of the run (BalancedBatches's order of its epoch, cut for the job's full
 // size so that every rank alive has rows), split evenly over the ranks alive at that
 // moment, and committed only when every one of them finished it; gradients are averaged by
-// samples, so the training does not depend on who is alive. At each epoch's end the ranks
-// alive evaluate a part of the test set each; the epoch's rank 0 reports and writes the
-// checkpoint.
+// samples, so the training does not depend on who is alive. --zero shards the optimizer
+// state, each shard kept by two ranks (datapar/ft/sharded_optimizer.h). At each epoch's end
+// the ranks alive evaluate a part of the test set each (and, under --zero, gather the
+// optimizer state on the first); the first reports and writes the checkpoint.
 template <typename Impl>
 int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   const TrainOptions& o = plan.options;
@@ -657,7 +658,19 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   // loaded an older checkpoint (or none: a replacement started later) takes the newest
   // step's state from a peer when it joins.
   const int64_t first_epoch = plan.resume ? resume(plan, *model, sgd, device) : 0;
-  ft::FaultTolerantDdp<Impl> trainer(model, sgd, elastic, DdpOptions{}, first_epoch * per_epoch);
+  std::optional<ft::ShardedOptimizer> zero;
+  std::optional<ft::FaultTolerantDdp<Impl>> trainer_storage;
+  if (o.zero) {
+    const auto options = static_cast<const torch::optim::SGDOptions&>(sgd.defaults());
+    zero.emplace(model->parameters(), [options](std::vector<at::Tensor> shard) {
+      return std::make_unique<torch::optim::SGD>(std::move(shard), options);
+    });
+    zero->load_full_state(sgd);  // what resume() restored, if anything
+    trainer_storage.emplace(model, *zero, elastic, DdpOptions{}, first_epoch * per_epoch);
+  } else {
+    trainer_storage.emplace(model, sgd, elastic, DdpOptions{}, first_epoch * per_epoch);
+  }
+  ft::FaultTolerantDdp<Impl>& trainer = *trainer_storage;
   // For the launcher, which reports this member dead the moment this process fails.
   store->set(ft_worker_key(kFtRun, static_cast<int>(env("GROUP_RANK") ? number("GROUP_RANK") : 0),
                            static_cast<long>(::getpid())),
@@ -668,29 +681,65 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   const int64_t total = per_epoch * o.epochs;
   std::vector<at::Tensor> globals;  // the current epoch's
   int64_t globals_epoch = -1;
-  double loss_sum = 0;
-  int64_t rows = 0, correct = 0;  // this rank's committed rows this epoch
-  int64_t memberships_seen = 0;   // trainer.epochs_joined() when last reported
+  struct Rows {  // this rank's committed rows of an epoch
+    double loss_sum = 0;
+    int64_t rows = 0, correct = 0;
+  } current, ended;
+  int64_t ended_at = -1;                        // the step at which `ended` ended
+  int64_t reported = first_epoch * per_epoch;   // the last epoch end this rank reported
+  int64_t memberships_seen = 0;                 // trainer.epochs_joined() when last reported
   const auto start = Clock::now();
+  // An epoch's end, before the next epoch's first step and after the last step: run by
+  // every member together, and again over a new membership when one fails in it (the
+  // report and checkpoint are written once, by the first rank, unless it changed).
+  const auto epoch_end = [&](int rank, int size) {
+    const int64_t step = trainer.step();
+    if (step == 0 || step % per_epoch != 0) return;
+    if (ended_at != step) {  // the first run of this epoch end: its rows are done
+      ended_at = step;
+      ended = current;
+      current = {};
+    }
+    const Forward forward = [&](const at::Tensor& x) { return model->forward(x); };
+    const auto [right, samples] =
+        evaluate(plan, data, *model, forward, device, EvalPart{rank, size, elastic.group().get()});
+    const std::unique_ptr<torch::optim::Optimizer> gathered = zero ? zero->consolidate(*elastic.group(), 0) : nullptr;
+    if (rank != 0 || step <= reported) return;
+    reported = step;
+    const int64_t epoch = step / per_epoch;
+    std::printf("epoch %ld/%ld  loss %.4f  train acc %.4f (rank 0's rows)  test acc %.4f  %.1f s  %d ranks "
+                "(membership epoch %ld)\n",
+                (long)epoch, (long)o.epochs, ended.rows ? ended.loss_sum / ended.rows : 0.0,
+                ended.rows ? double(ended.correct) / ended.rows : 0.0, samples ? double(right) / samples : 0.0,
+                seconds_since(start), size, (long)elastic.epoch().number);
+    std::fflush(stdout);
+    if (o.checkpoint_dir.empty()) return;
+    const train::Progress progress = {{"seed", static_cast<int64_t>(o.seed)}};
+    train::save_checkpoint(train::make_checkpoint(*model, gathered ? *gathered : sgd, epoch, progress),
+                           train::checkpoint_path(o.checkpoint_dir, epoch), 0);
+  };
   while (trainer.step() < total) {
     at::Tensor loss, logits, y;
-    const bool committed = trainer.train_step([&](DistributedDataParallel<Impl>& ddp, int rank, int size) {
-      const int64_t step = trainer.step();
-      if (step / per_epoch != globals_epoch) {
-        globals_epoch = step / per_epoch;
-        batches.set_epoch(globals_epoch);
-        globals = batches.batches(0, whole);
-      }
-      const at::Tensor global = globals[static_cast<size_t>(step % per_epoch)];
-      const int64_t n = global.size(0), begin = n * rank / size, end = n * (rank + 1) / size;
-      const Batch batch = data.train->get_batch(global.narrow(0, begin, end - begin));
-      y = batch.target.to(device);
-      model->train();
-      logits = ddp.forward(batch.data.to(device));
-      loss = at::cross_entropy_loss(logits, y);
-      loss.backward();
-    });
-    if (committed && trainer.epochs_joined() != memberships_seen) {  // the first step of a new membership
+    const bool committed = trainer.train_step(
+        [&](DistributedDataParallel<Impl>& ddp, int rank, int size) {
+          const int64_t step = trainer.step();
+          if (step / per_epoch != globals_epoch) {
+            globals_epoch = step / per_epoch;
+            batches.set_epoch(globals_epoch);
+            globals = batches.batches(0, whole);
+          }
+          const at::Tensor global = globals[static_cast<size_t>(step % per_epoch)];
+          const int64_t n = global.size(0), begin = n * rank / size, end = n * (rank + 1) / size;
+          const Batch batch = data.train->get_batch(global.narrow(0, begin, end - begin));
+          y = batch.target.to(device);
+          model->train();
+          logits = ddp.forward(batch.data.to(device));
+          loss = at::cross_entropy_loss(logits, y);
+          loss.backward();
+        },
+        epoch_end);
+    if (!committed) continue;
+    if (trainer.epochs_joined() != memberships_seen) {  // the first step of a new membership
       memberships_seen = trainer.epochs_joined();
       if (elastic.rank() == 0) {
         std::printf("membership epoch %ld: %d ranks, training from step %ld  %.1f s\n", (long)elastic.epoch().number,
@@ -698,43 +747,11 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
         std::fflush(stdout);
       }
     }
-    if (committed) {
-      loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
-      correct += logits.argmax(1).eq(y).sum().item<int64_t>();
-      rows += y.size(0);
-    }
-    if (!committed || trainer.step() % per_epoch != 0) continue;
-    // An epoch ended: the ranks alive evaluate a part each; the first reports and
-    // checkpoints for everyone. A member failing meanwhile fails the sum: the first rank
-    // then evaluates alone (the model is the same on every rank), the others go on to the
-    // next step, which finds the group broken and regroups.
-    const int64_t epoch = trainer.step() / per_epoch;
-    const Forward forward = [&](const at::Tensor& x) { return model->forward(x); };
-    std::pair<int64_t, int64_t> tested;
-    try {
-      tested = evaluate(plan, data, *model, forward, device, EvalPart{elastic.rank(), elastic.size(),
-                                                                      elastic.group().get()});
-    } catch (...) {
-      if (!ft::detail::is_membership_failure(std::current_exception(), elastic)) throw;
-      if (elastic.rank() == 0) tested = evaluate(plan, data, *model, forward, device, EvalPart{});
-    }
-    if (elastic.rank() == 0) {
-      const auto [right, samples] = tested;
-      std::printf("epoch %ld/%ld  loss %.4f  train acc %.4f (rank 0's rows)  test acc %.4f  %.1f s  %d ranks "
-                  "(membership epoch %ld)\n",
-                  (long)epoch, (long)o.epochs, rows ? loss_sum / rows : 0.0, rows ? double(correct) / rows : 0.0,
-                  samples ? double(right) / samples : 0.0, seconds_since(start), elastic.size(),
-                  (long)elastic.epoch().number);
-      std::fflush(stdout);
-      if (!o.checkpoint_dir.empty()) {
-        const train::Progress progress = {{"seed", static_cast<int64_t>(o.seed)}};
-        train::save_checkpoint(train::make_checkpoint(*model, sgd, epoch, progress),
-                               train::checkpoint_path(o.checkpoint_dir, epoch), 0);
-      }
-    }
-    loss_sum = 0, rows = 0, correct = 0;
+    current.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
+    current.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+    current.rows += y.size(0);
   }
-  trainer.finish();
+  trainer.finish(epoch_end);
   return 0;
 }
 

@@ -65,7 +65,8 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--plot", o.plot, "Draw loss and accuracy per epoch into this PNG (needs gnuplot)");
   cmd->add_flag("--zero", o.zero,
                 "ddp: shard the optimizer state over the ranks (ZeroRedundancyOptimizer, ZeRO-1): each rank keeps "
-                "the momentum of its share of the parameters only; checkpoints hold the whole state");
+                "the momentum of its share of the parameters only; checkpoints hold the whole state. With "
+                "--fault-tolerant each share is kept by two ranks, so that one failure loses none");
   cmd->add_flag("--fault-tolerant", o.fault_tolerant,
                 "ddp under datapar launch --fault-tolerant: a rank that dies or hangs is left behind and the others "
                 "go on from where they are (each step committed only when every live rank finished it); a "
@@ -202,8 +203,8 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
     DATAPAR_CHECK(o.mode == "ddp" && (o.backend.empty() || o.backend == "gloo"), "--fault-tolerant trains ddp ",
                   "over gloo; --mode ", o.mode, (o.backend.empty() ? "" : " --backend " + o.backend),
                   " is not that.\n---> HINT: use --mode ddp --backend gloo.");
-    DATAPAR_CHECK(!o.zero && o.balance == "even" && !o.evaluate && o.trace.empty() && o.checkpoint_format == "torch",
-                  "--fault-tolerant does not combine with --zero, --balance, --evaluate, --trace or "
+    DATAPAR_CHECK(o.balance == "even" && !o.evaluate && o.trace.empty() && o.checkpoint_format == "torch",
+                  "--fault-tolerant does not combine with --balance, --evaluate, --trace or "
                   "--checkpoint-format dcp yet.");
   }
   DATAPAR_CHECK(one_of(o.mp, {"none", "bf16", "fp16"}), "--mp: \"", o.mp,

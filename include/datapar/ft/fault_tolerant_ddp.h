@@ -36,6 +36,7 @@
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/error.h"
 #include "datapar/ft/elastic_group.h"
+#include "datapar/ft/sharded_optimizer.h"
 
 namespace datapar::ft {
 namespace detail {
@@ -52,18 +53,29 @@ int64_t load_training_state(torch::nn::Module& module, torch::optim::Optimizer& 
 // TimeoutError, or anything once the epoch's group was aborted.
 bool is_membership_failure(std::exception_ptr error, const ElasticGroup& elastic);
 
+// Collective: the module's buffers (e.g. BatchNorm's running statistics) from `root`.
+void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int root);
+
 }  // namespace detail
 
 template <typename ModuleImpl>
 class FaultTolerantDdp {
  public:
   using Ddp = DistributedDataParallel<ModuleImpl>;
+  // Runs forward and backward of the step on this rank's share: train(ddp, rank, size).
+  using Train = std::function<void(Ddp&, int rank, int size)>;
+  // A collective the members run together at a step boundary: fn(rank, size).
+  using Together = std::function<void(int rank, int size)>;
+
   // Step 0 by default; a job resumed from a checkpoint passes the checkpoint's step.
   FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, torch::optim::Optimizer& optimizer, ElasticGroup& elastic,
                    DdpOptions options = {}, int64_t step = 0)
-      : module_(std::move(module)), optimizer_(optimizer), elastic_(elastic), options_(options), step_(step) {
-    options_.average_by_samples = true;
-  }
+      : FaultTolerantDdp(std::move(module), &optimizer, nullptr, elastic, options, step) {}
+  // ZeRO-1: the optimizer state sharded over the members, each shard kept by two
+  // (datapar/ft/sharded_optimizer.h), over the module's parameters.
+  FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, ShardedOptimizer& sharded, ElasticGroup& elastic,
+                   DdpOptions options = {}, int64_t step = 0)
+      : FaultTolerantDdp(std::move(module), nullptr, &sharded, elastic, options, step) {}
 
   // The steps committed so far: the step train_step() trains next.
   int64_t step() const { return step_; }
@@ -72,53 +84,124 @@ class FaultTolerantDdp {
   ElasticGroup& elastic() { return elastic_; }
 
   // Trains step step(): joins a new epoch first when needed (taking the state of a member at
-  // the newest step if this one is behind), zeroes the gradients, calls train(ddp, rank,
-  // size) to run forward and backward on this rank's share of the step's global batch (in
-  // it, step() is the step it trains: a member that joined has taken it from the others), and
-  // votes; applies the optimizer's update only when every member may commit. Returns whether
-  // the step was committed; if not, call again: the step is trained anew over the new
-  // membership. Throws MembershipError when the job cannot go on (below the minimum, the
-  // store gone), and whatever `train` throws that is not a failure of a member.
-  bool train_step(const std::function<void(Ddp&, int rank, int size)>& train) {
+  // the newest step if this one is behind), runs `before` (if given; see below), zeroes the
+  // gradients, calls train(ddp, rank, size) to run forward and backward on this rank's share
+  // of the step's global batch (in it, step() is the step it trains: a member that joined
+  // has taken it from the others), and votes; applies the optimizer's update only when every
+  // member may commit. Returns whether the step was committed; if not, call again: the step
+  // is trained anew over the new membership. Throws MembershipError when the job cannot go on
+  // (below the minimum, the store gone, a shard's state lost), and whatever `train` or
+  // `before` throws that is not a failure of a member.
+  //
+  // `before(rank, size)`: collectives every member runs together before training step
+  // step() (an evaluation, gathering a checkpoint): once per step and membership epoch, so
+  // again, by every member, a newcomer included, when a member fails in it or later in the
+  // step. Whether it does anything must depend on step() alone.
+  bool train_step(const Train& train, const Together& before = {}) {
     try {
       if (!ddp_) reconfigure();
-      optimizer_.zero_grad();
+      if (before && (before_epoch_ != elastic_.epoch().number || before_step_ != step_)) {
+        before(elastic_.rank(), elastic_.size());
+        before_epoch_ = elastic_.epoch().number;
+        before_step_ = step_;
+      }
+      if (sharded_) {
+        sharded_->zero_grad();
+      } else {
+        optimizer_->zero_grad();
+      }
       train(*ddp_, elastic_.rank(), elastic_.size());
+      standing_.voted_step = step_;  // Note [A voted step whose outcome a member missed]
+      standing_.voted_epoch = elastic_.epoch().number;
       const Vote vote = elastic_.vote(step_);
+      standing_.voted_step = -1;
       if (vote.commit) {
-        optimizer_.step();
+        if (sharded_) {
+          sharded_->update();
+        } else {
+          optimizer_->step();
+        }
         ++step_;
+        standing_.commit_epoch = elastic_.epoch().number;
       }
       if (vote.reconfigure) ddp_.reset();
+      if (vote.commit && sharded_ && ddp_) share();
       return vote.commit;
     } catch (...) {
-      if (!detail::is_membership_failure(std::current_exception(), elastic_)) throw;
-      elastic_.abort();  // first: DDP's destructor waits for its collectives in flight
-      ddp_.reset();
+      fail(std::current_exception());
       return false;
     }
   }
 
-  // At the end of training, after the last train_step(): waits until every member is done
-  // (ElasticGroup::leave), so that no member is still in the last vote when others exit.
-  void finish() { elastic_.leave(); }
+  // At the end of training, after the last train_step(): runs `last` (if given) as
+  // train_step runs `before`, until every member has run it in one membership epoch, then
+  // waits until every member is done (ElasticGroup::leave), so that no member is still in
+  // the last vote when others exit.
+  void finish(const Together& last = {}) {
+    while (last) {
+      try {
+        if (!ddp_) reconfigure();
+        last(elastic_.rank(), elastic_.size());
+        break;
+      } catch (...) {
+        fail(std::current_exception());
+      }
+    }
+    elastic_.leave();
+  }
 
  private:
+  FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, torch::optim::Optimizer* optimizer, ShardedOptimizer* sharded,
+                   ElasticGroup& elastic, DdpOptions options, int64_t step)
+      : module_(std::move(module)), optimizer_(optimizer), sharded_(sharded), elastic_(elastic), options_(options),
+        step_(step) {
+    options_.average_by_samples = true;
+  }
+
+  // A step failed: a member's failure leaves this epoch (join again at the next step);
+  // anything else is rethrown.
+  void fail(std::exception_ptr error) {
+    if (!detail::is_membership_failure(error, elastic_)) std::rethrow_exception(error);
+    elastic_.abort();  // first: DDP's destructor waits for its collectives in flight
+    ddp_.reset();
+  }
+
+  // After a committed step: each owner's parameters to all. The step is committed whatever
+  // happens here; a failure only means joining again, where reshard() sets the parameters.
+  void share() {
+    try {
+      sharded_->share(*elastic_.group());
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }
+
   void reconfigure() {
     ddp_.reset();
+    standing_.step = step_;
     elastic_.join(step_);
     ++epochs_joined_;
-    elastic_.heal([&] { return detail::save_training_state(*module_, optimizer_, step_); },
-                  [&](const std::string& bytes) { step_ = detail::load_training_state(*module_, optimizer_, bytes); });
+    if (sharded_) {
+      const ShardedOptimizer::Resharded resharded = sharded_->reshard(*elastic_.group(), standing_);
+      step_ = resharded.step;
+      standing_ = {step_, standing_.commit_epoch, -1, 0};
+      detail::broadcast_buffers(*module_, *elastic_.group(), resharded.source);
+    } else {
+      elastic_.heal([&] { return detail::save_training_state(*module_, *optimizer_, step_); },
+                    [&](const std::string& bytes) { step_ = detail::load_training_state(*module_, *optimizer_, bytes); });
+    }
     ddp_.emplace(module_, elastic_.group(), options_);
   }
 
   std::shared_ptr<ModuleImpl> module_;
-  torch::optim::Optimizer& optimizer_;
+  torch::optim::Optimizer* optimizer_;  // or
+  ShardedOptimizer* sharded_;
   ElasticGroup& elastic_;
   DdpOptions options_;
   int64_t step_;
+  Standing standing_;
   int64_t epochs_joined_ = 0;
+  int64_t before_epoch_ = -1, before_step_ = -1;  // where `before` last ran
   std::optional<Ddp> ddp_;
 };
 

@@ -1,0 +1,43 @@
+// One parameter's optimizer state as tensors and a few numbers, for the optimizers whose
+// state datapar moves between ranks (SGD, Adam, AdamW): ZeroRedundancyOptimizer's
+// consolidate(), and ft::ShardedOptimizer's re-sharding after a membership change.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace datapar::detail {
+
+enum class OptimizerKind { kSgd, kAdam, kAdamW, kOther };
+
+OptimizerKind optimizer_kind(const torch::optim::Optimizer& optimizer);
+// "SGD", "Adam", "AdamW", or a phrase for the others (for error messages).
+const char* optimizer_kind_name(OptimizerKind kind);
+
+// [has state, Adam's step count, has amsgrad's maximum] of one parameter's state (null: none).
+using ParamStateMeta = std::array<int64_t, 3>;
+ParamStateMeta param_state_meta(OptimizerKind kind, const torch::optim::OptimizerParamState* state);
+
+// The state's tensors in a fixed order (undefined ones left out): SGD's momentum buffer;
+// Adam's exp_avg, exp_avg_sq and max_exp_avg_sq.
+std::vector<at::Tensor> param_state_tensors(OptimizerKind kind, const torch::optim::OptimizerParamState& state);
+// How many tensors a state with `meta` has.
+size_t param_state_tensor_count(OptimizerKind kind, const ParamStateMeta& meta);
+
+// The state made of `tensors` (as param_state_tensors orders them) and `meta`.
+std::unique_ptr<torch::optim::OptimizerParamState> make_param_state(OptimizerKind kind, const ParamStateMeta& meta,
+                                                                    const std::vector<at::Tensor>& tensors);
+// A deep copy: shares no tensor with `state`.
+std::unique_ptr<torch::optim::OptimizerParamState> copy_param_state(OptimizerKind kind,
+                                                                    const torch::optim::OptimizerParamState& state);
+
+// ZeRO's owners of `params` over `world` ranks: by size, largest first, each to the rank
+// that owns the fewest elements so far (ties: the lowest rank). The same on every rank.
+std::vector<int> balanced_owners(const std::vector<at::Tensor>& params, int world);
+
+}  // namespace datapar::detail
