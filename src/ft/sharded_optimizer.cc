@@ -140,7 +140,7 @@ void ShardedOptimizer::share(ProcessGroup& group) {
   for (auto& w : works) w->wait();
 }
 
-ShardedOptimizer::Resharded ShardedOptimizer::reshard(ProcessGroup& group, const Standing& mine) {
+ShardedOptimizer::Resharded ShardedOptimizer::reshard(ProcessGroup& group, Standing& mine) {
   const int n = group.size(), me = group.rank();
   const size_t params = params_.size(), columns = kKept + params;
   // Every member's standing and the parameters it keeps: a table summed over the group.
@@ -167,13 +167,17 @@ ShardedOptimizer::Resharded ShardedOptimizer::reshard(ProcessGroup& group, const
       if (at(q, kStep) == committed && at(q, kCommitEpoch) == at(r, kVotedEpoch)) step[r] = committed;
     }
   }
-  if (step[me] > mine.step) update();
+  if (step[me] > mine.step) {  // at once in `mine`: a failure below must not apply it twice
+    update();
+    mine = {step[me], mine.voted_epoch, -1, 0};
+  }
   const int64_t newest = *std::max_element(step.begin(), step.end());
   auto has = [&](int r, size_t i) { return step[r] == newest && at(r, kKept + i) == 1; };
 
-  // The new owners, as ZeRO-1's; each shard kept by its owner and the next rank.
-  owner_ = datapar::detail::balanced_owners(params_, n);
-  auto keeper = [&](size_t i, int r) { return r == owner_[i] || r == (owner_[i] + 1) % n; };
+  // The new owners, as ZeRO-1's; each shard kept by its owner and the next rank. This
+  // member's own change only once every move succeeded: until then it keeps what it kept.
+  const std::vector<int> owners = datapar::detail::balanced_owners(params_, n);
+  auto keeper = [&](size_t i, int r) { return r == owners[i] || r == (owners[i] + 1) % n; };
   datapar::detail::ParamStateMoves moves{std::vector<int>(params, -1), std::vector<bool>(params, false),
                                          std::vector<bool>(params, true), std::vector<bool>(params, false)};
   for (size_t i = 0; i < params; ++i) {
@@ -208,8 +212,10 @@ ShardedOptimizer::Resharded ShardedOptimizer::reshard(ProcessGroup& group, const
     }
   }
   for (size_t i = 0; i < params; ++i) keeps_[i] = keeper(i, me);
+  owner_ = owners;
   if (optimizer_) options_ = optimizer_->param_groups()[0].options().clone();
   rebuild(std::move(states));
+  mine = {newest, mine.commit_epoch, -1, 0};
   return {newest, static_cast<int>(std::find(step.begin(), step.end(), newest) - step.begin())};
 }
 

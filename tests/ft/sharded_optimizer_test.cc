@@ -92,7 +92,8 @@ std::vector<std::unique_ptr<Member>> three_after_a_missed_vote() {
   for (int i = 0; i < 3; ++i) members.push_back(std::make_unique<Member>());
   testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     Member& m = *members[static_cast<size_t>(rank)];
-    EXPECT_EQ(m.sharded.reshard(*group, {0, 0, -1, 0}).step, 0);
+    Standing start;
+    EXPECT_EQ(m.sharded.reshard(*group, start).step, 0);
     for (int64_t step = 0; step < 2; ++step) {
       set_gradients(m.params, step);
       m.sharded.update();
@@ -150,10 +151,14 @@ TEST(ShardedOptimizer, AMemberThatMissedACommittedVoteAppliesItAndKeepsItsShard)
       << "the test expects shard 0 on members 0 and 1 only";
   testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     const int member = rank + 1;
-    const ShardedOptimizer::Resharded r =
-        members[static_cast<size_t>(member)]->sharded.reshard(*group, standing_of(member));
+    Standing standing = standing_of(member);
+    const ShardedOptimizer::Resharded r = members[static_cast<size_t>(member)]->sharded.reshard(*group, standing);
     EXPECT_EQ(r.step, 3);
     EXPECT_EQ(r.source, 0);  // member 1, at step 3 now
+    // Its standing says so: the vote applied, the step the one it keeps now.
+    EXPECT_EQ(standing.step, 3);
+    EXPECT_EQ(standing.commit_epoch, 1);
+    EXPECT_EQ(standing.voted_step, -1);
   });
   train_step_three_and_compare({members[1].get(), members[2].get()}, reference);
 }
@@ -165,7 +170,7 @@ TEST(ShardedOptimizer, AShardLostWithBothItsKeepersStopsTheJobWithTheReason) {
   auto members = three_after_a_missed_vote();
   testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     const int member = rank + 1;
-    const Standing standing = member == 1 ? standing_of(1) : Standing{3, 2, -1, 0};
+    Standing standing = member == 1 ? standing_of(1) : Standing{3, 2, -1, 0};
     try {
       members[static_cast<size_t>(member)]->sharded.reshard(*group, standing);
       ADD_FAILURE() << "member " << member << " went on without shard 0's state";
@@ -186,7 +191,7 @@ TEST(ShardedOptimizer, ANewMemberTakesItsShardsFromTheMembersThatKeptThem) {
   auto newcomer = std::make_unique<Member>();
   const std::vector<Member*> by_rank = {members[0].get(), members[2].get(), newcomer.get()};
   testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    const Standing standing = rank == 2 ? Standing{} : standing_of(rank == 0 ? 0 : 2);
+    Standing standing = rank == 2 ? Standing{} : standing_of(rank == 0 ? 0 : 2);
     EXPECT_EQ(by_rank[static_cast<size_t>(rank)]->sharded.reshard(*group, standing).step, 3);
   });
   train_step_three_and_compare(by_rank, reference);

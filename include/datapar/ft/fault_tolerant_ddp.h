@@ -182,9 +182,14 @@ class FaultTolerantDdp {
     elastic_.join(step_);
     ++epochs_joined_;
     if (sharded_) {
-      const ShardedOptimizer::Resharded resharded = sharded_->reshard(*elastic_.group(), standing_);
+      ShardedOptimizer::Resharded resharded;
+      try {
+        resharded = sharded_->reshard(*elastic_.group(), standing_);
+      } catch (...) {
+        step_ = standing_.step;  // a missed vote it applied meanwhile
+        throw;
+      }
       step_ = resharded.step;
-      standing_ = {step_, standing_.commit_epoch, -1, 0};
       detail::broadcast_buffers(*module_, *elastic_.group(), resharded.source);
     } else {
       elastic_.heal([&] { return detail::save_training_state(*module_, *optimizer_, step_); },

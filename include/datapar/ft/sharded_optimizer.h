@@ -70,10 +70,12 @@ class ShardedOptimizer {
   // Collective, after joining a membership epoch whose group is `group`: exchanges the
   // members' standings, applies a voted update another member committed, shards the state
   // over the group (moving each shard that a new keeper lacks from a member at the newest
-  // step) and sets every parameter to its value at the newest step. Throws MembershipError
-  // when no member has the state of some parameter at the newest step, CommError or
-  // TimeoutError when a member fails meanwhile (join again, and reshard again).
-  Resharded reshard(ProcessGroup& group, const Standing& mine);
+  // step) and sets every parameter to its value at the newest step. `mine` follows what
+  // this member keeps: the update applied at once (a failure later must not apply it
+  // again), the newest step at the end. Throws MembershipError when no member has the
+  // state of some parameter at the newest step, CommError or TimeoutError when a member
+  // fails meanwhile (join again with `mine`, and reshard again).
+  Resharded reshard(ProcessGroup& group, Standing& mine);
 
   // Collective: the whole state in an optimizer over every parameter, built with `make` and
   // holding the current hyperparameters, on rank `to` (null on the others). After reshard().
