@@ -59,19 +59,4 @@ void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int root)
   if (!buffers.empty() && group.size() > 1) group.broadcast_coalesced(std::move(buffers), root)->wait();
 }
 
-bool is_membership_failure(std::exception_ptr error, const ElasticGroup& elastic) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const MembershipError&) {
-    return false;  // the job stops
-  } catch (const CommError&) {
-    return true;
-  } catch (const TimeoutError&) {
-    return true;
-  } catch (...) {
-    // Autograd may wrap what a hook threw; once the group was aborted, it is that.
-    return elastic.aborted();
-  }
-}
-
 }  // namespace datapar::ft::detail

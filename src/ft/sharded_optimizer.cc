@@ -1,15 +1,4 @@
 // ShardedOptimizer. See datapar/ft/sharded_optimizer.h.
-//
-// Note [A voted step whose outcome a member missed]
-// The vote is an all-reduce: if any member finished it with "commit", every member of the
-// epoch had contributed "may commit", i.e. had finished the step's gradient all-reduce. A
-// member whose own vote then failed (a peer died as the result travelled) does not know
-// whether the step was committed. Its standing says so (voted_step, voted_epoch); when the
-// next epoch's exchange shows a member that committed that step in that epoch, it applies
-// the update it voted for, from the gradients still in place, and is at the newest step
-// with its shards like the others. Without it, a shard kept by this member and by the one
-// that died would be lost at the newest step. A member whose vote was in an older epoch
-// (it was stopped, and the others went on) applies nothing: its state is stale.
 #include "datapar/ft/sharded_optimizer.h"
 
 #include <ATen/ATen.h>
@@ -21,7 +10,7 @@
 
 #include "datapar/error.h"
 #include "datapar/ft/epoch.h"
-#include "datapar/process_group/metadata.h"
+#include "ft/standings.h"
 #include "optim/broadcast_param_states.h"
 #include "optim/param_state.h"
 #include "optim/state_key.h"
@@ -33,9 +22,6 @@ namespace {
 namespace optim = torch::optim;
 using datapar::detail::OptimizerKind;
 using datapar::detail::str_cat;
-
-// The columns of a member's row in the exchanged table; then one per parameter: kept.
-enum Column : size_t { kStep, kCommitEpoch, kVotedStep, kVotedEpoch, kKept };
 
 std::string shape(const at::Tensor& t) {
   std::ostringstream out;
@@ -142,37 +128,17 @@ void ShardedOptimizer::share(ProcessGroup& group) {
 
 ShardedOptimizer::Resharded ShardedOptimizer::reshard(ProcessGroup& group, Standing& mine) {
   const int n = group.size(), me = group.rank();
-  const size_t params = params_.size(), columns = kKept + params;
-  // Every member's standing and the parameters it keeps: a table summed over the group.
-  std::vector<int64_t> table(static_cast<size_t>(n) * columns, 0);
-  int64_t* row = &table[static_cast<size_t>(me) * columns];
-  row[kStep] = mine.step;
-  row[kCommitEpoch] = mine.commit_epoch;
-  row[kVotedStep] = mine.voted_step;
-  row[kVotedEpoch] = mine.voted_epoch;
-  for (size_t i = 0; i < params; ++i) row[kKept + i] = keeps_[i] ? 1 : 0;
-  at::Tensor on_group = metadata_tensor(group, table);
-  group.all_reduce(on_group, ReduceOp::kSum)->synchronize();
-  table = host_int64s(on_group);
-  auto at = [&](int r, size_t column) { return table[static_cast<size_t>(r) * columns + column]; };
-
-  // Note [A voted step whose outcome a member missed]
-  int64_t committed = 0;
-  for (int r = 0; r < n; ++r) committed = std::max(committed, at(r, kStep));
-  std::vector<int64_t> step(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    step[r] = at(r, kStep);
-    if (at(r, kVotedStep) != at(r, kStep) || at(r, kStep) + 1 != committed) continue;
-    for (int q = 0; q < n; ++q) {
-      if (at(q, kStep) == committed && at(q, kCommitEpoch) == at(r, kVotedEpoch)) step[r] = committed;
-    }
-  }
-  if (step[me] > mine.step) {  // at once in `mine`: a failure below must not apply it twice
+  const size_t params = params_.size();
+  // Every member's standing, and which parameters' state it keeps.
+  std::vector<int64_t> kept(params);
+  for (size_t i = 0; i < params; ++i) kept[i] = keeps_[i] ? 1 : 0;
+  const detail::Standings standings(group, mine, kept);
+  if (standings.applies_missed_vote(me)) {  // at once in `mine`: a failure below must not apply it twice
     update();
-    mine = {step[me], mine.voted_epoch, -1, 0};
+    mine = {standings.step(me), mine.voted_epoch, -1, 0};
   }
-  const int64_t newest = *std::max_element(step.begin(), step.end());
-  auto has = [&](int r, size_t i) { return step[r] == newest && at(r, kKept + i) == 1; };
+  const int64_t newest = standings.newest();
+  auto has = [&](int r, size_t i) { return standings.step(r) == newest && standings.extra(r, i) == 1; };
 
   // The new owners, as ZeRO-1's; each shard kept by its owner and the next rank. This
   // member's own change only once every move succeeded: until then it keeps what it kept.
@@ -216,7 +182,7 @@ ShardedOptimizer::Resharded ShardedOptimizer::reshard(ProcessGroup& group, Stand
   if (optimizer_) options_ = optimizer_->param_groups()[0].options().clone();
   rebuild(std::move(states));
   mine = {newest, mine.commit_epoch, -1, 0};
-  return {newest, static_cast<int>(std::find(step.begin(), step.end(), newest) - step.begin())};
+  return {newest, standings.first_at_newest()};
 }
 
 std::unique_ptr<optim::Optimizer> ShardedOptimizer::consolidate(ProcessGroup& group, int to) {

@@ -37,6 +37,7 @@
 #include "datapar/error.h"
 #include "datapar/ft/elastic_group.h"
 #include "datapar/ft/sharded_optimizer.h"
+#include "datapar/ft/step_protocol.h"
 
 namespace datapar::ft {
 namespace detail {
@@ -48,24 +49,17 @@ std::string save_training_state(const torch::nn::Module& module, const torch::op
 // Loads what save_training_state wrote into `module` and `optimizer`; returns the step.
 int64_t load_training_state(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const std::string& bytes);
 
-// Whether an exception from a step is a failure of the membership (a member died, hung or
-// left: train the step again) rather than an error of the program: datapar's CommError and
-// TimeoutError, or anything once the epoch's group was aborted.
-bool is_membership_failure(std::exception_ptr error, const ElasticGroup& elastic);
-
 // Collective: the module's buffers (e.g. BatchNorm's running statistics) from `root`.
 void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int root);
 
 }  // namespace detail
 
 template <typename ModuleImpl>
-class FaultTolerantDdp {
+class FaultTolerantDdp : public detail::StepProtocol {
  public:
   using Ddp = DistributedDataParallel<ModuleImpl>;
   // Runs forward and backward of the step on this rank's share: train(ddp, rank, size).
   using Train = std::function<void(Ddp&, int rank, int size)>;
-  // A collective the members run together at a step boundary: fn(rank, size).
-  using Together = std::function<void(int rank, int size)>;
 
   // Step 0 by default; a job resumed from a checkpoint passes the checkpoint's step.
   FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, torch::optim::Optimizer& optimizer, ElasticGroup& elastic,
@@ -76,12 +70,6 @@ class FaultTolerantDdp {
   FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, ShardedOptimizer& sharded, ElasticGroup& elastic,
                    DdpOptions options = {}, int64_t step = 0)
       : FaultTolerantDdp(std::move(module), nullptr, &sharded, elastic, options, step) {}
-
-  // The steps committed so far: the step train_step() trains next.
-  int64_t step() const { return step_; }
-  // Membership epochs joined so far (1 in a run without failures or newcomers).
-  int64_t epochs_joined() const { return epochs_joined_; }
-  ElasticGroup& elastic() { return elastic_; }
 
   // Trains step step(): joins a new epoch first when needed (taking the state of a member at
   // the newest step if this one is behind), runs `before` (if given; see below), zeroes the
@@ -98,89 +86,27 @@ class FaultTolerantDdp {
   // again, by every member, a newcomer included, when a member fails in it or later in the
   // step. Whether it does anything must depend on step() alone.
   bool train_step(const Train& train, const Together& before = {}) {
-    try {
-      if (!ddp_) reconfigure();
-      if (before && (before_epoch_ != elastic_.epoch().number || before_step_ != step_)) {
-        before(elastic_.rank(), elastic_.size());
-        before_epoch_ = elastic_.epoch().number;
-        before_step_ = step_;
-      }
-      if (sharded_) {
-        sharded_->zero_grad();
-      } else {
-        optimizer_->zero_grad();
-      }
-      train(*ddp_, elastic_.rank(), elastic_.size());
-      standing_.voted_step = step_;  // Note [A voted step whose outcome a member missed]
-      standing_.voted_epoch = elastic_.epoch().number;
-      const Vote vote = elastic_.vote(step_);
-      standing_.voted_step = -1;
-      if (vote.commit) {
-        if (sharded_) {
-          sharded_->update();
-        } else {
-          optimizer_->step();
-        }
-        ++step_;
-        standing_.commit_epoch = elastic_.epoch().number;
-      }
-      if (vote.reconfigure) ddp_.reset();
-      if (vote.commit && sharded_ && ddp_) share();
-      return vote.commit;
-    } catch (...) {
-      fail(std::current_exception());
-      return false;
-    }
+    return run_step([&](int rank, int size) { train(*ddp_, rank, size); }, before);
   }
 
   // At the end of training, after the last train_step(): runs `last` (if given) as
   // train_step runs `before`, until every member has run it in one membership epoch, then
   // waits until every member is done (ElasticGroup::leave), so that no member is still in
   // the last vote when others exit.
-  void finish(const Together& last = {}) {
-    while (last) {
-      try {
-        if (!ddp_) reconfigure();
-        last(elastic_.rank(), elastic_.size());
-        break;
-      } catch (...) {
-        fail(std::current_exception());
-      }
-    }
-    elastic_.leave();
-  }
+  void finish(const Together& last = {}) { run_finish(last); }
 
  private:
   FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, torch::optim::Optimizer* optimizer, ShardedOptimizer* sharded,
                    ElasticGroup& elastic, DdpOptions options, int64_t step)
-      : module_(std::move(module)), optimizer_(optimizer), sharded_(sharded), elastic_(elastic), options_(options),
-        step_(step) {
+      : StepProtocol(elastic, step), module_(std::move(module)), optimizer_(optimizer), sharded_(sharded),
+        options_(options) {
     options_.average_by_samples = true;
   }
 
-  // A step failed: a member's failure leaves this epoch (join again at the next step);
-  // anything else is rethrown.
-  void fail(std::exception_ptr error) {
-    if (!detail::is_membership_failure(error, elastic_)) std::rethrow_exception(error);
-    elastic_.abort();  // first: DDP's destructor waits for its collectives in flight
-    ddp_.reset();
-  }
+  bool ready() const override { return ddp_.has_value(); }
+  void drop() override { ddp_.reset(); }
 
-  // After a committed step: each owner's parameters to all. The step is committed whatever
-  // happens here; a failure only means joining again, where reshard() sets the parameters.
-  void share() {
-    try {
-      sharded_->share(*elastic_.group());
-    } catch (...) {
-      fail(std::current_exception());
-    }
-  }
-
-  void reconfigure() {
-    ddp_.reset();
-    standing_.step = step_;
-    elastic_.join(step_);
-    ++epochs_joined_;
+  void rebuild() override {
     if (sharded_) {
       ShardedOptimizer::Resharded resharded;
       try {
@@ -198,15 +124,31 @@ class FaultTolerantDdp {
     ddp_.emplace(module_, elastic_.group(), options_);
   }
 
+  void zero_grad() override {
+    if (sharded_) {
+      sharded_->zero_grad();
+    } else {
+      optimizer_->zero_grad();
+    }
+  }
+
+  void apply() override {
+    if (sharded_) {
+      sharded_->update();
+    } else {
+      optimizer_->step();
+    }
+  }
+
+  // Each owner's parameters to all. On a failure, joining again sets them (reshard()).
+  void after_commit() override {
+    if (sharded_) sharded_->share(*elastic_.group());
+  }
+
   std::shared_ptr<ModuleImpl> module_;
   torch::optim::Optimizer* optimizer_;  // or
   ShardedOptimizer* sharded_;
-  ElasticGroup& elastic_;
   DdpOptions options_;
-  int64_t step_;
-  Standing standing_;
-  int64_t epochs_joined_ = 0;
-  int64_t before_epoch_ = -1, before_step_ = -1;  // where `before` last ran
   std::optional<Ddp> ddp_;
 };
 
