@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 #include <unistd.h>
@@ -29,6 +31,8 @@
 
 #include "child_process.h"
 #include "datapar/ft/decider.h"
+#include "datapar/ft/fault_tolerant_fsdp.h"
+#include "datapar/fsdp/fully_shard.h"
 #include "datapar/process_group/gloo.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "datapar/state_dict.h"
@@ -64,15 +68,20 @@ std::shared_ptr<TcpStore> connect(uint16_t port) {
   return std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", port, false, kToken, 5s, ""});
 }
 
+// Under FSDP the Linear in `blocks` is a unit, `head` is the root's.
 struct Net : torch::nn::Module {
   Net() {
     torch::manual_seed(7);  // the same initial parameters in every process
-    fc1 = register_module("fc1", torch::nn::Linear(6, 8));
-    fc2 = register_module("fc2", torch::nn::Linear(8, 2));
+    blocks = register_module("blocks", torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh()));
+    head = register_module("head", torch::nn::Linear(8, 2));
   }
-  at::Tensor forward(const at::Tensor& x) { return fc2->forward(at::tanh(fc1->forward(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  at::Tensor forward(const at::Tensor& x) { return head->forward(blocks->forward(x)); }
+  torch::nn::Sequential blocks{nullptr};
+  torch::nn::Linear head{nullptr};
 };
+
+// How the members keep the model and the optimizer state.
+enum class Mode { kDdp, kZero, kFsdp };
 
 struct Data {
   at::Tensor x, y;
@@ -113,40 +122,29 @@ StateDict momentum_of(const torch::optim::Optimizer& optimizer, Net& net) {
   return out;
 }
 
-// A member's life: trains until step kSteps, dying at `die_at` (if >= 0), pausing `pause`
-// after each step; writes each committed step's samples to its log and its final
-// parameters to final-<index>.pt; the last epoch's rank 0 writes the optimizer's momentum
-// to momentum.pt. `sharded`: the optimizer state sharded over the members (ZeRO-1), and
-// state-<index>.txt says how many bytes of it this member keeps, and of how many.
-int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at, bool shared_memory,
-                std::chrono::milliseconds pause, bool sharded) {
-  at::set_num_threads(1);
-  std::ofstream log(dir + "/samples-" + std::to_string(index) + ".log");
-  const Data data;
-  auto net = std::make_shared<Net>();
-  torch::optim::SGD sgd = make_sgd(*net);
-  ElasticGroup elastic(connect(port), "job", options(),
-                       [shared_memory](std::shared_ptr<Store> store, int rank, int size) {
-                         return new_gloo_process_group(std::move(store), rank, size, {"127.0.0.1", 5s, shared_memory});
-                       });
-  ShardedOptimizer zero(net->parameters(), [](std::vector<at::Tensor> shard) {
-    return std::make_unique<torch::optim::SGD>(shard, sgd_options());
-  });
-  std::optional<FaultTolerantDdp<Net>> trainer_storage;
-  if (sharded) {
-    trainer_storage.emplace(net, zero, elastic);
-  } else {
-    trainer_storage.emplace(net, sgd, elastic);
+// The momentum buffers of a full optimizer state (train/optimizer_state.h), by parameter
+// index.
+StateDict momentum_of(const train::OptimizerState& optimizer) {
+  StateDict out;
+  for (const auto& param : optimizer.at("state").toGenericDict()) {
+    out.insert(std::to_string(param.key().toInt()), param.value().toGenericDict().at("momentum_buffer").toTensor());
   }
-  FaultTolerantDdp<Net>& trainer = *trainer_storage;
+  return out;
+}
+
+// Trains until step kSteps, dying at `die_at` (if >= 0), pausing `pause` after each step;
+// writes each committed step's samples to `log`.
+template <typename Wrapper, typename Trainer>
+void train_steps(Trainer& trainer, const Data& data, std::ofstream& log, int64_t die_at,
+                 std::chrono::milliseconds pause) {
   while (trainer.step() < kSteps) {
     if (trainer.step() == die_at) ::raise(SIGKILL);
     int64_t step = -1;
     at::Tensor mine;
-    const bool committed = trainer.train_step([&](DistributedDataParallel<Net>& ddp, int rank, int size) {
+    const bool committed = trainer.train_step([&](Wrapper& wrapper, int rank, int size) {
       step = trainer.step();  // after a join, the step this member took from the others
       mine = share(batch_rows(step), rank, size);
-      torch::nn::functional::mse_loss(ddp.forward(data.x.index_select(0, mine)), data.y.index_select(0, mine))
+      torch::nn::functional::mse_loss(wrapper.forward(data.x.index_select(0, mine)), data.y.index_select(0, mine))
           .backward();
     });
     if (committed) {
@@ -156,6 +154,50 @@ int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at
     }
     std::this_thread::sleep_for(pause);  // time for a member to (re)join while the job runs
   }
+}
+
+// A member's life (train_steps); then it writes its final parameters to final-<index>.pt,
+// and the last epoch's rank 0 the optimizer's momentum to momentum.pt. Under kZero,
+// state-<index>.txt says how many bytes of the optimizer state this member keeps, and of
+// how many.
+int member_life(uint16_t port, const std::string& dir, int index, int64_t die_at, bool shared_memory,
+                std::chrono::milliseconds pause, Mode mode) {
+  std::ofstream log(dir + "/samples-" + std::to_string(index) + ".log");
+  const Data data;
+  ElasticGroup elastic(connect(port), "job", options(),
+                       [shared_memory](std::shared_ptr<Store> store, int rank, int size) {
+                         return new_gloo_process_group(std::move(store), rank, size, {"127.0.0.1", 5s, shared_memory});
+                       });
+  const auto make_optimizer = [](std::vector<at::Tensor> params) {
+    return std::make_unique<torch::optim::SGD>(params, sgd_options());
+  };
+  if (mode == Mode::kFsdp) {
+    FaultTolerantFsdp<Net> trainer([] { return std::make_shared<Net>(); },
+                                   [](Net& net, const std::shared_ptr<ProcessGroup>& group, const FsdpOptions& o) {
+                                     fully_shard_each<torch::nn::LinearImpl>(net, group, o);
+                                   },
+                                   make_optimizer, elastic);
+    train_steps<FullyShardedDataParallel<Net>>(trainer, data, log, die_at, pause);
+    trainer.finish([&](int rank, int) {
+      save_state_dict(trainer.fsdp().full_state_dict(), dir + "/final-" + std::to_string(index) + ".pt");
+      const train::OptimizerState whole = trainer.fsdp().full_optimizer_state(trainer.optimizer());
+      if (rank == 0) save_state_dict(momentum_of(whole), dir + "/momentum.pt");
+    });
+    log << "epochs " << trainer.epochs_joined() << std::endl;
+    return 0;
+  }
+  auto net = std::make_shared<Net>();
+  torch::optim::SGD sgd = make_sgd(*net);
+  const bool sharded = mode == Mode::kZero;
+  ShardedOptimizer zero(net->parameters(), make_optimizer);
+  std::optional<FaultTolerantDdp<Net>> trainer_storage;
+  if (sharded) {
+    trainer_storage.emplace(net, zero, elastic);
+  } else {
+    trainer_storage.emplace(net, sgd, elastic);
+  }
+  FaultTolerantDdp<Net>& trainer = *trainer_storage;
+  train_steps<DistributedDataParallel<Net>>(trainer, data, log, die_at, pause);
   trainer.finish([&](int rank, int) {
     std::unique_ptr<torch::optim::Optimizer> whole = sharded ? zero.consolidate(*elastic.group(), 0) : nullptr;
     if (rank == 0) save_state_dict(momentum_of(whole ? *whole : sgd, *net), dir + "/momentum.pt");
@@ -170,6 +212,19 @@ int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at
   }
   save_state_dict(state_dict(*net), dir + "/final-" + std::to_string(index) + ".pt");
   return 0;
+}
+
+// member_life; a MembershipError (the job cannot go on) is written to error-<index>.txt,
+// and the member exits with 3.
+int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at, bool shared_memory,
+                std::chrono::milliseconds pause, Mode mode) {
+  at::set_num_threads(1);
+  try {
+    return member_life(port, dir, index, die_at, shared_memory, pause, mode);
+  } catch (const MembershipError& e) {
+    std::ofstream(dir + "/error-" + std::to_string(index) + ".txt") << e.what();
+    return 3;
+  }
 }
 
 // One process training on the whole global batches: what every member must end with.
@@ -228,7 +283,8 @@ bool has_line(const std::string& path, const std::string& prefix) {
 
 // Runs a job of three members with `failure`. Checks the samples, the final models and the
 // optimizer's final state.
-void run_job(Failure failure, bool shared_memory, bool sharded = false) {
+void run_job(Failure failure, bool shared_memory, Mode mode = Mode::kDdp) {
+  const bool sharded = mode == Mode::kZero;
   testing::TempDir dir;
   const auto server = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kToken, 10s, ""});
   const uint16_t port = server->port();
@@ -237,7 +293,7 @@ void run_job(Failure failure, bool shared_memory, bool sharded = false) {
   for (int i = 0; i < 3; ++i) {
     const int64_t dies = failure.kind == Failure::kKill && i == failure.victim ? failure.at : -1;
     pids.push_back(datapar::detail::fork_child(
-        [&, i, dies] { return member_main(port, dir.path(), i, dies, shared_memory, pause, sharded); }, "member"));
+        [&, i, dies] { return member_main(port, dir.path(), i, dies, shared_memory, pause, mode); }, "member"));
   }
   const Decider decider(connect(port), "job", options());
   int members = 3;
@@ -247,7 +303,7 @@ void run_job(Failure failure, bool shared_memory, bool sharded = false) {
     const datapar::detail::ChildExit died = datapar::detail::wait_child(pids[victim], deadline);
     EXPECT_EQ(died.signal, SIGKILL) << "the victim did not die as planned (exit " << died.exit_code << ")";
     pids[victim] = datapar::detail::fork_child(
-        [&] { return member_main(port, dir.path(), 3, -1, shared_memory, pause, sharded); }, "replacement");
+        [&] { return member_main(port, dir.path(), 3, -1, shared_memory, pause, mode); }, "replacement");
     members = 4;
   } else if (failure.kind == Failure::kStop) {
     const std::string log = dir.path() + "/samples-" + std::to_string(failure.victim) + ".log";
@@ -336,16 +392,59 @@ TEST(FaultTolerantDdp, AStoppedMemberIsEvictedAndRejoinsWhenItContinues) {
 TEST(FaultTolerantDdp, ShardedOptimizerStateSurvivesAKilledMember) {
   for (int seed = 1; seed <= 2; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    run_job({Failure::kKill, seed % 3, 2 + (seed * 7) % 11}, /*shared_memory=*/seed == 2, /*sharded=*/true);
+    run_job({Failure::kKill, seed % 3, 2 + (seed * 7) % 11}, /*shared_memory=*/seed == 2, Mode::kZero);
   }
 }
 
 TEST(FaultTolerantDdp, ShardedOptimizerStateSurvivesAStoppedMember) {
-  run_job({Failure::kStop, 0, 4}, /*shared_memory=*/false, /*sharded=*/true);
+  run_job({Failure::kStop, 0, 4}, /*shared_memory=*/false, Mode::kZero);
 }
 
 TEST(FaultTolerantDdp, ShardedThreeMembersWithoutFailuresTrainAsOneProcess) {
-  run_job({}, /*shared_memory=*/true, /*sharded=*/true);
+  run_job({}, /*shared_memory=*/true, Mode::kZero);
+}
+
+// FSDP under fault tolerance: each member keeps its shard of the parameters and optimizer
+// state and the previous member's. The same training as one process, with no failure,
+// with a member killed at a step that depends on the seed (the survivors put the model
+// together from the shards they keep and shard it anew; the replacement takes its shard),
+// and with a member stopped past the timeout.
+TEST(FaultTolerantFsdp, ThreeMembersWithoutFailuresTrainAsOneProcess) {
+  run_job({}, /*shared_memory=*/false, Mode::kFsdp);
+}
+
+TEST(FaultTolerantFsdp, AMemberKilledAtARandomStepIsReplacedAndTheModelIsUnchanged) {
+  for (int seed = 1; seed <= 2; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    run_job({Failure::kKill, seed % 3, 3 + (seed * 5) % 11}, /*shared_memory=*/seed == 2, Mode::kFsdp);
+  }
+}
+
+TEST(FaultTolerantFsdp, AStoppedMemberIsEvictedAndRejoinsWhenItContinues) {
+  run_job({Failure::kStop, 1, 4}, /*shared_memory=*/true, Mode::kFsdp);
+}
+
+// Two of three members killed at once (in a ring of three any two are neighbours): a shard
+// of the model is lost with both its keepers. The survivor (the job allows one member)
+// stops with the reason instead of training a model with a hole in it.
+TEST(FaultTolerantFsdp, TwoNeighboursLostAtOnceStopTheSurvivorWithTheReason) {
+  testing::TempDir dir;
+  const auto server = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kToken, 10s, ""});
+  const uint16_t port = server->port();
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 3; ++i) {
+    pids.push_back(datapar::detail::fork_child(
+        [&, i] { return member_main(port, dir.path(), i, i == 0 ? -1 : 4, false, 60ms, Mode::kFsdp); }, "member"));
+  }
+  FtOptions one_is_enough = options();
+  one_is_enough.min_members = 1;
+  const Decider decider(connect(port), "job", one_is_enough);
+  const auto deadline = Clock::now() + 60s;
+  for (size_t i = 1; i < 3; ++i) EXPECT_EQ(datapar::detail::wait_child(pids[i], deadline).signal, SIGKILL);
+  EXPECT_EQ(datapar::detail::wait_child(pids[0], deadline).exit_code, 3);
+  const std::string error = testing::read_text(dir.path() + "/error-0.txt");
+  EXPECT_NE(error.find("no member keeps every shard of the model at step 4"), std::string::npos) << error;
+  EXPECT_NE(error.find("--resume"), std::string::npos) << error;
 }
 
 }  // namespace

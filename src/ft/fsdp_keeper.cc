@@ -1,0 +1,360 @@
+// FsdpKeeper: the non-template part of FaultTolerantFsdp. See datapar/ft/fault_tolerant_fsdp.h.
+//
+// Note [An FSDP shard's layout]
+// A unit's parameters are one flat buffer, zero-padded to a multiple of the group's size n;
+// rank r's shard is its r-th n-th. The flat order does not depend on n, only the padding
+// does, so a unit's whole flat (its shards side by side) is the same in any layout up to
+// the zeros at its end: the shards of one layout are put side by side and cut again for
+// another. The padding stays zero through training (its gradient is zero, and so is every
+// update SGD, Adam and AdamW make of a zero gradient on a zero parameter with zero state).
+#include "datapar/ft/fault_tolerant_fsdp.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/Dict.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <map>
+#include <type_traits>
+
+#include "datapar/error.h"
+#include "datapar/ft/epoch.h"
+#include "ft/standings.h"
+#include "optim/broadcast_param_states.h"
+#include "optim/param_state.h"
+#include "optim/state_key.h"
+#include "serialization/torch_file.h"
+
+namespace datapar::ft::detail {
+namespace {
+
+namespace optim = torch::optim;
+using datapar::detail::OptimizerKind;
+using datapar::detail::str_cat;
+using Dict = c10::impl::GenericDict;
+
+// The extra columns of a member's standing: what it keeps, in which layout.
+enum Column : size_t { kWhole, kLayoutEpoch, kLayoutSize, kLayoutRank };
+
+template <typename Map>
+typename Map::key_type key_of(const at::Tensor& t) {
+  return datapar::detail::optimizer_state_key<Map>(t);
+}
+
+const optim::OptimizerParamState* state_of(const optim::Optimizer& optimizer, const at::Tensor& param) {
+  using StateMap = std::decay_t<decltype(optimizer.state())>;
+  const auto it = optimizer.state().find(key_of<StateMap>(param));
+  return it == optimizer.state().end() ? nullptr : it->second.get();
+}
+
+void set_state(optim::Optimizer& optimizer, const at::Tensor& param, std::unique_ptr<optim::OptimizerParamState> s) {
+  using StateMap = std::decay_t<decltype(optimizer.state())>;
+  optimizer.state()[key_of<StateMap>(param)] = std::move(s);
+}
+
+// `flat`'s first elements (up to its length or `length`) in a new zero tensor of `length`.
+at::Tensor resized(const at::Tensor& flat, int64_t length) {
+  at::Tensor out = at::zeros({length}, flat.options());
+  const int64_t n = std::min(length, flat.numel());
+  out.narrow(0, 0, n).copy_(flat.narrow(0, 0, n));
+  return out;
+}
+
+}  // namespace
+
+struct FsdpKeeper::Impl {
+  ShardedOptimizer::Factory make_optimizer;
+  OptimizerKind kind = OptimizerKind::kOther;
+  // Before the first epoch: the whole state.
+  bool whole = true;
+  StateDict model;
+  train::OptimizerState optimizer{c10::AnyType::get(), c10::AnyType::get()};
+  // After: the layout of the shards kept (Note [An FSDP shard's layout]), and the previous
+  // rank's shard: its parameters (one flat per unit), their optimizer and gradients.
+  int64_t layout_epoch = 0;
+  int layout_size = 0, layout_rank = -1;
+  std::vector<at::Tensor> kept;
+  std::unique_ptr<optim::Optimizer> kept_optimizer;
+  at::Tensor kept_gradients;  // the kept shards' gradients side by side
+
+  // The whole flats of one layout's units, their optimizer state tensors, and the state's
+  // metadata per unit, put together from the members that keep each shard.
+  struct Whole {
+    std::vector<at::Tensor> params;
+    std::vector<std::vector<at::Tensor>> state;
+    std::vector<datapar::detail::ParamStateMeta> meta;
+  };
+  Whole gather(ProcessGroup& group, const Standings& standings, int64_t layout, const FsdpParts* current,
+               const FsdpParts& next) const;
+  void fill(const Whole& whole, int n, int rank, const FsdpParts& next) const;
+  void keep_previous(ProcessGroup& group, const FsdpParts& next);
+};
+
+FsdpKeeper::FsdpKeeper(ShardedOptimizer::Factory make_optimizer, StateDict model, train::OptimizerState optimizer)
+    : impl_(std::make_unique<Impl>()) {
+  DATAPAR_CHECK(make_optimizer != nullptr, "ft::FaultTolerantFsdp: the optimizer factory is empty.");
+  impl_->make_optimizer = std::move(make_optimizer);
+  impl_->model = std::move(model);
+  impl_->optimizer = std::move(optimizer);
+}
+
+FsdpKeeper::~FsdpKeeper() = default;
+FsdpKeeper::FsdpKeeper(FsdpKeeper&&) noexcept = default;
+
+FsdpKeeper::Impl::Whole FsdpKeeper::Impl::gather(ProcessGroup& group, const Standings& standings, int64_t layout,
+                                                 const FsdpParts* current, const FsdpParts& next) const {
+  const int me = group.rank();
+  const int64_t newest = standings.newest();
+  int size = 0;
+  for (int r = 0; r < standings.size(); ++r) {
+    if (standings.step(r) == newest && standings.extra(r, kLayoutEpoch) == layout) {
+      size = static_cast<int>(standings.extra(r, kLayoutSize));
+    }
+  }
+  // Shard j's keeper: its owner if it is here at the newest step, else the next rank.
+  std::vector<int> keeper(static_cast<size_t>(size), -1);
+  for (int j = 0; j < size; ++j) {
+    for (const int rank_in_layout : {j, (j + 1) % size}) {
+      for (int r = 0; r < standings.size() && keeper[j] < 0; ++r) {
+        if (standings.step(r) == newest && standings.extra(r, kLayoutEpoch) == layout &&
+            standings.extra(r, kLayoutRank) == rank_in_layout) {
+          keeper[j] = r;
+        }
+      }
+    }
+  }
+  // Each unit's flat (the same units in every layout: the same model), shard by shard from
+  // its keeper, received in place, with its state.
+  const size_t units = next.unit_numels.size();
+  std::vector<int64_t> shard(units);
+  Whole whole;
+  for (size_t u = 0; u < units; ++u) {
+    shard[u] = (next.unit_numels[u] + size - 1) / size;
+    whole.params.push_back(at::zeros({shard[u] * size}, next.shards[u].options()));
+  }
+  std::vector<at::Tensor> slots;  // (shard j, unit u) at j * units + u
+  datapar::detail::ParamStateMoves moves;
+  std::vector<const optim::OptimizerParamState*> mine;
+  for (int j = 0; j < size; ++j) {
+    for (size_t u = 0; u < units; ++u) {
+      const bool here = me == keeper[j];
+      if (here) {  // its own shard, or the previous rank's it kept
+        const bool own = layout_rank == j;
+        const at::Tensor& source = own ? current->shards.at(u) : kept.at(u);
+        slots.push_back(source.detach());
+        mine.push_back(state_of(own ? *current->optimizer : *kept_optimizer, source));
+      } else {
+        slots.push_back(whole.params[u].narrow(0, j * shard[u], shard[u]));
+        mine.push_back(nullptr);
+      }
+      moves.source.push_back(keeper[j]);
+      moves.state.push_back(true);
+      moves.value.push_back(true);
+      moves.keep.push_back(!here);
+    }
+  }
+  auto received = datapar::detail::broadcast_param_states(group, kind, slots, moves, [&](size_t i) { return mine[i]; });
+  whole.state.assign(units, {});
+  whole.meta.assign(units, {0, 0, 0});
+  for (int j = 0; j < size; ++j) {
+    for (size_t u = 0; u < units; ++u) {
+      const size_t i = static_cast<size_t>(j) * units + u;
+      const bool here = me == keeper[j];
+      if (here) whole.params[u].narrow(0, j * shard[u], shard[u]).copy_(slots[i]);
+      const optim::OptimizerParamState* state = here ? mine[i] : (received.count(i) ? received[i].get() : nullptr);
+      if (state == nullptr) continue;
+      const std::vector<at::Tensor> tensors = datapar::detail::param_state_tensors(kind, *state);
+      if (whole.state[u].empty()) {
+        whole.meta[u] = datapar::detail::param_state_meta(kind, state);
+        for (const at::Tensor& t : tensors) whole.state[u].push_back(at::zeros({shard[u] * size}, t.options()));
+      }
+      for (size_t t = 0; t < tensors.size() && t < whole.state[u].size(); ++t) {
+        whole.state[u][t].narrow(0, j * shard[u], shard[u]).copy_(tensors[t]);
+      }
+    }
+  }
+  return whole;
+}
+
+void FsdpKeeper::Impl::fill(const Whole& whole, int n, int rank, const FsdpParts& next) const {
+  const torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < next.shards.size(); ++u) {
+    const int64_t shard = next.shards[u].numel();
+    next.shards[u].detach().copy_(resized(whole.params[u], shard * n).narrow(0, rank * shard, shard));
+    if (whole.state[u].empty()) continue;
+    std::vector<at::Tensor> tensors;
+    for (const at::Tensor& t : whole.state[u]) {
+      tensors.push_back(resized(t, shard * n).narrow(0, rank * shard, shard).clone());
+    }
+    set_state(*next.optimizer, next.shards[u], datapar::detail::make_param_state(kind, whole.meta[u], tensors));
+  }
+}
+
+void FsdpKeeper::Impl::keep_previous(ProcessGroup& group, const FsdpParts& next) {
+  const int n = group.size(), rank = group.rank();
+  kept.clear();
+  kept_optimizer.reset();
+  if (n == 1) return;  // its own shard is the whole model
+  // This rank's shards and their state, side by side, to the next rank; the previous
+  // rank's from it, in the same order (every rank's shards have the same sizes).
+  std::vector<at::Tensor> mine;
+  std::vector<datapar::detail::ParamStateMeta> meta;
+  for (const at::Tensor& s : next.shards) {
+    mine.push_back(s.detach().reshape({-1}));
+    const optim::OptimizerParamState* state = state_of(*next.optimizer, s);
+    meta.push_back(datapar::detail::param_state_meta(kind, state));
+    if (state == nullptr) continue;
+    for (const at::Tensor& t : datapar::detail::param_state_tensors(kind, *state)) mine.push_back(t.reshape({-1}));
+  }
+  const at::Tensor out = at::cat(mine);
+  at::Tensor in = at::empty_like(out);
+  auto sent = group.send(out, (rank + 1) % n);
+  auto got = group.recv(in, (rank + n - 1) % n);
+  sent->wait();
+  got->wait();
+  int64_t at_ = 0;
+  auto take = [&](int64_t numel, const at::Tensor& like) {
+    at::Tensor t = in.narrow(0, at_, numel).clone().view(like.sizes());
+    at_ += numel;
+    return t;
+  };
+  std::vector<std::vector<at::Tensor>> states;
+  for (size_t u = 0; u < next.shards.size(); ++u) {
+    const at::Tensor& s = next.shards[u];
+    kept.push_back(take(s.numel(), s));
+    states.emplace_back();
+    for (size_t t = 0; t < datapar::detail::param_state_tensor_count(kind, meta[u]); ++t) {
+      states.back().push_back(take(s.numel(), s));
+    }
+  }
+  kept_optimizer = make_optimizer(kept);
+  kept_optimizer->param_groups()[0].set_options(next.optimizer->param_groups()[0].options().clone());
+  for (size_t u = 0; u < kept.size(); ++u) {
+    if (meta[u][0]) set_state(*kept_optimizer, kept[u], datapar::detail::make_param_state(kind, meta[u], states[u]));
+  }
+  int64_t total = 0;
+  for (const at::Tensor& k : kept) total += k.numel();
+  kept_gradients = at::zeros({total}, kept.empty() ? at::TensorOptions() : kept.front().options());
+  int64_t offset = 0;
+  for (at::Tensor& k : kept) {
+    k.mutable_grad() = kept_gradients.narrow(0, offset, k.numel()).view(k.sizes());
+    offset += k.numel();
+  }
+}
+
+int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
+                            const FsdpParts& next) {
+  Impl& m = *impl_;
+  if (m.kind == OptimizerKind::kOther) {
+    m.kind = datapar::detail::optimizer_kind(*next.optimizer);
+    DATAPAR_CHECK(m.kind != OptimizerKind::kOther, "ft::FaultTolerantFsdp: supports SGD, Adam and AdamW, whose ",
+                  "state it can move between members; the factory made ",
+                  datapar::detail::optimizer_kind_name(m.kind), ".");
+  }
+  const int me = group.rank();
+  const Standings standings(group, mine, {m.whole ? 1 : 0, m.layout_epoch, m.layout_size, m.layout_rank});
+  if (standings.applies_missed_vote(me) && current) {  // Note [A voted step whose outcome a member missed]
+    const torch::NoGradGuard no_grad;
+    current->optimizer->step();
+    update();
+    mine = {standings.step(me), mine.voted_epoch, -1, 0};
+  }
+  const int64_t newest = standings.newest();
+  // The state to take: the whole one of a member that has not trained yet (a start, a
+  // resume), else the newest layout whose every shard a member keeps at the newest step.
+  int whole = -1;
+  std::vector<int64_t> layouts;
+  for (int r = 0; r < standings.size(); ++r) {
+    if (standings.step(r) != newest) continue;
+    if (standings.extra(r, kWhole) == 1 && whole < 0) whole = r;
+    if (standings.extra(r, kWhole) == 0) layouts.push_back(standings.extra(r, kLayoutEpoch));
+  }
+  std::sort(layouts.rbegin(), layouts.rend());
+  layouts.erase(std::unique(layouts.begin(), layouts.end()), layouts.end());
+  int64_t layout = -1;
+  for (int64_t candidate : layouts) {
+    int size = 0;
+    std::vector<bool> kept;
+    for (int r = 0; r < standings.size(); ++r) {
+      if (standings.step(r) != newest || standings.extra(r, kLayoutEpoch) != candidate) continue;
+      size = static_cast<int>(standings.extra(r, kLayoutSize));
+      kept.resize(static_cast<size_t>(size), false);
+      const int rank_in_layout = static_cast<int>(standings.extra(r, kLayoutRank));
+      kept[static_cast<size_t>(rank_in_layout)] = true;                         // its own shard
+      if (size > 1) kept[static_cast<size_t>((rank_in_layout + size - 1) % size)] = true;  // the previous rank's
+    }
+    if (std::all_of(kept.begin(), kept.end(), [](bool k) { return k; })) {
+      layout = candidate;
+      break;
+    }
+  }
+  if (whole < 0 && layout < 0) {
+    throw MembershipError(str_cat(
+        "ft: no member keeps every shard of the model at step ", newest, ": a rank and the next one left the job ",
+        "at once, and with them a shard of the parameters and optimizer state. The job cannot go on from memory.\n"
+        "---> HINT: start it again from its last checkpoint (datapar launch ... --resume); each shard is kept by "
+        "two neighbouring ranks, so one failure at a time loses nothing."));
+  }
+  if (whole >= 0) {
+    std::string bytes;
+    if (me == whole) {
+      Dict model(c10::StringType::get(), c10::TensorType::get());
+      for (const auto& item : m.model) model.insert(item.key(), item.value());
+      Dict state(c10::StringType::get(), c10::AnyType::get());
+      state.insert("model", model);
+      state.insert("optimizer", m.optimizer);
+      bytes = datapar::detail::torch_save_bytes(state);
+    }
+    bytes = broadcast_bytes(group, whole, bytes);
+    const c10::IValue root = datapar::detail::torch_load_bytes(bytes.data(), bytes.size());
+    DATAPAR_CHECK(root.isGenericDict(), "ft::FaultTolerantFsdp: the state a member sent is not a dict.");
+    const Dict state = root.toGenericDict();
+    StateDict model;
+    for (const auto& e : state.at("model").toGenericDict()) model.insert(e.key().toStringRef(), e.value().toTensor());
+    next.load_model(model);
+    next.load_optimizer(*next.optimizer, state.at("optimizer").toGenericDict());
+  } else {
+    const Impl::Whole gathered = m.gather(group, standings, layout, current, next);
+    m.fill(gathered, group.size(), me, next);
+    if (current) next.optimizer->param_groups()[0].set_options(current->optimizer->param_groups()[0].options().clone());
+    // The buffers (BatchNorm's statistics) of the first member at the newest step.
+    const int source = standings.first_at_newest();
+    std::vector<at::Tensor> buffers;
+    for (const at::Tensor& b : (me == source ? current->module : next.module)->buffers()) buffers.push_back(b.detach());
+    if (!buffers.empty()) group.broadcast_coalesced(buffers, source)->wait();
+    if (me == source) {
+      const std::vector<at::Tensor> into = next.module->buffers();
+      const torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < into.size(); ++i) into[i].copy_(buffers[i]);
+    }
+  }
+  m.keep_previous(group, next);
+  m.whole = false;
+  m.model = StateDict();
+  m.layout_epoch = epoch;
+  m.layout_size = group.size();
+  m.layout_rank = me;
+  mine = {newest, mine.commit_epoch, -1, 0};
+  return newest;
+}
+
+void FsdpKeeper::exchange_gradients(ProcessGroup& group, const std::vector<at::Tensor>& shards) {
+  const int n = group.size(), rank = group.rank();
+  if (n == 1) return;
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& s : shards) {
+    grads.push_back(s.grad().defined() ? s.grad().detach().reshape({-1}) : at::zeros({s.numel()}, s.options()));
+  }
+  auto sent = group.send(at::cat(grads), (rank + 1) % n);
+  auto got = group.recv(impl_->kept_gradients, (rank + n - 1) % n);
+  sent->wait();
+  got->wait();
+}
+
+void FsdpKeeper::update() {
+  if (!impl_->kept_optimizer || impl_->kept.empty()) return;
+  const torch::NoGradGuard no_grad;
+  impl_->kept_optimizer->step();
+}
+
+}  // namespace datapar::ft::detail
