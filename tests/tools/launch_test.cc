@@ -571,25 +571,26 @@ void expect_same_model(const std::string& expected_path, const std::string& got_
   }
 }
 
-// `zero`: the killed job shards its optimizer state (--zero); the uninterrupted one does not.
-void a_killed_worker_is_restarted_alone(bool zero) {
+// The killed job runs `mode` (ddp or fsdp), with its optimizer state sharded if `zero`
+// (--zero); the uninterrupted one is plain ddp.
+void a_killed_worker_is_restarted_alone(const std::string& mode, bool zero) {
   constexpr int kEpochs = 4;
-  const auto train = [](const std::string& checkpoints, bool sharded) {
+  const auto train = [](const std::string& checkpoints, const std::string& how, bool sharded) {
     std::vector<std::string> args{"--fault-tolerant", "--nproc-per-node", "3", "--max-restarts", "1",
                                   "--", bin("datapar"), "train", "--fault-tolerant",
-                                  "--mode", "ddp", "--backend", "gloo", "--model", "lenet", "--epochs",
+                                  "--mode", how, "--backend", "gloo", "--model", "lenet", "--epochs",
                                   std::to_string(kEpochs), "--batch-size", "48", "--limit", "6000", "--threads",
                                   "1", "--workers", "1", "--momentum", "0.9", "--checkpoint-dir", checkpoints};
     if (sharded) args.push_back("--zero");
     return args;
   };
   const TempDir straight_dir("launch_test");
-  const ProcessResult straight = launch(train(straight_dir.path(), false));
+  const ProcessResult straight = launch(train(straight_dir.path(), "ddp", false));
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
   EXPECT_NE(straight.output.find("epoch 1/4"), std::string::npos) << straight.output;
 
   const TempDir killed_dir("launch_test"), logs("launch_test");
-  const Background b = start_launch(train(killed_dir.path(), zero), logs.path());
+  const Background b = start_launch(train(killed_dir.path(), mode, zero), logs.path());
   ASSERT_GT(b.pid, 0);
   std::map<int, pid_t> workers;
   for (const auto deadline = std::chrono::steady_clock::now() + 60s; std::chrono::steady_clock::now() < deadline;
@@ -626,23 +627,30 @@ void a_killed_worker_is_restarted_alone(bool zero) {
 // 1e-5 relative (the steps after the kill are cut over two ranks, then three again, so the
 // sums run in another order: no bitwise equality).
 TEST(LaunchFaultTolerant, AKilledWorkerIsRestartedAloneAndTheJobEndsAsAnUninterruptedOne) {
-  a_killed_worker_is_restarted_alone(/*zero=*/false);
+  a_killed_worker_is_restarted_alone("ddp", /*zero=*/false);
 }
 
 // --zero: each rank keeps two of the three shards of the momentum; the kill loses none, the
 // replacement takes its shards from the others, and the last checkpoint (the model, and the
 // momentum gathered from the shards) is the uninterrupted unsharded run's.
 TEST(LaunchFaultTolerant, AKilledWorkerOfAShardedJobLosesNoOptimizerState) {
-  a_killed_worker_is_restarted_alone(/*zero=*/true);
+  a_killed_worker_is_restarted_alone("ddp", /*zero=*/true);
 }
+
+// --mode fsdp: each rank keeps its shard of the model and optimizer state and the previous
+// rank's; the kill loses none, the survivors put the model together and shard it anew over
+// two ranks, then three again with the replacement, and the last checkpoint (gathered from
+// the shards) is the uninterrupted ddp run's.
+TEST(LaunchFaultTolerant, AKilledWorkerOfAnFsdpJobLosesNoShard) { a_killed_worker_is_restarted_alone("fsdp", false); }
 
 // A fault-tolerant job stopped after an epoch and started again with --resume goes on from
 // its last checkpoint (the model, the optimizer's momentum, the step) and ends as a run that
 // was never stopped.
-TEST(LaunchFaultTolerant, ResumeGoesOnFromTheLastCheckpointAsAnUninterruptedRun) {
-  const auto train = [](const std::string& checkpoints, int epochs, bool resume) {
+// `mode`: the stopped and resumed job's (the uninterrupted one is ddp).
+void resume_goes_on_as_an_uninterrupted_run(const std::string& mode) {
+  const auto train = [](const std::string& checkpoints, int epochs, bool resume, const std::string& how) {
     std::vector<std::string> args = {"--fault-tolerant", "--nproc-per-node", "2", "--", bin("datapar"), "train",
-                                      "--fault-tolerant", "--mode", "ddp", "--backend", "gloo", "--model", "lenet",
+                                      "--fault-tolerant", "--mode", how, "--backend", "gloo", "--model", "lenet",
                                       "--epochs", std::to_string(epochs), "--batch-size", "48", "--limit", "2000",
                                       "--threads", "1", "--workers", "1", "--momentum", "0.9", "--checkpoint-dir",
                                       checkpoints};
@@ -650,17 +658,26 @@ TEST(LaunchFaultTolerant, ResumeGoesOnFromTheLastCheckpointAsAnUninterruptedRun)
     return args;
   };
   const TempDir straight_dir("launch_test"), resumed_dir("launch_test");
-  const ProcessResult straight = launch(train(straight_dir.path(), 3, false));
+  const ProcessResult straight = launch(train(straight_dir.path(), 3, false, "ddp"));
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
-  const ProcessResult first = launch(train(resumed_dir.path(), 2, false));
+  const ProcessResult first = launch(train(resumed_dir.path(), 2, false, mode));
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  const ProcessResult resumed = launch(train(resumed_dir.path(), 3, true));
+  const ProcessResult resumed = launch(train(resumed_dir.path(), 3, true, mode));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resuming from " + train::checkpoint_path(resumed_dir.path(), 2)), std::string::npos)
       << resumed.output;
   EXPECT_EQ(resumed.output.find("epoch 2/3"), std::string::npos) << "epoch 2 trained again:\n" << resumed.output;
   EXPECT_NE(resumed.output.find("epoch 3/3"), std::string::npos) << resumed.output;
   expect_same_model(train::checkpoint_path(straight_dir.path(), 3), train::checkpoint_path(resumed_dir.path(), 3));
+}
+
+TEST(LaunchFaultTolerant, ResumeGoesOnFromTheLastCheckpointAsAnUninterruptedRun) {
+  resume_goes_on_as_an_uninterrupted_run("ddp");
+}
+
+// Under fsdp each rank takes its shard of the checkpoint's model and optimizer state.
+TEST(LaunchFaultTolerant, AnFsdpJobResumesFromTheLastCheckpointAsAnUninterruptedRun) {
+  resume_goes_on_as_an_uninterrupted_run("fsdp");
 }
 
 // Node 0's launcher serves the store and decides membership: it is the one part whose loss

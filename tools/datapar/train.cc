@@ -43,6 +43,7 @@
 #include "datapar/error.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/ft/fault_tolerant_ddp.h"
+#include "datapar/ft/fault_tolerant_fsdp.h"
 #include "datapar/models/lenet.h"
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
@@ -614,6 +615,103 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   return 0;
 }
 
+// What run_fault_tolerant needs of its trainer: ft::FaultTolerantDdp (--mode ddp, with or
+// without --zero) or ft::FaultTolerantFsdp (--mode fsdp). The trainers live in `owned`.
+struct FtTrainer {
+  std::function<int64_t()> step, epochs_joined;
+  // train(forward, rank, size), as the trainers' train_step with this epoch's forward.
+  std::function<bool(const std::function<void(const Forward&, int, int)>&, const ft::Together&)> train_step;
+  std::function<void(const ft::Together&)> finish;
+  Forward forward;                               // this epoch's, for evaluation
+  std::function<torch::nn::Module&()> module;    // this epoch's
+  // Collective: the checkpoint of the model and optimizer now, on the epoch's rank 0.
+  std::function<std::optional<train::Checkpoint>(int64_t epoch)> checkpoint;
+  std::shared_ptr<void> owned;
+};
+
+template <typename Impl>
+FtTrainer make_ft_trainer(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd,
+                          ft::ElasticGroup& elastic, int64_t step) {
+  const TrainOptions& o = plan.options;
+  const auto options = static_cast<const torch::optim::SGDOptions&>(sgd.defaults());
+  const ft::ShardedOptimizer::Factory make_sgd = [options](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(std::move(p), options);
+  };
+  FtTrainer t;
+  if (o.mode == "fsdp") {
+    using Trainer = ft::FaultTolerantFsdp<Impl>;
+    FsdpOptions fsdp_options;
+    fsdp_options.reshard_after_forward = o.reshard;
+    // The units of the fsdp mode (run()); the model starts from `model` and `sgd` (resumed).
+    auto trainer = std::make_shared<Trainer>(
+        [] { return std::make_shared<Impl>(); },
+        [](Impl& m, const std::shared_ptr<ProcessGroup>& group, const FsdpOptions& unit_options) {
+          fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl,
+                           CheckpointedImpl<models::ResidualImpl>>(m, group, unit_options);
+        },
+        make_sgd, elastic, fsdp_options,
+        typename Trainer::Start{state_dict(*model), train::optimizer_state_dict(sgd), step});
+    t.train_step = [trainer](const auto& train, const ft::Together& before) {
+      return trainer->train_step(
+          [&](FullyShardedDataParallel<Impl>& fsdp, int rank, int size) {
+            train([&](const at::Tensor& x) { return fsdp.forward(x); }, rank, size);
+          },
+          before);
+    };
+    t.forward = [trainer](const at::Tensor& x) { return trainer->fsdp().forward(x); };
+    t.module = [trainer]() -> torch::nn::Module& { return *trainer->fsdp().module(); };
+    t.checkpoint = [trainer, &elastic](int64_t epoch) -> std::optional<train::Checkpoint> {
+      train::Checkpoint c;
+      c.model = trainer->fsdp().full_state_dict();
+      c.optimizer = trainer->fsdp().full_optimizer_state(trainer->optimizer());
+      if (elastic.rank() != 0) return std::nullopt;
+      c.epoch = epoch;
+      c.rng = train::get_rng_state();
+      return c;
+    };
+    t.step = [trainer] { return trainer->step(); };
+    t.epochs_joined = [trainer] { return trainer->epochs_joined(); };
+    t.finish = [trainer](const ft::Together& last) { trainer->finish(last); };
+    t.owned = trainer;
+    return t;
+  }
+  // ddp: the optimizer whole on every rank, or under --zero sharded, each shard kept twice.
+  using Trainer = ft::FaultTolerantDdp<Impl>;
+  struct Ddp {
+    std::unique_ptr<ft::ShardedOptimizer> zero;
+    std::unique_ptr<Trainer> trainer;
+  };
+  auto ddp = std::make_shared<Ddp>();
+  if (o.zero) {
+    ddp->zero = std::make_unique<ft::ShardedOptimizer>(model->parameters(), make_sgd);
+    ddp->zero->load_full_state(sgd);  // what resume() restored, if anything
+    ddp->trainer = std::make_unique<Trainer>(model, *ddp->zero, elastic, DdpOptions{}, step);
+  } else {
+    ddp->trainer = std::make_unique<Trainer>(model, sgd, elastic, DdpOptions{}, step);
+  }
+  Trainer* trainer = ddp->trainer.get();
+  t.train_step = [trainer](const auto& train, const ft::Together& before) {
+    return trainer->train_step(
+        [&](DistributedDataParallel<Impl>& d, int rank, int size) {
+          train([&](const at::Tensor& x) { return d.forward(x); }, rank, size);
+        },
+        before);
+  };
+  t.forward = [model](const at::Tensor& x) { return model->forward(x); };
+  t.module = [model]() -> torch::nn::Module& { return *model; };
+  ft::ShardedOptimizer* zero = ddp->zero.get();
+  t.checkpoint = [zero, model, &sgd, &elastic](int64_t epoch) -> std::optional<train::Checkpoint> {
+    const std::unique_ptr<torch::optim::Optimizer> gathered = zero ? zero->consolidate(*elastic.group(), 0) : nullptr;
+    if (elastic.rank() != 0) return std::nullopt;
+    return train::make_checkpoint(*model, gathered ? *gathered : sgd, epoch);
+  };
+  t.step = [trainer] { return trainer->step(); };
+  t.epochs_joined = [trainer] { return trainer->epochs_joined(); };
+  t.finish = [trainer](const ft::Together& last) { trainer->finish(last); };
+  t.owned = ddp;
+  return t;
+}
+
 // --fault-tolerant (datapar/ft/fault_tolerant_ddp.h, docs/fault_tolerance.md): step g is
 // global batch g of the run (BalancedBatches's order of its epoch, cut for the job's full
 // size so that every rank alive has rows), split evenly over the ranks alive at that
@@ -658,19 +756,7 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   // loaded an older checkpoint (or none: a replacement started later) takes the newest
   // step's state from a peer when it joins.
   const int64_t first_epoch = plan.resume ? resume(plan, *model, sgd, device) : 0;
-  std::optional<ft::ShardedOptimizer> zero;
-  std::optional<ft::FaultTolerantDdp<Impl>> trainer_storage;
-  if (o.zero) {
-    const auto options = static_cast<const torch::optim::SGDOptions&>(sgd.defaults());
-    zero.emplace(model->parameters(), [options](std::vector<at::Tensor> shard) {
-      return std::make_unique<torch::optim::SGD>(std::move(shard), options);
-    });
-    zero->load_full_state(sgd);  // what resume() restored, if anything
-    trainer_storage.emplace(model, *zero, elastic, DdpOptions{}, first_epoch * per_epoch);
-  } else {
-    trainer_storage.emplace(model, sgd, elastic, DdpOptions{}, first_epoch * per_epoch);
-  }
-  ft::FaultTolerantDdp<Impl>& trainer = *trainer_storage;
+  const FtTrainer trainer = make_ft_trainer(plan, model, sgd, elastic, first_epoch * per_epoch);
   // For the launcher, which reports this member dead the moment this process fails.
   store->set(ft_worker_key(kFtRun, static_cast<int>(env("GROUP_RANK") ? number("GROUP_RANK") : 0),
                            static_cast<long>(::getpid())),
@@ -700,10 +786,9 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
       ended = current;
       current = {};
     }
-    const Forward forward = [&](const at::Tensor& x) { return model->forward(x); };
-    const auto [right, samples] =
-        evaluate(plan, data, *model, forward, device, EvalPart{rank, size, elastic.group().get()});
-    const std::unique_ptr<torch::optim::Optimizer> gathered = zero ? zero->consolidate(*elastic.group(), 0) : nullptr;
+    const auto [right, samples] = evaluate(plan, data, trainer.module(), trainer.forward, device,
+                                           EvalPart{rank, size, elastic.group().get()});
+    std::optional<train::Checkpoint> checkpoint = trainer.checkpoint(step / per_epoch);
     if (rank != 0 || step <= reported) return;
     reported = step;
     const int64_t epoch = step / per_epoch;
@@ -714,14 +799,13 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
                 seconds_since(start), size, (long)elastic.epoch().number);
     std::fflush(stdout);
     if (o.checkpoint_dir.empty()) return;
-    const train::Progress progress = {{"seed", static_cast<int64_t>(o.seed)}};
-    train::save_checkpoint(train::make_checkpoint(*model, gathered ? *gathered : sgd, epoch, progress),
-                           train::checkpoint_path(o.checkpoint_dir, epoch), 0);
+    checkpoint->progress = {{"seed", static_cast<int64_t>(o.seed)}};
+    train::save_checkpoint(*checkpoint, train::checkpoint_path(o.checkpoint_dir, epoch), 0);
   };
   while (trainer.step() < total) {
     at::Tensor loss, logits, y;
     const bool committed = trainer.train_step(
-        [&](DistributedDataParallel<Impl>& ddp, int rank, int size) {
+        [&](const Forward& forward, int rank, int size) {
           const int64_t step = trainer.step();
           if (step / per_epoch != globals_epoch) {
             globals_epoch = step / per_epoch;
@@ -732,8 +816,8 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
           const int64_t n = global.size(0), begin = n * rank / size, end = n * (rank + 1) / size;
           const Batch batch = data.train->get_batch(global.narrow(0, begin, end - begin));
           y = batch.target.to(device);
-          model->train();
-          logits = ddp.forward(batch.data.to(device));
+          trainer.module().train();
+          logits = forward(batch.data.to(device));
           loss = at::cross_entropy_loss(logits, y);
           loss.backward();
         },

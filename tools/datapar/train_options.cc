@@ -68,10 +68,11 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
                 "the momentum of its share of the parameters only; checkpoints hold the whole state. With "
                 "--fault-tolerant each share is kept by two ranks, so that one failure loses none");
   cmd->add_flag("--fault-tolerant", o.fault_tolerant,
-                "ddp under datapar launch --fault-tolerant: a rank that dies or hangs is left behind and the others "
-                "go on from where they are (each step committed only when every live rank finished it); a "
-                "restarted rank joins and takes the state from a peer. The global batches do not depend on who is "
-                "alive, so the training does not either");
+                "ddp or fsdp under datapar launch --fault-tolerant: a rank that dies or hangs is left behind and "
+                "the others go on from where they are (each step committed only when every live rank finished it); "
+                "a restarted rank joins and takes the state from a peer. The global batches do not depend on who "
+                "is alive, so the training does not either. Under fsdp (and --zero) each rank's shard is kept by "
+                "the next rank too");
   cmd->add_flag("--reshard,!--no-reshard", o.reshard,
                 "fsdp: free each unit's gathered parameters after its forward and gather them again for backward "
                 "(ZeRO-3, the default); --no-reshard keeps them until backward (less traffic, more memory)");
@@ -200,11 +201,13 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                     ? " shards it already, with the parameters and gradients."
                     : " has one optimizer.\n---> HINT: add --mode ddp (under datapar launch), or leave out --zero.");
   if (o.fault_tolerant) {
-    DATAPAR_CHECK(o.mode == "ddp" && (o.backend.empty() || o.backend == "gloo"), "--fault-tolerant trains ddp ",
-                  "over gloo; --mode ", o.mode, (o.backend.empty() ? "" : " --backend " + o.backend),
-                  " is not that.\n---> HINT: use --mode ddp --backend gloo.");
-    DATAPAR_CHECK(o.balance == "even" && !o.evaluate && o.trace.empty() && o.checkpoint_format == "torch",
-                  "--fault-tolerant does not combine with --balance, --evaluate, --trace or "
+    DATAPAR_CHECK((o.mode == "ddp" || o.mode == "fsdp") && (o.backend.empty() || o.backend == "gloo"),
+                  "--fault-tolerant trains ddp or fsdp over gloo; --mode ", o.mode,
+                  (o.backend.empty() ? "" : " --backend " + o.backend),
+                  " is not that.\n---> HINT: use --mode ddp (or fsdp) --backend gloo.");
+    DATAPAR_CHECK(o.balance == "even" && !o.evaluate && o.trace.empty() && o.checkpoint_format == "torch" &&
+                      o.mp == "none",
+                  "--fault-tolerant does not combine with --balance, --evaluate, --trace, --mp or "
                   "--checkpoint-format dcp yet.");
   }
   DATAPAR_CHECK(one_of(o.mp, {"none", "bf16", "fp16"}), "--mp: \"", o.mp,
