@@ -13,12 +13,15 @@
 #   resumed   seconds from the kill to training going on: for ft, the first step the
 #             survivors commit after it ("membership epoch" line); for restart, the
 #             restarted job's "resuming from" line (before its first step)
+# `mode`: what every way trains, ddp or fsdp (each rank's shard kept by the next rank too).
 #   bench/ft_recovery.sh [bin_dir=build/bin] [rounds=3] [data=../shared/datasets/fashion-mnist] [limit=30000]
+#                        [mode=ddp]
 set -euo pipefail
 bin=${1:-build/bin}
 rounds=${2:-3}
 data=${3:-../shared/datasets/fashion-mnist}
 limit=${4:-30000}
+mode=${5:-ddp}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -43,7 +46,7 @@ run() {
   local way=$1 kill=$2 dir=$work/$1.$2
   rm -rf "$dir"
   mkdir -p "$dir/checkpoints"
-  local launch=(--nproc-per-node 2 --max-restarts 1) train=(--mode ddp --backend gloo --model lenet --epochs 3
+  local launch=(--nproc-per-node 2 --max-restarts 1) train=(--mode "$mode" --backend gloo --model lenet --epochs 3
     --batch-size 64 --data "$data" --limit "$limit" --workers 1 --checkpoint-dir "$dir/checkpoints")
   local shm=1 resumed_line="resuming from"
   if [[ $way == ft* ]]; then
@@ -96,7 +99,7 @@ for ((r = 0; r < rounds; r++)); do
     echo "$resumed" >>"$work/$way.resumed"
   done
 done
-echo "medians over $rounds rounds (LeNet, 2 ranks, $limit samples, 3 epochs, kill in the middle of epoch 2):"
+echo "medians over $rounds rounds (LeNet, $mode, 2 ranks, $limit samples, 3 epochs, kill in the middle of epoch 2):"
 for way in "${ways[@]}"; do
   echo "  $way: lost $(median <"$work/$way.lost") s, resumed $(median <"$work/$way.resumed") s after the kill"
 done
