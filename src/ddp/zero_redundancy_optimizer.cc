@@ -49,16 +49,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params,
 
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
 
-void ZeroRedundancyOptimizer::zero_grad() {
-  // In place, as libtorch 1.x's Optimizer::zero_grad: gradients that are views of DDP's
-  // buckets (gradient_as_bucket_view) stay views.
-  for (at::Tensor& p : params_) {
-    at::Tensor& g = p.mutable_grad();
-    if (!g.defined()) continue;
-    g.detach_();
-    g.zero_();
-  }
-}
+void ZeroRedundancyOptimizer::zero_grad() { detail::zero_gradients_in_place(params_); }
 
 void ZeroRedundancyOptimizer::step() {
   {

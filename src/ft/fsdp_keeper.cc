@@ -192,9 +192,12 @@ void FsdpKeeper::Impl::fill(const Whole& whole, int n, int rank, const FsdpParts
 
 void FsdpKeeper::Impl::keep_previous(ProcessGroup& group, const FsdpParts& next) {
   const int n = group.size(), rank = group.rank();
-  kept.clear();
-  kept_optimizer.reset();
-  if (n == 1) return;  // its own shard is the whole model
+  if (n == 1) {  // its own shard is the whole model
+    kept.clear();
+    kept_optimizer.reset();
+    kept_gradients = at::Tensor();
+    return;
+  }
   // This rank's shards and their state, side by side, to the next rank; the previous
   // rank's from it, in the same order (every rank's shards have the same sizes).
   std::vector<at::Tensor> mine;
@@ -207,39 +210,43 @@ void FsdpKeeper::Impl::keep_previous(ProcessGroup& group, const FsdpParts& next)
     for (const at::Tensor& t : datapar::detail::param_state_tensors(kind, *state)) mine.push_back(t.reshape({-1}));
   }
   const at::Tensor out = at::cat(mine);
-  at::Tensor in = at::empty_like(out);
+  const at::Tensor in = at::empty_like(out);
   auto sent = group.send(out, (rank + 1) % n);
   auto got = group.recv(in, (rank + n - 1) % n);
   sent->wait();
   got->wait();
+  // Received whole: only now does the shard kept before go (a failure above keeps it).
+  std::vector<at::Tensor> shards;
   int64_t at_ = 0;
-  auto take = [&](int64_t numel, const at::Tensor& like) {
-    at::Tensor t = in.narrow(0, at_, numel).clone().view(like.sizes());
-    at_ += numel;
+  auto take = [&](const at::Tensor& like) {
+    at::Tensor t = in.narrow(0, at_, like.numel()).clone().view(like.sizes());
+    at_ += like.numel();
     return t;
   };
   std::vector<std::vector<at::Tensor>> states;
   for (size_t u = 0; u < next.shards.size(); ++u) {
-    const at::Tensor& s = next.shards[u];
-    kept.push_back(take(s.numel(), s));
+    shards.push_back(take(next.shards[u]));
     states.emplace_back();
     for (size_t t = 0; t < datapar::detail::param_state_tensor_count(kind, meta[u]); ++t) {
-      states.back().push_back(take(s.numel(), s));
+      states.back().push_back(take(next.shards[u]));
     }
   }
-  kept_optimizer = make_optimizer(kept);
-  kept_optimizer->param_groups()[0].set_options(next.optimizer->param_groups()[0].options().clone());
-  for (size_t u = 0; u < kept.size(); ++u) {
-    if (meta[u][0]) set_state(*kept_optimizer, kept[u], datapar::detail::make_param_state(kind, meta[u], states[u]));
+  std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(shards);
+  optimizer->param_groups()[0].set_options(next.optimizer->param_groups()[0].options().clone());
+  for (size_t u = 0; u < shards.size(); ++u) {
+    if (meta[u][0]) set_state(*optimizer, shards[u], datapar::detail::make_param_state(kind, meta[u], states[u]));
   }
   int64_t total = 0;
-  for (const at::Tensor& k : kept) total += k.numel();
-  kept_gradients = at::zeros({total}, kept.empty() ? at::TensorOptions() : kept.front().options());
+  for (const at::Tensor& k : shards) total += k.numel();
+  const at::Tensor gradients = at::zeros({total}, out.options());  // exchange_gradients receives into it
   int64_t offset = 0;
-  for (at::Tensor& k : kept) {
-    k.mutable_grad() = kept_gradients.narrow(0, offset, k.numel()).view(k.sizes());
+  for (at::Tensor& k : shards) {
+    k.mutable_grad() = gradients.narrow(0, offset, k.numel()).view(k.sizes());
     offset += k.numel();
   }
+  kept = std::move(shards);
+  kept_optimizer = std::move(optimizer);
+  kept_gradients = gradients;
 }
 
 int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
@@ -331,6 +338,7 @@ int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, 
   m.keep_previous(group, next);
   m.whole = false;
   m.model = StateDict();
+  m.optimizer = train::OptimizerState(c10::AnyType::get(), c10::AnyType::get());
   m.layout_epoch = epoch;
   m.layout_size = group.size();
   m.layout_rank = me;
@@ -349,6 +357,18 @@ void FsdpKeeper::exchange_gradients(ProcessGroup& group, const std::vector<at::T
   auto got = group.recv(impl_->kept_gradients, (rank + n - 1) % n);
   sent->wait();
   got->wait();
+}
+
+int64_t FsdpKeeper::kept_bytes() const {
+  const Impl& m = *impl_;
+  int64_t bytes = m.kept_gradients.defined() ? static_cast<int64_t>(m.kept_gradients.nbytes()) : 0;
+  for (const at::Tensor& k : m.kept) {
+    bytes += static_cast<int64_t>(k.nbytes());
+    const optim::OptimizerParamState* state = m.kept_optimizer ? state_of(*m.kept_optimizer, k) : nullptr;
+    if (state == nullptr) continue;
+    for (const at::Tensor& t : datapar::detail::param_state_tensors(m.kind, *state)) bytes += t.nbytes();
+  }
+  return bytes;
 }
 
 void FsdpKeeper::update() {

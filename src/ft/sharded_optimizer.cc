@@ -94,14 +94,7 @@ void ShardedOptimizer::load_full_state(const optim::Optimizer& full) {
   rebuild(std::move(states));
 }
 
-void ShardedOptimizer::zero_grad() {
-  for (at::Tensor& p : params_) {
-    at::Tensor& g = p.mutable_grad();
-    if (!g.defined()) continue;
-    g.detach_();
-    g.zero_();
-  }
-}
+void ShardedOptimizer::zero_grad() { datapar::detail::zero_gradients_in_place(params_); }
 
 void ShardedOptimizer::update() {
   torch::NoGradGuard no_grad;

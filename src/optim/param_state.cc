@@ -105,6 +105,15 @@ std::unique_ptr<optim::OptimizerParamState> copy_param_state(OptimizerKind kind,
   return make_param_state(kind, param_state_meta(kind, &s), tensors);
 }
 
+void zero_gradients_in_place(const std::vector<at::Tensor>& params) {
+  for (const at::Tensor& p : params) {
+    at::Tensor& g = const_cast<at::Tensor&>(p).mutable_grad();
+    if (!g.defined()) continue;
+    g.detach_();
+    g.zero_();
+  }
+}
+
 std::vector<int> balanced_owners(const std::vector<at::Tensor>& params, int world) {
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), 0);

@@ -36,6 +36,10 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_param_state(OptimizerKin
 std::unique_ptr<torch::optim::OptimizerParamState> copy_param_state(OptimizerKind kind,
                                                                     const torch::optim::OptimizerParamState& state);
 
+// Zeroes the gradients of `params` in place, as libtorch 1.x's Optimizer::zero_grad:
+// gradients that are views of DDP's buckets (gradient_as_bucket_view) stay views.
+void zero_gradients_in_place(const std::vector<at::Tensor>& params);
+
 // ZeRO's owners of `params` over `world` ranks: by size, largest first, each to the rank
 // that owns the fewest elements so far (ties: the lowest rank). The same on every rank.
 std::vector<int> balanced_owners(const std::vector<at::Tensor>& params, int world);

@@ -232,6 +232,41 @@ TEST(Cli, BenchDdpFaultTolerantTimesTheVoteAgainstPlainDdp) {
   EXPECT_GT(std::stod(r.output.substr(ratio + 3)), 0.0) << r.output;
 }
 
+// With --zero too: the fault-tolerant step with the optimizer state sharded, each shard on
+// two ranks (on two ranks each keeps the whole state: 2/n).
+TEST(Cli, BenchDdpFaultTolerantZeroReportsTheStepAndTheStateEachRankKeeps) {
+  const ProcessResult r = run(bin("datapar") +
+                              " bench ddp --model mlp --nproc 2 --batch 16 --steps 3 --warmup 1 --fault-tolerant "
+                              "--zero --optimizer adam");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t line = r.output.find("fault tolerance with --zero (ft::ShardedOptimizer: each shard of the adam state "
+                                    "kept by two ranks), medians of 4 rounds: step ");
+  ASSERT_NE(line, std::string::npos) << r.output;
+  const size_t most = r.output.find("optimizer state per rank ", line);
+  const size_t sum = r.output.find("MB at most, ", most);
+  const size_t whole = r.output.find("(the whole state: ", sum);
+  ASSERT_TRUE(most != std::string::npos && sum != std::string::npos && whole != std::string::npos) << r.output;
+  const double per_rank = std::stod(r.output.substr(most + 25));
+  EXPECT_GT(per_rank, 0.0) << r.output;
+  EXPECT_DOUBLE_EQ(per_rank, std::stod(r.output.substr(whole + 18))) << r.output;
+}
+
+// bench fsdp --fault-tolerant: the fault-tolerant FSDP step against FSDP's, and each rank's
+// bytes (its shards and the previous rank's: on two ranks the whole model, as ddp's).
+TEST(Cli, BenchFsdpFaultTolerantReportsTheStepAndWhatEachRankKeeps) {
+  const ProcessResult r =
+      run(bin("datapar") + " bench fsdp --model mlp --nproc 2 --batch 16 --steps 3 --warmup 1 --rounds 2 "
+                           "--fault-tolerant");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t line = r.output.find("fault-tolerant fsdp (ft::FaultTolerantFsdp): step ");
+  ASSERT_NE(line, std::string::npos) << r.output;
+  const size_t of_ddp = r.output.find("(its shards and the previous rank's), ", line);
+  ASSERT_NE(of_ddp, std::string::npos) << r.output;
+  const double share = std::stod(r.output.substr(of_ddp + 38));
+  EXPECT_GT(share, 0.9) << r.output;
+  EXPECT_LT(share, 1.1) << r.output;
+}
+
 TEST(Cli, BenchDdpReportsTheCeilingTheHiddenShareAndSamplesPerSecond) {
   const ProcessResult r = run(bin("datapar") +
                            " bench ddp --model lenet --nproc 2 --batch 16 --steps 3 --warmup 1 --gradient-as-bucket-view");

@@ -36,6 +36,7 @@
 #include "datapar/process_group/metadata.h"
 #include "file_system.h"
 #include "datapar/trace.h"
+#include "bench_ft.h"
 #include "local_job.h"
 
 namespace datapar::tools {
@@ -254,28 +255,6 @@ struct FtTimes {
   // optimizer state sharded (--zero).
   std::vector<double> ddp, ft, ft_zero;
   std::vector<double> zero_state_bytes;  // --zero: {largest rank's, sum over ranks}
-};
-
-// One fault-tolerant job in the bench: its decider (on rank 0; in a job, the launcher
-// hosts it) and its members' group. Each job its own run name: two trainers sharing one
-// ElasticGroup would each join a new epoch under the other.
-struct FtBenchJob {
-  std::unique_ptr<ft::Decider> decider;
-  std::unique_ptr<ft::ElasticGroup> elastic;
-  FtBenchJob(ProcessGroup& group, const std::string& run) {
-    ft::FtOptions options;
-    options.expected_members = group.size();
-    options.min_members = group.size();
-    const std::shared_ptr<Store> store = default_store();
-    if (group.rank() == 0) {
-      std::shared_ptr<Store> own = store->clone(kDefaultTimeout);  // its calls must not queue behind ours
-      decider = std::make_unique<ft::Decider>(own ? own : store, run, options);
-    }
-    elastic = std::make_unique<ft::ElasticGroup>(store, run, options,
-                                                 [](std::shared_ptr<Store> epoch_store, int rank, int size) {
-                                                   return new_gloo_process_group(std::move(epoch_store), rank, size);
-                                                 });
-  }
 };
 
 // 3b. Fault tolerance (ft::FaultTolerantDdp): the same steps with the vote before each

@@ -21,11 +21,13 @@
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/ft/fault_tolerant_fsdp.h"
 #include "datapar/models/lenet.h"
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/process_group/metadata.h"
 #include "datapar/train/optimizer_state.h"
+#include "bench_ft.h"
 #include "local_job.h"
 
 namespace datapar::tools {
@@ -111,11 +113,38 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
   };
   auto ddp_step = [&](int i) { step(ddp, *ddp_optimizer, i); };
   auto fsdp_step = [&](int i) { step(fsdp, *fsdp_optimizer, i); };
-  for (int i = 0; i < o.warmup; ++i) ddp_step(i), fsdp_step(i);
-  std::vector<double> ddp_times, fsdp_times;
-  for (int round = 0; round < o.rounds; ++round) {  // in turn: drifts of a shared machine hit both
+  // --fault-tolerant: the same model under ft::FaultTolerantFsdp (each rank's shard kept by
+  // the next rank too, its gradient shard sent there before each vote).
+  using Impl = typename Module::ContainedType;
+  std::unique_ptr<FtBenchJob> job;
+  std::unique_ptr<ft::FaultTolerantFsdp<Impl>> tolerant;
+  std::function<void(int)> ft_step;
+  if (o.fault_tolerant) {
+    job = std::make_unique<FtBenchJob>(group, "bench-fsdp");
+    tolerant = std::make_unique<ft::FaultTolerantFsdp<Impl>>(
+        [&] { return fresh().ptr(); },
+        [](Impl& m, const std::shared_ptr<ProcessGroup>& g, const FsdpOptions& unit_options) {
+          fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl>(m, g, unit_options);
+        },
+        [&o](std::vector<at::Tensor> p) { return make_optimizer(o.optimizer, std::move(p)); }, *job->elastic, options);
+    ft_step = [&](int i) {
+      const auto& [x, y] = batches[i % batches.size()];
+      const bool committed = tolerant->train_step([&](FullyShardedDataParallel<Impl>& f, int, int) {
+        at::cross_entropy_loss(f.forward(x), y).backward();
+      });
+      DATAPAR_CHECK(committed, "bench fsdp --fault-tolerant: a step was not committed (did a rank fail?).");
+    };
+  }
+  for (int i = 0; i < o.warmup; ++i) {
+    ddp_step(i);
+    fsdp_step(i);
+    if (ft_step) ft_step(i);
+  }
+  std::vector<double> ddp_times, fsdp_times, ft_times;
+  for (int round = 0; round < o.rounds; ++round) {  // in turn: drifts of a shared machine hit all
     ddp_times.push_back(time_steps(group, steps, ddp_step));
     fsdp_times.push_back(time_steps(group, steps, fsdp_step));
+    if (ft_step) ft_times.push_back(time_steps(group, steps, ft_step));
   }
   // Bytes after a step, gradients still held (zero_grad comes at the next step's start).
   const Footprint whole = footprint(ddp.parameters(), *ddp_optimizer);
@@ -123,6 +152,15 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
   at::Tensor most = metadata_tensor(group, std::vector<double>{static_cast<double>(shards.total())});
   group.all_reduce(most, ReduceOp::kMax)->synchronize();
   const double most_shards = host_doubles(most)[0];
+  double most_tolerant = 0;  // its own shards and the previous rank's, the largest rank
+  if (tolerant) {
+    const Footprint own = footprint(tolerant->fsdp().parameters(), tolerant->optimizer());
+    const double mine = static_cast<double>(own.total() + tolerant->kept_bytes());
+    at::Tensor t = metadata_tensor(group, std::vector<double>{mine});
+    group.all_reduce(t, ReduceOp::kMax)->synchronize();
+    most_tolerant = host_doubles(t)[0];
+    tolerant->finish();
+  }
   if (group.rank() != 0) return 0;
   const int world = group.size();
   const double t_ddp = median(ddp_times), t_fsdp = median(fsdp_times);
@@ -144,6 +182,13 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
               1.0 / world);
   std::printf("  + gathered in a step: the largest unit %.2f MiB, the unit computing and %d prefetched at most\n",
               mib(unit_bytes), options.prefetch);
+  if (tolerant) {
+    const double t_ft = median(ft_times);
+    std::printf("fault-tolerant fsdp (ft::FaultTolerantFsdp): step %.2f ms, %.3f of fsdp's; per rank at most "
+                "%.2f MiB (its shards and the previous rank's), %.3f of ddp's (2/%d = %.3f)\n",
+                t_ft * 1e3, t_ft / t_fsdp, mib(static_cast<int64_t>(most_tolerant)),
+                most_tolerant / static_cast<double>(whole.total()), world, std::min(1.0, 2.0 / world));
+  }
   std::printf("samples/s: ddp %.0f fsdp %.0f\n", world * batch / t_ddp, world * batch / t_fsdp);
   return 0;
 }

@@ -18,6 +18,7 @@ struct BenchFsdpOptions {
   int threads = 1;                 // intra-op threads per process
   std::string optimizer = "adam";  // adam (lr 1e-3) or sgd (lr 0.01)
   bool reshard = true;             // FsdpOptions::reshard_after_forward
+  bool fault_tolerant = false;      // also time ft::FaultTolerantFsdp (gloo)
 };
 
 // Each rank, all at once: the model under DDP and under FSDP (each layer with parameters a

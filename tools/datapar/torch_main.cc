@@ -105,6 +105,9 @@ int main(int argc, char** argv) {
       ->check(datapar::tools::whole_number<decltype(fsdp.warmup)>());
   bench_fsdp->add_option("--rounds", fsdp.rounds, "DDP and FSDP timed in turn, this many rounds each (default 5)")
       ->check(datapar::tools::whole_number<decltype(fsdp.rounds)>());
+  bench_fsdp->add_flag("--fault-tolerant", fsdp.fault_tolerant,
+                       "Also time FSDP under fault tolerance (ft::FaultTolerantFsdp: each rank's shard kept by the "
+                       "next rank too), and report what each rank keeps");
   bench_fsdp->add_option("--threads", fsdp.threads, "Intra-op threads per process (default 1)")
       ->check(datapar::tools::whole_number<decltype(fsdp.threads)>());
   bench_fsdp->add_option("--optimizer", fsdp.optimizer, "adam (lr 1e-3; the default) or sgd (lr 0.01)");

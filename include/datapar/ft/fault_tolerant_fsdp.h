@@ -84,6 +84,8 @@ class FsdpKeeper {
   void exchange_gradients(ProcessGroup& group, const std::vector<at::Tensor>& shards);
   // The committed step's update of the kept shard.
   void update();
+  // Bytes of the previous rank's shard kept here: its parameters, gradients and state.
+  int64_t kept_bytes() const;
 
  private:
   struct Impl;
@@ -131,6 +133,9 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   // The current membership epoch's FSDP and optimizer (over its shards).
   Fsdp& fsdp() { return *fsdp_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  // Bytes of the previous rank's shard this rank keeps besides its own (parameters,
+  // gradients, optimizer state).
+  int64_t kept_bytes() const { return keeper_.kept_bytes(); }
 
  private:
   detail::FsdpKeeper make_keeper(const std::optional<Start>& start) {
