@@ -7,6 +7,15 @@
 // the zeros at its end: the shards of one layout are put side by side and cut again for
 // another. The padding stays zero through training (its gradient is zero, and so is every
 // update SGD, Adam and AdamW make of a zero gradient on a zero parameter with zero state).
+//
+// Note [Sending a gradient shard to the next rank]
+// Each rank needs the previous rank's reduced gradient shard, 1/n of the gradient: a send
+// and a receive would move just that. Through gloo they go over TCP even between processes
+// of one machine, and cost a few milliseconds of latency each step here (a LeNet step of
+// FSDP took 1.24-1.31 times as long), while collectives go through shared memory. So each
+// unit's shard goes by an all-gather: (n - 1)/n of the unit's gradient per rank instead of
+// 1/n, and at most the largest unit whole in memory at a time (which FSDP gathers anyway);
+// a LeNet step then costs 1.00-1.02 times FSDP's (docs/benchmarks.md).
 #include "datapar/ft/fault_tolerant_fsdp.h"
 
 #include <ATen/ATen.h>
@@ -347,16 +356,19 @@ int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, 
 }
 
 void FsdpKeeper::exchange_gradients(ProcessGroup& group, const std::vector<at::Tensor>& shards) {
-  const int n = group.size(), rank = group.rank();
+  const int n = group.size(), rank = group.rank(), previous = (rank + n - 1) % n;
   if (n == 1) return;
-  std::vector<at::Tensor> grads;
+  // Note [Sending a gradient shard to the next rank]
+  int64_t offset = 0;
   for (const at::Tensor& s : shards) {
-    grads.push_back(s.grad().defined() ? s.grad().detach().reshape({-1}) : at::zeros({s.numel()}, s.options()));
+    const at::Tensor grad = s.grad().defined() ? s.grad().detach().reshape({-1}) : at::zeros({s.numel()}, s.options());
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < n; ++r) {
+      parts.push_back(r == previous ? impl_->kept_gradients.narrow(0, offset, s.numel()) : at::empty_like(grad));
+    }
+    group.all_gather(parts, grad)->wait();
+    offset += s.numel();
   }
-  auto sent = group.send(at::cat(grads), (rank + 1) % n);
-  auto got = group.recv(impl_->kept_gradients, (rank + n - 1) % n);
-  sent->wait();
-  got->wait();
 }
 
 int64_t FsdpKeeper::kept_bytes() const {
