@@ -86,7 +86,7 @@ run() {
   echo "$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }') $resumed $epoch"
 }
 
-ways=(ft ft-tcp restart)
+read -r -a ways <<<"${FT_RECOVERY_WAYS:-ft ft-tcp restart}"  # e.g. FT_RECOVERY_WAYS="ft restart"
 for way in "${ways[@]}"; do : >"$work/$way.lost"; : >"$work/$way.resumed"; done
 for ((r = 0; r < rounds; r++)); do
   for ((i = 0; i < ${#ways[@]}; i++)); do
