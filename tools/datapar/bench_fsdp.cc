@@ -128,9 +128,9 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
         },
         [&o](std::vector<at::Tensor> p) { return make_optimizer(o.optimizer, std::move(p)); }, *job->elastic, options);
     ft_step = [&](int i) {
-      const auto& [x, y] = batches[i % batches.size()];
+      const auto& batch = batches[i % batches.size()];  // not a structured binding: C++17 lambdas cannot capture one
       const bool committed = tolerant->train_step([&](FullyShardedDataParallel<Impl>& f, int, int) {
-        at::cross_entropy_loss(f.forward(x), y).backward();
+        at::cross_entropy_loss(f.forward(batch.first), batch.second).backward();
       });
       DATAPAR_CHECK(committed, "bench fsdp --fault-tolerant: a step was not committed (did a rank fail?).");
     };
