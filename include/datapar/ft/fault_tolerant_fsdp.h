@@ -3,8 +3,8 @@
 // FaultTolerantDdp. FSDP keeps 1/n of the parameters, gradients and optimizer state on each
 // rank, so a death would lose a shard of the model itself: here each rank also keeps the
 // shard of the rank before it (its parameters and optimizer state), receives that rank's
-// reduced gradient shard before each vote (1/n of the gradient, point to point) and updates
-// both on a commit. One failure at a time loses nothing: after a membership change every
+// reduced gradient shard before each vote (an all-gather per unit: Note [Sending a gradient
+// shard to the next rank] in src/ft/fsdp_keeper.cc) and updates both on a commit. One failure at a time loses nothing: after a membership change every
 // member takes the newest state from the members that kept each shard and the model is
 // sharded anew over the new membership. Two neighbours lost at once lose a shard: the job
 // stops with a MembershipError that says so (resume it from the last checkpoint).
