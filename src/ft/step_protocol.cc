@@ -32,7 +32,12 @@ void StepProtocol::reconfigure() {
   standing_.step = step_;
   elastic_.join(step_);
   ++epochs_joined_;
-  rebuild();
+  try {
+    rebuild();
+  } catch (...) {
+    step_ = standing_.step;  // what this member keeps now (a missed vote it applied meanwhile)
+    throw;
+  }
 }
 
 bool StepProtocol::run_step(const std::function<void(int, int)>& train, const Together& before) {

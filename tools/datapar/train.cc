@@ -788,7 +788,8 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
     }
     const auto [right, samples] = evaluate(plan, data, trainer.module(), trainer.forward, device,
                                            EvalPart{rank, size, elastic.group().get()});
-    std::optional<train::Checkpoint> checkpoint = trainer.checkpoint(step / per_epoch);
+    std::optional<train::Checkpoint> checkpoint;  // gathered only when one is written
+    if (!o.checkpoint_dir.empty()) checkpoint = trainer.checkpoint(step / per_epoch);
     if (rank != 0 || step <= reported) return;
     reported = step;
     const int64_t epoch = step / per_epoch;

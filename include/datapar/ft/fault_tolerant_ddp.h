@@ -108,13 +108,7 @@ class FaultTolerantDdp : public detail::StepProtocol {
 
   void rebuild() override {
     if (sharded_) {
-      ShardedOptimizer::Resharded resharded;
-      try {
-        resharded = sharded_->reshard(*elastic_.group(), standing_);
-      } catch (...) {
-        step_ = standing_.step;  // a missed vote it applied meanwhile
-        throw;
-      }
+      const ShardedOptimizer::Resharded resharded = sharded_->reshard(*elastic_.group(), standing_);
       step_ = resharded.step;
       detail::broadcast_buffers(*module_, *elastic_.group(), resharded.source);
     } else {

@@ -175,12 +175,7 @@ class FaultTolerantFsdp : public detail::StepProtocol {
     const detail::FsdpParts next = parts(*fsdp, *optimizer);
     std::optional<detail::FsdpParts> current;
     if (fsdp_) current = parts(*fsdp_, *optimizer_);
-    try {
-      step_ = keeper_.rebuild(*group, elastic_.epoch().number, standing_, current ? &*current : nullptr, next);
-    } catch (...) {
-      step_ = standing_.step;  // a missed vote it applied meanwhile
-      throw;
-    }
+    step_ = keeper_.rebuild(*group, elastic_.epoch().number, standing_, current ? &*current : nullptr, next);
     optimizer_ = std::move(optimizer);
     fsdp_ = std::move(fsdp);
     model_ = std::move(model);

@@ -45,8 +45,8 @@ class StepProtocol {
   void run_finish(const Together& last);
 
   // The wrapper's parts. ready(): it has the current epoch's wrapper. rebuild(): after
-  // joining, take the newest state (setting step_, and standing_ as it goes) and make the
-  // epoch's wrapper. drop(): forget the wrapper (its group failed, or a new epoch comes).
+  // joining, take the newest state (setting step_, and standing_ as it goes: when rebuild
+  // throws, step_ becomes standing_.step) and make the epoch's wrapper. drop(): forget the wrapper (its group failed, or a new epoch comes).
   virtual bool ready() const = 0;
   virtual void rebuild() = 0;
   virtual void drop() = 0;
