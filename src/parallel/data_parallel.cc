@@ -31,20 +31,29 @@ void check_data_parallel_options(const DataParallelOptions& options) {
   if (options.auto_balance) LoadBalancer(devices.size(), options.balance, options.device_weights);  // checks them
 }
 
+std::vector<size_t> devices_taking_part(const std::vector<double>& weights) {
+  std::vector<size_t> part;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (i == 0 || weights[i] > 0) part.push_back(i);
+  }
+  return part;
+}
+
 void record_balanced_step(LoadBalancer& balancer, ReplicaTimes& times, const std::vector<int64_t>& rows,
-                          double gather_seconds, const std::vector<Device>& devices, const Device& output_device) {
+                          const std::vector<size_t>& part, double gather_seconds, const std::vector<Device>& devices,
+                          const Device& output_device) {
   const size_t chunks = times.forward.size();
   const bool complete = chunks > 0 && chunks == rows.size() &&
                         std::all_of(times.backward.begin(), times.backward.end(), [](double s) { return s >= 0; });
   if (!complete) return;
   std::vector<int64_t> all_rows(devices.size(), 0);
   std::vector<double> busy(devices.size(), 0.0);
-  for (size_t i = 0; i < chunks; ++i) {
-    all_rows[i] = rows[i];
-    busy[i] = times.forward[i] + times.backward[i];
+  for (size_t k = 0; k < chunks; ++k) {
+    all_rows[part[k]] = rows[k];
+    busy[part[k]] = times.forward[k] + times.backward[k];
   }
   for (size_t i = 0; i < devices.size(); ++i) {
-    if (devices[i] == output_device) busy[i] += gather_seconds;
+    if (devices[i] == output_device && all_rows[i] > 0) busy[i] += gather_seconds;
   }
   times.forward.clear();  // recorded: a forward without backward in between records nothing
   times.backward.clear();

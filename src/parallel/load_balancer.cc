@@ -16,17 +16,58 @@ double median(std::deque<double> values) {
   return (*std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid)) + upper) / 2;
 }
 
-// The step's length, per row of the batch, when device i takes weights[i] of it.
-double predicted_step(const std::vector<double>& weights, const std::vector<double>& costs) {
+// Device i's time for a share w of n rows under the model (fixed + per_row x rows).
+double device_step(double w, double n, double fixed, double per_row) { return w > 0 ? fixed + per_row * w * n : 0; }
+
+// The step's length: its latest finishing device.
+double predicted_step(const std::vector<double>& weights, double n, const std::vector<double>& fixed,
+                      const std::vector<double>& per_row) {
   double longest = 0;
-  for (size_t i = 0; i < weights.size(); ++i) longest = std::max(longest, weights[i] * costs[i]);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    longest = std::max(longest, device_step(weights[i], n, fixed[i], per_row[i]));
+  }
   return longest;
+}
+
+// The shares of n rows under which every device that gets some finishes at one time T, and
+// a device whose fixed cost is T or more gets none (Note [Fixed cost per step]). Devices
+// with per_row 0 (never measured) get none. Devices join in order of fixed cost, while
+// their fixed cost is below the T of those before them.
+std::vector<double> water_filling(double n, const std::vector<double>& fixed, const std::vector<double>& per_row) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < fixed.size(); ++i) {
+    if (per_row[i] > 0) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return fixed[x] < fixed[y]; });
+  double inverse_sum = 0;   // sum of 1 / per_row over the devices in
+  double weighted_sum = 0;  // sum of fixed / per_row over them
+  double finish = 0;
+  size_t in = 0;
+  for (; in < order.size(); ++in) {
+    const size_t i = order[in];
+    if (in > 0 && fixed[i] >= finish) break;
+    inverse_sum += 1 / per_row[i];
+    weighted_sum += fixed[i] / per_row[i];
+    finish = (n + weighted_sum) / inverse_sum;
+  }
+  std::vector<double> shares(fixed.size(), 0.0);
+  for (size_t k = 0; k < in; ++k) {
+    const size_t i = order[k];
+    shares[i] = std::max(0.0, (finish - fixed[i]) / per_row[i]) / n;
+  }
+  return shares;
 }
 
 }  // namespace
 
 LoadBalancer::LoadBalancer(size_t devices, LoadBalancerOptions options, std::vector<double> initial_weights)
-    : options_(options), costs_(devices), latest_(devices, 0.0), last_move_(devices, 0.0) {
+    : options_(options),
+      costs_(devices),
+      points_(devices),
+      fixed_(devices, 0.0),
+      per_row_(devices, 0.0),
+      latest_(devices, 0.0),
+      last_move_(devices, 0.0) {
   DATAPAR_CHECK(devices >= 1, "LoadBalancer: no devices; give at least one.");
   DATAPAR_CHECK(options.window >= 1, "LoadBalancer: window is ", options.window, "; it must be >= 1.");
   DATAPAR_CHECK(options.min_steps >= 1 && options.min_steps <= options.window, "LoadBalancer: min_steps is ",
@@ -59,46 +100,66 @@ bool LoadBalancer::record(const std::vector<int64_t>& rows, const std::vector<do
                   seconds[i], " s.");
   }
   if (recorded_++ < options_.skip_steps) return false;
+  int64_t batch = 0;
   for (size_t i = 0; i < n; ++i) {
+    batch += rows[i];
     if (rows[i] == 0) continue;
     std::deque<double>& window = costs_[i];
     window.push_back(seconds[i] / static_cast<double>(rows[i]));
     if (static_cast<int64_t>(window.size()) > options_.window) window.pop_front();
     latest_[i] = median(window);
-  }
-  const bool measured = std::all_of(costs_.begin(), costs_.end(), [&](const std::deque<double>& w) {
-    return static_cast<int64_t>(w.size()) >= options_.min_steps;
-  });
-  if (!measured || n == 1) return false;
 
-  // Shares in proportion to speed. A device measured as taking no time at all would get
-  // everything; its cost is floored at a millionth of the slowest's.
-  std::vector<double> costs = latest_;
-  const double slowest = *std::max_element(costs.begin(), costs.end());
-  if (slowest <= 0) return false;
-  double speed_sum = 0;
-  for (double& c : costs) {
-    c = std::max(c, slowest * 1e-6);
-    speed_sum += 1 / c;
+    std::vector<Point>& points = points_[i];
+    auto at = std::find_if(points.begin(), points.end(), [&](const Point& p) { return p.rows == rows[i]; });
+    if (at == points.end()) {
+      if (points.size() == kPoints) points.pop_back();
+      points.insert(points.begin(), Point{rows[i], {}});
+    } else {
+      std::rotate(points.begin(), at, at + 1);  // most recent first
+    }
+    points.front().seconds.push_back(seconds[i]);
+    if (static_cast<int64_t>(points.front().seconds.size()) > options_.window) points.front().seconds.pop_front();
   }
-  std::vector<double> balanced(n);
-  for (size_t i = 0; i < n; ++i) balanced[i] = (1 / costs[i]) / speed_sum;
-  if (predicted_step(weights_, costs) <= predicted_step(balanced, costs) * (1 + options_.hysteresis)) return false;
-  // Note [Halfway back]: a move against the previous one goes half as far as that one did.
+  batch_rows_ = std::max(batch_rows_, batch);
+  // Devices that take part must be measured under the current split; one left out keeps the
+  // model that left it out.
+  for (size_t i = 0; i < n; ++i) {
+    if (weights_[i] > 0 && static_cast<int64_t>(costs_[i].size()) < options_.min_steps) return false;
+  }
+  if (n == 1) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (weights_[i] > 0) fit(i);
+  }
+  // A device measured as taking no time at all would get everything; its cost per row is
+  // floored at a millionth of the slowest's.
+  const double slowest = *std::max_element(per_row_.begin(), per_row_.end());
+  if (slowest <= 0) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (per_row_[i] > 0 || weights_[i] > 0) per_row_[i] = std::max(per_row_[i], slowest * 1e-6);
+  }
+  const double rows_per_step = static_cast<double>(batch_rows_);
+  std::vector<double> balanced = water_filling(rows_per_step, fixed_, per_row_);
+  if (predicted_step(weights_, rows_per_step, fixed_, per_row_) <=
+      predicted_step(balanced, rows_per_step, fixed_, per_row_) * (1 + options_.hysteresis)) {
+    return false;
+  }
+  bool regrouped = false;  // a device left out or taken back in
+  for (size_t i = 0; i < n; ++i) regrouped = regrouped || (weights_[i] > 0) != (balanced[i] > 0);
   std::vector<double> move(n);
   double along = 0;
   for (size_t i = 0; i < n; ++i) {
     move[i] = balanced[i] - weights_[i];
     along += move[i] * last_move_[i];
   }
-  const double scale = along < 0 ? move_scale_ / 2 : 1.0;
+  // Note [Halfway back]: a move against the previous one goes half as far as that one did.
+  const double scale = along < 0 && !regrouped ? move_scale_ / 2 : 1.0;
   double largest = 0;
   for (double& m : move) {
     m *= scale;
     largest = std::max(largest, std::abs(m));
   }
-  if (largest < options_.min_move) return false;  // within the measurements' noise
-  for (size_t i = 0; i < n; ++i) weights_[i] += move[i];
+  if (largest < options_.min_move && !regrouped) return false;  // within the measurements' noise
+  for (size_t i = 0; i < n; ++i) weights_[i] = regrouped ? balanced[i] : weights_[i] + move[i];
   move_scale_ = scale;
   last_move_ = std::move(move);
   ++rebalances_;
@@ -106,5 +167,25 @@ bool LoadBalancer::record(const std::vector<int64_t>& rows, const std::vector<do
   return true;
 }
 
+void LoadBalancer::fit(size_t i) {
+  fixed_[i] = 0;
+  per_row_[i] = latest_[i];
+  const auto measured = [&](const Point& p) { return static_cast<int64_t>(p.seconds.size()) >= options_.min_steps; };
+  const std::vector<Point>& points = points_[i];
+  const auto current = std::find_if(points.begin(), points.end(), measured);
+  if (current == points.end()) return;
+  const auto apart = [&](const Point& p) {
+    return measured(p) && std::abs(p.rows - current->rows) * 4 >= std::max(p.rows, current->rows);
+  };
+  const auto earlier = std::find_if(current + 1, points.end(), apart);
+  if (earlier == points.end()) return;
+  const double t1 = median(current->seconds);
+  const double t0 = median(earlier->seconds);
+  const double slope = (t1 - t0) / static_cast<double>(current->rows - earlier->rows);
+  const double intercept = t1 - slope * static_cast<double>(current->rows);
+  if (!(slope > 0) || !(intercept > 0)) return;  // not a line a device follows: per row alone
+  fixed_[i] = intercept;
+  per_row_[i] = slope;
+}
 
 }  // namespace datapar

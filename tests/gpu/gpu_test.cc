@@ -235,8 +235,6 @@ TEST(Gpu, UnlikeDevicesFiveSgdStepsMatchOneDevice) {
   expect_five_sgd_steps_match_one_gpu(gpu_and_cpus(1), at::kFloat, 1e-5);
 }
 
-// --balance auto over cuda:0 and a CPU device: the CPU's measured share is what it gets (a
-// few rows of every batch, far fewer than half), and the gradient stays that of one device.
 // Activation checkpointing on the GPU: the recomputation restores cuda:0's RNG state, so
 // dropout on the GPU draws the same mask and the gradients are the plain segment's.
 TEST(Gpu, ActivationCheckpointRestoresTheCudaRngForDropout) {
@@ -313,6 +311,10 @@ TEST(Gpu, FsdpOnCudaOverGlooEqualsOneProcess) {
   });
 }
 
+// --balance auto over cuda:0 and a CPU device: the CPU gets what it is worth, a few rows of
+// every batch or, when its fixed cost per step (the replica's refresh, every layer's
+// overhead) is longer than the GPU's whole step, none (docs/gpu.md: by seconds per row alone
+// it kept a row and the step took 4x the GPU's); the gradient stays that of one device.
 TEST(Gpu, UnlikeDevicesAutoBalanceGivesTheCpuItsMeasuredShare) {
   DATAPAR_REQUIRE_GPUS(1);
   const at::Device gpu0(at::kCUDA, 0);

@@ -11,6 +11,7 @@
 #include <torch/version.h>
 
 #include <chrono>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -366,41 +367,57 @@ class SleepyLinearImpl : public torch::nn::Cloneable<SleepyLinearImpl> {
   SleepyLinearImpl() { reset(); }
   void reset() override { linear = register_module("linear", torch::nn::Linear(8, 4)); }
   at::Tensor forward(const at::Tensor& x) {
-    std::this_thread::sleep_for(std::chrono::microseconds(micros_per_row * x.size(0)));
+    ++forwards;
+    std::this_thread::sleep_for(std::chrono::microseconds(micros_per_step + micros_per_row * x.size(0)));
     return linear(x);
   }
   torch::nn::Linear linear{nullptr};
   int64_t micros_per_row = 0;  // copied into the replicas; set per replica after that
+  int64_t micros_per_step = 0;
+  int64_t forwards = 0;
 };
 TORCH_MODULE(SleepyLinear);
 
-TEST(DataParallel, AutoBalanceGivesTheSlowerDeviceFewerRowsAndTheSameGradients) {
-  torch::manual_seed(3);
+// DataParallel over two CPU devices with auto_balance, and the same model alone.
+struct BalancedPair {
+  BalancedPair() {
+    torch::manual_seed(3);
+    load_state_dict(*reference, state_dict(*model));
+    DataParallelOptions options;
+    options.devices = cpu_devices(2);
+    options.auto_balance = true;
+    dp.emplace(model, options);
+  }
+
+  // `steps` training steps of 64 rows; returns each step's split. Whatever the split, the
+  // gradient is the whole batch's.
+  std::vector<std::vector<int64_t>> train(int steps) {
+    std::vector<std::vector<int64_t>> splits;
+    for (int step = 0; step < steps; ++step) {
+      const auto x = at::randn({64, 8});
+      const auto target = at::randint(0, 4, {64});
+      model->zero_grad();
+      reference->zero_grad();
+      at::cross_entropy_loss((*dp)(x), target).backward();
+      at::cross_entropy_loss(reference(x), target).backward();
+      splits.push_back(dp->last_chunk_sizes());
+      EXPECT_LT(relative_error(model->linear->weight.grad(), reference->linear->weight.grad()), 1e-5) << step;
+      EXPECT_LT(relative_error(model->linear->bias.grad(), reference->linear->bias.grad()), 1e-5) << step;
+    }
+    return splits;
+  }
+
   SleepyLinear model;
   SleepyLinear reference;
-  load_state_dict(*reference, state_dict(*model));
-  DataParallelOptions options;
-  options.devices = cpu_devices(2);
-  options.auto_balance = true;
-  DataParallel dp(model, options);
+  std::optional<DataParallel<SleepyLinearImpl>> dp;
+};
+
+TEST(DataParallel, AutoBalanceGivesTheSlowerDeviceFewerRowsAndTheSameGradients) {
+  BalancedPair pair;
+  DataParallel<SleepyLinearImpl>& dp = *pair.dp;
   dp.replicas()[0]->micros_per_row = 200;
   dp.replicas()[1]->micros_per_row = 600;  // 3x slower: 3/4 of the rows belong on cpu:0
-
-  std::vector<std::vector<int64_t>> splits;
-  for (int step = 0; step < 14; ++step) {
-    const auto x = at::randn({64, 8});
-    const auto target = at::randint(0, 4, {64});
-    model->zero_grad();
-    reference->zero_grad();
-    at::cross_entropy_loss(dp(x), target).backward();
-    at::cross_entropy_loss(reference(x), target).backward();
-    splits.push_back(dp.last_chunk_sizes());
-    // Whatever the split, the gradient is the whole batch's.
-    for (const auto& [got, want] : {std::pair{model->linear->weight, reference->linear->weight},
-                                    std::pair{model->linear->bias, reference->linear->bias}}) {
-      EXPECT_LT(relative_error(got.grad(), want.grad()), 1e-5) << "step " << step;
-    }
-  }
+  const std::vector<std::vector<int64_t>> splits = pair.train(14);
   EXPECT_EQ(splits.front(), (std::vector<int64_t>{32, 32}));  // even until measured
   const std::vector<int64_t>& last = splits.back();
   EXPECT_GE(last[0], 44) << last[0] << "/" << last[1];
@@ -418,6 +435,23 @@ TEST(DataParallel, AutoBalanceGivesTheSlowerDeviceFewerRowsAndTheSameGradients) 
   }
   EXPECT_EQ(dp.last_chunk_sizes(), last);
   EXPECT_EQ(dp.balancer()->rebalances(), rebalances);
+}
+
+// A device whose fixed cost per step is longer than the other's whole step (a CPU beside a
+// GPU, docs/gpu.md) is left out: its replica runs nothing, and the gradient stays the whole
+// batch's. By seconds per row alone it kept a row, and the step its 30 ms.
+TEST(DataParallel, AutoBalanceLeavesOutADeviceNotWorthItsFixedCost) {
+  BalancedPair pair;
+  DataParallel<SleepyLinearImpl>& dp = *pair.dp;
+  dp.replicas()[0]->micros_per_row = 20;
+  dp.replicas()[1]->micros_per_row = 20;
+  dp.replicas()[1]->micros_per_step = 30000;
+  EXPECT_EQ(pair.train(24).back(), (std::vector<int64_t>{64, 0}));
+  const int64_t ran = dp.replicas()[1]->forwards;
+  pair.train(3);
+  EXPECT_EQ(dp.replicas()[1]->forwards, ran);  // left out: its replica runs nothing
+  EXPECT_EQ(dp.balancer()->weights()[1], 0.0);
+  EXPECT_GT(dp.balancer()->fixed_seconds()[1], 0.02);
 }
 
 TEST(DataParallel, RejectsBadConfigurations) {

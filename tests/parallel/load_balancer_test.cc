@@ -12,20 +12,51 @@
 namespace datapar {
 namespace {
 
-// Runs `steps` steps of a batch of `batch` rows on devices whose seconds per row are
-// `costs` (times multiplied by 1 +- noise), splitting as the balancer says. Returns the last split.
+// The rows DataParallel runs on each device for the balancer's shares: none on a device
+// whose share is 0 (but the first, where the module lives), the rest as weighted_chunk_sizes.
+std::vector<int64_t> split(int64_t batch, const std::vector<double>& weights) {
+  std::vector<size_t> in;
+  std::vector<double> in_weights;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] > 0 || i == 0) {
+      in.push_back(i);
+      in_weights.push_back(weights[i]);
+    }
+  }
+  const std::vector<int64_t> sizes = weighted_chunk_sizes(batch, in_weights);
+  std::vector<int64_t> rows(weights.size(), 0);
+  for (size_t k = 0; k < sizes.size(); ++k) rows[in[k]] = sizes[k];
+  return rows;
+}
+
+// Runs `steps` steps of a batch of `batch` rows on devices whose seconds per step are
+// fixed[i] + costs[i] x rows (times multiplied by 1 +- noise; a device without rows takes
+// none), splitting as the balancer says. Returns the last split.
 std::vector<int64_t> simulate(LoadBalancer& balancer, const std::vector<double>& costs, int64_t batch, int steps,
-                              double noise = 0, uint32_t seed = 1) {
+                              double noise = 0, uint32_t seed = 1, std::vector<double> fixed = {}) {
   std::mt19937 random(seed);
   std::uniform_real_distribution<double> jitter(1 - noise, 1 + noise);
+  fixed.resize(costs.size(), 0.0);
   std::vector<int64_t> rows;
   for (int s = 0; s < steps; ++s) {
-    rows = weighted_chunk_sizes(batch, balancer.weights());
+    rows = split(batch, balancer.weights());
     std::vector<double> seconds(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) seconds[i] = static_cast<double>(rows[i]) * costs[i] * jitter(random);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] > 0) seconds[i] = (fixed[i] + static_cast<double>(rows[i]) * costs[i]) * jitter(random);
+    }
     balancer.record(rows, seconds);
   }
   return rows;
+}
+
+// The step's length under `rows` for those devices.
+double step_seconds(const std::vector<int64_t>& rows, const std::vector<double>& costs,
+                    const std::vector<double>& fixed) {
+  double longest = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] > 0) longest = std::max(longest, fixed[i] + static_cast<double>(rows[i]) * costs[i]);
+  }
+  return longest;
 }
 
 TEST(LoadBalancer, StartsEvenOrFromTheGivenWeights) {
@@ -105,6 +136,45 @@ TEST(LoadBalancer, DevicesWithoutRowsAreNotMeasured) {
   EXPECT_FALSE(balancer.record({2, 0, 0}, {0.01, 0, 0}));  // a 2-row batch: devices 1, 2 idle
   EXPECT_EQ(balancer.seconds_per_row(), (std::vector<double>{0.005, 0, 0}));
   EXPECT_TRUE(balancer.record({10, 10, 10}, {0.01, 0.01, 0.03}));
+}
+
+// Note [Fixed cost per step], the GPU and CPU of docs/gpu.md: a device 100x slower per row
+// that also pays 100 ms per step whatever its rows. Seconds per row alone shrank its share to
+// a row and kept it (the step 3x the fast device's alone); the model leaves it out.
+TEST(LoadBalancer, ADeviceWhoseFixedCostExceedsTheStepWithoutItIsLeftOut) {
+  const std::vector<double> costs{1e-4, 1e-2};
+  const std::vector<double> fixed{2e-3, 0.1};
+  LoadBalancer balancer(2);
+  const std::vector<int64_t> rows = simulate(balancer, costs, 256, 40, 0, 1, fixed);
+  EXPECT_EQ(rows, (std::vector<int64_t>{256, 0}));
+  EXPECT_EQ(balancer.weights()[1], 0.0);
+  EXPECT_NEAR(balancer.fixed_seconds()[1], 0.1, 1e-9);
+  EXPECT_NEAR(step_seconds(rows, costs, fixed), 2e-3 + 256 * 1e-4, 1e-12);
+  const int64_t rebalances = balancer.rebalances();
+  simulate(balancer, costs, 256, 40, 0.05, 2, fixed);  // left out, it stays out
+  EXPECT_EQ(balancer.rebalances(), rebalances);
+}
+
+// Noise in the times makes lines with a fixed cost too (a time falling with rows, a
+// fixed cost of a fifth of a step), never one that leaves a device out; the shares stay
+// near speed's.
+TEST(LoadBalancer, NoiseNeverLeavesOutADeviceThatHasNoFixedCost) {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    LoadBalancer balancer(3);
+    const std::vector<int64_t> rows = simulate(balancer, {1e-3, 3e-3, 2e-3}, 1100, 300, 0.1, seed);
+    EXPECT_GT(rows[1], 0) << "seed " << seed;
+    EXPECT_LT(step_seconds(rows, {1e-3, 3e-3, 2e-3}, {0, 0, 0}), 0.6 * 1.25) << "seed " << seed;
+  }
+}
+
+// A device left out comes back when the others slow down enough to make it worth its cost.
+TEST(LoadBalancer, ADeviceLeftOutComesBackWhenTheOthersSlowDown) {
+  LoadBalancer balancer(2);
+  simulate(balancer, {1e-4, 1e-2}, 256, 40, 0, 1, {2e-3, 0.1});
+  ASSERT_EQ(balancer.weights()[1], 0.0);
+  const std::vector<int64_t> rows = simulate(balancer, {2e-3, 1e-2}, 256, 40, 0, 1, {2e-3, 0.1});
+  EXPECT_GT(rows[1], 0);
+  EXPECT_LT(step_seconds(rows, {2e-3, 1e-2}, {2e-3, 0.1}), 2e-3 + 256 * 2e-3);
 }
 
 TEST(LoadBalancer, RejectsBadInputNamingIt) {

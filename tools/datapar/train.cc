@@ -20,6 +20,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -185,14 +186,20 @@ std::string join(const std::vector<int64_t>& values) {
 
 // Rank 0 says when --balance auto moves the split, and why.
 void report_balance(const char* who, int64_t step, const std::vector<int64_t>& rows, const LoadBalancer& balancer) {
-  std::string costs;
-  for (double c : balancer.seconds_per_row()) {
-    char buffer[32];
-    std::snprintf(buffer, sizeof buffer, "%s%.3g", costs.empty() ? "" : ",", c * 1e3);
-    costs += buffer;
-  }
-  std::printf("balance: step %ld: rows per %s %s (measured ms per row %s)\n", (long)step, who, join(rows).c_str(),
-              costs.c_str());
+  const auto milliseconds = [](const std::vector<double>& seconds) {
+    std::string text;
+    for (double c : seconds) {
+      char buffer[32];
+      std::snprintf(buffer, sizeof buffer, "%s%.3g", text.empty() ? "" : ",", c * 1e3);
+      text += buffer;
+    }
+    return text;
+  };
+  const std::vector<double>& fixed = balancer.fixed_seconds();
+  const bool any_fixed = std::any_of(fixed.begin(), fixed.end(), [](double f) { return f > 0; });
+  std::printf("balance: step %ld: rows per %s %s (measured ms per row %s%s%s)\n", (long)step, who,
+              join(rows).c_str(), milliseconds(balancer.seconds_per_row()).c_str(),
+              any_fixed ? "; fixed ms per step " : "", any_fixed ? milliseconds(fixed).c_str() : "");
   std::fflush(stdout);
 }
 

@@ -26,6 +26,10 @@
 // - Balancing (auto_balance): each training step's forward and backward are timed per device
 //   (the output device's gather too), and the split follows the devices' measured speed
 //   (load_balancer.h). Any split gives the same gradient; only who computes which rows changes.
+//   A device whose fixed cost per step (its replica's refresh, every layer's overhead) is
+//   longer than the step without it gets no rows and runs nothing, through a second set of
+//   replicas for the devices taking part; the first device, the module's own, always takes
+//   part. last_chunk_sizes() then has a 0 for each device left out.
 // - Not thread-safe: one forward/backward at a time per DataParallel.
 #pragma once
 
@@ -70,6 +74,7 @@ struct DataParallelOptions {
   // work) and give each device a share in proportion to its speed, so that all finish
   // together; keep measuring and re-split when speeds drift, with hysteresis.
   // device_weights, if given, is where it starts. Steps without a backward are not measured.
+  // A device not worth its fixed cost per step is left out (load_balancer.h).
   bool auto_balance = false;
   LoadBalancerOptions balance;
 };
@@ -79,9 +84,14 @@ namespace detail {
 std::vector<Device> default_data_parallel_devices();
 void check_data_parallel_options(const DataParallelOptions& options);
 // Feeds the last step to the balancer if its backward ran (every replica's times are in),
-// and marks it recorded. The output device's gather counts as its work.
+// and marks it recorded. Chunk k ran rows[k] rows on devices[part[k]]. The output device's
+// gather counts as its work.
 void record_balanced_step(LoadBalancer& balancer, ReplicaTimes& times, const std::vector<int64_t>& rows,
-                          double gather_seconds, const std::vector<Device>& devices, const Device& output_device);
+                          const std::vector<size_t>& part, double gather_seconds, const std::vector<Device>& devices,
+                          const Device& output_device);
+// The devices that take part in a step under the balancer's shares: those with a share,
+// and the first (the module's own) always.
+std::vector<size_t> devices_taking_part(const std::vector<double>& weights);
 // Seconds from `start` until the device has run what this thread queued on it.
 double seconds_until_done(std::chrono::steady_clock::time_point start, const Device& device);
 }  // namespace detail
@@ -96,11 +106,9 @@ class DataParallel {
     if (!options_.output_device) options_.output_device = options_.devices.front();
     detail::check_data_parallel_options(options_);
     if (options_.devices.size() > 1) {
-      replicas_ = std::make_shared<detail::ReplicaSet>(module_, options_.devices, options_.replicas);
-      for (size_t i = 0; i < replicas_->size(); ++i) {
-        typed_replicas_.push_back(std::dynamic_pointer_cast<ModuleImpl>(replicas_->replica(i)));
-        DATAPAR_INTERNAL_ASSERT(typed_replicas_.back() != nullptr, "replica ", i, " has the wrong type");
-      }
+      all_.replicas = std::make_shared<detail::ReplicaSet>(module_, options_.devices, options_.replicas);
+      all_.typed = typed(*all_.replicas);
+      for (size_t i = 0; i < options_.devices.size(); ++i) all_.devices.push_back(i);
       if (options_.auto_balance) {
         balancer_ = std::make_unique<LoadBalancer>(options_.devices.size(), options_.balance, options_.device_weights);
         times_ = std::make_shared<detail::ReplicaTimes>();
@@ -126,22 +134,29 @@ class DataParallel {
   template <typename... Args>
   auto forward(Args&&... args) {
     using Output = std::decay_t<decltype(module_->forward(std::forward<Args>(args)...))>;
-    if (!replicas_) {
+    if (!all_.replicas) {
       last_chunk_sizes_ = {batch_size(pack(args...), options_.dim)};
       return module_->forward(on_device(std::forward<Args>(args))...);
     }
     if (balancer_) {
-      detail::record_balanced_step(*balancer_, *times_, last_chunk_sizes_, gather_seconds_, options_.devices,
+      detail::record_balanced_step(*balancer_, *times_, last_sizes_, last_part_, gather_seconds_, options_.devices,
                                    *options_.output_device);
     }
     const c10::IValue packed = pack(args...);
     std::vector<int64_t> sizes = split_sizes(packed);
-    const std::vector<c10::IValue> chunks = scatter(packed, options_.devices, options_.dim, sizes);
-    last_chunk_sizes_ = std::move(sizes);
+    const Part& part = part_for_this_step();
+    const std::vector<c10::IValue> chunks = scatter(packed, part.replicas->devices(), options_.dim, sizes);
+    last_part_ = part.devices;
+    last_sizes_ = std::move(sizes);
+    last_chunk_sizes_ = last_sizes_;
+    if (part.devices.size() < options_.devices.size()) {  // in device order, 0 for those left out
+      last_chunk_sizes_.assign(options_.devices.size(), 0);
+      for (size_t k = 0; k < last_sizes_.size(); ++k) last_chunk_sizes_[part.devices[k]] = last_sizes_[k];
+    }
     std::vector<c10::IValue> outputs = detail::parallel_apply(
-        *replicas_,
-        [this](size_t i, const c10::IValue& input) {
-          return call_replica<std::decay_t<Args>...>(i, input, std::index_sequence_for<Args...>{});
+        *part.replicas,
+        [&part](size_t i, const c10::IValue& input) {
+          return call_replica<std::decay_t<Args>...>(*part.typed[i], input, std::index_sequence_for<Args...>{});
         },
         chunks, times_);
     const auto gather_start = std::chrono::steady_clock::now();
@@ -156,10 +171,11 @@ class DataParallel {
   }
 
   // The replicas, one per device (empty with one device, where the module runs itself).
-  const std::vector<std::shared_ptr<ModuleImpl>>& replicas() const { return typed_replicas_; }
+  const std::vector<std::shared_ptr<ModuleImpl>>& replicas() const { return all_.typed; }
 
   // Rows each device got in the last forward, in device order (fewer entries than devices
-  // when the batch had fewer rows than there are devices).
+  // when the batch had fewer rows than there are devices; 0 for a device the balancer left
+  // out).
   const std::vector<int64_t>& last_chunk_sizes() const { return last_chunk_sizes_; }
 
   const std::shared_ptr<ModuleImpl>& module() const { return module_; }
@@ -192,7 +208,9 @@ class DataParallel {
   const LoadBalancer* balancer() const { return balancer_.get(); }
 
   // Parameter tensors copied into replicas so far (0 with shared replicas on CPU devices).
-  int64_t parameter_copies() const { return replicas_ ? replicas_->parameter_copies() : 0; }
+  int64_t parameter_copies() const {
+    return (all_.replicas ? all_.replicas->parameter_copies() : 0) + (part_.replicas ? part_.replicas->parameter_copies() : 0);
+  }
 
  private:
   template <typename... Args>
@@ -210,10 +228,48 @@ class DataParallel {
     }
   }
 
+  // The devices a step runs on and their replicas: every device, or those the balancer left
+  // in (replicas made for them when that set changes).
+  struct Part {
+    std::vector<size_t> devices;  // indices into options_.devices
+    std::shared_ptr<detail::ReplicaSet> replicas;
+    std::vector<std::shared_ptr<ModuleImpl>> typed;  // replicas, as ModuleImpl
+  };
+
+  const Part& part_for_this_step() {
+    if (!balancer_) return all_;
+    std::vector<size_t> devices = detail::devices_taking_part(balancer_->weights());
+    if (devices.size() == options_.devices.size()) {
+      part_ = Part{};  // every device again: the left-in set's replicas are freed
+      return all_;
+    }
+    if (part_.devices != devices) {
+      std::vector<Device> on;
+      for (size_t i : devices) on.push_back(options_.devices[i]);
+      part_ = Part{std::move(devices), std::make_shared<detail::ReplicaSet>(module_, on, options_.replicas), {}};
+      part_.typed = typed(*part_.replicas);
+    }
+    return part_;
+  }
+
+  static std::vector<std::shared_ptr<ModuleImpl>> typed(const detail::ReplicaSet& set) {
+    std::vector<std::shared_ptr<ModuleImpl>> replicas;
+    for (size_t i = 0; i < set.size(); ++i) {
+      replicas.push_back(std::dynamic_pointer_cast<ModuleImpl>(set.replica(i)));
+      DATAPAR_INTERNAL_ASSERT(replicas.back() != nullptr, "replica ", i, " has the wrong type");
+    }
+    return replicas;
+  }
+
+  // Chunk sizes for the devices of this step's part, in order.
   std::vector<int64_t> split_sizes(const c10::IValue& packed) const {
     const int64_t rows = batch_size(packed, options_.dim);
     DATAPAR_CHECK(rows >= 0, "DataParallel: the inputs hold no tensor to split along dim ", options_.dim, ".");
-    if (balancer_) return weighted_chunk_sizes(rows, balancer_->weights());
+    if (balancer_) {
+      std::vector<double> weights;
+      for (size_t i : detail::devices_taking_part(balancer_->weights())) weights.push_back(balancer_->weights()[i]);
+      return weighted_chunk_sizes(rows, weights);
+    }
     if (options_.device_weights.empty()) {
       return chunk_sizes(rows, static_cast<int64_t>(options_.devices.size()));
     }
@@ -222,16 +278,18 @@ class DataParallel {
 
 
   template <typename... Decayed, size_t... I>
-  c10::IValue call_replica(size_t i, const c10::IValue& input, std::index_sequence<I...>) const {
+  static c10::IValue call_replica(ModuleImpl& replica, const c10::IValue& input, std::index_sequence<I...>) {
     const auto& elements = input.toTupleRef().elements();
-    return c10::IValue(typed_replicas_[i]->forward(elements[I].template to<Decayed>()...));
+    return c10::IValue(replica.forward(elements[I].template to<Decayed>()...));
   }
 
   std::shared_ptr<ModuleImpl> module_;
   DataParallelOptions options_;
-  std::shared_ptr<detail::ReplicaSet> replicas_;
-  std::vector<std::shared_ptr<ModuleImpl>> typed_replicas_;  // replicas_, as ModuleImpl
+  Part all_;                                        // every device (no replicas with one device)
+  Part part_;                                       // the devices the balancer left in, when not all
   std::vector<int64_t> last_chunk_sizes_;
+  std::vector<int64_t> last_sizes_;                 // the last forward's chunks ...
+  std::vector<size_t> last_part_;                   // ... and the device each ran on
   std::unique_ptr<LoadBalancer> balancer_;          // auto_balance only
   std::shared_ptr<detail::ReplicaTimes> times_;     // the step being timed (auto_balance)
   double gather_seconds_ = 0;                       // the last forward's gather
