@@ -86,8 +86,9 @@ TEST(SharedMemory, AllReducesPastASlotTakeSeveralRounds) {
 
 TEST(SharedMemory, EveryMemberGetsTheSameBits) {
   run_ranks(3, local, [](int rank, ProcessGroup& group) {
-    at::manual_seed(rank);
-    at::Tensor t = at::randn({kLarge});
+    // The ranks are threads: each draws from a generator of its own, not the global one.
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(rank));
+    at::Tensor t = at::randn({kLarge}, gen);
     group.all_reduce(t)->wait();
     std::vector<at::Tensor> all = {at::empty_like(t), at::empty_like(t), at::empty_like(t)};
     group.all_gather(all, t)->wait();
