@@ -6,8 +6,8 @@
 // waiting for a slow one is not slow itself). Every `interval` steps the ranks all-reduce
 // their sums, a collective every rank makes at the same step, and feed them to a
 // LoadBalancer each (load_balancer.h). They feed identical numbers, so they agree on the
-// shares without another message. Each rank's share of a global batch is then in
-// proportion to its measured throughput (BalancedBatches hands the rows out), and DDP's
+// shares without another message. The shares then make the ranks finish together, as
+// their measured times predict (BalancedBatches hands the rows out), and DDP's
 // average_by_samples keeps the gradient exactly the global batch's.
 #pragma once
 

@@ -71,8 +71,8 @@ struct DataParallelOptions {
   ReplicaStorage replicas = ReplicaStorage::kShared;
   // Split by measurement (`datapar train --balance auto`): time each device's forward and
   // backward over the training steps (and the output device's gather, which is its extra
-  // work) and give each device a share in proportion to its speed, so that all finish
-  // together; keep measuring and re-split when speeds drift, with hysteresis.
+  // work) and give the devices the shares under which all finish together; keep measuring
+  // and re-split when speeds drift, with hysteresis.
   // device_weights, if given, is where it starts. Steps without a backward are not measured.
   // A device not worth its fixed cost per step is left out (load_balancer.h).
   bool auto_balance = false;
