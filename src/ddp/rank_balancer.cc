@@ -11,6 +11,13 @@
 namespace datapar {
 namespace {
 
+// Every rank runs a row of every global batch at least (BalancedBatches): its fixed cost
+// counts in every step.
+LoadBalancerOptions every_rank_takes_part(LoadBalancerOptions options, int ranks) {
+  options.takes_part.assign(static_cast<size_t>(ranks), true);
+  return options;
+}
+
 std::shared_ptr<ProcessGroup> or_default(std::shared_ptr<ProcessGroup> group) {
   if (group) return group;
   DATAPAR_CHECK(is_initialized(), "RankBalancer: no process group given and none initialised; call "
@@ -23,7 +30,7 @@ std::shared_ptr<ProcessGroup> or_default(std::shared_ptr<ProcessGroup> group) {
 RankBalancer::RankBalancer(std::shared_ptr<ProcessGroup> group, RankBalancerOptions options)
     : group_(or_default(std::move(group))),
       options_(options),
-      balancer_(static_cast<size_t>(group_->size()), options.balance) {
+      balancer_(static_cast<size_t>(group_->size()), every_rank_takes_part(options.balance, group_->size())) {
   DATAPAR_CHECK(options_.interval >= 1, "RankBalancer: interval is ", options_.interval, "; it must be >= 1 step.");
 }
 

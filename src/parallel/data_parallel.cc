@@ -28,7 +28,16 @@ void check_data_parallel_options(const DataParallelOptions& options) {
                 "DataParallel: ", options.device_weights.size(), " device weights for ", devices.size(),
                 " devices (", to_string(devices), "). Give one weight per device.");
   if (!options.device_weights.empty()) weighted_chunk_sizes(static_cast<int64_t>(devices.size()), options.device_weights);
-  if (options.auto_balance) LoadBalancer(devices.size(), options.balance, options.device_weights);  // checks them
+  if (options.auto_balance) {
+    LoadBalancer(devices.size(), data_parallel_balance(options), options.device_weights);  // checks them
+  }
+}
+
+LoadBalancerOptions data_parallel_balance(const DataParallelOptions& options) {
+  LoadBalancerOptions balance = options.balance;
+  if (balance.takes_part.empty()) balance.takes_part.assign(options.devices.size(), false);
+  if (!balance.takes_part.empty()) balance.takes_part[0] = true;
+  return balance;
 }
 
 std::vector<size_t> devices_taking_part(const std::vector<double>& weights) {

@@ -16,15 +16,21 @@ double median(std::deque<double> values) {
   return (*std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid)) + upper) / 2;
 }
 
-// Device i's time for a share w of n rows under the model (fixed + per_row x rows).
-double device_step(double w, double n, double fixed, double per_row) { return w > 0 ? fixed + per_row * w * n : 0; }
+bool takes_part(const LoadBalancerOptions& options, size_t i) {
+  return !options.takes_part.empty() && options.takes_part[i];
+}
 
-// The step's length: its latest finishing device.
+// The step's length under the model (fixed + per_row x rows): its latest finishing device.
+// A device with no share takes no time, unless it runs a row anyway.
 double predicted_step(const std::vector<double>& weights, double n, const std::vector<double>& fixed,
-                      const std::vector<double>& per_row) {
+                      const std::vector<double>& per_row, const LoadBalancerOptions& options) {
   double longest = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
-    longest = std::max(longest, device_step(weights[i], n, fixed[i], per_row[i]));
+    if (weights[i] > 0) {
+      longest = std::max(longest, fixed[i] + per_row[i] * weights[i] * n);
+    } else if (takes_part(options, i)) {
+      longest = std::max(longest, fixed[i] + per_row[i]);
+    }
   }
   return longest;
 }
@@ -67,7 +73,8 @@ LoadBalancer::LoadBalancer(size_t devices, LoadBalancerOptions options, std::vec
       fixed_(devices, 0.0),
       per_row_(devices, 0.0),
       latest_(devices, 0.0),
-      last_move_(devices, 0.0) {
+      last_move_(devices, 0.0),
+      left_out_since_(devices, -1) {
   DATAPAR_CHECK(devices >= 1, "LoadBalancer: no devices; give at least one.");
   DATAPAR_CHECK(options.window >= 1, "LoadBalancer: window is ", options.window, "; it must be >= 1.");
   DATAPAR_CHECK(options.min_steps >= 1 && options.min_steps <= options.window, "LoadBalancer: min_steps is ",
@@ -77,6 +84,10 @@ LoadBalancer::LoadBalancer(size_t devices, LoadBalancerOptions options, std::vec
                 options.hysteresis, "; it must be a fraction >= 0 (0.1 = 10%).");
   DATAPAR_CHECK(std::isfinite(options.min_move) && options.min_move >= 0 && options.min_move < 1,
                 "LoadBalancer: min_move is ", options.min_move, "; it must be a fraction in [0, 1) (0.01 = 1%).");
+  DATAPAR_CHECK(options.probe_every >= 0, "LoadBalancer: probe_every is ", options.probe_every,
+                "; it must be >= 0 (0: never).");
+  DATAPAR_CHECK(options.takes_part.empty() || options.takes_part.size() == devices, "LoadBalancer: takes_part has ",
+                options.takes_part.size(), " entries for ", devices, " devices; give one per device or none.");
   if (initial_weights.empty()) initial_weights.assign(devices, 1.0);
   DATAPAR_CHECK(initial_weights.size() == devices, "LoadBalancer: ", initial_weights.size(), " weights for ", devices,
                 " devices; give one weight per device.");
@@ -124,11 +135,12 @@ bool LoadBalancer::record(const std::vector<int64_t>& rows, const std::vector<do
   // Devices that take part must be measured under the current split; one left out keeps the
   // model that left it out.
   for (size_t i = 0; i < n; ++i) {
-    if (weights_[i] > 0 && static_cast<int64_t>(costs_[i].size()) < options_.min_steps) return false;
+    const bool runs = weights_[i] > 0 || takes_part(options_, i);
+    if (runs && static_cast<int64_t>(costs_[i].size()) < options_.min_steps) return false;
   }
   if (n == 1) return false;
   for (size_t i = 0; i < n; ++i) {
-    if (weights_[i] > 0) fit(i);
+    if (!points_[i].empty()) fit(i);
   }
   // A device measured as taking no time at all would get everything; its cost per row is
   // floored at a millionth of the slowest's.
@@ -139,8 +151,21 @@ bool LoadBalancer::record(const std::vector<int64_t>& rows, const std::vector<do
   }
   const double rows_per_step = static_cast<double>(batch_rows_);
   std::vector<double> balanced = water_filling(rows_per_step, fixed_, per_row_);
-  if (predicted_step(weights_, rows_per_step, fixed_, per_row_) <=
-      predicted_step(balanced, rows_per_step, fixed_, per_row_) * (1 + options_.hysteresis)) {
+  // A device left out `probe_every` steps ago is measured again: it gets the share seconds per
+  // row alone would give it.
+  bool probe = false;
+  for (size_t i = 0; i < n; ++i) {
+    probe = probe || (left_out_since_[i] >= 0 && options_.probe_every > 0 &&
+                      recorded_ - left_out_since_[i] >= options_.probe_every);
+  }
+  if (probe) {
+    std::vector<double> fixed = fixed_;
+    for (size_t i = 0; i < n; ++i) {
+      if (left_out_since_[i] >= 0) fixed[i] = 0;
+    }
+    balanced = water_filling(rows_per_step, fixed, per_row_);
+  } else if (predicted_step(weights_, rows_per_step, fixed_, per_row_, options_) <=
+             predicted_step(balanced, rows_per_step, fixed_, per_row_, options_) * (1 + options_.hysteresis)) {
     return false;
   }
   bool regrouped = false;  // a device left out or taken back in
@@ -159,7 +184,14 @@ bool LoadBalancer::record(const std::vector<int64_t>& rows, const std::vector<do
     largest = std::max(largest, std::abs(m));
   }
   if (largest < options_.min_move && !regrouped) return false;  // within the measurements' noise
-  for (size_t i = 0; i < n; ++i) weights_[i] = regrouped ? balanced[i] : weights_[i] + move[i];
+  for (size_t i = 0; i < n; ++i) {
+    weights_[i] = regrouped ? balanced[i] : weights_[i] + move[i];
+    if (weights_[i] > 0 || takes_part(options_, i)) {  // the row it runs measures it: never probed
+      left_out_since_[i] = -1;
+    } else if (left_out_since_[i] < 0) {
+      left_out_since_[i] = recorded_;
+    }
+  }
   move_scale_ = scale;
   last_move_ = std::move(move);
   ++rebalances_;
@@ -177,13 +209,25 @@ void LoadBalancer::fit(size_t i) {
   const auto apart = [&](const Point& p) {
     return measured(p) && std::abs(p.rows - current->rows) * 4 >= std::max(p.rows, current->rows);
   };
-  const auto earlier = std::find_if(current + 1, points.end(), apart);
-  if (earlier == points.end()) return;
+  auto farthest = points.end();
+  for (auto p = points.begin(); p != points.end(); ++p) {
+    if (p == current || !apart(*p)) continue;
+    if (farthest == points.end() || std::abs(p->rows - current->rows) > std::abs(farthest->rows - current->rows)) {
+      farthest = p;
+    }
+  }
+  if (farthest == points.end()) return;
   const double t1 = median(current->seconds);
-  const double t0 = median(earlier->seconds);
-  const double slope = (t1 - t0) / static_cast<double>(current->rows - earlier->rows);
-  const double intercept = t1 - slope * static_cast<double>(current->rows);
-  if (!(slope > 0) || !(intercept > 0)) return;  // not a line a device follows: per row alone
+  const double t0 = median(farthest->seconds);
+  const double rows1 = static_cast<double>(current->rows);
+  const double slope = (t1 - t0) / (rows1 - static_cast<double>(farthest->rows));
+  if (!(slope > 0)) {  // the time does not grow with the rows: all of it is fixed
+    fixed_[i] = t1;
+    per_row_[i] = t1 / rows1 * 1e-3;
+    return;
+  }
+  const double intercept = t1 - slope * rows1;
+  if (!(intercept > 0)) return;  // slower per row at more rows: per row alone
   fixed_[i] = intercept;
   per_row_[i] = slope;
 }

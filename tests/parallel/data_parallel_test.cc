@@ -443,8 +443,8 @@ TEST(DataParallel, AutoBalanceGivesTheSlowerDeviceFewerRowsAndTheSameGradients) 
 TEST(DataParallel, AutoBalanceLeavesOutADeviceNotWorthItsFixedCost) {
   BalancedPair pair;
   DataParallel<SleepyLinearImpl>& dp = *pair.dp;
-  dp.replicas()[0]->micros_per_row = 20;
-  dp.replicas()[1]->micros_per_row = 20;
+  dp.replicas()[0]->micros_per_row = 200;
+  dp.replicas()[1]->micros_per_row = 200;
   dp.replicas()[1]->micros_per_step = 30000;
   EXPECT_EQ(pair.train(24).back(), (std::vector<int64_t>{64, 0}));
   const int64_t ran = dp.replicas()[1]->forwards;

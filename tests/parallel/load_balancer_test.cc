@@ -159,12 +159,50 @@ TEST(LoadBalancer, ADeviceWhoseFixedCostExceedsTheStepWithoutItIsLeftOut) {
 // fixed cost of a fifth of a step), never one that leaves a device out; the shares stay
 // near speed's.
 TEST(LoadBalancer, NoiseNeverLeavesOutADeviceThatHasNoFixedCost) {
+  const std::vector<double> costs{1e-3, 3e-3, 2e-3};
   for (uint32_t seed = 1; seed <= 20; ++seed) {
     LoadBalancer balancer(3);
-    const std::vector<int64_t> rows = simulate(balancer, {1e-3, 3e-3, 2e-3}, 1100, 300, 0.1, seed);
-    EXPECT_GT(rows[1], 0) << "seed " << seed;
-    EXPECT_LT(step_seconds(rows, {1e-3, 3e-3, 2e-3}, {0, 0, 0}), 0.6 * 1.25) << "seed " << seed;
+    std::vector<int64_t> rows;
+    for (int step = 0; step < 300; ++step) {
+      rows = simulate(balancer, costs, 1100, 1, 0.1, seed * 1000 + static_cast<uint32_t>(step));
+      for (size_t i = 0; i < 3; ++i) ASSERT_GT(balancer.weights()[i], 0) << "seed " << seed << " step " << step;
+    }
+    EXPECT_LT(step_seconds(rows, costs, {0, 0, 0}), 0.6 * 1.25) << "seed " << seed;
   }
+}
+
+// A device left out is measured again every probe_every steps: it stays out while its fixed
+// cost is still there (a few slow steps per probe), and comes back once it is gone.
+TEST(LoadBalancer, ADeviceLeftOutIsProbedAgainAndComesBackWhenItsFixedCostIsGone) {
+  LoadBalancerOptions options;
+  options.probe_every = 100;
+  LoadBalancer balancer(2, options);
+  simulate(balancer, {1e-4, 1e-2}, 256, 40, 0, 1, {2e-3, 0.1});
+  ASSERT_EQ(balancer.weights()[1], 0.0);
+  int steps_with_rows = 0;
+  for (int step = 0; step < 300; ++step) {
+    steps_with_rows += simulate(balancer, {1e-4, 1e-2}, 256, 1, 0, 1, {2e-3, 0.1})[1] > 0;
+  }
+  EXPECT_EQ(balancer.weights()[1], 0.0);
+  EXPECT_GE(steps_with_rows, 3);   // probed, three steps each time
+  EXPECT_LE(steps_with_rows, 15);  // and left out again
+  // The fixed cost was a passing load: once measured without it, the device earns a share.
+  const std::vector<int64_t> rows = simulate(balancer, {1e-4, 2e-4}, 256, 200, 0, 1, {2e-3, 0});
+  EXPECT_GT(rows[1], 50);
+}
+
+// DataParallel's first device holds the module and runs a row whatever its share
+// (takes_part), as every DDP rank does: its fixed cost counts in the predicted step, and the
+// rows it runs measure it, so it is never probed (without takes_part: a probe, a move, every
+// 50 steps).
+TEST(LoadBalancer, ADeviceThatRunsARowAnywayIsCountedAndNeverProbed) {
+  LoadBalancerOptions options;
+  options.takes_part = {true, false, false};
+  options.probe_every = 50;
+  LoadBalancer balancer(3, options);
+  const std::vector<int64_t> rows = simulate(balancer, {1e-2, 1e-4, 1e-4}, 256, 300, 0.05, 3, {0.1, 1e-3, 1e-3});
+  EXPECT_LE(rows[0], 2);
+  EXPECT_LE(balancer.rebalances(), 2);
 }
 
 // A device left out comes back when the others slow down enough to make it worth its cost.
@@ -188,6 +226,12 @@ TEST(LoadBalancer, RejectsBadInputNamingIt) {
   options = {};
   options.hysteresis = -0.1;
   EXPECT_THROW_MSG(LoadBalancer(2, options), InvalidArgumentError, "hysteresis is -0.1");
+  options = {};
+  options.probe_every = -1;
+  EXPECT_THROW_MSG(LoadBalancer(2, options), InvalidArgumentError, "probe_every is -1");
+  options = {};
+  options.takes_part = {true};
+  EXPECT_THROW_MSG(LoadBalancer(2, options), InvalidArgumentError, "takes_part has 1 entries for 2 devices");
   LoadBalancer balancer(2);
   EXPECT_THROW_MSG(balancer.record({1}, {0.1, 0.1}), InvalidArgumentError, "1 row counts and 2 times for 2 devices");
   EXPECT_THROW_MSG(balancer.record({1, -1}, {0.1, 0.1}), InvalidArgumentError, "device 1 ran -1 rows");

@@ -184,8 +184,10 @@ std::string join(const std::vector<int64_t>& values) {
   return text;
 }
 
-// Rank 0 says when --balance auto moves the split, and why.
-void report_balance(const char* who, int64_t step, const std::vector<int64_t>& rows, const LoadBalancer& balancer) {
+// Rank 0 says when --balance auto moves the split, and why. Each of the balancer's
+// measurements covers `steps_per_measurement` steps (RankBalancer sums its interval).
+void report_balance(const char* who, int64_t step, const std::vector<int64_t>& rows, const LoadBalancer& balancer,
+                    int64_t steps_per_measurement = 1) {
   const auto milliseconds = [](const std::vector<double>& seconds) {
     std::string text;
     for (double c : seconds) {
@@ -195,7 +197,8 @@ void report_balance(const char* who, int64_t step, const std::vector<int64_t>& r
     }
     return text;
   };
-  const std::vector<double>& fixed = balancer.fixed_seconds();
+  std::vector<double> fixed = balancer.fixed_seconds();
+  for (double& f : fixed) f /= static_cast<double>(steps_per_measurement);
   const bool any_fixed = std::any_of(fixed.begin(), fixed.end(), [](double f) { return f > 0; });
   std::printf("balance: step %ld: rows per %s %s (measured ms per row %s%s%s)\n", (long)step, who,
               join(rows).c_str(), milliseconds(balancer.seconds_per_row()).c_str(),
@@ -580,7 +583,10 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
       if (rank_balancer && rank_balancer->end_step(x.size(0), ddp->communication_stats())) {
         data_wait += loader.stats().wait;
         loader.start_epoch(balanced->batches(steps + 1, rank_balancer->weights()));
-        if (leader) report_balance("rank", step, balanced->rank_rows(0, rank_balancer->weights()), rank_balancer->balancer());
+        if (leader) {
+          report_balance("rank", step, balanced->rank_rows(0, rank_balancer->weights()), rank_balancer->balancer(),
+                         rank_balancer->interval());
+        }
       }
       {
         const trace::Span span("optimizer step", "step");

@@ -57,6 +57,8 @@ class RankBalancer {
   // Each rank's share, summing to 1: the same on every rank.
   const std::vector<double>& weights() const { return balancer_.weights(); }
   const LoadBalancer& balancer() const { return balancer_; }
+  // Steps summed into each of the balancer's measurements.
+  int64_t interval() const { return options_.interval; }
 
  private:
   std::shared_ptr<ProcessGroup> group_;

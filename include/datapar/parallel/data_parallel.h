@@ -83,6 +83,8 @@ namespace detail {
 // Every visible CUDA device, or one CPU device per core when there is no CUDA device.
 std::vector<Device> default_data_parallel_devices();
 void check_data_parallel_options(const DataParallelOptions& options);
+// options.balance, with the first device (the module's, which always runs) taking part.
+LoadBalancerOptions data_parallel_balance(const DataParallelOptions& options);
 // Feeds the last step to the balancer if its backward ran (every replica's times are in),
 // and marks it recorded. Chunk k ran rows[k] rows on devices[part[k]]. The output device's
 // gather counts as its work.
@@ -110,7 +112,8 @@ class DataParallel {
       all_.typed = typed(*all_.replicas);
       for (size_t i = 0; i < options_.devices.size(); ++i) all_.devices.push_back(i);
       if (options_.auto_balance) {
-        balancer_ = std::make_unique<LoadBalancer>(options_.devices.size(), options_.balance, options_.device_weights);
+        balancer_ = std::make_unique<LoadBalancer>(options_.devices.size(), detail::data_parallel_balance(options_),
+                                                   options_.device_weights);
         times_ = std::make_shared<detail::ReplicaTimes>();
       }
     }
@@ -170,7 +173,8 @@ class DataParallel {
     return forward(std::forward<Args>(args)...);
   }
 
-  // The replicas, one per device (empty with one device, where the module runs itself).
+  // The replicas, one per device (empty with one device, where the module runs itself). While
+  // the balancer leaves devices out, steps run on replicas made for the others instead.
   const std::vector<std::shared_ptr<ModuleImpl>>& replicas() const { return all_.typed; }
 
   // Rows each device got in the last forward, in device order (fewer entries than devices
@@ -209,7 +213,8 @@ class DataParallel {
 
   // Parameter tensors copied into replicas so far (0 with shared replicas on CPU devices).
   int64_t parameter_copies() const {
-    return (all_.replicas ? all_.replicas->parameter_copies() : 0) + (part_.replicas ? part_.replicas->parameter_copies() : 0);
+    return (all_.replicas ? all_.replicas->parameter_copies() : 0) +
+           (part_.replicas ? part_.replicas->parameter_copies() : 0) + retired_copies_;
   }
 
  private:
@@ -229,7 +234,8 @@ class DataParallel {
   }
 
   // The devices a step runs on and their replicas: every device, or those the balancer left
-  // in (replicas made for them when that set changes).
+  // in (replicas made for them when that set changes: on a GPU other than the module's, a
+  // second copy of the model beside the one in all_, which replicas() returns).
   struct Part {
     std::vector<size_t> devices;  // indices into options_.devices
     std::shared_ptr<detail::ReplicaSet> replicas;
@@ -239,11 +245,9 @@ class DataParallel {
   const Part& part_for_this_step() {
     if (!balancer_) return all_;
     std::vector<size_t> devices = detail::devices_taking_part(balancer_->weights());
-    if (devices.size() == options_.devices.size()) {
-      part_ = Part{};  // every device again: the left-in set's replicas are freed
-      return all_;
-    }
+    if (devices.size() == options_.devices.size()) return all_;  // part_ kept for the next time
     if (part_.devices != devices) {
+      if (part_.replicas) retired_copies_ += part_.replicas->parameter_copies();
       std::vector<Device> on;
       for (size_t i : devices) on.push_back(options_.devices[i]);
       part_ = Part{std::move(devices), std::make_shared<detail::ReplicaSet>(module_, on, options_.replicas), {}};
@@ -287,6 +291,7 @@ class DataParallel {
   DataParallelOptions options_;
   Part all_;                                        // every device (no replicas with one device)
   Part part_;                                       // the devices the balancer left in, when not all
+  int64_t retired_copies_ = 0;                      // parameter_copies() of the part_ sets replaced
   std::vector<int64_t> last_chunk_sizes_;
   std::vector<int64_t> last_sizes_;                 // the last forward's chunks ...
   std::vector<size_t> last_part_;                   // ... and the device each ran on

@@ -12,12 +12,17 @@
 // layer's overhead however few rows it gets, so it measured slower per row at every smaller
 // share and sank to one row, which still cost the whole step 4x (docs/gpu.md, 0.25x). So
 // each device keeps the median time at each of the last few row counts it ran (kept across
-// changes of the split); a line through the current one and an earlier one at least a
-// quarter apart gives fixed and per_row. Without two such points, or when the line says
-// something impossible (a time falling with rows, a negative fixed cost: noise, or a device
-// whose speed changed since), the model is seconds per row alone, as before. The balanced
+// changes of the split); a line through the current one and the one farthest from it in
+// rows (at least a quarter apart) gives fixed and per_row. A time that does not grow with
+// the rows is all fixed cost (per_row a thousandth of the current time per row); a line with
+// a negative fixed cost (a device slower per row at more rows, or one whose speed changed
+// since) falls back to seconds per row alone, as does a device with one point. The balanced
 // split fills the step up to a common finish time T ("water-filling"): device i gets
 // (T - fixed_i) / per_row_i rows when fixed_i < T, and none otherwise.
+//
+// A device left out is no longer measured, so its model could outlive what made it: every
+// `probe_every` steps it gets a share again (seconds per row alone would give it) until
+// measured, and stays only if it then earns one.
 //
 // Note [Hysteresis]
 // The shares change only when the step, as the model predicts it (the latest finishing
@@ -36,10 +41,11 @@
 // leaves a device out or takes one back in is made whole.
 //
 // Pure: no clock, no threads, no communication. DataParallel times its devices and calls
-// it, and runs no replica on a device whose share is 0; `datapar train --balance auto` under
-// DDP feeds it every rank's times, all-reduced, so every rank computes the same shares from
-// the same numbers (a rank with a share of 0 still gets a row: every rank takes part in
-// every step).
+// it, and runs no replica on a device whose share is 0 but the first; `datapar train
+// --balance auto` under DDP feeds it every rank's times, all-reduced, so every rank computes
+// the same shares from the same numbers. Devices that run a row even with a share of 0 (the
+// first of DataParallel, every DDP rank) are named in `takes_part`, so that the predicted
+// step counts their fixed cost.
 #pragma once
 
 #include <cstddef>
@@ -64,6 +70,12 @@ struct LoadBalancerOptions {
   // A move that changes no share by at least this fraction of the batch is not made: it is
   // within the measurements' noise. REQUIRES: 0 <= min_move < 1.
   double min_move = 0.01;
+  // Steps after which a device left out gets a share again, to be measured anew; 0: never.
+  // REQUIRES: >= 0.
+  int64_t probe_every = 500;
+  // Devices that run at least a row whatever their share (empty: none). REQUIRES: empty or
+  // one entry per device.
+  std::vector<bool> takes_part;
 };
 
 class LoadBalancer {
@@ -111,6 +123,7 @@ class LoadBalancer {
   int64_t batch_rows_ = 0;                  // the largest batch recorded
   std::vector<double> latest_;             // per device, the median of its window when last measured
   std::vector<double> last_move_;          // the last change of weights_ (Note [Halfway back])
+  std::vector<int64_t> left_out_since_;    // per device, the step it was left out at (-1: in)
   double move_scale_ = 1;                  // its length, relative to a full move
   int64_t recorded_ = 0;
   int64_t rebalances_ = 0;
