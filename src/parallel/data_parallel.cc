@@ -36,7 +36,7 @@ void check_data_parallel_options(const DataParallelOptions& options) {
 LoadBalancerOptions data_parallel_balance(const DataParallelOptions& options) {
   LoadBalancerOptions balance = options.balance;
   if (balance.takes_part.empty()) balance.takes_part.assign(options.devices.size(), false);
-  if (!balance.takes_part.empty()) balance.takes_part[0] = true;
+  balance.takes_part[0] = true;  // devices is not empty (checked first)
   return balance;
 }
 
@@ -49,17 +49,20 @@ std::vector<size_t> devices_taking_part(const std::vector<double>& weights) {
 }
 
 void record_balanced_step(LoadBalancer& balancer, ReplicaTimes& times, const std::vector<int64_t>& rows,
-                          const std::vector<size_t>& part, double gather_seconds, const std::vector<Device>& devices,
-                          const Device& output_device) {
+                          double gather_seconds, const std::vector<Device>& devices, const Device& output_device) {
+  std::vector<size_t> ran;  // the device of each chunk
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] > 0) ran.push_back(i);
+  }
   const size_t chunks = times.forward.size();
-  const bool complete = chunks > 0 && chunks == rows.size() &&
+  const bool complete = chunks > 0 && chunks == ran.size() &&
                         std::all_of(times.backward.begin(), times.backward.end(), [](double s) { return s >= 0; });
   if (!complete) return;
   std::vector<int64_t> all_rows(devices.size(), 0);
   std::vector<double> busy(devices.size(), 0.0);
   for (size_t k = 0; k < chunks; ++k) {
-    all_rows[part[k]] = rows[k];
-    busy[part[k]] = times.forward[k] + times.backward[k];
+    all_rows[ran[k]] = rows[ran[k]];
+    busy[ran[k]] = times.forward[k] + times.backward[k];
   }
   for (size_t i = 0; i < devices.size(); ++i) {
     if (devices[i] == output_device && all_rows[i] > 0) busy[i] += gather_seconds;

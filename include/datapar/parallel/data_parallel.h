@@ -86,11 +86,10 @@ void check_data_parallel_options(const DataParallelOptions& options);
 // options.balance, with the first device (the module's, which always runs) taking part.
 LoadBalancerOptions data_parallel_balance(const DataParallelOptions& options);
 // Feeds the last step to the balancer if its backward ran (every replica's times are in),
-// and marks it recorded. Chunk k ran rows[k] rows on devices[part[k]]. The output device's
-// gather counts as its work.
+// and marks it recorded. `rows`: last_chunk_sizes(), whose k-th non-zero entry is the rows
+// chunk k ran. The output device's gather counts as its work.
 void record_balanced_step(LoadBalancer& balancer, ReplicaTimes& times, const std::vector<int64_t>& rows,
-                          const std::vector<size_t>& part, double gather_seconds, const std::vector<Device>& devices,
-                          const Device& output_device);
+                          double gather_seconds, const std::vector<Device>& devices, const Device& output_device);
 // The devices that take part in a step under the balancer's shares: those with a share,
 // and the first (the module's own) always.
 std::vector<size_t> devices_taking_part(const std::vector<double>& weights);
@@ -142,19 +141,18 @@ class DataParallel {
       return module_->forward(on_device(std::forward<Args>(args))...);
     }
     if (balancer_) {
-      detail::record_balanced_step(*balancer_, *times_, last_sizes_, last_part_, gather_seconds_, options_.devices,
+      detail::record_balanced_step(*balancer_, *times_, last_chunk_sizes_, gather_seconds_, options_.devices,
                                    *options_.output_device);
     }
     const c10::IValue packed = pack(args...);
-    std::vector<int64_t> sizes = split_sizes(packed);
     const Part& part = part_for_this_step();
+    std::vector<int64_t> sizes = split_sizes(packed, part);
     const std::vector<c10::IValue> chunks = scatter(packed, part.replicas->devices(), options_.dim, sizes);
-    last_part_ = part.devices;
-    last_sizes_ = std::move(sizes);
-    last_chunk_sizes_ = last_sizes_;
     if (part.devices.size() < options_.devices.size()) {  // in device order, 0 for those left out
       last_chunk_sizes_.assign(options_.devices.size(), 0);
-      for (size_t k = 0; k < last_sizes_.size(); ++k) last_chunk_sizes_[part.devices[k]] = last_sizes_[k];
+      for (size_t k = 0; k < sizes.size(); ++k) last_chunk_sizes_[part.devices[k]] = sizes[k];
+    } else {
+      last_chunk_sizes_ = std::move(sizes);
     }
     std::vector<c10::IValue> outputs = detail::parallel_apply(
         *part.replicas,
@@ -265,13 +263,13 @@ class DataParallel {
     return replicas;
   }
 
-  // Chunk sizes for the devices of this step's part, in order.
-  std::vector<int64_t> split_sizes(const c10::IValue& packed) const {
+  // Chunk sizes for the devices of `part`, in order.
+  std::vector<int64_t> split_sizes(const c10::IValue& packed, const Part& part) const {
     const int64_t rows = batch_size(packed, options_.dim);
     DATAPAR_CHECK(rows >= 0, "DataParallel: the inputs hold no tensor to split along dim ", options_.dim, ".");
     if (balancer_) {
       std::vector<double> weights;
-      for (size_t i : detail::devices_taking_part(balancer_->weights())) weights.push_back(balancer_->weights()[i]);
+      for (size_t i : part.devices) weights.push_back(balancer_->weights()[i]);
       return weighted_chunk_sizes(rows, weights);
     }
     if (options_.device_weights.empty()) {
@@ -293,8 +291,6 @@ class DataParallel {
   Part part_;                                       // the devices the balancer left in, when not all
   int64_t retired_copies_ = 0;                      // parameter_copies() of the part_ sets replaced
   std::vector<int64_t> last_chunk_sizes_;
-  std::vector<int64_t> last_sizes_;                 // the last forward's chunks ...
-  std::vector<size_t> last_part_;                   // ... and the device each ran on
   std::unique_ptr<LoadBalancer> balancer_;          // auto_balance only
   std::shared_ptr<detail::ReplicaTimes> times_;     // the step being timed (auto_balance)
   double gather_seconds_ = 0;                       // the last forward's gather
