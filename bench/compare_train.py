@@ -117,14 +117,15 @@ def run_one(args, tool, quiet):
         sys.exit(f"{tool} failed (exit {done.returncode}, {len(epochs)} epoch(s) of metrics): "
                  f"{shlex.join(command)}\n{done.stdout}\n{done.stderr}")
     last = epochs[-1]
-    seconds = sum(e["seconds"] for e in epochs)
-    samples = sum(e["train_samples"] for e in epochs)
-    wait = sum(e["data_wait_seconds"] for e in epochs)
+    timed = epochs[args.warmup_epochs:]
+    seconds = sum(e["seconds"] for e in timed)
+    samples = sum(e["train_samples"] for e in timed)
+    wait = sum(e["data_wait_seconds"] for e in timed)
     return {"tool": tool, "command": command, "started": started, "seconds": seconds,
             "samples_per_second": samples / seconds, "train_samples": samples, "train_loss": last["train_loss"],
             "test_accuracy": last["test_accuracy"], "test_correct": last["test_correct"],
             "test_samples": last["test_samples"], "data_wait_share": wait / seconds,
-            "eval_seconds": sum(e["eval_seconds"] for e in epochs), "load_before": load_before,
+            "eval_seconds": sum(e["eval_seconds"] for e in timed), "load_before": load_before,
             "load_after": load_after, "waited": waited, "busy": busy}
 
 
@@ -161,7 +162,10 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=1, help="epochs per run (times add up, accuracy of the last)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--model", choices=["lenet", "resnet18"], default="lenet")
+    parser.add_argument("--warmup-epochs", type=int, default=0,
+                        help="leave the first N epochs of each run out of its times (warm-up: cuDNN's autotuning, "
+                             "the allocator's first blocks); test accuracy is still the last epoch's")
+    parser.add_argument("--model", choices=["mlp", "lenet", "resnet18"], default="lenet")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: with --nproc 1, datapar train --devices cuda:0 against torch_train.py --device cuda")
     parser.add_argument("--nproc", type=int, default=2, help="processes (DDP ranks); 1: single mode, no DDP")
@@ -183,6 +187,8 @@ def main():
         sys.exit(f"--bin {args.bin}: not an executable (build datapar or give --bin)")
     if not os.path.isdir(args.data):
         sys.exit(f"--data {args.data}: no such directory")
+    if not 0 <= args.warmup_epochs < args.epochs:
+        sys.exit(f"--warmup-epochs {args.warmup_epochs}: give 0 to {args.epochs - 1} (fewer than --epochs)")
 
     quiet = Quiet(args.wait_quiet, args.max_load, args.max_wait * 60, args.stop_when_busy)
     rounds = []
@@ -190,7 +196,8 @@ def main():
     print(f"# {args.model}, {setup} on {args.device}, {args.epochs} epoch(s), batch {args.batch_size} "
           f"({args.batch_size // args.nproc} per rank), "
           f"lr {args.lr:g}, seed {args.seed}, {args.threads} intra-op thread(s) and {args.workers} loader workers "
-          f"per process, data {args.data}{f', limit {args.limit}' if args.limit else ''}")
+          f"per process, data {args.data}{f', limit {args.limit}' if args.limit else ''}"
+          f"{f'; the first {args.warmup_epochs} epoch(s) of each run not timed' if args.warmup_epochs else ''}")
     for r in range(args.rounds):
         order = TOOLS if r % 2 == 0 else TOOLS[::-1]  # each tool leads a round in turn
         results = {}
@@ -237,6 +244,7 @@ def main():
     if args.json:  # for scripts/gpu_report.py and the like
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "device": args.device, "nproc": args.nproc, "epochs": args.epochs,
+                       "warmup_epochs": args.warmup_epochs, "timed_epochs": args.epochs - args.warmup_epochs,
                        "batch_size": args.batch_size, "lr": args.lr, "medians": med, "speed_median_of_rounds": ratio,
                        "speed_of_medians": of_medians, "accuracy_points_median": diff, "rounds": rounds}, f, indent=1)
 

@@ -24,7 +24,8 @@ doing the same work the same way (tools/datapar/train.cc):
 - test accuracy exact over the whole test set: DistributedSampler(shuffle=False), padding
   positions skipped, counts all-reduced.
 
-Also d2l's ResNet-18 (--model resnet18: datapar_models.resnet18, weights of every Conv2d and
+Also datapar's MLP (--model mlp: datapar_models.Mlp after torch.manual_seed(seed), PyTorch's
+default initialisation, as datapar's), d2l's ResNet-18 (--model resnet18: datapar_models.resnet18, weights of every Conv2d and
 Linear from N(0, 0.01^2) after torch.manual_seed(seed), as datapar's d2l_init), on CUDA
 (--device cuda: rank r on cuda:r, batches copied there; DDP still over gloo, which moves CUDA
 tensors too), and with --mode single (--nproc 1): the bare model, no DDP, as `datapar train
@@ -129,6 +130,12 @@ def datapar_resnet18(seed):
     return net
 
 
+def datapar_mlp(seed):
+    """datapar's MLP (784-512-512-10) after torch::manual_seed(seed): default draws only."""
+    torch.manual_seed(seed)
+    return datapar_models.Mlp()
+
+
 def xavier_init(model):
     """datapar's xavier_init: Xavier-uniform on Conv2d and Linear weights, in module order."""
     with torch.no_grad():
@@ -175,7 +182,7 @@ def run(rank, args):
               f"{len(train)} train / {len(test)} test samples ({args.data}), DataLoader with {args.workers} "
               f"worker(s), {args.loader} fetch", flush=True)
 
-    net = (datapar_lenet if args.model == "lenet" else datapar_resnet18)(args.seed).to(device)
+    net = {"mlp": datapar_mlp, "lenet": datapar_lenet, "resnet18": datapar_resnet18}[args.model](args.seed).to(device)
     model = nn.parallel.DistributedDataParallel(net) if args.mode == "ddp" else net
     sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
@@ -253,7 +260,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=0, help="first N train and N test samples (0: all)")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--model", choices=["lenet", "resnet18"], default="lenet")
+    parser.add_argument("--model", choices=["mlp", "lenet", "resnet18"], default="lenet")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: rank r trains on cuda:r")
     parser.add_argument("--mode", choices=["ddp", "single"], default="ddp",
                         help="single (--nproc 1): the bare model without DDP, as datapar train --mode single")

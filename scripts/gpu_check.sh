@@ -10,7 +10,12 @@
 # nothing: the other dependencies are in third_party/prefix (a git checkout uses Debian's).
 # Builds with all cores (nproc) only what the gpu tests and figures run, into
 # $GPU_CHECK_BUILD_DIR (default: build-gpu beside this script's folder; a second run reuses it).
-# FIGURE_EPOCHS (default 5) and FIGURE_ROUNDS (default 2) size the training figures;
+# FIGURE_EPOCHS (default 5; the first, warm-up, is not timed) and FIGURE_ROUNDS (default 3, the
+# sides alternating; medians) size the training figures; GPU_CHECK_FIGURES, a regular
+# expression, runs only the figures whose function it names (scripts/gpu_report.py, FIGURES);
+# GPU_CHECK_DEADLINE (epoch seconds, e.g. a lease's end) stops starting figure commands that
+# could not end before it (the report is written after each figure); GPU_CHECK_SKIP_TESTS=1
+# runs the figures only (a second call on a machine that already ran the tests);
 # GPU_CHECK_CMAKE_ARGS adds CMake arguments (e.g. -DCMAKE_CXX_FLAGS=-g1 for line numbers).
 # GPU_CHECK_TESTS, a CTest regular expression, reruns just those gpu tests (GPU_CHECK_REPEAT
 # times each, stopping at a failure; default 1) and no figure: for a short second look.
@@ -80,9 +85,17 @@ if [[ -n ${GPU_CHECK_TESTS:-} ]]; then
   ctest_args+=(-R "$GPU_CHECK_TESTS" --repeat "until-fail:${GPU_CHECK_REPEAT:-1}")
   figures=none
 fi
-(cd "$build" && ctest "${ctest_args[@]}") >"$out/ctest.log" 2>&1 || ctest_rc=$?
-tail -5 "$out/ctest.log"
+test_args=()
+if [[ -n ${GPU_CHECK_SKIP_TESTS:-} ]]; then
+  log "tests not asked for (GPU_CHECK_SKIP_TESTS)"
+  test_args=(--no-tests)
+else
+  (cd "$build" && ctest "${ctest_args[@]}") >"$out/ctest.log" 2>&1 || ctest_rc=$?
+  tail -5 "$out/ctest.log"
+  test_args=(--ctest-junit "$out/ctest-gpu.xml" --ctest-log "$out/ctest.log" --ctest-rc "$ctest_rc")
+fi
 
 # 5. The figures, where there are GPUs, and the report (gpu_report.py runs them).
-report --build-seconds "$built" --ctest-junit "$out/ctest-gpu.xml" --ctest-log "$out/ctest.log" --ctest-rc "$ctest_rc" \
-  --figure-epochs "${FIGURE_EPOCHS:-5}" --figure-rounds "${FIGURE_ROUNDS:-2}" --figures "$figures"
+report --build-seconds "$built" "${test_args[@]}" --figure-epochs "${FIGURE_EPOCHS:-5}" \
+  --figure-rounds "${FIGURE_ROUNDS:-3}" --figures "$figures" --figure-only "${GPU_CHECK_FIGURES:-}" \
+  --deadline "${GPU_CHECK_DEADLINE:-0}"

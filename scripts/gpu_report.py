@@ -3,10 +3,13 @@ file), the GPU figures (run here, each with its peer in the same run) and the re
 OUTDIR/gpu_report.md and OUTDIR/gpu_report.json. Exits 1 when a gpu test failed, the build
 failed or CTest ran no gpu test; a failed figure is reported and does not count.
 
-Figures, where the GPUs are there (else each is reported skipped with the reason):
-- 1 GPU: d2l's ResNet-18 on the shipped Fashion-MNIST subset, `datapar train --mode single
-  --devices cuda:0` against bench/torch_train.py (the same model, initialisation, batch 256,
-  lr 0.1), through bench/compare_train.py;
+Figures, where the GPUs are there (else each is reported skipped with the reason), each side
+by side with its peer, --figure-rounds rounds alternating, the first epoch of each run (warm-up)
+not timed, medians:
+- 1 GPU: d2l's ResNet-18, LeNet and the MLP on the shipped Fashion-MNIST subset, `datapar
+  train --mode single --devices cuda:0` against bench/torch_train.py (the same model,
+  initialisation, batch 256, lr), through bench/compare_train.py; plain training against DDP
+  and FSDP at NCCL world 1; DataParallel over cuda:0,cpu:0 --balance auto against cuda:0;
 - 2 GPUs: the d2l experiment (scripts/d2l_experiment.sh: cuda:0 at batch 256 / lr 0.1 against
   DataParallel on cuda:0,cuda:1 at batch 512 / lr 0.2), and all_reduce bus bandwidth over 2
   processes on NCCL, `datapar bench collectives` against bench/torch_collectives.py.
@@ -157,21 +160,39 @@ def tests(junit, source, build):
     return found
 
 
-def figure_one_gpu(args, gpus, datapar, out):
-    fig = {"name": "d2l ResNet-18, one GPU: datapar train vs PyTorch",
+def time_left(args):
+    """Seconds until --deadline (the caller's whole budget), or a day when there is none."""
+    return args.deadline - time.time() if args.deadline else 86400.0
+
+
+def run_figure_command(args, command, limit, env=None):
+    """Runs one command of a figure, printed first, within `limit` and the deadline."""
+    timeout = min(limit, time_left(args))
+    if timeout < 20:
+        return 124, f"not started: {time_left(args):.0f} s left before the check's deadline"
+    print(f"gpu_report:   $ {' '.join(command)}", flush=True)
+    return run(command, timeout, env=env)
+
+
+def figure_compare(args, gpus, datapar, out, model, lr):
+    """datapar train --mode single on cuda:0 against bench/torch_train.py, the same model,
+    initialisation, batch 256 and lr, through bench/compare_train.py (rounds alternating)."""
+    timed = max(args.figure_epochs - 1, 1)
+    fig = {"name": f"{model}, one GPU: datapar train vs PyTorch",
            "setup": f"Fashion-MNIST subset ({os.path.join(args.source, 'data', 'fashion-mnist')}), batch 256, "
-                    f"lr 0.1, seed 0, {args.figure_epochs} epochs, {args.figure_rounds} rounds (medians)"}
+                    f"lr {lr:g}, seed 0, {args.figure_epochs} epochs (the first not timed), {args.figure_rounds} "
+                    f"rounds alternating (medians)"}
     if gpus < 1:
         return dict(fig, status="skipped", reason=f"no CUDA device (torch.cuda.device_count() is {gpus})")
-    result = os.path.join(out, "figure-one-gpu.json")
+    result = os.path.join(out, f"figure-{model}-one-gpu.json")
     command = [args.python, os.path.join(args.source, "bench", "compare_train.py"), "--bin", datapar,
-               "--data", os.path.join(args.source, "data", "fashion-mnist"), "--model", "resnet18",
-               "--device", "cuda", "--nproc", "1", "--batch-size", "256", "--lr", "0.1",
-               "--epochs", str(args.figure_epochs), "--rounds", str(args.figure_rounds),
-               "--python", args.python, "--json", result]
-    rc, text = run(command, 480)  # bounded: the whole check should end within 15 minutes
+               "--data", os.path.join(args.source, "data", "fashion-mnist"), "--model", model,
+               "--device", "cuda", "--nproc", "1", "--batch-size", "256", "--lr", str(lr),
+               "--epochs", str(args.figure_epochs), "--warmup-epochs", str(args.figure_epochs - timed),
+               "--rounds", str(args.figure_rounds), "--python", args.python, "--json", result]
+    rc, text = run_figure_command(args, command, 480)
     fig["command"] = " ".join(command)
-    with open(os.path.join(out, "figure-one-gpu.log"), "w") as f:
+    with open(os.path.join(out, f"figure-{model}-one-gpu.log"), "w") as f:
         f.write(text)
     if rc != 0 or not os.path.exists(result):
         return dict(fig, status="failed", reason=f"exit {rc}", output_tail=tail(text))
@@ -180,11 +201,25 @@ def figure_one_gpu(args, gpus, datapar, out):
     rows = []
     for tool in ("datapar", "PyTorch"):
         m = r["medians"][tool]
-        rows.append({"run": tool, "seconds_per_epoch": m["seconds"] / args.figure_epochs,
-                     "samples_per_second": m["samples_per_second"], "test_accuracy": m["test_accuracy"]})
+        rows.append({"run": tool, "seconds_per_epoch": m["seconds"] / timed,
+                     "samples_per_second": m["samples_per_second"], "test_accuracy": m["test_accuracy"],
+                     "rounds_samples_per_second": [x[tool]["samples_per_second"] for x in r["rounds"]]})
     return dict(fig, status="measured", rows=rows,
-                summary=f"datapar / PyTorch speed {r['speed_of_medians']:.2f}x; test accuracy datapar - PyTorch "
+                summary=f"datapar / PyTorch speed {r['speed_of_medians']:.2f}x (median of the rounds' ratios "
+                        f"{r['speed_median_of_rounds']:.2f}x); test accuracy datapar - PyTorch "
                         f"{r['accuracy_points_median']:+.2f} points")
+
+
+def figure_one_gpu(args, gpus, datapar, out):
+    return figure_compare(args, gpus, datapar, out, "resnet18", 0.1)
+
+
+def figure_lenet_one_gpu(args, gpus, datapar, out):
+    return figure_compare(args, gpus, datapar, out, "lenet", 0.9)
+
+
+def figure_mlp_one_gpu(args, gpus, datapar, out):
+    return figure_compare(args, gpus, datapar, out, "mlp", 0.1)
 
 
 def read_jsonl(path):
@@ -201,7 +236,7 @@ def figure_two_gpu_d2l(args, gpus, datapar, out):
     env = dict(os.environ, DEVICES="cuda", RUNS="single dp", EPOCHS=str(args.figure_epochs), BIN=datapar,
                OUT=d2l_out)
     command = ["bash", os.path.join(args.source, "scripts", "d2l_experiment.sh")]
-    rc, text = run(command, 300, env=env)
+    rc, text = run_figure_command(args, command, 300, env=env)
     fig["command"] = f"DEVICES=cuda RUNS='single dp' EPOCHS={args.figure_epochs} BIN={datapar} OUT={d2l_out} " \
                      + " ".join(command)
     with open(os.path.join(out, "figure-two-gpu-d2l.log"), "w") as f:
@@ -222,10 +257,10 @@ def figure_two_gpu_d2l(args, gpus, datapar, out):
 
 def figure_train_runs(args, gpus, datapar, out, name, key, runs):
     """`datapar train` runs side by side on one GPU (ResNet-18, the shipped subset, batch 256),
-    alternating for --figure-rounds rounds; per run the median over rounds of its median epoch
-    (the first epoch, warm-up, left out when there are more)."""
-    fig = {"name": name, "setup": f"ResNet-18, Fashion-MNIST subset, batch 256, lr 0.1, {args.figure_epochs} epochs, "
-                                  f"{args.figure_rounds} rounds alternating (medians)"}
+    for --figure-rounds rounds, each run leading a round in turn; per run the median over
+    rounds of its median epoch (the first epoch, warm-up, left out when there are more)."""
+    fig = {"name": name, "setup": f"ResNet-18, Fashion-MNIST subset, batch 256, lr 0.1, {args.figure_epochs} epochs "
+                                  f"(the first not timed), {args.figure_rounds} rounds alternating (medians)"}
     if gpus < 1:
         return dict(fig, status="skipped", reason=f"no CUDA device (torch.cuda.device_count() is {gpus})")
     common = ["--model", "resnet18", "--epochs", str(args.figure_epochs), "--batch-size", "256",
@@ -234,13 +269,16 @@ def figure_train_runs(args, gpus, datapar, out, name, key, runs):
     last = {}
     texts = []
     for round_ in range(args.figure_rounds):
-        for label, argv in runs:
+        shift = round_ % len(runs)
+        for label, argv in runs[shift:] + runs[:shift]:
             metrics = os.path.join(out, f"figure-{key}-{len(samples[label])}-{re.sub(r'[^a-z0-9]+', '-', label.lower())}.jsonl")
             command = [a.replace("{datapar}", datapar) for a in argv] + common + ["--metrics", metrics]
-            rc, text = run(command, 240)
+            rc, text = run_figure_command(args, command, 240)
             texts.append(f"$ {' '.join(command)}\n{text}")
             if rc != 0 or not os.path.exists(metrics):
                 fig["command"] = " ".join(command)
+                with open(os.path.join(out, f"figure-{key}.log"), "w") as f:
+                    f.write("\n".join(texts))
                 return dict(fig, status="failed", reason=f"{label}: exit {rc}", output_tail=tail(text))
             epochs = read_jsonl(metrics)
             kept = epochs[1:] if len(epochs) > 1 else epochs
@@ -250,21 +288,26 @@ def figure_train_runs(args, gpus, datapar, out, name, key, runs):
     with open(os.path.join(out, f"figure-{key}.log"), "w") as f:
         f.write("\n".join(texts))
     rows = [{"run": label, "seconds_per_epoch": statistics.median(x[0] for x in samples[label]),
-             "samples_per_second": statistics.median(x[1] for x in samples[label]), "test_accuracy": last[label]}
+             "samples_per_second": statistics.median(x[1] for x in samples[label]), "test_accuracy": last[label],
+             "rounds_samples_per_second": [x[1] for x in samples[label]]}
             for label, _ in runs]
     fig["command"] = "; ".join(" ".join(a.replace("{datapar}", datapar) for a in argv) + " " + " ".join(common)
                                for _, argv in runs)
     return dict(fig, status="measured", rows=rows,
-                summary=f"{rows[1]['run']} / {rows[0]['run']} speed "
-                        f"{rows[1]['samples_per_second'] / rows[0]['samples_per_second']:.2f}x (samples/s)")
+                summary="; ".join(f"{r['run']} / {rows[0]['run']} speed "
+                                  f"{r['samples_per_second'] / rows[0]['samples_per_second']:.2f}x" for r in rows[1:])
+                + " (samples/s, medians)")
 
 
 def figure_ddp_world_one(args, gpus, datapar, out):
-    return figure_train_runs(args, gpus, datapar, out, "DDP's overhead, one GPU: plain training vs DDP world 1 on NCCL",
+    return figure_train_runs(args, gpus, datapar, out,
+                             "DDP's and FSDP's overhead, one GPU: plain training vs DDP and FSDP world 1 on NCCL",
                              "ddp-world-one", [
                                  ("plain, cuda:0", ["{datapar}", "train", "--devices", "cuda:0"]),
                                  ("DDP world 1, nccl", ["{datapar}", "launch", "--nproc-per-node", "1", "--",
                                                         "{datapar}", "train", "--mode", "ddp", "--backend", "nccl"]),
+                                 ("FSDP world 1, nccl", ["{datapar}", "launch", "--nproc-per-node", "1", "--",
+                                                         "{datapar}", "train", "--mode", "fsdp", "--backend", "nccl"]),
                              ])
 
 
@@ -293,7 +336,7 @@ def figure_collectives(args, gpus, datapar, out):
     }
     tables, texts = {}, []
     for tool, command in commands.items():
-        rc, text = run(command, 180)
+        rc, text = run_figure_command(args, command, 180)
         texts.append(f"$ {' '.join(command)}\n{text}")
         tables[tool] = {m.group(1): (float(m.group(2)), float(m.group(4))) for m in ROW.finditer(text)}
         if rc != 0 or not tables[tool]:
@@ -307,6 +350,11 @@ def figure_collectives(args, gpus, datapar, out):
              "pytorch_busbw_gbs": tables["PyTorch"].get(size, (None, None))[1]}
             for size, (us, bw) in tables["datapar"].items()]
     return dict(fig, status="measured", rows=rows)
+
+
+# In order of what a one-GPU lease should see first; the deadline cuts the tail.
+FIGURES = (figure_one_gpu, figure_unlike_devices, figure_ddp_world_one, figure_lenet_one_gpu, figure_mlp_one_gpu,
+           figure_two_gpu_d2l, figure_collectives)
 
 
 def fmt(v, spec):
@@ -330,7 +378,8 @@ def markdown(report):
         lines += [f"**The {report['failed_step']} failed**; no test ran. Last lines of its log:", "", "```",
                   report["failed_log_tail"], "```", ""]
     c = report["counts"]
-    lines += ["## gpu tests (ctest -L gpu)", "",
+    lines += ["## gpu tests (ctest -L gpu)", ""] + (["Not asked for (GPU_CHECK_SKIP_TESTS): figures only.", ""]
+                                                     if report.get("tests_not_asked") else []) + [
               f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped of {c['total']}.", "",
               "| test | GPUs | result | reason |", "|---|---|---|---|"]
     for x in report["tests"]:
@@ -357,8 +406,9 @@ def markdown(report):
             lines += [f"| {r['size']} | {fmt(r['datapar_us'], '.1f')} | {fmt(r['datapar_busbw_gbs'], '.2f')} | "
                       f"{fmt(r['pytorch_us'], '.1f')} | {fmt(r['pytorch_busbw_gbs'], '.2f')} |" for r in f["rows"]]
         else:
-            lines += ["| run | s / epoch | samples/s | test accuracy |", "|---|---|---|---|"]
+            lines += ["| run | s / epoch | samples/s | samples/s per round | test accuracy |", "|---|---|---|---|---|"]
             lines += [f"| {r['run']} | {r['seconds_per_epoch']:.2f} | {r['samples_per_second']:.0f} | "
+                      f"{', '.join(f'{x:.0f}' for x in r.get('rounds_samples_per_second', [])) or '-'} | "
                       f"{r['test_accuracy']:.4f} |" for r in f["rows"]]
         lines += [""] + ([f["summary"] + ".", ""] if f.get("summary") else []) + [f"`{f['command']}`", ""]
     if m.get("nvidia_smi"):
@@ -379,8 +429,14 @@ def main():
     p.add_argument("--ctest-junit", default="")
     p.add_argument("--ctest-log", default="")
     p.add_argument("--ctest-rc", type=int, default=0)
+    p.add_argument("--no-tests", action="store_true", help="the tests were not asked for (figures only)")
     p.add_argument("--figure-epochs", type=int, default=5)
-    p.add_argument("--figure-rounds", type=int, default=2)
+    p.add_argument("--figure-rounds", type=int, default=3)
+    p.add_argument("--figure-only", default="",
+                   help="a regular expression: only the figures whose function name it finds (e.g. 'resnet|lenet')")
+    p.add_argument("--deadline", type=float, default=0,
+                   help="epoch seconds: no figure command runs past it (a lease's end); the report is written "
+                        "after each figure, so what ran is kept")
     p.add_argument("--figures", choices=("all", "none"), default="all",
                    help="none: a rerun of some tests (GPU_CHECK_TESTS), no figure")
     args = p.parse_args()
@@ -401,7 +457,8 @@ def main():
     report["tests"] = tests(args.ctest_junit, args.source, args.build)
     counts = {s: sum(t["status"] == s for t in report["tests"]) for s in ("passed", "failed", "skipped")}
     report["counts"] = dict(counts, total=len(report["tests"]))
-    if not args.failed_step and (not report["tests"] or (args.ctest_rc and not counts["failed"])):
+    report["tests_not_asked"] = args.no_tests
+    if not args.failed_step and not args.no_tests and (not report["tests"] or (args.ctest_rc and not counts["failed"])):
         report["ctest_problem"] = ("CTest ran no gpu test" if not report["tests"]
                                    else f"ctest exited {args.ctest_rc} with no failed test in its JUnit file")
         if args.ctest_log and os.path.exists(args.ctest_log):
@@ -412,16 +469,26 @@ def main():
     datapar = os.path.join(args.build, "bin", "datapar")
     report["figures"] = []
     report["figures_not_asked"] = args.figures == "none"
-    for figure in (figure_one_gpu, figure_ddp_world_one, figure_unlike_devices, figure_two_gpu_d2l, figure_collectives):
+
+    def write():
+        report["seconds"] = time.time() - args.started
+        with open(os.path.join(args.out, "gpu_report.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        with open(os.path.join(args.out, "gpu_report.md"), "w") as f:
+            f.write(markdown(report) + "\n")
+
+    write()  # the tests' results, before any figure
+    for figure in FIGURES:
         if args.failed_step or args.figures == "none":
             break
-        print(f"gpu_report: figure {figure.__name__}", flush=True)
+        if args.figure_only and not re.search(args.figure_only, figure.__name__):
+            continue
+        print(f"gpu_report: figure {figure.__name__} ({time_left(args):.0f} s before the deadline)", flush=True)
         report["figures"].append(figure(args, gpus, datapar, args.out))
-    report["seconds"] = time.time() - args.started
-    with open(os.path.join(args.out, "gpu_report.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(args.out, "gpu_report.md"), "w") as f:
-        f.write(markdown(report) + "\n")
+        f = report["figures"][-1]
+        print(f"gpu_report:   {f['status']}: {f.get('summary') or f.get('reason', '')}", flush=True)
+        write()
+    write()
     bad = args.failed_step or counts["failed"] or report.get("ctest_problem")
     print(f"gpu_report: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; "
           f"figures: {', '.join(f['status'] for f in report['figures']) or 'none'}; "
