@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstring>
 
 #include "datapar/error.h"
@@ -110,13 +112,20 @@ void MetricsWriter::write(const EpochMetrics& m) {
   }
 }
 
-bool is_terminal(std::FILE* stream) { return ::isatty(::fileno(stream)) == 1; }
+bool is_terminal(std::FILE* stream) {
+  if (::isatty(::fileno(stream)) == 1) return true;
+  const char* live = std::getenv("DATAPAR_LIVE_OUTPUT");  // set by datapar launch (worker_output.h)
+  return stream == stdout && live != nullptr && std::string(live) == "1";
+}
 
 ProgressBar::ProgressBar(std::FILE* out, bool enabled) : out_(out), enabled_(enabled) {}
 
 void ProgressBar::start(int64_t epoch, int64_t epochs, int64_t total_steps) {
-  epoch_ = epoch;
-  epochs_ = epochs;
+  start("epoch " + std::to_string(epoch) + "/" + std::to_string(epochs), total_steps);
+}
+
+void ProgressBar::start(std::string label, int64_t total_steps) {
+  label_ = std::move(label);
   total_ = total_steps;
   start_ = std::chrono::steady_clock::now();
   last_draw_ = {};
@@ -136,14 +145,24 @@ void ProgressBar::update(int64_t steps, double loss, int64_t samples) {
 }
 
 void ProgressBar::draw(int64_t steps, double loss, int64_t samples) {
-  constexpr int kWidth = 30;
-  const double done = total_ > 0 ? static_cast<double>(steps) / total_ : 1.0;
+  constexpr int kWidth = 20;  // the whole line stays under 100 columns: a wrapped line is not redrawn in place
+  const double done = total_ > 0 ? std::min(1.0, static_cast<double>(steps) / total_) : 1.0;
   const int filled = static_cast<int>(done * kWidth);
   std::string bar(filled, '#');
   bar.resize(kWidth, '.');
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  std::fprintf(out_, "\repoch %" PRId64 "/%" PRId64 " [%s] %3.0f%%  loss %.3f  %.0f samples/s\033[K", epoch_, epochs_,
-               bar.c_str(), done * 100, loss, secs > 0 ? samples / secs : 0.0);
+  // Time left at the epoch's pace so far.
+  const double left = steps > 0 && total_ > steps ? secs / steps * (total_ - steps) : 0.0;
+  char left_text[48];
+  if (left >= 60) {
+    std::snprintf(left_text, sizeof left_text, "%ld min %02ld s left", static_cast<long>(left) / 60,
+                  static_cast<long>(left) % 60);
+  } else {
+    std::snprintf(left_text, sizeof left_text, "%.0f s left", left);
+  }
+  std::fprintf(out_, "\r%s  step %" PRId64 "/%" PRId64 " [%s] %3.0f%%  loss %.3f  %.0f samples/s  %s\033[K",
+               label_.c_str(), steps, total_, bar.c_str(), done * 100, loss, secs > 0 ? samples / secs : 0.0,
+               left_text);
   std::fflush(out_);
   drawn_ = true;
 }

@@ -101,7 +101,8 @@ TEST(ProgressBar, DrawsOnlyWhenEnabledAndClearsItsLine) {
   std::fclose(out);
   const std::string drawn(text, size);
   std::free(text);
-  EXPECT_NE(drawn.find("\repoch 1/2 ["), std::string::npos) << drawn;
+  EXPECT_NE(drawn.find("\repoch 1/2  step 10/10 ["), std::string::npos) << drawn;
+  EXPECT_NE(drawn.find("0 s left\033[K"), std::string::npos) << drawn;
   EXPECT_NE(drawn.find("100%"), std::string::npos) << drawn;
   EXPECT_EQ(drawn.substr(drawn.size() - 4), "\r\033[K");
 }

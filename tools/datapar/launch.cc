@@ -408,6 +408,9 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
     const int max_ranks = o.max_ranks > 0 ? o.max_ranks : o.nnodes * o.nproc_per_node;
     ours.push_back({"DATAPAR_FT_MAX_RANKS", std::to_string(max_ranks)});
   }
+  // The launcher's stdout is a terminal: rank 0 may draw its live progress line, which the
+  // launcher passes through unprefixed (worker_output.h). Piped or to a file: plain lines.
+  if (::isatty(STDOUT_FILENO) == 1) ours.push_back({"DATAPAR_LIVE_OUTPUT", "1"});
   if (o.run_id.empty()) {  // none given across nodes: the workers' own, else the token (JobConfig::run_id)
     ours.erase(std::find_if(ours.begin(), ours.end(), [](const auto& v) { return v.first == "DATAPAR_RUN_ID"; }));
   }

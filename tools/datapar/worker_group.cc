@@ -142,7 +142,7 @@ WorkerGroup::WorkerGroup(const std::vector<std::string>& argv, const std::vector
     pids_.push_back(pid);
     reaped_.push_back(false);
     const std::string prefix = spec.tag_output ? str_cat("[rank ", spec.rank, "] ") : std::string();
-    streams_.push_back({out[0], std::make_unique<WorkerOutput>(prefix, 1)});
+    streams_.push_back({out[0], std::make_unique<WorkerOutput>(prefix, 1, /*live=*/::isatty(STDOUT_FILENO) == 1)});
     streams_.push_back({err[0], std::make_unique<WorkerOutput>(prefix, 2)});
   }
 }

@@ -30,6 +30,15 @@ void WorkerOutput::write_line(const char* data, size_t n) {
   write_all(out_fd_, line.data(), line.size());
 }
 
+void WorkerOutput::pass_live_line() {
+  static constexpr char kEraseToEnd[] = "\033[K";
+  const size_t erase = pending_.rfind(kEraseToEnd);
+  if (erase == std::string::npos || pending_.find('\r') > erase) return;
+  const size_t end = erase + sizeof kEraseToEnd - 1;
+  write_all(out_fd_, pending_.data(), end);
+  pending_.erase(0, end);
+}
+
 void WorkerOutput::add(const char* data, size_t n) {
   pending_.append(data, n);
   size_t start = 0;
@@ -40,6 +49,7 @@ void WorkerOutput::add(const char* data, size_t n) {
     start = newline + 1;
   }
   pending_.erase(0, start);
+  if (live_) pass_live_line();
   while (pending_.size() >= kMaxLineBytes) {
     write_line(pending_.data(), kMaxLineBytes);
     pending_.erase(0, kMaxLineBytes);

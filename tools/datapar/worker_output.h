@@ -2,6 +2,10 @@
 // bytes on a pipe; this turns them into whole lines tagged "[rank R] " so that lines of
 // different workers never mix mid-line. It does no I/O of its own on the pipe: the
 // launcher's poll loop reads and hands the bytes over.
+//
+// On a terminal, a worker's live line (a progress line redrawn in place: "\r", text, "\033[K",
+// no newline; train::ProgressBar) is passed through as it is, untagged, the moment it is whole:
+// tagging it, or holding it until a newline, would leave the user staring at nothing.
 #pragma once
 
 #include <string>
@@ -14,7 +18,9 @@ namespace datapar::tools {
 // Not thread-safe; one per stream.
 class WorkerOutput {
  public:
-  WorkerOutput(std::string prefix, int out_fd) : prefix_(std::move(prefix)), out_fd_(out_fd) {}
+  // live: out_fd is a terminal, where live lines pass through (above).
+  WorkerOutput(std::string prefix, int out_fd, bool live = false)
+      : prefix_(std::move(prefix)), out_fd_(out_fd), live_(live) {}
 
   // Appends `n` bytes and writes the lines they complete. A line longer than
   // kMaxLineBytes is written in pieces, each with the prefix, so a worker that never
@@ -29,8 +35,12 @@ class WorkerOutput {
  private:
   void write_line(const char* data, size_t n);
 
+  // live_: writes the pending bytes up to the last whole live line (ending "\033[K") as they are.
+  void pass_live_line();
+
   std::string prefix_;
   int out_fd_;
+  bool live_;
   std::string pending_;  // bytes after the last newline
 };
 

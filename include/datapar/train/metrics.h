@@ -66,19 +66,23 @@ class MetricsWriter {
   int fd_ = -1;
 };
 
-// Whether `stream` (stdout, stderr) is a terminal; the progress bar is drawn only then.
+// Whether `stream` (stdout, stderr) is a terminal, or stands for one: a worker of `datapar
+// launch` whose launcher writes to a terminal (DATAPAR_LIVE_OUTPUT=1; the launcher passes
+// live lines through). The progress bar is drawn only then.
 bool is_terminal(std::FILE* stream);
 
-// A one-line progress bar redrawn in place with '\r':
-//   epoch 2/10 [#########.........]  45%  loss 0.634  2310 samples/s
+// A one-line progress bar redrawn in place with '\r', ended by "\033[K" (erase the rest):
+//   epoch 2/10  step 11/24 [#########...........]  45%  loss 0.634  2310 samples/s  3 s left
 // Disabled (every call a no-op) when `enabled` is false, e.g. when stdout is a file or a
 // pipe, so logs hold only the per-epoch lines. Redraws at most every 100 ms. Not
 // thread-safe; use from the training loop.
 class ProgressBar {
  public:
   ProgressBar(std::FILE* out, bool enabled);
-  // Starts a bar for `total_steps` steps of epoch `epoch` of `epochs`.
+  // Starts a bar for `total_steps` steps of epoch `epoch` of `epochs`. `label` replaces
+  // "epoch E/N" (a benchmark's phase).
   void start(int64_t epoch, int64_t epochs, int64_t total_steps);
+  void start(std::string label, int64_t total_steps);
   // Whether update(steps, ...) would redraw now. The loss lives on the training device:
   // the caller reads it (a wait for the device) only when it is due.
   bool due(int64_t steps) const;
@@ -92,7 +96,8 @@ class ProgressBar {
 
   std::FILE* out_;
   bool enabled_;
-  int64_t epoch_ = 0, epochs_ = 0, total_ = 0;
+  std::string label_;
+  int64_t total_ = 0;
   std::chrono::steady_clock::time_point start_, last_draw_;
   bool drawn_ = false;
 };
