@@ -30,12 +30,35 @@ TORCH_VERSION ?= 2.15.0
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all setup build build-torch2 demo test test-debian test-torch2 test-asan test-tsan test-gpu fuzz bench \
-  bundle test-bundle clean
+# What `make demo` runs, and so all that it builds.
+# (and the examples a user copies: built with it, run by the tests).
+DEMO_TARGETS := datapar_cli data_parallel_tutorial ddp_fashion_mnist fsdp_fashion_mnist
+# make test's legs, in this order (scripts/test_legs.sh): the quickest to a first failure first.
+LEGS ?= tsan torch2 asan bundle
+
+.PHONY: all help setup build build-torch2 build-asan build-tsan build-bundle demo test test-debian test-torch2 \
+  test-asan test-tsan test-gpu fuzz bench bundle test-bundle clean
 
 include tests/sanitizers/sanitizers.mk
 
 all: build
+
+# What each target builds and runs, and how long it takes on a 2-core machine (docs/benchmarks.md,
+# "Build and CI times"): a fresh clone, scripts/setup.sh already run; "again" with ccache warm.
+help:
+	@echo "make demo          the library, the CLI and the tutorial only; runs the tutorial and 2 DDP"
+	@echo "                   processes training an MLP on the shipped Fashion-MNIST subset"
+	@echo "make build         everything (library, CLI, examples, benchmarks, tests) in build/"
+	@echo "make test          every leg of the suite (LEGS='$(LEGS)'), a summary at the end:"
+	@echo "  make test-tsan     ThreadSanitizer over the threaded suites (build-tsan/)"
+	@echo "  make test-torch2   pip's torch $(TORCH_VERSION) (CUDA), the whole suite beside a CPU hog (build-torch2/)"
+	@echo "  make test-asan     Debian's libtorch under ASan+UBSan, every test and fuzz target (build-asan/)"
+	@echo "  make test-bundle   the offline bundle built and checked in a chroot without -dev packages"
+	@echo "make test-debian   the whole suite on the plain Debian build (build/)"
+	@echo "make test-gpu      the tests labelled gpu (a CUDA machine)"
+	@echo "make bundle        build/datapar-bundle.tar.gz for a GPU node without network"
+	@echo "make fuzz          each fuzz target for FUZZ_SECONDS (default $(FUZZ_SECONDS))"
+	@echo "Minutes measured on 2 cores: docs/benchmarks.md, 'Build and CI times'."
 
 setup:
 	bash scripts/setup.sh
@@ -50,38 +73,50 @@ build-torch2: setup
 	  cmake -S . -B $(TORCH2_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) -DCMAKE_PREFIX_PATH="$$prefix"
 	cmake --build $(TORCH2_BUILD_DIR) -j $(JOBS)
 
-demo: build
+demo: setup
+	cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_FLAGS)
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(DEMO_TARGETS)
 	$(BUILD_DIR)/bin/data_parallel_tutorial
 	$(BUILD_DIR)/bin/datapar launch --nproc-per-node 2 -- $(BUILD_DIR)/bin/datapar train --mode ddp \
 	  --model mlp --epochs 10 --batch-size 64 --lr 0.005 --momentum 0.9 \
 	  --plot $(BUILD_DIR)/demo.png --metrics $(BUILD_DIR)/demo.jsonl
 
-test: test-asan test-torch2 test-tsan test-bundle
+test: setup
+	bash scripts/test_legs.sh $(LEGS)
 
 # The DCP interop tests run PyTorch 2.15's Python (scripts/setup_torch.sh) on either line.
+build-debian: build
+
 test-debian: build
 	bash scripts/setup_torch.sh $(TORCH_VERSION) >/dev/null
 	$(BUILD_DIR)/bin/datapar --version
+	rm -rf $(BUILD_DIR)/gtest-results
 	cd $(BUILD_DIR) && ctest --output-on-failure -j 1
 
 # Beside a CPU-bound process (scripts/with_cpu_load.sh): the suite must not need a quiet machine.
 test-torch2: build-torch2
 	$(TORCH2_BUILD_DIR)/bin/datapar --version
+	rm -rf $(TORCH2_BUILD_DIR)/gtest-results
 	cd $(TORCH2_BUILD_DIR) && bash $(CURDIR)/scripts/with_cpu_load.sh ctest --output-on-failure -j 2
 
 # Debian's libtorch under clang with AddressSanitizer + UndefinedBehaviorSanitizer: the whole
 # suite, and each fuzz target (fuzz/) for FUZZ_SECONDS under libFuzzer.
-test-asan: setup
+build-asan: setup
 	bash scripts/setup_torch.sh $(TORCH_VERSION) >/dev/null
 	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) \
 	  -DDATAPAR_SANITIZE=address,undefined -DDATAPAR_FUZZ=ON -DDATAPAR_FUZZ_SECONDS=$(FUZZ_SECONDS)
 	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
+
+test-asan: build-asan
+	rm -rf $(ASAN_BUILD_DIR)/gtest-results
 	cd $(ASAN_BUILD_DIR) && $(ASAN_ENV) ctest --output-on-failure -j 2
 
 # ThreadSanitizer over the threaded parts (tests/CMakeLists.txt: datapar_thread_tests).
-test-tsan: setup
+build-tsan: setup
 	CC=clang CXX=clang++ cmake -S . -B $(TSAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) -DDATAPAR_SANITIZE=thread
 	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS) --target datapar_thread_tests
+
+test-tsan: build-tsan
 	$(TSAN_ENV) $(TSAN_BUILD_DIR)/bin/datapar_thread_tests
 
 # A longer fuzzing run of every target (docs/fuzzing.md), e.g. make fuzz FUZZ_SECONDS=3600.
@@ -102,6 +137,9 @@ bundle: setup
 
 # The bundle in a debootstrapped chroot with a compiler, CMake, ninja, pip's torch and CUDA
 # but no -dev package: gpu_check.sh builds, runs the gpu tests (all skipped) and reports.
+# Its build runs inside the chroot, in test-bundle; build-bundle makes the tarball.
+build-bundle: bundle
+
 test-bundle: bundle
 	bash scripts/setup_torch.sh $(TORCH_VERSION) >/dev/null
 	DATAPAR_TORCH_VERSION=$(TORCH_VERSION) bash tests/bundle/chroot_check.sh $(BUILD_DIR)/datapar-bundle.tar.gz

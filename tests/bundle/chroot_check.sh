@@ -29,7 +29,9 @@ mirror=${MIRROR:-http://deb.debian.org/debian}
 suite=bookworm
 # What a GPU node is assumed to have besides torch and CUDA. python3: the venv's python3 is a
 # link to the host's /usr/bin/python3 (-> python3.11), which bookworm's python3 provides inside.
-chroot_packages=(g++ cmake ninja-build python3)
+# ccache: optional for the bundle (used when there); here it shares this machine's cache, so a
+# second check of the same sources compiles nothing (the bundle is always at /work/datapar).
+chroot_packages=(g++ cmake ninja-build python3 ccache)
 # datapar's Debian -dev packages: none of them may be in the chroot.
 forbidden=(libgloo-dev libgtest-dev googletest libcli11-dev nlohmann-json3-dev zlib1g-dev libopenmpi-dev)
 # The cached chroot's name changes with its package list, so a changed list makes a new one.
@@ -111,6 +113,11 @@ mount -t proc proc "$dir/proc"; mounts+=("$dir/proc")
 mount -t tmpfs -o size=2g tmpfs "$dir/dev/shm"; mounts+=("$dir/dev/shm")  # the shared-memory collectives
 bind "$venv" "$venv" ro
 bind "$cuda_real" /usr/local/cuda ro
+ccache_dir=$(ccache --get-config cache_dir 2>/dev/null || true)
+if [[ -n $ccache_dir ]]; then
+  mkdir -p "$ccache_dir"
+  bind "$ccache_dir" /root/.cache/ccache
+fi
 chroot "$dir" "$venv/bin/python3" -c 'import sys; assert sys.version_info[:2] == (3, 11)' ||
   die "the venv's python3 ($(readlink -f "$venv/bin/python3") here) does not run in the chroot"
 mkdir -p "$dir/work"

@@ -12,6 +12,7 @@
 
 #include "datapar/config.h"
 #include "testing/processes.h"
+#include "testing/temp_dir.h"
 
 namespace {
 
@@ -136,6 +137,57 @@ TEST(DdpExample, TwoProcessesTrainAsOneWithTheirCombinedBatch) {
     EXPECT_NEAR(two[e].loss, one[e].loss, 1e-3 * one[e].loss) << "epoch " << e + 1 << "\n" << single.output << pair.output;
     EXPECT_NEAR(two[e].accuracy, one[e].accuracy, 0.01) << "epoch " << e + 1 << "\n" << single.output << pair.output;
   }
+}
+
+// The FSDP example, launched as its header says: two processes of batch 32, each keeping half
+// the model and of Adam's state, step as one process of batch 64; a run resumed from its
+// sharded checkpoint ends as the uninterrupted one; bf16 trains to about fp32's accuracy.
+TEST(FsdpExample, TwoProcessesTrainAsOneAndResumeFromTheirShardedCheckpoint) {
+  struct Epoch {
+    int number = 0;
+    double loss = 0, accuracy = 0;
+  };
+  const datapar::testing::TempDir temp("fsdp_example");
+  auto job = [](int processes, int batch, const std::string& flags, std::vector<Epoch>* epochs) {
+    const ProcessResult r = run(bin("datapar") + " launch --nproc-per-node " + std::to_string(processes) + " -- " +
+                                bin("fsdp_fashion_mnist") + " --batch-size " + std::to_string(batch) + " " + flags);
+    static const std::regex line(
+        R"(\[rank 0\] epoch (\d+): train loss ([0-9.]+), test accuracy ([0-9.]+) \(1000 images\))");
+    for (std::sregex_iterator m(r.output.begin(), r.output.end(), line), end; m != end; ++m) {
+      epochs->push_back({std::stoi((*m)[1]), std::stod((*m)[2]), std::stod((*m)[3])});
+    }
+    return r;
+  };
+  std::vector<Epoch> one, two, first, resumed, bf16;
+  const ProcessResult single = job(1, 64, "--epochs 2", &one);
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  const ProcessResult pair = job(2, 32, "--epochs 2", &two);
+  ASSERT_EQ(pair.exit_code, 0) << pair.output;
+  ASSERT_EQ(one.size(), 2u) << single.output;
+  ASSERT_EQ(two.size(), 2u) << pair.output;
+  EXPECT_LT(one[1].loss, one[0].loss) << single.output;
+  EXPECT_GT(one[1].accuracy, 0.75) << single.output;
+  for (size_t e = 0; e < 2; ++e) {  // equal but for the summation order's rounding
+    EXPECT_NEAR(two[e].loss, one[e].loss, 1e-3 * one[e].loss) << "epoch " << e + 1 << "\n" << single.output << pair.output;
+    EXPECT_NEAR(two[e].accuracy, one[e].accuracy, 0.01) << "epoch " << e + 1 << "\n" << single.output << pair.output;
+  }
+
+  // Epoch 1 with a checkpoint, then epoch 2 from it: the uninterrupted run's epoch 2.
+  const std::string ck = temp.path() + "/ck";
+  const ProcessResult a = job(2, 32, "--epochs 1 --checkpoint " + ck, &first);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const ProcessResult b = job(2, 32, "--epochs 2 --checkpoint " + ck + " --resume", &resumed);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("resumed from " + ck + "/epoch-1"), std::string::npos) << b.output;
+  ASSERT_EQ(resumed.size(), 1u) << b.output;
+  EXPECT_EQ(resumed[0].number, 2) << b.output;
+  EXPECT_NEAR(resumed[0].loss, two[1].loss, 1e-6 * two[1].loss) << b.output << pair.output;
+  EXPECT_EQ(resumed[0].accuracy, two[1].accuracy) << b.output << pair.output;
+
+  const ProcessResult c = job(2, 32, "--epochs 2 --mp bf16", &bf16);
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  ASSERT_EQ(bf16.size(), 2u) << c.output;
+  EXPECT_NEAR(bf16[1].accuracy, two[1].accuracy, 0.02) << c.output << pair.output;
 }
 
 TEST(Cli, HelpVersionAndDevices) {
