@@ -14,7 +14,6 @@ namespace {
 using detail::str_cat;
 using Clock = std::chrono::steady_clock;
 
-std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
 bool holds(const Epoch& e, const std::string& id) { return e.rank_of(id) >= 0; }
 
@@ -77,7 +76,7 @@ void Decider::read_numbered(const std::string& counter, const std::string& item,
   while (read < total) {
     const std::string key = str_cat(item, read + 1);
     if (!store_->check({key})) return;  // numbered, not yet written: the next round
-    const std::string record = text(store_->get(key));
+    const std::string record = as_text(store_->get(key));
     ++read;
     take(key, record);
   }

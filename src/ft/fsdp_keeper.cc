@@ -43,7 +43,7 @@ using datapar::detail::str_cat;
 using Dict = c10::impl::GenericDict;
 
 // The extra columns of a member's standing: what it keeps, in which layout.
-enum Column : size_t { kWhole, kLayoutEpoch, kLayoutSize, kLayoutRank };
+enum KeptColumn : size_t { kWhole, kLayoutEpoch, kLayoutSize, kLayoutRank };
 
 template <typename Map>
 typename Map::key_type key_of(const at::Tensor& t) {

@@ -17,7 +17,6 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
-std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
 }  // namespace
 
@@ -88,8 +87,8 @@ Epoch Member::join(int64_t committed_step) {
   try {
     // The published epoch first: any epoch that can hold this join comes after it.
     if (store_->check({"epoch"})) {
-      const int64_t published = std::stoll(text(store_->get("epoch")));
-      const Epoch newest = Epoch::decode(published, text(store_->get(str_cat("epoch/", published))));
+      const int64_t published = std::stoll(as_text(store_->get("epoch")));
+      const Epoch newest = Epoch::decode(published, as_text(store_->get(str_cat("epoch/", published))));
       if (!newest.stop_reason.empty()) throw MembershipError("ft: the job stops: " + newest.stop_reason);
       last = std::max(last, published);
     }
@@ -106,7 +105,7 @@ Epoch Member::join(int64_t committed_step) {
     try {
       if (left.count() <= 0) throw TimeoutError("no time left");
       store_->wait({str_cat("epoch/", e)}, left);
-      got = Epoch::decode(e, text(store_->get(str_cat("epoch/", e))));
+      got = Epoch::decode(e, as_text(store_->get(str_cat("epoch/", e))));
     } catch (const TimeoutError&) {
       throw MembershipError(str_cat("ft: member ", id_, " asked to join at step ", committed_step,
                                     " and no membership epoch took it within the quorum timeout (", patience.count(),

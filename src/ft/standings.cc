@@ -8,7 +8,7 @@
 namespace datapar::ft::detail {
 namespace {
 
-enum Column : size_t { kStep, kCommitEpoch, kVotedStep, kVotedEpoch, kExtra };
+enum StandingColumn : size_t { kStep, kCommitEpoch, kVotedStep, kVotedEpoch, kExtra };
 
 }  // namespace
 

@@ -13,7 +13,6 @@ namespace {
 
 Bytes as_bytes(const Sha256Digest& d) { return Bytes(d.begin(), d.end()); }
 
-std::string as_string(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
 }  // namespace
 
@@ -25,7 +24,7 @@ Bytes proof(const std::string& token, Side side, const Bytes& client_nonce, cons
             const Bytes& run_digest) {
   const std::string label = side == Side::kServer ? std::string("datapar store server", 21)
                                                   : std::string("datapar store client", 21);
-  return as_bytes(hmac_sha256(token, label + as_string(client_nonce) + as_string(server_nonce) + as_string(run_digest)));
+  return as_bytes(hmac_sha256(token, label + as_text(client_nonce) + as_text(server_nonce) + as_text(run_digest)));
 }
 
 Bytes fresh_nonce() {

@@ -161,6 +161,24 @@ TEST(GlooProcessGroup, ARecvWithoutASenderTimesOut) {
   for (auto& t : threads) t.join();
 }
 
+// Note [SIGPIPE and Gloo]: Gloo's sends raise SIGPIPE when the peer is gone, so making a group
+// ignores it (as Python does for PyTorch), unless the program handles SIGPIPE itself.
+void count_sigpipe(int) {}
+TEST(GlooProcessGroup, MakingAGroupIgnoresSigpipeUnlessTheProgramHandlesIt) {
+  struct sigaction saved {};
+  ::sigaction(SIGPIPE, nullptr, &saved);
+  auto after_a_group = [](void (*before)(int)) {
+    ::signal(SIGPIPE, before);
+    spawn(1, [](int, ProcessGroup&) {});
+    struct sigaction now {};
+    ::sigaction(SIGPIPE, nullptr, &now);
+    return now.sa_handler;
+  };
+  EXPECT_TRUE(after_a_group(SIG_DFL) == SIG_IGN) << "SIGPIPE still ends the process";
+  EXPECT_TRUE(after_a_group(count_sigpipe) == count_sigpipe) << "the program's own handler was replaced";
+  ::sigaction(SIGPIPE, &saved, nullptr);
+}
+
 TEST(GlooProcessGroup, RejectsWhatItCannotDo) {
   spawn(1, [](int, ProcessGroup& group) {
     at::Tensor ints = at::ones({2}, at::kInt);

@@ -18,7 +18,6 @@ namespace {
 
 using detail::str_cat;
 
-std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
 // One connection attempt's limit: short, so that a launcher that stops is not held by it.
 constexpr std::chrono::seconds kConnectAttempt{2};
@@ -160,13 +159,13 @@ void FtNodes::look() {
   }
   for (const long pid : failed) {  // a worker that never named its member is judged by its heartbeat
     const std::string key = ft_worker_key(run_, node_rank_, pid);
-    if (store_->check({key})) ft::report_dead(store_, run_, text(store_->get(key)));
+    if (store_->check({key})) ft::report_dead(store_, run_, as_text(store_->get(key)));
   }
   if (node_rank_ != 0) {
     store.add(str_cat("node_beat/", node_rank_), 1);
     if (!store.check({"epoch"})) return;
-    const int64_t number = std::stoll(text(store.get("epoch")));
-    const ft::Epoch newest = ft::Epoch::decode(number, text(store.get(str_cat("epoch/", number))));
+    const int64_t number = std::stoll(as_text(store.get("epoch")));
+    const ft::Epoch newest = ft::Epoch::decode(number, as_text(store.get(str_cat("epoch/", number))));
     if (!newest.stop_reason.empty()) {
       const std::lock_guard<std::mutex> lock(mutex_);
       stop_reason_ = newest.stop_reason;
@@ -182,7 +181,7 @@ void FtNodes::look() {
       const std::string done = str_cat("node_done/", k);
       if (store.check({done})) {
         node.ended = true;
-        completed |= text(store.get(done)) == "completed";
+        completed |= as_text(store.get(done)) == "completed";
       } else {
         const int64_t beats = store.add(str_cat("node_beat/", k), 0);
         if (beats != node.beats) node.beats = beats, node.changed = now;

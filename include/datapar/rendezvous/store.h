@@ -19,6 +19,9 @@ namespace datapar {
 
 using Bytes = std::vector<uint8_t>;
 
+// A value's bytes as text: what a job writes to its store (ids, numbers, tokens) is text.
+inline std::string as_text(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
 class Store {
  public:
   explicit Store(std::chrono::milliseconds timeout = kDefaultTimeout) : timeout_(timeout) {}

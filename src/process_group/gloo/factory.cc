@@ -3,6 +3,7 @@
 // for a group that spans machines (src/collectives/shared_memory_group.h); CUDA tensors
 // staged through pinned host memory (cuda_staging.h). And the backend init_process_group
 // makes it with.
+#include <signal.h>
 #include <unistd.h>
 
 #include "datapar/process_group/gloo.h"
@@ -14,9 +15,29 @@
 #include "process_group/gloo/transport.h"
 
 namespace datapar {
+namespace {
+
+// Note [SIGPIPE and Gloo]
+// Gloo's TCP transport sends with writev(), which cannot be told MSG_NOSIGNAL: a send to a peer
+// that has just died raises SIGPIPE, whose default action ends the process with no word. Under
+// Python (PyTorch) SIGPIPE is ignored from the start, so the send fails with EPIPE and the
+// group reports the peer; a C++ program must ignore it itself, or a survivor of a peer's
+// death dies with it (seen: a fault-tolerant member killed by SIGPIPE when the members it had
+// been evicted by closed their connections). Ignored here, at every group made (a forked
+// child may have set it back), where the program set no handler of its own.
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      !(current.sa_flags & SA_SIGINFO)) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
 
 std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                      GlooOptions options) {
+  ignore_sigpipe();  // Note [SIGPIPE and Gloo]
   GlooOptions leaders_options = options;
   leaders_options.shared_memory = false;
   std::shared_ptr<ProcessGroup> tcp = detail::new_gloo_tcp_group(store, rank, size, options);
