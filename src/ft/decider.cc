@@ -14,7 +14,6 @@ namespace {
 using detail::str_cat;
 using Clock = std::chrono::steady_clock;
 
-
 bool holds(const Epoch& e, const std::string& id) { return e.rank_of(id) >= 0; }
 
 }  // namespace

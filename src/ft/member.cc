@@ -17,7 +17,6 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
-
 }  // namespace
 
 Member::Member(std::shared_ptr<Store> store, const std::string& run, FtOptions options)

@@ -13,7 +13,6 @@ namespace {
 
 Bytes as_bytes(const Sha256Digest& d) { return Bytes(d.begin(), d.end()); }
 
-
 }  // namespace
 
 Bytes run_digest(const std::string& run_id) {

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
@@ -121,11 +121,7 @@ bool is_terminal(std::FILE* stream) {
 ProgressBar::ProgressBar(std::FILE* out, bool enabled) : out_(out), enabled_(enabled) {}
 
 void ProgressBar::start(int64_t epoch, int64_t epochs, int64_t total_steps) {
-  start("epoch " + std::to_string(epoch) + "/" + std::to_string(epochs), total_steps);
-}
-
-void ProgressBar::start(std::string label, int64_t total_steps) {
-  label_ = std::move(label);
+  label_ = "epoch " + std::to_string(epoch) + "/" + std::to_string(epochs);
   total_ = total_steps;
   start_ = std::chrono::steady_clock::now();
   last_draw_ = {};

@@ -79,10 +79,8 @@ bool is_terminal(std::FILE* stream);
 class ProgressBar {
  public:
   ProgressBar(std::FILE* out, bool enabled);
-  // Starts a bar for `total_steps` steps of epoch `epoch` of `epochs`. `label` replaces
-  // "epoch E/N" (a benchmark's phase).
+  // Starts a bar for `total_steps` steps of epoch `epoch` of `epochs`.
   void start(int64_t epoch, int64_t epochs, int64_t total_steps);
-  void start(std::string label, int64_t total_steps);
   // Whether update(steps, ...) would redraw now. The loss lives on the training device:
   // the caller reads it (a wait for the device) only when it is due.
   bool due(int64_t steps) const;
@@ -96,7 +94,7 @@ class ProgressBar {
 
   std::FILE* out_;
   bool enabled_;
-  std::string label_;
+  std::string label_;  // "epoch E/N"
   int64_t total_ = 0;
   std::chrono::steady_clock::time_point start_, last_draw_;
   bool drawn_ = false;
