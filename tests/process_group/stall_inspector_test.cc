@@ -47,6 +47,16 @@ class CapturedWarnings {
   std::vector<std::string> messages_;
 };
 
+// Waits up to 10 s until `rank` has published `count` issued collectives.
+void wait_for_count(Store& store, int rank, int count) {
+  const std::string key = "issued/" + std::to_string(rank);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!(store.check({key}) && store.get_string(key) == std::to_string(count))) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "rank " << rank << " never published " << count;
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
 std::shared_ptr<Work> done_work(const std::string& what) {
   auto work = std::make_shared<Work>(what);
   WorkCompletion::finish(*work);
@@ -63,12 +73,16 @@ TEST(StallInspector, NamesTheRanksThatHaveNotIssuedTheStalledCollective) {
   StallInspector rank1(store1, 1, 3, 0ms);  // publishes its progress, never warns
   StallInspector rank2(store2, 2, 3, 0ms);
   // Ranks 0 and 2 issue two collectives, rank 1 only the first: rank 0's second hangs.
-  rank0.issued(done_work("barrier on rank 0 of 3 (test)"));
-  auto stuck = std::make_shared<Work>("all_reduce(sum) on rank 0 of 3 (test)");
-  rank0.issued(stuck);
   rank1.issued(done_work("barrier on rank 1 of 3 (test)"));
   rank2.issued(done_work("barrier on rank 2 of 3 (test)"));
   rank2.issued(done_work("all_reduce(sum) on rank 2 of 3 (test)"));
+  // Counts are published from a thread, up to a period late (Note [Stall inspection]): the
+  // warning is only exact once theirs are in, which a loaded machine can delay past 100 ms.
+  wait_for_count(*store0, 1, 1);
+  wait_for_count(*store0, 2, 2);
+  rank0.issued(done_work("barrier on rank 0 of 3 (test)"));
+  auto stuck = std::make_shared<Work>("all_reduce(sum) on rank 0 of 3 (test)");
+  rank0.issued(stuck);
 
   const std::vector<std::string> seen = warnings.wait_for(1, 10s);
   ASSERT_EQ(seen.size(), 1u);
@@ -99,6 +113,7 @@ TEST(StallInspector, CompletedCollectivesAndAZeroWaitNeverWarn) {
   std::this_thread::sleep_for(300ms);
   EXPECT_TRUE(warnings.messages().empty()) << warnings.messages()[0];
   // Turned back on, the pending one is reported; every rank has issued its 5 before it.
+  wait_for_count(*store1, 0, 5);
   rank1.set_warn_after(20ms);
   const std::vector<std::string> seen = warnings.wait_for(1, 10s);
   ASSERT_EQ(seen.size(), 1u);
