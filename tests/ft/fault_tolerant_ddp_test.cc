@@ -52,6 +52,7 @@ constexpr int64_t kSamples = 96;
 constexpr int64_t kBatch = 12;
 constexpr int64_t kBatchesPerEpoch = kSamples / kBatch;
 constexpr int64_t kSteps = 3 * kBatchesPerEpoch;
+constexpr int kSlices = 3;  // the job's full size: each global batch in three, whoever is alive
 
 FtOptions options() {
   FtOptions o;
@@ -134,22 +135,34 @@ StateDict momentum_of(const train::OptimizerState& optimizer) {
 
 // Trains until step kSteps, dying at `die_at` (if >= 0), pausing `pause` after each step;
 // writes each committed step's samples to `log`.
+// Under FSDP train(wrapper, rank, size) trains this rank's share; under DDP train(net,
+// slice) trains each of this rank's slices of the job's full size.
 template <typename Wrapper, typename Trainer>
 void train_steps(Trainer& trainer, const Data& data, std::ofstream& log, int64_t die_at,
                  std::chrono::milliseconds pause) {
   while (trainer.step() < kSteps) {
     if (trainer.step() == die_at) ::raise(SIGKILL);
     int64_t step = -1;
-    at::Tensor mine;
-    const bool committed = trainer.train_step([&](Wrapper& wrapper, int rank, int size) {
+    std::vector<at::Tensor> mine;
+    const auto train = [&](Wrapper& wrapper, int part, int parts) {
       step = trainer.step();  // after a join, the step this member took from the others
-      mine = share(batch_rows(step), rank, size);
-      torch::nn::functional::mse_loss(wrapper.forward(data.x.index_select(0, mine)), data.y.index_select(0, mine))
+      mine.push_back(share(batch_rows(step), part, parts));
+      torch::nn::functional::mse_loss(wrapper.forward(data.x.index_select(0, mine.back())),
+                                      data.y.index_select(0, mine.back()))
           .backward();
-    });
+      return mine.back().numel();
+    };
+    bool committed = false;
+    if constexpr (std::is_same_v<Wrapper, Net>) {
+      committed = trainer.train_step([&](Net& net, const Slice& slice) { return train(net, slice.index, slice.count); });
+    } else {
+      committed = trainer.train_step([&](Wrapper& wrapper, int rank, int size) { train(wrapper, rank, size); });
+    }
     if (committed) {
       log << step;
-      for (int64_t i = 0; i < mine.numel(); ++i) log << ' ' << mine[i].item<int64_t>();
+      for (const at::Tensor& rows : mine) {
+        for (int64_t i = 0; i < rows.numel(); ++i) log << ' ' << rows[i].item<int64_t>();
+      }
       log << std::endl;
     }
     std::this_thread::sleep_for(pause);  // time for a member to (re)join while the job runs
@@ -192,12 +205,12 @@ int member_life(uint16_t port, const std::string& dir, int index, int64_t die_at
   ShardedOptimizer zero(net->parameters(), make_optimizer);
   std::optional<FaultTolerantDdp<Net>> trainer_storage;
   if (sharded) {
-    trainer_storage.emplace(net, zero, elastic);
+    trainer_storage.emplace(net, zero, elastic, kSlices);
   } else {
-    trainer_storage.emplace(net, sgd, elastic);
+    trainer_storage.emplace(net, sgd, elastic, kSlices);
   }
   FaultTolerantDdp<Net>& trainer = *trainer_storage;
-  train_steps<DistributedDataParallel<Net>>(trainer, data, log, die_at, pause);
+  train_steps<Net>(trainer, data, log, die_at, pause);
   trainer.finish([&](int rank, int) {
     std::unique_ptr<torch::optim::Optimizer> whole = sharded ? zero.consolidate(*elastic.group(), 0) : nullptr;
     if (rank == 0) save_state_dict(momentum_of(whole ? *whole : sgd, *net), dir + "/momentum.pt");

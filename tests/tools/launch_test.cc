@@ -548,7 +548,8 @@ std::map<std::string, at::Tensor> optimizer_tensors(const train::OptimizerState&
 // The models and the optimizers' momentum of two checkpoints agree within 1e-5 relative
 // (float round-off: the steps of a fault-tolerant run sum their gradients over however many
 // ranks were alive).
-void expect_same_model(const std::string& expected_path, const std::string& got_path) {
+// Within `tolerance` relative to the largest element of each tensor (0: equal to the bit).
+void expect_same_model(const std::string& expected_path, const std::string& got_path, double tolerance = 1e-5) {
   const train::Checkpoint expected = train::load_checkpoint(expected_path);
   const train::Checkpoint got = train::load_checkpoint(got_path);
   const auto difference = [](const at::Tensor& a, const at::Tensor& b) {
@@ -559,7 +560,7 @@ void expect_same_model(const std::string& expected_path, const std::string& got_
   for (const auto& item : expected.model) {
     const at::Tensor* other = got.model.find(item.key());
     ASSERT_NE(other, nullptr) << item.key();
-    EXPECT_LT(difference(item.value(), *other), 1e-5) << item.key();
+    EXPECT_LE(difference(item.value(), *other), tolerance) << item.key();
   }
   const std::map<std::string, at::Tensor> want = optimizer_tensors(expected.optimizer);
   const std::map<std::string, at::Tensor> have = optimizer_tensors(got.optimizer);
@@ -567,7 +568,7 @@ void expect_same_model(const std::string& expected_path, const std::string& got_
   ASSERT_EQ(have.size(), want.size());
   for (const auto& [name, tensor] : want) {
     ASSERT_EQ(have.count(name), 1u) << "optimizer state " << name;
-    EXPECT_LT(difference(tensor, have.at(name)), 1e-5) << "optimizer state " << name;
+    EXPECT_LE(difference(tensor, have.at(name)), tolerance) << "optimizer state " << name;
   }
 }
 
@@ -914,5 +915,195 @@ TEST(TwoHosts, AFaultTolerantJobRestartsAWorkerOnItsOwnNodeAndEndsAsAnUninterrup
   expect_same_model(train::checkpoint_path(straight_dir.path(), kEpochs),
                     train::checkpoint_path(killed_dir.path(), kEpochs));
 }
+
+// Issue 46: a launcher and a program that disagree on --fault-tolerant stop at once with the
+// reason (rank 0 of a program without it failed to serve the launcher's port, and the others
+// waited for it past 60 s).
+TEST(LaunchFaultTolerant, ALauncherAndAProgramThatDisagreeOnFaultToleranceStopAtOnce) {
+  const std::vector<std::string> program{bin("datapar"), "train", "--mode", "ddp", "--model", "mlp", "--epochs", "1",
+                                         "--limit", "200", "--threads", "1", "--workers", "1"};
+  std::vector<std::string> tolerant_launcher{"--fault-tolerant", "--nproc-per-node", "2", "--"};
+  tolerant_launcher.insert(tolerant_launcher.end(), program.begin(), program.end());
+  const auto start = std::chrono::steady_clock::now();
+  const ProcessResult a = launch(tolerant_launcher);
+  EXPECT_EQ(a.exit_code, 2) << a.output;
+  EXPECT_NE(a.output.find("datapar launch --fault-tolerant runs this program, but it was not given --fault-tolerant"),
+            std::string::npos)
+      << a.output;
+  std::vector<std::string> plain_launcher{"--nproc-per-node", "2", "--"};
+  plain_launcher.insert(plain_launcher.end(), program.begin(), program.end());
+  plain_launcher.push_back("--fault-tolerant");
+  const ProcessResult b = launch(plain_launcher);
+  EXPECT_EQ(b.exit_code, 2) << b.output;
+  EXPECT_NE(b.output.find("--fault-tolerant needs a launcher that serves the job's store"), std::string::npos)
+      << b.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+}
+
+// Issue 46: nodes whose `datapar train` flags differ would mix two trainings (another
+// --batch-size hung both nodes; another --seed trained to exit 0 with another model). The
+// worker that joins second is refused at once, naming each flag with both values.
+TEST(LaunchFaultTolerant, AWorkerWhoseTrainingDiffersIsRefusedNamingTheFlags) {
+  const datapar::ReservedPort port;
+  const TempDir logs0("launch_test"), logs1("launch_test");
+  auto node = [&](int node_rank, const std::string& logs, const std::vector<std::string>& own) {
+    std::vector<std::string> args{"--fault-tolerant", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank",
+                                  std::to_string(node_rank), "--master-port", std::to_string(port.port()), "--token",
+                                  "differ", "--", bin("datapar"), "train", "--fault-tolerant", "--mode", "ddp",
+                                  "--model", "mlp", "--epochs", "2", "--limit", "960", "--threads", "1", "--workers",
+                                  "1"};
+    args.insert(args.end(), own.begin(), own.end());
+    return start_launch(args, logs);
+  };
+  const Background zero = node(0, logs0.path(), {"--batch-size", "48"});
+  const Background one = node(1, logs1.path(), {"--batch-size", "64", "--seed", "3"});
+  ASSERT_GT(zero.pid, 0);
+  ASSERT_GT(one.pid, 0);
+  // Whichever joins second is refused; the other waits for the quorum: stop it then.
+  int refused = -1;
+  for (const auto deadline = std::chrono::steady_clock::now() + 30s;
+       refused < 0 && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
+    if (is_dead(zero.pid)) refused = 0;
+    if (is_dead(one.pid)) refused = 1;
+  }
+  ASSERT_GE(refused, 0) << "no node was refused:\n" << read_text(zero.log) << "\nnode 1:\n" << read_text(one.log);
+  const Background& gone = refused == 0 ? zero : one;
+  const Background& other = refused == 0 ? one : zero;
+  EXPECT_EQ(wait_exit(gone.pid, 10s), 2) << read_text(gone.log);
+  const std::string log = read_text(gone.log);
+  const std::string mine = refused == 0 ? "48" : "64", theirs = refused == 0 ? "64" : "48";
+  EXPECT_NE(log.find("--batch-size (after --scale-lr) is " + mine + " here, " + theirs + " there"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("--seed is"), std::string::npos) << log;
+  ::kill(other.pid, SIGTERM);
+  wait_exit(other.pid, 30s);
+}
+
+// Issue 46: fault tolerance promises the model of an undisturbed run, whoever dies or hangs,
+// so it is checked where it can fail: an MLP with momentum on the shipped Fashion-MNIST
+// subset, every epoch's checkpoint (model and momentum) against an undisturbed job's. On
+// this data the last bits matter: when a 2-rank stretch summed the batches in another order,
+// a recovery right after the first epoch ended 3e-3 off at epoch 3 (5e-2 by epoch 5, exit
+// 0), and 6e-8 off every time. The gradients are now the same whoever is alive (Note
+// [Gradients that do not depend on who is alive]), so the checkpoints are equal to the bit
+// (the issue asks 1e-5; anything but equal is a sign of the drift). GetParam(): "ddp" or "zero" (--zero:
+// the momentum sharded, each shard kept twice); the undisturbed job is plain ddp.
+class FaultTolerantOnRealData : public ::testing::TestWithParam<std::string> {
+ protected:
+  static constexpr int kEpochs = 4;
+
+  // `launcher`: flags of datapar launch before the program's.
+  static std::vector<std::string> job(const std::string& checkpoints, bool zero, std::vector<std::string> launcher,
+                                      bool resume = false) {
+    std::vector<std::string> args{"--fault-tolerant", "--nproc-per-node", "3", "--ft-timeout", "1"};
+    args.insert(args.end(), launcher.begin(), launcher.end());
+    const std::vector<std::string> program{
+        "--",          bin("datapar"), "train",    "--fault-tolerant", "--mode", "ddp",  "--backend", "gloo",
+        "--model",     "mlp",          "--batch-size", "48",           "--limit", "2400", "--lr",     "0.02",
+        "--momentum",  "0.9",          "--threads", "1",               "--workers", "1",  "--epochs"};
+    args.insert(args.end(), program.begin(), program.end());
+    args.push_back(std::to_string(kEpochs));
+    args.push_back("--checkpoint-dir");
+    args.push_back(checkpoints);
+    if (zero) args.push_back("--zero");
+    if (resume) args.push_back("--resume");
+    return args;
+  }
+
+  static void SetUpTestSuite() {
+    undisturbed_ = new TempDir("launch_test");
+    const ProcessResult r = launch(job(undisturbed_->path(), false, {}));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() {
+    delete undisturbed_;
+    undisturbed_ = nullptr;
+  }
+
+  // Starts the job in `dir` and returns its launcher and workers once the first epoch's
+  // checkpoint is written.
+  static std::pair<Background, std::map<int, pid_t>> start_until_first_epoch(const TempDir& dir, const TempDir& logs,
+                                                                              std::vector<std::string> launcher) {
+    const Background b = start_launch(job(dir.path(), GetParam() == "zero", std::move(launcher)), logs.path());
+    std::map<int, pid_t> workers;
+    for (const auto deadline = std::chrono::steady_clock::now() + 60s; std::chrono::steady_clock::now() < deadline;
+         std::this_thread::sleep_for(2ms)) {
+      workers = workers_of(b.pid, 0);
+      if (workers.size() == 3 && latest_epoch(dir.path()) >= 1) break;
+    }
+    return {b, workers};
+  }
+
+  // Every epoch's checkpoint in `dir` is the undisturbed job's.
+  static void expect_every_epoch_undisturbed(const std::string& dir) {
+    for (int epoch = 1; epoch <= kEpochs; ++epoch) {
+      SCOPED_TRACE("epoch " + std::to_string(epoch));
+      expect_same_model(train::checkpoint_path(undisturbed_->path(), epoch), train::checkpoint_path(dir, epoch),
+                        /*tolerance=*/0.0);
+    }
+  }
+
+  static TempDir* undisturbed_;
+};
+
+TempDir* FaultTolerantOnRealData::undisturbed_ = nullptr;
+
+// One member SIGSTOPped past the timeout: the others go on as two, it comes back, is told it
+// was evicted and rejoins.
+TEST_P(FaultTolerantOnRealData, AStoppedMemberLeavesTheModelAsAnUndisturbedRun) {
+  const TempDir dir("launch_test"), logs("launch_test");
+  const auto [b, workers] = start_until_first_epoch(dir, logs, {});
+  ASSERT_EQ(workers.size(), 3u) << read_text(b.log);
+  ASSERT_EQ(::kill(workers.at(1), SIGSTOP), 0);
+  std::this_thread::sleep_for(2500ms);
+  ::kill(workers.at(1), SIGCONT);
+  EXPECT_EQ(wait_exit(b.pid, 120s), 0) << read_text(b.log);
+  EXPECT_NE(read_text(b.log).find(": 2 ranks, training from step"), std::string::npos) << read_text(b.log);
+  expect_every_epoch_undisturbed(dir.path());
+}
+
+// Two members SIGKILLed together. ddp: the survivor trains every slice alone until the
+// replacements join. zero: the two kept a shard of the momentum between them, so the job
+// stops with that reason, and --resume goes on from the last checkpoint.
+TEST_P(FaultTolerantOnRealData, TwoMembersKilledTogetherLeaveTheModelAsAnUndisturbedRun) {
+  const bool zero = GetParam() == "zero";
+  const TempDir dir("launch_test"), logs("launch_test");
+  const auto [b, workers] = start_until_first_epoch(dir, logs, {"--max-restarts", "1"});
+  ASSERT_EQ(workers.size(), 3u) << read_text(b.log);
+  ASSERT_EQ(::kill(workers.at(1), SIGKILL), 0);
+  ASSERT_EQ(::kill(workers.at(2), SIGKILL), 0);
+  const int exit_code = wait_exit(b.pid, 120s);
+  const std::string log = read_text(b.log);
+  EXPECT_NE(log.find("rank 1 (local rank 1"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 2 (local rank 2"), std::string::npos) << log;
+  if (zero) {
+    EXPECT_NE(exit_code, 0) << log;
+    EXPECT_NE(log.find("both members that kept it left the job at once"), std::string::npos) << log;
+    const ProcessResult resumed = launch(job(dir.path(), zero, {}, /*resume=*/true));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  } else {
+    EXPECT_EQ(exit_code, 0) << log;
+  }
+  expect_every_epoch_undisturbed(dir.path());
+}
+
+// The whole job stopped (its launcher SIGTERMed in the second epoch) and started again with
+// --resume: it goes on from the last checkpoint.
+TEST_P(FaultTolerantOnRealData, AStoppedJobResumesAsAnUndisturbedRun) {
+  const TempDir dir("launch_test"), logs("launch_test");
+  {
+    const auto [b, workers] = start_until_first_epoch(dir, logs, {});
+    ASSERT_EQ(workers.size(), 3u) << read_text(b.log);
+    ASSERT_EQ(::kill(b.pid, SIGTERM), 0);
+    EXPECT_NE(wait_exit(b.pid, 60s), 0) << read_text(b.log);
+  }
+  ASSERT_LT(latest_epoch(dir.path()), kEpochs) << "the job did not stop";
+  const ProcessResult resumed = launch(job(dir.path(), GetParam() == "zero", {}, /*resume=*/true));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
+  expect_every_epoch_undisturbed(dir.path());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, FaultTolerantOnRealData, ::testing::Values("ddp", "zero"));
 
 }  // namespace

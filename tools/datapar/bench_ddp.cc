@@ -272,7 +272,8 @@ FtTimes time_fault_tolerance(const ModelBench<Module>& b) {
   ft::ElasticGroup& elastic = *job.elastic;
   Module ft_model = b.fresh_model();
   const std::unique_ptr<torch::optim::Optimizer> ft_optimizer = b.optimizer(ft_model->parameters());
-  Trainer trainer(ft_model.ptr(), *ft_optimizer, elastic);
+  const int slices = b.group.size();  // one per rank, as in a job that loses none
+  Trainer trainer(ft_model.ptr(), *ft_optimizer, elastic, slices);
   std::unique_ptr<FtBenchJob> zero_job;
   Module zero_model = b.fresh_model();
   std::unique_ptr<ft::ShardedOptimizer> sharded;
@@ -281,13 +282,14 @@ FtTimes time_fault_tolerance(const ModelBench<Module>& b) {
     zero_job = std::make_unique<FtBenchJob>(b.group, "bench-zero");
     sharded = std::make_unique<ft::ShardedOptimizer>(
         zero_model->parameters(), [&b](std::vector<at::Tensor> p) { return b.optimizer(std::move(p)); });
-    zero_trainer = std::make_unique<Trainer>(zero_model.ptr(), *sharded, *zero_job->elastic);
+    zero_trainer = std::make_unique<Trainer>(zero_model.ptr(), *sharded, *zero_job->elastic, slices);
   }
   auto step_of = [&](Trainer& t) {
     return [&b, &t](int i) {
       const Batch& batch = b.batches[i % b.batches.size()];
-      const bool committed = t.train_step([&](DistributedDataParallel<Impl>& ddp, int, int) {
-        at::cross_entropy_loss(ddp.forward(batch.x), batch.y).backward();
+      const bool committed = t.train_step([&](Impl& m, const ft::Slice&) {
+        at::cross_entropy_loss(m.forward(batch.x), batch.y).backward();
+        return batch.x.size(0);
       });
       DATAPAR_CHECK(committed, "bench ddp --fault-tolerant: a step was not committed (did a rank fail?).");
     };

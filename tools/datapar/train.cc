@@ -61,6 +61,7 @@
 #include "datapar/train/resume_agreement.h"
 #include "datapar/trace.h"
 #include "ft_job.h"
+#include "trajectory_flags.h"
 
 namespace datapar::tools {
 namespace {
@@ -632,8 +633,10 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
 // without --zero) or ft::FaultTolerantFsdp (--mode fsdp). The trainers live in `owned`.
 struct FtTrainer {
   std::function<int64_t()> step, epochs_joined;
-  // train(forward, rank, size), as the trainers' train_step with this epoch's forward.
-  std::function<bool(const std::function<void(const Forward&, int, int)>&, const ft::Together&)> train_step;
+  // train(forward, part, parts) trains part `part` of `parts` of the step's global batch
+  // (ddp: each fixed slice; fsdp: this rank's share) and returns its rows.
+  using Part = std::function<int64_t(const Forward&, int part, int parts)>;
+  std::function<bool(const Part&, const ft::Together&)> train_step;
   std::function<void(const ft::Together&)> finish;
   Forward forward;                               // this epoch's, for evaluation
   std::function<torch::nn::Module&()> module;    // this epoch's
@@ -664,7 +667,7 @@ FtTrainer make_ft_trainer(const TrainPlan& plan, std::shared_ptr<Impl> model, to
         },
         make_sgd, elastic, fsdp_options,
         typename Trainer::Start{state_dict(*model), train::optimizer_state_dict(sgd), step});
-    t.train_step = [trainer](const auto& train, const ft::Together& before) {
+    t.train_step = [trainer](const FtTrainer::Part& train, const ft::Together& before) {
       return trainer->train_step(
           [&](FullyShardedDataParallel<Impl>& fsdp, int rank, int size) {
             train([&](const at::Tensor& x) { return fsdp.forward(x); }, rank, size);
@@ -695,18 +698,20 @@ FtTrainer make_ft_trainer(const TrainPlan& plan, std::shared_ptr<Impl> model, to
     std::unique_ptr<Trainer> trainer;
   };
   auto ddp = std::make_shared<Ddp>();
+  // Each global batch in the job's full size of slices, whoever is alive (Note [Gradients
+  // that do not depend on who is alive] in src/ft/slice_gradients.cc).
   if (o.zero) {
     ddp->zero = std::make_unique<ft::ShardedOptimizer>(model->parameters(), make_sgd);
     ddp->zero->load_full_state(sgd);  // what resume() restored, if anything
-    ddp->trainer = std::make_unique<Trainer>(model, *ddp->zero, elastic, DdpOptions{}, step);
+    ddp->trainer = std::make_unique<Trainer>(model, *ddp->zero, elastic, plan.world_size, step);
   } else {
-    ddp->trainer = std::make_unique<Trainer>(model, sgd, elastic, DdpOptions{}, step);
+    ddp->trainer = std::make_unique<Trainer>(model, sgd, elastic, plan.world_size, step);
   }
   Trainer* trainer = ddp->trainer.get();
-  t.train_step = [trainer](const auto& train, const ft::Together& before) {
+  t.train_step = [trainer](const FtTrainer::Part& train, const ft::Together& before) {
     return trainer->train_step(
-        [&](DistributedDataParallel<Impl>& d, int rank, int size) {
-          train([&](const at::Tensor& x) { return d.forward(x); }, rank, size);
+        [&](Impl& m, const ft::Slice& slice) {
+          return train([&](const at::Tensor& x) { return m.forward(x); }, slice.index, slice.count);
         },
         before);
   };
@@ -754,6 +759,7 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   const auto store = std::make_shared<TcpStore>(
       TcpStoreOptions{*config.master_addr, static_cast<uint16_t>(std::stoi(*config.master_port)), false,
                       config.store_token, kDefaultTimeout, config.run_id});
+  check_same_trajectory(*store, "ft/" + kFtRun + "/trajectory", trajectory_flags(plan, data.train->size()));
   // Each epoch's group as init_process_group would make it for this job (its address, its
   // use of shared memory).
   GlooOptions gloo = gloo_job_options(config);
@@ -817,9 +823,9 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
     train::save_checkpoint(*checkpoint, train::checkpoint_path(o.checkpoint_dir, epoch), 0);
   };
   while (trainer.step() < total) {
-    at::Tensor loss, logits, y;
+    Rows step_rows;  // this rank's parts of the step
     const bool committed = trainer.train_step(
-        [&](const Forward& forward, int rank, int size) {
+        [&](const Forward& forward, int part, int parts) -> int64_t {
           const int64_t step = trainer.step();
           if (step / per_epoch != globals_epoch) {
             globals_epoch = step / per_epoch;
@@ -827,13 +833,17 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
             globals = batches.batches(0, whole);
           }
           const at::Tensor global = globals[static_cast<size_t>(step % per_epoch)];
-          const int64_t n = global.size(0), begin = n * rank / size, end = n * (rank + 1) / size;
+          const int64_t n = global.size(0), begin = n * part / parts, end = n * (part + 1) / parts;
           const Batch batch = data.train->get_batch(global.narrow(0, begin, end - begin));
-          y = batch.target.to(device);
+          const at::Tensor y = batch.target.to(device);
           trainer.module().train();
-          logits = forward(batch.data.to(device));
-          loss = at::cross_entropy_loss(logits, y);
+          const at::Tensor logits = forward(batch.data.to(device));
+          const at::Tensor loss = at::cross_entropy_loss(logits, y);
           loss.backward();
+          step_rows.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
+          step_rows.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+          step_rows.rows += y.size(0);
+          return y.size(0);
         },
         epoch_end);
     if (!committed) continue;
@@ -845,9 +855,9 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
         std::fflush(stdout);
       }
     }
-    current.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
-    current.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
-    current.rows += y.size(0);
+    current.loss_sum += step_rows.loss_sum;
+    current.correct += step_rows.correct;
+    current.rows += step_rows.rows;
   }
   trainer.finish(epoch_end);
   return 0;

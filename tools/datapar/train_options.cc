@@ -334,9 +334,16 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   // Not under --fault-tolerant: a restarted rank joins the running job and takes its state.
   plan.resume = o.resume || (!o.fault_tolerant && !o.checkpoint_dir.empty() && restarts &&
                              std::atoi(restarts->c_str()) > 0);
-  DATAPAR_CHECK(!o.fault_tolerant || env("DATAPAR_FAULT_TOLERANT") == std::optional<std::string>("1"),
+  const bool launcher_tolerant = env("DATAPAR_FAULT_TOLERANT") == std::optional<std::string>("1");
+  DATAPAR_CHECK(!o.fault_tolerant || launcher_tolerant,
                 "--fault-tolerant needs a launcher that serves the job's store and decides its membership.\n---> "
                 "HINT: start it with datapar launch --fault-tolerant --nproc-per-node N -- datapar train ...");
+  // The launcher serves the store on MASTER_PORT and waits for members: a program that is
+  // not one would fail to serve it (rank 0) or wait for a rank 0 that never comes (issue 46).
+  DATAPAR_CHECK(o.fault_tolerant || !launcher_tolerant || o.mode == "single" || o.mode == "dp",
+                "datapar launch --fault-tolerant runs this program, but it was not given --fault-tolerant: its ranks "
+                "would not join the launcher's membership.\n---> HINT: give both --fault-tolerant (datapar launch "
+                "--fault-tolerant ... -- datapar train --fault-tolerant ...), or neither.");
   return plan;
 }
 

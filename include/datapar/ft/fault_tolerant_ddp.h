@@ -1,28 +1,32 @@
-// FaultTolerantDdp: DDP training that goes on when a member dies, hangs or joins (issue 31,
-// docs/fault_tolerance.md). Each step is committed only if every live member finished its
-// collectives for it; a failed step is trained again over the new membership, from the
-// survivors' in-memory state (no checkpoint is read), and a member that (re)joins takes the
-// model, optimizer state and step from a member at the newest step.
+// FaultTolerantDdp: data-parallel training that goes on when a member dies, hangs or joins
+// (issue 31, docs/fault_tolerance.md). Each step is committed only if every live member
+// finished its collectives for it; a failed step is trained again over the new membership,
+// from the survivors' in-memory state (no checkpoint is read), and a member that (re)joins
+// takes the model, optimizer state and step from a member at the newest step.
 //
 //   ft::ElasticGroup elastic(store, "run", options, [](auto store, int rank, int size) {
 //     return datapar::new_gloo_process_group(store, rank, size);
 //   });
 //   auto model = std::make_shared<Net>();
 //   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-//   ft::FaultTolerantDdp<Net> trainer(model, sgd, elastic);
+//   ft::FaultTolerantDdp<Net> trainer(model, sgd, elastic, /*slices=*/3);
 //   while (trainer.step() < steps) {
-//     trainer.train_step([&](DistributedDataParallel<Net>& ddp, int rank, int size) {
-//       // this rank's share of global batch trainer.step(), cut over `size` ranks
-//       torch::mse_loss(ddp.forward(x), y).backward();
+//     trainer.train_step([&](Net& net, const ft::Slice& slice) {
+//       // slice.index of slice.count of global batch trainer.step(): rows
+//       // [slice.begin(n), slice.end(n)) of its n rows
+//       torch::mse_loss(net.forward(x), y).backward();  // the mean over the slice's rows
+//       return rows;                                      // how many rows it trained on
 //     });
 //   }
 //   trainer.finish();
 //
-// For the trajectory not to depend on who is alive, define each global batch by the step
-// alone and cut it over the ranks of the moment; gradients are averaged by samples
-// (DdpOptions::average_by_samples is always on), so a step over 2 ranks equals the step over
-// 3 within float round-off. The optimizer must be one train/optimizer_state.h supports
-// (SGD, Adam, AdamW) and hold the module's parameters.
+// The training does not depend on who is alive, to the bit: each global batch is defined
+// by the step alone and cut into `slices` fixed slices (the job's full size), each member
+// trains its slices one at a time, and their gradients are summed in slice order
+// (datapar/ft/slice_gradients.h). Buffers (BatchNorm's running statistics) are the first
+// slice's, broadcast from rank 0 at each step, as DDP broadcasts rank 0's at each forward.
+// The optimizer must be one train/optimizer_state.h supports (SGD, Adam, AdamW) and hold
+// the module's parameters.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -33,10 +37,10 @@
 #include <optional>
 #include <string>
 
-#include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/error.h"
 #include "datapar/ft/elastic_group.h"
 #include "datapar/ft/sharded_optimizer.h"
+#include "datapar/ft/slice_gradients.h"
 #include "datapar/ft/step_protocol.h"
 
 namespace datapar::ft {
@@ -51,42 +55,49 @@ int64_t load_training_state(torch::nn::Module& module, torch::optim::Optimizer& 
 
 // Collective: the module's buffers (e.g. BatchNorm's running statistics) from `root`.
 void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int root);
+// Collective: the module's parameters and buffers from `root`.
+void broadcast_parameters(torch::nn::Module& module, ProcessGroup& group, int root);
+// The module's buffers' values, and back.
+std::vector<at::Tensor> copy_buffers(const torch::nn::Module& module);
+void restore_buffers(torch::nn::Module& module, const std::vector<at::Tensor>& values);
 
 }  // namespace detail
 
 template <typename ModuleImpl>
 class FaultTolerantDdp : public detail::StepProtocol {
  public:
-  using Ddp = DistributedDataParallel<ModuleImpl>;
-  // Runs forward and backward of the step on this rank's share: train(ddp, rank, size).
-  using Train = std::function<void(Ddp&, int rank, int size)>;
+  // Runs forward and backward of one slice of the step's global batch on `module`, its loss
+  // the mean over the slice's rows; returns how many rows it trained on.
+  using Train = std::function<int64_t(ModuleImpl& module, const Slice& slice)>;
 
-  // Step 0 by default; a job resumed from a checkpoint passes the checkpoint's step.
+  // `slices`: the fixed cut of every global batch (the job's full size: each rank of an
+  // undisturbed run trains one). Step 0 by default; a job resumed from a checkpoint passes
+  // the checkpoint's step.
   FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, torch::optim::Optimizer& optimizer, ElasticGroup& elastic,
-                   DdpOptions options = {}, int64_t step = 0)
-      : FaultTolerantDdp(std::move(module), &optimizer, nullptr, elastic, options, step) {}
+                   int slices, int64_t step = 0)
+      : FaultTolerantDdp(std::move(module), &optimizer, nullptr, elastic, slices, step) {}
   // ZeRO-1: the optimizer state sharded over the members, each shard kept by two
   // (datapar/ft/sharded_optimizer.h), over the module's parameters.
-  FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, ShardedOptimizer& sharded, ElasticGroup& elastic,
-                   DdpOptions options = {}, int64_t step = 0)
-      : FaultTolerantDdp(std::move(module), nullptr, &sharded, elastic, options, step) {}
+  FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, ShardedOptimizer& sharded, ElasticGroup& elastic, int slices,
+                   int64_t step = 0)
+      : FaultTolerantDdp(std::move(module), nullptr, &sharded, elastic, slices, step) {}
 
   // Trains step step(): joins a new epoch first when needed (taking the state of a member at
-  // the newest step if this one is behind), runs `before` (if given; see below), zeroes the
-  // gradients, calls train(ddp, rank, size) to run forward and backward on this rank's share
-  // of the step's global batch (in it, step() is the step it trains: a member that joined
-  // has taken it from the others), and votes; applies the optimizer's update only when every
-  // member may commit. Returns whether the step was committed; if not, call again: the step
-  // is trained anew over the new membership. Throws MembershipError when the job cannot go on
-  // (below the minimum, the store gone, a shard's state lost), and whatever `train` or
-  // `before` throws that is not a failure of a member.
+  // the newest step if this one is behind), runs `before` (if given; see below), takes rank
+  // 0's buffers, calls train(module, slice) for each slice of the step this member trains
+  // (in it, step() is the step it trains: a member that joined has taken it from the
+  // others), sums the slices' gradients and votes; applies the optimizer's update only when
+  // every member may commit. Returns whether the step was committed; if not, call again:
+  // the step is trained anew over the new membership. Throws MembershipError when the job
+  // cannot go on (below the minimum, the store gone, a shard's state lost), and whatever
+  // `train` or `before` throws that is not a failure of a member.
   //
   // `before(rank, size)`: collectives every member runs together before training step
   // step() (an evaluation, gathering a checkpoint): once per step and membership epoch, so
   // again, by every member, a newcomer included, when a member fails in it or later in the
   // step. Whether it does anything must depend on step() alone.
   bool train_step(const Train& train, const Together& before = {}) {
-    return run_step([&](int rank, int size) { train(*ddp_, rank, size); }, before);
+    return run_step([&](int rank, int size) { train_slices(train, rank, size); }, before);
   }
 
   // At the end of training, after the last train_step(): runs `last` (if given) as
@@ -95,16 +106,18 @@ class FaultTolerantDdp : public detail::StepProtocol {
   // the last vote when others exit.
   void finish(const Together& last = {}) { run_finish(last); }
 
+  int slices() const { return slices_; }
+
  private:
   FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, torch::optim::Optimizer* optimizer, ShardedOptimizer* sharded,
-                   ElasticGroup& elastic, DdpOptions options, int64_t step)
+                   ElasticGroup& elastic, int slices, int64_t step)
       : StepProtocol(elastic, step), module_(std::move(module)), optimizer_(optimizer), sharded_(sharded),
-        options_(options) {
-    options_.average_by_samples = true;
+        slices_(slices), gradients_(module_->parameters()) {
+    DATAPAR_CHECK(slices_ >= 1, "FaultTolerantDdp: slices is ", slices_, "; give the job's full size.");
   }
 
-  bool ready() const override { return ddp_.has_value(); }
-  void drop() override { ddp_.reset(); }
+  bool ready() const override { return ready_; }
+  void drop() override { ready_ = false; }
 
   void rebuild() override {
     if (sharded_) {
@@ -114,8 +127,26 @@ class FaultTolerantDdp : public detail::StepProtocol {
     } else {
       elastic_.heal([&] { return detail::save_training_state(*module_, *optimizer_, step_); },
                     [&](const std::string& bytes) { step_ = detail::load_training_state(*module_, *optimizer_, bytes); });
+      // Members that start together heal nothing: one model from here, whatever their seeds
+      // (DDP's broadcast at construction).
+      detail::broadcast_parameters(*module_, *elastic_.group(), 0);
     }
-    ddp_.emplace(module_, elastic_.group(), options_);
+    ready_ = true;
+  }
+
+  void train_slices(const Train& train, int rank, int size) {
+    ProcessGroup& group = *elastic_.group();
+    detail::broadcast_buffers(*module_, group, 0);
+    const SliceRange mine = slices_of(rank, size, slices_);
+    gradients_.begin(rank, size, slices_);
+    std::vector<at::Tensor> first_buffers;  // rank 0's after slice 0: what the next step starts from
+    for (int i = mine.first; i < mine.last; ++i) {
+      const int64_t rows = train(*module_, Slice{i, slices_});
+      gradients_.keep(rows);
+      if (i == 0 && mine.last > 1) first_buffers = detail::copy_buffers(*module_);
+    }
+    if (!first_buffers.empty()) detail::restore_buffers(*module_, first_buffers);
+    gradients_.reduce(group);
   }
 
   void zero_grad() override {
@@ -142,8 +173,9 @@ class FaultTolerantDdp : public detail::StepProtocol {
   std::shared_ptr<ModuleImpl> module_;
   torch::optim::Optimizer* optimizer_;  // or
   ShardedOptimizer* sharded_;
-  DdpOptions options_;
-  std::optional<Ddp> ddp_;
+  const int slices_;
+  detail::SliceGradients gradients_;
+  bool ready_ = false;
 };
 
 }  // namespace datapar::ft
