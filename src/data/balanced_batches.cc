@@ -56,6 +56,11 @@ std::vector<int64_t> BalancedBatches::rank_rows(int64_t step, const std::vector<
   return weighted_chunk_sizes(global_rows(step), weights);
 }
 
+at::Tensor BalancedBatches::global_batch(int64_t step) const {
+  const int64_t begin = step * options_.global_batch;
+  return order_.slice(0, begin, begin + global_rows(step)).contiguous();
+}
+
 std::vector<at::Tensor> BalancedBatches::batches(int64_t first_step, const std::vector<double>& weights) const {
   const int64_t steps = num_steps();
   DATAPAR_CHECK(first_step >= 0 && first_step <= steps, "BalancedBatches: first step ", first_step,

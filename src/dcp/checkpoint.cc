@@ -10,12 +10,13 @@
 #include "datapar/dcp/checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <utility>
@@ -170,41 +171,74 @@ struct Written {
 
 // ---- reading data files ----
 
+// A checkpoint's files are opened without blocking and read only when regular: a FIFO or a
+// device planted under a file's name would block open() or read without end (issue 46).
+// Returns the open descriptor; throws CheckpointError naming `what`.
+int open_regular(const std::string& path, const std::string& what, int64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) {
+    throw CheckpointError(str_cat(what, " is missing (", std::strerror(errno), "): the checkpoint was not copied whole"));
+  }
+  if (fd < 0) throw CheckpointError(str_cat(what, " cannot be opened (", std::strerror(errno), ")"));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw CheckpointError(str_cat(what, " is not a regular file (a FIFO, device, socket or directory?): refused, ",
+                                  "a checkpoint holds files only"));
+  }
+  *size = static_cast<int64_t>(st.st_size);
+  return fd;
+}
+
+// Reads `length` bytes at `offset` of `fd`, whole.
+void read_at(int fd, int64_t offset, char* out, int64_t length, const std::string& what) {
+  while (length > 0) {
+    const ssize_t n = ::pread(fd, out, static_cast<size_t>(length), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw CheckpointError(str_cat(what, ": a read failed (", n < 0 ? std::strerror(errno) : "end of file", ")"));
+    out += n;
+    offset += n;
+    length -= n;
+  }
+}
+
+// The data files, one open at a time: a checkpoint of a thousand ranks' files loads under
+// any limit on open files (all of them were kept open: "Too many open files" at 1100).
 class DataFiles {
  public:
   explicit DataFiles(std::string dir) : dir_(std::move(dir)) {}
+  ~DataFiles() { close_current(); }
+  DataFiles(const DataFiles&) = delete;
+  DataFiles& operator=(const DataFiles&) = delete;
 
   // The bytes of `info`, after checking that the file holds them.
   std::string read(const detail::StorageInfo& info) {
-    auto it = files_.find(info.relative_path);
-    if (it == files_.end()) {
-      const std::string path = join(dir_, info.relative_path);
-      auto file = std::make_unique<std::ifstream>(path, std::ios::binary);
-      struct stat st {};
-      if (!*file || ::stat(path.c_str(), &st) != 0) {
-        throw CheckpointError(str_cat("data file ", info.relative_path, " is missing (", std::strerror(errno),
-                                      "): the checkpoint was not copied whole"));
-      }
-      it = files_.emplace(info.relative_path, std::make_pair(std::move(file), static_cast<int64_t>(st.st_size))).first;
+    const std::string what = "data file " + info.relative_path;
+    if (info.relative_path != current_) {
+      close_current();
+      fd_ = open_regular(join(dir_, info.relative_path), what, &size_);
+      current_ = info.relative_path;
     }
-    const int64_t size = it->second.second;
-    if (info.offset > size || info.length > size - info.offset) {
-      throw CheckpointError(str_cat("data file ", info.relative_path, " has ", size,
-                                    " bytes, but the metadata puts an entry at ", info.offset, "..",
-                                    info.offset + info.length, " (a truncated copy?)"));
+    if (info.offset > size_ || info.length > size_ - info.offset) {
+      throw CheckpointError(str_cat(what, " has ", size_, " bytes, but the metadata puts an entry at ", info.offset,
+                                    "..", info.offset + info.length, " (a truncated copy?)"));
     }
     std::string out(static_cast<size_t>(info.length), '\0');
-    std::ifstream& in = *it->second.first;
-    in.clear();
-    in.seekg(info.offset);
-    in.read(&out[0], info.length);
-    if (!in) throw CheckpointError(str_cat("data file ", info.relative_path, ": a read failed"));
+    read_at(fd_, info.offset, out.data(), info.length, what);
     return out;
   }
 
  private:
+  void close_current() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    current_.clear();
+  }
+
   std::string dir_;
-  std::map<std::string, std::pair<std::unique_ptr<std::ifstream>, int64_t>> files_;
+  std::string current_;  // the open file's name, or ""
+  int fd_ = -1;
+  int64_t size_ = 0;
 };
 
 IValue read_item(DataFiles& files, const detail::StorageInfo& info, const std::string& name) {
@@ -293,6 +327,10 @@ void check_sizes(const Metadata& md, const std::string& dir) {
           throw CheckpointError(str_cat("data file ", info.relative_path, " is missing (", std::strerror(errno),
                                         "): the checkpoint was not copied whole"));
         }
+        if (!S_ISREG(st.st_mode)) {
+          throw CheckpointError(str_cat("data file ", info.relative_path, " is not a regular file (a FIFO, device, ",
+                                        "socket or directory?): refused, a checkpoint holds files only"));
+        }
         it = file_sizes.emplace(info.relative_path, static_cast<int64_t>(st.st_size)).first;
       }
       if (info.offset > it->second || info.length > it->second - info.offset) {
@@ -318,18 +356,24 @@ Metadata read_metadata_file(const std::string& dir) {
     throw CheckpointError(
         str_cat(dir, ": not a directory (", std::strerror(errno), "); a DCP checkpoint is a directory"));
   }
-  if (::stat(path.c_str(), &st) != 0) {
+  if (::lstat(path.c_str(), &st) != 0) {
     throw CheckpointError(
         str_cat(dir, ": no ", detail::kMetadataFile,
                 " file: not a checkpoint, or an incomplete one (a save that did not finish: a rank died "
                 "or the disk filled). Load the previous checkpoint"));
   }
-  if (st.st_size > (int64_t{1} << 30))
-    throw CheckpointError(str_cat(path, ": ", st.st_size, " bytes, too large for metadata"));
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  in.read(&bytes[0], st.st_size);
-  if (!in) throw CheckpointError(str_cat(path, ": cannot read it"));
+  int64_t size = 0;
+  const int fd = open_regular(path, path, &size);
+  std::string bytes;
+  try {
+    if (size > (int64_t{1} << 30)) throw CheckpointError(str_cat(path, ": ", size, " bytes, too large for metadata"));
+    bytes.resize(static_cast<size_t>(size));
+    read_at(fd, 0, bytes.data(), size, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
   try {
     return detail::parse_metadata(bytes.data(), bytes.size());
   } catch (const CheckpointError& e) {
@@ -634,12 +678,16 @@ std::vector<Shard> flat_range_boxes(const std::vector<int64_t>& sizes, int64_t b
   return out;
 }
 
-bool is_checkpoint(const std::string& dir) noexcept {
+bool is_checkpoint(const std::string& dir) noexcept { return checkpoint_problem(dir).empty(); }
+
+std::string checkpoint_problem(const std::string& dir) noexcept {
   try {
     read_metadata_file(dir);
-    return true;
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
   } catch (...) {
-    return false;
+    return dir + ": unreadable";
   }
 }
 

@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -65,8 +68,21 @@ void save_dcp_checkpoint(const Checkpoint& c, const torch::nn::Module& module, c
   }
 }
 
+std::string move_dcp_checkpoint_aside(const std::string& path, const std::string& problem) {
+  for (int k = 0; k < 1000; ++k) {
+    const std::string target = path + ".damaged" + (k == 0 ? "" : "." + std::to_string(k));
+    if (detail::exists(target)) continue;
+    if (::rename(path.c_str(), target.c_str()) == 0) return target;
+    throw CheckpointError(detail::str_cat(problem, ". It cannot be moved aside to ", target, " (", std::strerror(errno),
+                                          "), and training that epoch again would be refused. Move it away ",
+                                          "yourself, then resume."));
+  }
+  throw CheckpointError(detail::str_cat(problem, ". It cannot be moved aside: ", path,
+                                        ".damaged .. .999 exist. Clear them away, then resume."));
+}
+
 std::optional<Checkpoint> load_latest_dcp_checkpoint(const std::string& dir, const torch::nn::Module& module,
-                                                     ProcessGroup* group, std::vector<std::string>* skipped) {
+                                                     ProcessGroup* group, std::vector<SkippedCheckpoint>* skipped) {
   std::vector<int64_t> epochs;
   for (const std::string& name : detail::list_directory(dir)) {
     const int64_t epoch = epoch_of(name);
@@ -76,11 +92,12 @@ std::optional<Checkpoint> load_latest_dcp_checkpoint(const std::string& dir, con
   int64_t newest = -1;
   for (int64_t epoch : epochs) {
     const std::string path = dcp_checkpoint_path(dir, epoch);
-    if (dcp::is_checkpoint(path)) {
+    const std::string problem = dcp::checkpoint_problem(path);
+    if (problem.empty()) {
       newest = epoch;
       break;
     }
-    if (skipped != nullptr) skipped->push_back(path);
+    if (skipped != nullptr) skipped->push_back({path, problem});
   }
   if (group != nullptr) {  // the same epoch everywhere: the oldest of the ranks' newest
     at::Tensor t = at::full({1}, newest < 0 ? INT64_MAX : newest, at::kLong).to(group->device());

@@ -31,6 +31,8 @@ TEST(BalancedBatches, EveryStepIsOneGlobalBatchSplitByTheWeights) {
   DistributedSampler sampler(one_rank);
   sampler.set_epoch(4);
   const at::Tensor order = sampler.indices();
+  BalancedBatches any_rank = make(100, 32, 3, 1);
+  any_rank.set_epoch(4);
   std::set<int64_t> seen;
   for (int64_t step = 0; step < 4; ++step) {
     const std::vector<int64_t> want = step < 3 ? std::vector<int64_t>{16, 8, 8} : std::vector<int64_t>{2, 1, 1};
@@ -42,6 +44,9 @@ TEST(BalancedBatches, EveryStepIsOneGlobalBatchSplitByTheWeights) {
     // Rank after rank, the pieces are the global batch: positions [32 s, 32 s + rows).
     const at::Tensor global = at::cat(parts);
     EXPECT_TRUE(at::equal(global, order.slice(0, 32 * step, 32 * step + global.numel()))) << "step " << step;
+    // global_batch() is all of it, on any rank (issue 46: the fault-tolerant loop took rank
+    // 0's share under weights {1, 0, 0}, and every rank still gets a row: 2 of 48 lost).
+    EXPECT_TRUE(at::equal(global, any_rank.global_batch(step))) << "step " << step;
     for (int64_t i : std::vector<int64_t>(global.data_ptr<int64_t>(), global.data_ptr<int64_t>() + global.numel())) {
       EXPECT_TRUE(seen.insert(i).second) << "sample " << i << " read twice";
     }

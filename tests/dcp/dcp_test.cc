@@ -3,6 +3,8 @@
 // for damaged, hostile and incomplete checkpoints. PyTorch's side: dcp_python_test.cc.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -577,6 +579,57 @@ TEST(Dcp, AFailedSaveLeavesNoCheckpointAndDamageIsNamed) {
   EXPECT_THAT_ERROR(load_w(good), "its CRC-32 does not match");
   ::unlink(file.c_str());
   EXPECT_THAT_ERROR(load_w(good), "is missing (No such file or directory): the checkpoint was not copied whole");
+
+  // Issue 46: a FIFO planted under a file's name is refused before open() blocks (it
+  // blocked --resume for ever).
+  ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0);
+  EXPECT_THAT_ERROR(load_w(good), "is not a regular file (a FIFO, device, socket or directory?)");
+  ::unlink(file.c_str());
+  const std::string metadata = good + "/.metadata";
+  ::unlink(metadata.c_str());
+  ASSERT_EQ(::mkfifo(metadata.c_str(), 0644), 0);
+  EXPECT_THAT_ERROR(load_w(good), ".metadata is not a regular file");
+}
+
+// Issue 46: the data files are opened one at a time, so a checkpoint of more ranks' files
+// than the process may open loads (1100 files under ulimit -n 1024 failed: "Too many open
+// files"). Four ranks' files here, under a limit that leaves two descriptors free.
+TEST(Dcp, ACheckpointOfManyFilesLoadsUnderALimitOfOpenFiles) {
+  const testing::TempDir dir("dcp");
+  const std::string ck = dir.path() + "/step-1";
+  testing::run_gloo_ranks(4, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    dcp::State state;
+    state.put("w", dcp::Shard{at::arange(16, at::kFloat).view({4, 4}).narrow(0, rank, 1).clone(), {rank, 0}, {4, 4}});
+    dcp::save(state, ck, *group);
+  });
+  int files = 0;
+  for (int r = 0; r < 4; ++r) {
+    struct stat st {};
+    if (::stat((ck + "/__" + std::to_string(r) + "_0.distcp").c_str(), &st) == 0 && st.st_size > 0) ++files;
+  }
+  ASSERT_EQ(files, 4);
+  // The limit: just above the second free descriptor number, so that two files at most can
+  // be open at once.
+  int free_seen = 0, limit = 0;
+  for (int fd = 0; free_seen < 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) == -1) ++free_seen;
+    limit = fd + 1;
+  }
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  struct rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(limit);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::string error;
+  dcp::State loaded;
+  try {
+    loaded = dcp::load_all(ck);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_EQ(error, "");
+  EXPECT_TRUE(at::equal(loaded.tensor("w"), at::arange(16, at::kFloat).view({4, 4})));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/version.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -362,6 +363,30 @@ TEST(TrainCli, FsdpTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
   EXPECT_TRUE(std::regex_search(flags[0].output, kEpochLine)) << flags[0].output;
 }
 
+// Issue 46: a newest DCP checkpoint whose .metadata was cut (40 bytes short) is skipped with
+// the reason and moved aside, so that the resumed run writes that epoch again (it failed
+// with "epoch-2 holds a checkpoint already", and so did every retry).
+TEST(TrainCli, ADcpCheckpointThatDoesNotLoadIsMovedAsideWithTheReason) {
+  const TempDir temp("train_cli_dcp_cut");
+  const std::string dir = temp.path() + "/ck";
+  const std::string args = kSmall + " --checkpoint-format dcp --checkpoint-dir " + dir;
+  const CliRun first = cli(args + " --epochs 2");
+  ASSERT_EQ(first.code, 0) << first.output;
+  const std::string metadata = dir + "/epoch-2/.metadata";
+  struct stat st {};
+  ASSERT_EQ(::stat(metadata.c_str(), &st), 0);
+  ASSERT_EQ(::truncate(metadata.c_str(), st.st_size - 40), 0);
+  const CliRun resumed = cli(args + " --epochs 2 --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("skipping a checkpoint that does not load (moved aside to " + dir +
+                                "/epoch-2.damaged): " + metadata + ": "),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from " + dir + "/epoch-1"), std::string::npos) << resumed.output;
+  EXPECT_TRUE(datapar::dcp::is_checkpoint(dir + "/epoch-2"));
+  EXPECT_TRUE(datapar::detail::is_directory(dir + "/epoch-2.damaged"));
+}
+
 // --checkpoint-format dcp: a DDP run's DCP checkpoint resumes under FSDP (skipping a newer
 // directory that a cut save left without .metadata) and ends where an uninterrupted run ends;
 // so does a --zero run's (its optimizer shards written by their owners) resumed without --zero.
@@ -380,7 +405,8 @@ TEST(TrainCli, DcpCheckpointsResumeInAnyModeSkippingIncompleteOnes) {
   datapar::detail::make_directories(dcp_dir + "/epoch-3");  // a save cut short: no .metadata
   const auto resumed = ddp_job(args + dcp_dir + " --mode fsdp --epochs 3 --resume" + dcp_args, 2, dcp_dir + "/logs2");
   for (const auto& p : resumed) ASSERT_EQ(p.exit_code, 0) << p.output;
-  EXPECT_NE(resumed[0].output.find("skipping an incomplete checkpoint (a save cut short): " + dcp_dir + "/epoch-3"),
+  EXPECT_NE(resumed[0].output.find("skipping a checkpoint that does not load (moved aside to " + dcp_dir +
+                                   "/epoch-3.damaged): " + dcp_dir + "/epoch-3: no .metadata file"),
             std::string::npos) << resumed[0].output;
   EXPECT_NE(resumed[0].output.find("resuming from " + dcp_dir + "/epoch-2 (2 epochs done)"), std::string::npos)
       << resumed[0].output;

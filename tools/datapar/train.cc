@@ -208,16 +208,22 @@ void report_balance(const char* who, int64_t step, const std::vector<int64_t>& r
 }
 
 // 5 (--checkpoint-format dcp). The newest complete epoch-N directory, loaded by every rank
-// together; directories a save left incomplete are reported and skipped (kept, not moved).
+// together; newer directories that do not load (a save cut short, a damaged or hostile
+// .metadata) are reported with the reason and moved aside by rank 0 (<dir>.damaged), so
+// that training their epochs again writes them anew (issue 46: a cut .metadata made every
+// retry fail with "epoch-2 holds a checkpoint already").
 int64_t resume_dcp(const TrainPlan& plan, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                    const c10::Device& device) {
   const TrainOptions& o = plan.options;
   const bool leader = plan.rank == 0;
   ProcessGroup* group = is_initialized() ? default_group().get() : nullptr;
-  std::vector<std::string> skipped;
+  std::vector<train::SkippedCheckpoint> skipped;
   std::optional<train::Checkpoint> found = train::load_latest_dcp_checkpoint(o.checkpoint_dir, model, group, &skipped);
-  for (const std::string& s : skipped) {
-    if (leader) std::fprintf(stderr, "datapar train: skipping an incomplete checkpoint (a save cut short): %s\n", s.c_str());
+  for (const train::SkippedCheckpoint& s : skipped) {
+    if (!leader) continue;
+    const std::string moved = o.evaluate ? "" : train::move_dcp_checkpoint_aside(s.path, s.problem);
+    std::fprintf(stderr, "datapar train: skipping a checkpoint that does not load%s: %s\n",
+                 moved.empty() ? "" : (" (moved aside to " + moved + ")").c_str(), s.problem.c_str());
   }
   if (group != nullptr && !o.evaluate) train::agree_on_resume(*group, found);
   if (found) {
@@ -399,15 +405,27 @@ struct EpochTotals {
 // whole run) and the plot, redrawn every epoch so that a long run always has a current one.
 class Report {
  public:
-  Report(const TrainPlan& plan, int64_t first_epoch) : plan_(plan) {
-    const TrainOptions& o = plan.options;
-    if (plan.rank != 0 || o.metrics.empty()) return;
-    if (first_epoch > 0) history_ = earlier_epochs(o.metrics, first_epoch);
+  // `writer`: this process reports (rank 0; under --fault-tolerant, see take_over()).
+  Report(const TrainPlan& plan, int64_t first_epoch, bool writer) : plan_(plan) {
+    if (writer) take_over(first_epoch + 1);
+  }
+  Report(const TrainPlan& plan, int64_t first_epoch) : Report(plan, first_epoch, plan.rank == 0) {}
+
+  // This process reports from epoch `epoch` on. Under --fault-tolerant the reporter is each
+  // epoch's rank 0, which can be another member each time: it takes the epochs before from
+  // the metrics file the earlier reporters wrote (without --metrics, the plot shows the
+  // epochs this member reported).
+  void take_over(int64_t epoch) {
+    const TrainOptions& o = plan_.options;
+    if (o.metrics.empty()) return;
+    history_ = epoch > 1 ? earlier_epochs(o.metrics, epoch - 1) : std::vector<train::EpochMetrics>{};
     metrics_ = std::make_unique<train::MetricsWriter>(o.metrics, /*append=*/false);
     for (const auto& m : history_) metrics_->write(m);
   }
 
-  void epoch(int64_t epoch, const EpochTotals& t, std::pair<int64_t, int64_t> test, double eval_seconds) {
+  // `print`: the epoch line too (the fault-tolerant loop prints its own).
+  void epoch(int64_t epoch, const EpochTotals& t, std::pair<int64_t, int64_t> test, double eval_seconds,
+             bool print = true) {
     const TrainOptions& o = plan_.options;
     train::EpochMetrics m;
     m.epoch = epoch;
@@ -429,8 +447,10 @@ class Report {
     m.world_size = plan_.world_size;
     m.batch_size = plan_.global_batch;
     m.lr = plan_.lr;
-    std::printf("%s\n", train::format_epoch_line(m).c_str());
-    std::fflush(stdout);
+    if (print) {
+      std::printf("%s\n", train::format_epoch_line(m).c_str());
+      std::fflush(stdout);
+    }
     history_.push_back(m);
     if (metrics_) metrics_->write(m);
     if (!o.plot.empty()) {
@@ -767,7 +787,7 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   ft::ElasticGroup elastic(store, kFtRun, ft_options, [gloo](std::shared_ptr<Store> epoch_store, int rank, int size) {
     return new_gloo_process_group(std::move(epoch_store), rank, size, gloo);
   });
-  // Each epoch's global batches: rank 0 of a job of the full size takes every row.
+  // Each epoch's global batches, as a job of the full size cuts its epochs (global_batch()).
   BalancedBatches batches(
       {data.train->size(), plan.global_batch, plan.world_size, 0, /*shuffle=*/true, static_cast<uint64_t>(o.seed)});
   const int64_t per_epoch = batches.num_steps();
@@ -781,11 +801,8 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
                            static_cast<long>(::getpid())),
              elastic.member().id());
 
-  std::vector<double> whole(static_cast<size_t>(plan.world_size), 0.0);
-  whole[0] = 1.0;
   const int64_t total = per_epoch * o.epochs;
-  std::vector<at::Tensor> globals;  // the current epoch's
-  int64_t globals_epoch = -1;
+  int64_t batches_epoch = -1;  // the epoch `batches` is set to
   struct Rows {  // this rank's committed rows of an epoch
     double loss_sum = 0;
     int64_t rows = 0, correct = 0;
@@ -794,6 +811,9 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   int64_t reported = first_epoch * per_epoch;   // the last epoch end this rank reported
   int64_t memberships_seen = 0;                 // trainer.epochs_joined() when last reported
   const auto start = Clock::now();
+  auto epoch_start = start;   // when this member saw the current epoch begin
+  double ended_seconds = 0;   // how long the last epoch took, as this member saw it
+  Report report(plan, first_epoch, /*writer=*/false);
   // An epoch's end, before the next epoch's first step and after the last step: run by
   // every member together, and again over a new membership when one fails in it (the
   // report and checkpoint are written once, by the first rank, unless it changed).
@@ -804,9 +824,17 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
       ended_at = step;
       ended = current;
       current = {};
+      ended_seconds = seconds_since(epoch_start);
+      epoch_start = Clock::now();
     }
+    // The epoch's rows as the members alive saw them commit (all of them when none failed).
+    const std::vector<double> job_rows = reduce(
+        std::vector<double>{ended.loss_sum, double(ended.correct), double(ended.rows)}, ReduceOp::kSum,
+        elastic.group().get());
+    const auto eval_start = Clock::now();
     const auto [right, samples] = evaluate(plan, data, trainer.module(), trainer.forward, device,
                                            EvalPart{rank, size, elastic.group().get()});
+    const double eval_seconds = seconds_since(eval_start);
     std::optional<train::Checkpoint> checkpoint;  // gathered only when one is written
     if (!o.checkpoint_dir.empty()) checkpoint = trainer.checkpoint(step / per_epoch);
     if (rank != 0 || step <= reported) return;
@@ -818,6 +846,11 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
                 ended.rows ? double(ended.correct) / ended.rows : 0.0, samples ? double(right) / samples : 0.0,
                 seconds_since(start), size, (long)elastic.epoch().number);
     std::fflush(stdout);
+    if (!o.metrics.empty() || !o.plot.empty()) {
+      report.take_over(epoch);
+      report.epoch(epoch, EpochTotals{job_rows[0], job_rows[1], job_rows[2], ended_seconds, 0}, {right, samples},
+                   eval_seconds, /*print=*/false);
+    }
     if (o.checkpoint_dir.empty()) return;
     checkpoint->progress = {{"seed", static_cast<int64_t>(o.seed)}};
     train::save_checkpoint(*checkpoint, train::checkpoint_path(o.checkpoint_dir, epoch), 0);
@@ -827,12 +860,11 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
     const bool committed = trainer.train_step(
         [&](const Forward& forward, int part, int parts) -> int64_t {
           const int64_t step = trainer.step();
-          if (step / per_epoch != globals_epoch) {
-            globals_epoch = step / per_epoch;
-            batches.set_epoch(globals_epoch);
-            globals = batches.batches(0, whole);
+          if (step / per_epoch != batches_epoch) {
+            batches_epoch = step / per_epoch;
+            batches.set_epoch(batches_epoch);
           }
-          const at::Tensor global = globals[static_cast<size_t>(step % per_epoch)];
+          const at::Tensor global = batches.global_batch(step % per_epoch);
           const int64_t n = global.size(0), begin = n * part / parts, end = n * (part + 1) / parts;
           const Batch batch = data.train->get_batch(global.narrow(0, begin, end - begin));
           const at::Tensor y = batch.target.to(device);

@@ -49,6 +49,9 @@ class BalancedBatches {
   // This rank's batches ((rows,) int64 dataset indices) for steps [first_step, num_steps())
   // under `weights`. REQUIRES: 0 <= first_step <= num_steps().
   std::vector<at::Tensor> batches(int64_t first_step, const std::vector<double>& weights) const;
+  // Every row of global batch `step` of this epoch, in order: what the ranks' shares of it
+  // put together (for a job that cuts each batch itself, e.g. over the ranks alive).
+  at::Tensor global_batch(int64_t step) const;
 
   const BalancedBatchesOptions& options() const { return options_; }
 

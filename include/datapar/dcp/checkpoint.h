@@ -102,6 +102,9 @@ void load(State& state, const std::string& dir, bool allow_partial = false);  //
 
 // True if `dir` holds a complete checkpoint (its .metadata reads and checks).
 bool is_checkpoint(const std::string& dir) noexcept;
+// Why `dir` is not one ("<dir>: no .metadata file: ...", a damaged or hostile metadata's
+// reason); "" when it is.
+std::string checkpoint_problem(const std::string& dir) noexcept;
 
 // The names and global sizes of the tensors in a checkpoint, and the names of its values
 // (size empty), in its order: what is there before deciding what to load.

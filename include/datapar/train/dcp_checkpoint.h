@@ -30,11 +30,22 @@ std::string dcp_checkpoint_path(const std::string& dir, int64_t epoch);
 void save_dcp_checkpoint(const Checkpoint& checkpoint, const torch::nn::Module& module, const std::string& path,
                          ProcessGroup* group, ZeroRedundancyOptimizer* zero = nullptr);
 
+// A directory load_latest_dcp_checkpoint passed over, and why.
+struct SkippedCheckpoint {
+  std::string path;
+  std::string problem;  // what dcp::checkpoint_problem says
+};
+
 // Loads the newest complete "epoch-<N>" of `dir` (the same N on every rank: the smallest
 // newest one among them), as a Checkpoint for restore_checkpoint. Newer directories without
-// a complete checkpoint (a save cut short) are skipped and listed in `skipped`. nullopt if
-// none. Collective over `group` (null: alone).
+// a complete checkpoint (a save cut short, a damaged or hostile .metadata) are skipped and
+// listed in `skipped` with the reason. nullopt if none. Collective over `group` (null: alone).
 std::optional<Checkpoint> load_latest_dcp_checkpoint(const std::string& dir, const torch::nn::Module& module,
-                                                     ProcessGroup* group, std::vector<std::string>* skipped);
+                                                     ProcessGroup* group, std::vector<SkippedCheckpoint>* skipped);
+
+// Renames the checkpoint directory `path` to <path>.damaged (or .damaged.1, ...: the first
+// name not taken), so that a run that writes its epoch again is not refused; returns the new
+// name. Throws CheckpointError, with `problem`, when it cannot.
+std::string move_dcp_checkpoint_aside(const std::string& path, const std::string& problem);
 
 }  // namespace datapar::train
