@@ -341,4 +341,14 @@ TEST(Cli, BenchDdpReportsTheCeilingTheHiddenShareAndSamplesPerSecond) {
   EXPECT_NE(bad.output.find("not one of mlp, lenet, resnet18"), std::string::npos) << bad.output;
 }
 
+// Issue 46: --batch 2^31 filled a 16 GiB tensor, then aborted with an uncaught c10::Error.
+TEST(Cli, BenchBatchesBeyondTheLimitAreRefusedNamingTheFlag) {
+  for (const char* bench : {"ddp", "fsdp"}) {
+    const ProcessResult r = run(bin("datapar") + " bench " + bench + " --batch 2147483647");
+    EXPECT_EQ(r.exit_code, 2) << bench << ": " << r.output;
+    EXPECT_NE(r.output.find("--batch"), std::string::npos) << bench << ": " << r.output;
+    EXPECT_NE(r.output.find("65536"), std::string::npos) << bench << ": " << r.output;
+  }
+}
+
 }  // namespace

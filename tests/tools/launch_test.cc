@@ -213,6 +213,20 @@ TEST(LaunchNodes, TokenFileKeepsTheTokenOutOfArgv) {
   EXPECT_NE(r.output.find(dir + "/missing"), std::string::npos) << r.output;
   r = with({"--token-file", file, "--token", "both"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
+  // Issue 46: a FIFO blocked open() for ever, /dev/zero read without bound.
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = with({"--token-file", fifo});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is not a regular file"), std::string::npos) << r.output;
+  r = with({"--token-file", "/dev/zero"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("/dev/zero is not a regular file"), std::string::npos) << r.output;
+  const std::string big = dir + "/big";
+  std::ofstream(big) << std::string(5000, 'x');
+  r = with({"--token-file", big});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("has 5000 bytes; a token is one short line"), std::string::npos) << r.output;
 }
 
 // Forked workers get their own share of the cores (Note [Binding workers to cores]), or all
@@ -761,6 +775,9 @@ TEST(LaunchUsage, BadUsageExitsWithTwoAndSaysWhy) {
       {{"--nnodes", "2", "--master-port", "29500", "--", probe, "env"}, "needs the same store token on every node"},
       {{"--", "no_such_program_datapar"}, "program \"no_such_program_datapar\" is not found on PATH"},
       {{"--no-such-flag", "--", probe, "env"}, "--no-such-flag"},
+      // Issue 46: it was "The following arguments were not expected: <the program's>".
+      {{"--runner", "fork", "--", probe, "env"}, "datapar launch: unknown option --runner (before --"},
+      {{"--runner=fork", "--nproc-per-node", "2", "--", probe, "env"}, "unknown option --runner (before --"},
       {{"--min-ranks", "2", "--", probe, "env"}, "--min-ranks and --max-ranks are for a fault-tolerant job"},
       {{"--fault-tolerant", "--nproc-per-node", "3", "--min-ranks", "5", "--", probe, "env"},
        "--min-ranks 5 must be in [1, 3]"},

@@ -556,6 +556,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--mp bf16", "--mp and --no-reshard are fully sharded training's; --mode single"},
         BadOption{"--mode fsdp --mp int8", "--mp: \"int8\" is not a precision"},
         BadOption{"--checkpoint-activations", "--checkpoint-activations recomputes resnet18's residual blocks; --model lenet"},
+        BadOption{"--model resnet18 --mode dp --devices cpu:0,cpu:1 --checkpoint-activations",
+                  "--checkpoint-activations: --mode dp copies the model to each device"},
         BadOption{"--mode fsdp --balance auto", "--balance auto: fsdp splits each batch evenly"},
         BadOption{"--trace /nonexistent/t.json", "--trace /nonexistent/t.json: the directory /nonexistent does not exist"},
         BadOption{"--mode dp --balance fast", "--balance: \"fast\" is not a balance (\"fast\" is not a share >= 0)"},

@@ -9,6 +9,7 @@
 // they follow node 0's decider through the job's store instead: ft_nodes.h.)
 #include "launch.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
@@ -20,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <set>
@@ -53,18 +53,30 @@ void check_program(const std::string& program) {
                                      "\" is not found on PATH. Give its path, e.g. ./", program, "."));
 }
 
-// The token in `path`: its first line, without surrounding whitespace.
+// The token in `path`: its first line, without surrounding whitespace. A regular file of at
+// most kMaxTokenFile bytes: a FIFO blocked open() for ever and /dev/zero read without end
+// (issue 46), so the file is opened without blocking and checked before it is read.
+constexpr int64_t kMaxTokenFile = 4096;
 std::string read_token_file(const std::string& path) {
-  std::ifstream in(path);
-  DATAPAR_CHECK(in.good(), "launch: --token-file ", path, " cannot be read (", std::strerror(errno), ").");
-  std::string token;
-  std::getline(in, token);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  DATAPAR_CHECK(fd >= 0, "launch: --token-file ", path, " cannot be read (", std::strerror(errno), ").");
+  struct stat st {};
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  std::string text(static_cast<size_t>(regular ? std::min<int64_t>(st.st_size, kMaxTokenFile) : 0), '\0');
+  const ssize_t got = regular ? ::read(fd, text.data(), text.size()) : -1;
+  ::close(fd);
+  DATAPAR_CHECK(regular, "launch: --token-file ", path, " is not a regular file (a FIFO, device or directory?). ",
+                "Put the token in a file, e.g. openssl rand -hex 16 > token; chmod 600 token.");
+  DATAPAR_CHECK(st.st_size <= kMaxTokenFile, "launch: --token-file ", path, " has ", st.st_size, " bytes; a token is ",
+                "one short line (at most ", kMaxTokenFile, " bytes).");
+  DATAPAR_CHECK(got >= 0, "launch: --token-file ", path, " cannot be read (", std::strerror(errno), ").");
+  text.resize(static_cast<size_t>(got));
+  std::string token = text.substr(0, text.find('\n'));
   const size_t first = token.find_first_not_of(" \t\r");
   token = first == std::string::npos ? "" : token.substr(first, token.find_last_not_of(" \t\r") - first + 1);
   DATAPAR_CHECK(!token.empty(), "launch: --token-file ", path, " is empty. Put the token on its first line, e.g. ",
                 "openssl rand -hex 16 > ", path);
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+  if ((st.st_mode & 077) != 0) {
     std::cerr << "datapar launch: warning: --token-file " << path << " can be read by other users; chmod 600 it"
               << std::endl;
   }

@@ -42,6 +42,24 @@ int exec_torch_program(char** argv) {
   return 2;
 }
 
+// The first option of `datapar launch` before "--" that `launch` does not have ("" when
+// every one is known, or the command is not launch): "--runner" of "launch --runner fork --
+// cmd". A token that starts with '-' and a digit is a value (a negative number).
+std::string unknown_launch_option(int argc, char** argv, CLI::App& launch) {
+  int i = 1;
+  while (i < argc && argv[i][0] == '-') ++i;  // the program's own options come before the command
+  if (i >= argc || std::string(argv[i]) != "launch") return "";
+  for (++i; i < argc; ++i) {
+    const std::string token = argv[i];
+    if (token == "--") break;
+    if (token.size() < 2 || token[0] != '-' || (token[1] >= '0' && token[1] <= '9') || token[1] == '.') continue;
+    const std::string name = token.substr(0, token.find('='));
+    if (name == "-h" || name == "--help") continue;
+    if (launch.get_option_no_throw(name) == nullptr) return name;
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,6 +120,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cores", "none"}));
   launch->add_option("program", launch_options.program, "The program and its arguments, after --");
 
+  // An unknown option before --: CLI11 takes its value for the program and reports the
+  // program's arguments as "not expected" (issue 46); name the option instead.
+  if (const std::string unknown = unknown_launch_option(argc, argv, *launch); !unknown.empty()) {
+    std::cerr << "datapar launch: unknown option " << unknown << " (before --, the launcher's options; see "
+              << "datapar launch --help)\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -2,8 +2,10 @@
 // bench collectives, bench ddp), which the front end `datapar` hands to it (commands.h).
 // Bad usage exits 2.
 #include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
 
 #include <iostream>
+#include <new>
 #include <string>
 
 #include "bench_collectives.h"
@@ -65,8 +67,9 @@ int main(int argc, char** argv) {
   bench_ddp->add_option("--model", ddp.model, "mlp, lenet or resnet18 (default mlp)");
   bench_ddp->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)")
       ->check(datapar::tools::whole_number<decltype(ddp.nproc)>());
-  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)")
-      ->check(datapar::tools::whole_number<decltype(ddp.batch)>());
+  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank, up to 65536 (default: mlp 64, lenet 128, resnet18 32)")
+      ->check(datapar::tools::whole_number<decltype(ddp.batch)>())
+      ->check(CLI::Range(0, 65536));  // 2^31 filled a 16 GiB tensor, then aborted (issue 46)
   bench_ddp->add_option("--backend", ddp.backend,
                         "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
   bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)")
@@ -96,8 +99,9 @@ int main(int argc, char** argv) {
                          "(default mlp)");
   bench_fsdp->add_option("--nproc", fsdp.nproc, "Processes to start when not under a launcher (default 2)")
       ->check(datapar::tools::whole_number<decltype(fsdp.nproc)>());
-  bench_fsdp->add_option("--batch", fsdp.batch, "Batch per rank (default: mlp 64, lenet 128, resnet18 32)")
-      ->check(datapar::tools::whole_number<decltype(fsdp.batch)>());
+  bench_fsdp->add_option("--batch", fsdp.batch, "Batch per rank, up to 65536 (default: mlp 64, lenet 128, resnet18 32)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.batch)>())
+      ->check(CLI::Range(0, 65536));  // 2^31 filled a 16 GiB tensor, then aborted (issue 46)
   bench_fsdp->add_option("--backend", fsdp.backend, "gloo, or mpi (started through mpirun) (default: gloo)");
   bench_fsdp->add_option("--steps", fsdp.steps, "Timed steps per round (default: mlp 100, lenet 30, resnet18 5)")
       ->check(datapar::tools::whole_number<decltype(fsdp.steps)>());
@@ -136,5 +140,11 @@ int main(int argc, char** argv) {
   } catch (const datapar::Error& e) {
     std::cerr << "datapar: " << e.what() << "\n";
     return 2;
+  } catch (const c10::Error& e) {  // e.g. an allocation the machine cannot give: not an abort
+    std::cerr << "datapar: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "datapar: out of memory\n";
+    return 1;
   }
 }

@@ -217,6 +217,11 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                 " keeps whole parameters.\n---> HINT: add --mode fsdp, or leave them out.");
   DATAPAR_CHECK(!o.checkpoint_activations || o.model == "resnet18", "--checkpoint-activations recomputes resnet18's ",
                 "residual blocks; --model ", o.model, " has none.\n---> HINT: use --model resnet18, or leave it out.");
+  // DataParallel copies the module to each device with clone(), which a checkpointed block
+  // (a wrapper of autograd's) cannot do: it failed inside clone() without naming the flag.
+  DATAPAR_CHECK(!o.checkpoint_activations || o.mode != "dp", "--checkpoint-activations: --mode dp copies the model ",
+                "to each device, and checkpointed blocks cannot be copied.\n---> HINT: use --mode single, ddp or fsdp ",
+                "with it, or leave it out.");
   DATAPAR_CHECK(o.mode != "fsdp" || o.balance == "even", "--balance ", o.balance, ": fsdp splits each batch ",
                 "evenly.\n---> HINT: leave out --balance, or use --mode ddp.");
   DATAPAR_CHECK(o.batch_size >= 1, "--batch-size ", o.batch_size, ": the batch must hold at least 1 sample.");
