@@ -359,7 +359,9 @@ void check_sizes(const Metadata& md, const std::string& dir) {
       ends[info.relative_path].push_back(info.offset + info.length);
     }
   }
-  for (auto& [file, starts] : ranges) {
+  for (const auto& named : ranges) {
+    const std::string& file = named.first;
+    const std::vector<std::pair<int64_t, std::string>>& starts = named.second;
     std::vector<size_t> order(starts.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return starts[a].first < starts[b].first; });
