@@ -350,29 +350,26 @@ void check_sizes(const Metadata& md, const std::string& dir) {
   // Every item is stored once: byte ranges that overlap would let a small checkpoint name
   // one large item many times (100 entries on one 20 MB item took 2.3 GiB to load, issue
   // 46). Without overlaps, loading reads each byte of the data files at most once.
-  std::map<std::string, std::vector<std::pair<int64_t, std::string>>> ranges;  // file -> (offset, what), then sorted
-  std::map<std::string, std::vector<int64_t>> ends;
+  struct Range {
+    int64_t begin, end;
+    const std::string* fqn;
+  };
+  std::map<std::string, std::vector<Range>> files;
   for (const detail::Entry& e : md.entries) {
     for (const detail::StorageInfo& info : e.storage) {
-      if (info.length == 0) continue;
-      ranges[info.relative_path].push_back({info.offset, e.fqn});
-      ends[info.relative_path].push_back(info.offset + info.length);
+      if (info.length > 0) files[info.relative_path].push_back({info.offset, info.offset + info.length, &e.fqn});
     }
   }
-  for (const auto& named : ranges) {
-    const std::string& file = named.first;
-    const std::vector<std::pair<int64_t, std::string>>& starts = named.second;
-    std::vector<size_t> order(starts.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return starts[a].first < starts[b].first; });
-    const std::vector<int64_t>& end = ends[file];
-    for (size_t k = 1; k < order.size(); ++k) {
-      const size_t before = order[k - 1], at = order[k];
-      if (starts[at].first < end[before]) {
-        throw CheckpointError(str_cat("data file ", file, ": the bytes of ", starts[at].second, " (from ",
-                                      starts[at].first, ") overlap those of ", starts[before].second, " (",
-                                      starts[before].first, "..", end[before], "): a checkpoint stores each item once; ",
-                                      "the metadata is damaged or crafted"));
+  for (auto& named : files) {
+    std::vector<Range>& ranges = named.second;
+    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    for (size_t k = 1; k < ranges.size(); ++k) {
+      const Range& before = ranges[k - 1];
+      const Range& at = ranges[k];
+      if (at.begin < before.end) {
+        throw CheckpointError(str_cat("data file ", named.first, ": the bytes of ", *at.fqn, " (from ", at.begin,
+                                      ") overlap those of ", *before.fqn, " (", before.begin, "..", before.end,
+                                      "): a checkpoint stores each item once; the metadata is damaged or crafted"));
       }
     }
   }
