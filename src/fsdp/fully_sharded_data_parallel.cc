@@ -164,6 +164,7 @@ std::vector<ShardRange> FsdpCore::shard_ranges() const {
     r.name = item.key();
     r.sizes = item.value().sizes().vec();
     r.shard = shard_of.at(&unit);
+    r.unit_offset = at;
     if (first < last) {
       r.offset = first - lo;
       r.begin = first - at;

@@ -9,6 +9,7 @@
 
 #include "datapar/error.h"
 #include "datapar/rendezvous/prefix_store.h"
+#include "ft/breakable_store.h"
 
 namespace datapar::ft {
 namespace {
@@ -74,8 +75,20 @@ const Epoch& ElasticGroup::join(int64_t committed_step) {
   retire();
   epoch_ = member_->join(committed_step);
   rank_ = epoch_.rank_of(member_->id());
-  auto store = std::make_shared<PrefixStore>(str_cat("ft/", run_, "/", epoch_.number, "/"), store_);
-  group_ = make_group_(std::move(store), rank_, epoch_.size());
+  auto store = std::make_shared<detail::BreakableStore>(
+      std::make_shared<PrefixStore>(str_cat("ft/", run_, "/", epoch_.number, "/"), store_),
+      [member = member_.get()] { return member->epoch_broken(); });
+  try {
+    group_ = make_group_(std::move(store), rank_, epoch_.size());
+  } catch (const std::exception& e) {
+    // A backend may wrap the store's error in its own: a broken epoch is a failure of the
+    // membership whatever the type (StepProtocol joins the next epoch).
+    if (member_->epoch_broken()) {
+      throw CommError(str_cat("ft: membership epoch ", epoch_.number, " broke while its group was being made (",
+                              e.what(), ")"));
+    }
+    throw;
+  }
   DATAPAR_CHECK(group_ != nullptr && group_->size() == epoch_.size() && group_->rank() == rank_,
                 "ft::ElasticGroup: the function that makes the groups returned no group, or one of the wrong size "
                 "or rank.");

@@ -8,14 +8,13 @@
 // another. The padding stays zero through training (its gradient is zero, and so is every
 // update SGD, Adam and AdamW make of a zero gradient on a zero parameter with zero state).
 //
-// Note [Sending a gradient shard to the next rank]
-// Each rank needs the previous rank's reduced gradient shard, 1/n of the gradient: a send
-// and a receive would move just that. Through gloo they go over TCP even between processes
-// of one machine, and cost a few milliseconds of latency each step here (a LeNet step of
-// FSDP took 1.24-1.31 times as long), while collectives go through shared memory. So each
-// unit's shard goes by an all-gather: (n - 1)/n of the unit's gradient per rank instead of
-// 1/n, and at most the largest unit whole in memory at a time (which FSDP gathers anyway);
-// a LeNet step then costs 1.00-1.02 times FSDP's (docs/benchmarks.md).
+// Note [The previous rank's gradient shard]
+// Each rank keeps the previous rank's shard and updates it on a commit, so it needs that
+// rank's gradient shard too. It has it at no cost: every member's gradient of each slice
+// reaches every member unit by unit (ShardedSliceGradients, for gradients that do not
+// depend on who is alive), and each keeps two shards of it instead of one. (Before, each
+// rank's reduced shard went to the next by an all-gather per unit: gloo's send and receive,
+// which would move just that, go over TCP even between processes of one machine.)
 #include "datapar/ft/fault_tolerant_fsdp.h"
 
 #include <ATen/ATen.h>
@@ -24,6 +23,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
 #include <type_traits>
 
 #include "datapar/error.h"
@@ -247,7 +247,7 @@ void FsdpKeeper::Impl::keep_previous(ProcessGroup& group, const FsdpParts& next)
   }
   int64_t total = 0;
   for (const at::Tensor& k : shards) total += k.numel();
-  const at::Tensor gradients = at::zeros({total}, out.options());  // exchange_gradients receives into it
+  const at::Tensor gradients = at::zeros({total}, out.options());  // Note [The previous rank's gradient shard]
   int64_t offset = 0;
   for (at::Tensor& k : shards) {
     k.mutable_grad() = gradients.narrow(0, offset, k.numel()).view(k.sizes());
@@ -355,20 +355,21 @@ int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, 
   return newest;
 }
 
-void FsdpKeeper::exchange_gradients(ProcessGroup& group, const std::vector<at::Tensor>& shards) {
-  const int n = group.size(), rank = group.rank(), previous = (rank + n - 1) % n;
-  if (n == 1) return;
-  // Note [Sending a gradient shard to the next rank]
-  int64_t offset = 0;
-  for (const at::Tensor& s : shards) {
-    const at::Tensor grad = s.grad().defined() ? s.grad().detach().reshape({-1}) : at::zeros({s.numel()}, s.options());
-    std::vector<at::Tensor> parts;
-    for (int r = 0; r < n; ++r) {
-      parts.push_back(r == previous ? impl_->kept_gradients.narrow(0, offset, s.numel()) : at::empty_like(grad));
-    }
-    group.all_gather(parts, grad)->wait();
-    offset += s.numel();
+const at::Tensor& FsdpKeeper::kept_gradients() const { return impl_->kept_gradients; }
+
+std::vector<ShardedSliceGradients::Unit> slice_units(const FsdpParts& parts) {
+  std::map<std::string, at::Tensor> params;
+  for (const auto& item : parts.module->named_parameters()) params.emplace(item.key(), item.value());
+  std::vector<ShardedSliceGradients::Unit> units(parts.shards.size());
+  for (size_t u = 0; u < units.size(); ++u) units[u].shard = parts.shards[u].numel();
+  for (const ShardRange& range : parts.ranges) {
+    ShardedSliceGradients::Unit& unit = units.at(range.shard);
+    const at::Tensor& param = params.at(range.name);
+    unit.params.push_back(param);
+    unit.offsets.push_back(range.unit_offset);
+    unit.numel = std::max(unit.numel, range.unit_offset + param.numel());
   }
+  return units;
 }
 
 int64_t FsdpKeeper::kept_bytes() const {

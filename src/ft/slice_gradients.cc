@@ -35,6 +35,15 @@ SliceRange slices_of(int rank, int size, int slices) {
   return {at(rank), at(rank + 1)};
 }
 
+int most_slices_of(int size, int slices) {
+  int most = 0;
+  for (int r = 0; r < size; ++r) {
+    const SliceRange range = slices_of(r, size, slices);
+    most = std::max(most, range.last - range.first);
+  }
+  return most;
+}
+
 namespace detail {
 
 SliceGradients::SliceGradients(std::vector<at::Tensor> params) : params_(std::move(params)) {
@@ -47,12 +56,31 @@ SliceGradients::SliceGradients(std::vector<at::Tensor> params) : params_(std::mo
   }
 }
 
-void SliceGradients::begin(int rank, int size, int slices) {
-  int most = 0;  // the most slices a member trains: every member sends that many, for an even gather
-  for (int r = 0; r < size; ++r) {
-    const SliceRange range = slices_of(r, size, slices);
-    most = std::max(most, range.last - range.first);
+void sum_in_slice_order(at::Tensor& sum, at::Tensor& scaled, const std::vector<at::Tensor>& grads,
+                        const std::vector<double>& rows) {
+  DATAPAR_CHECK(!grads.empty() && grads.size() == rows.size(), "sum_in_slice_order: ", grads.size(),
+                " gradients and ", rows.size(), " row counts.");
+  double total = 0;
+  for (double r : rows) total += r;
+  // A pass where no rank had a sample sums no gradient: zero, not NaN.
+  const auto share = [&](size_t i) { return total > 0 ? rows[i] / total : 0.0; };
+  const bool even = std::all_of(rows.begin(), rows.end(), [&](double r) { return r == rows.front(); });
+  if (even) {
+    sum.copy_(grads.front());
+    for (size_t i = 1; i < grads.size(); ++i) sum.add_(grads[i]);
+    sum.mul_(share(0));
+  } else {
+    at::mul_out(sum, grads.front(), share(0));
+    for (size_t i = 1; i < grads.size(); ++i) {
+      at::mul_out(scaled, grads[i], share(i));
+      sum.add_(scaled);
+    }
   }
+}
+
+void SliceGradients::begin(int rank, int size, int slices) {
+  // Every member sends the most slices one trains, for an even gather.
+  const int most = most_slices_of(size, slices);
   const at::TensorOptions options = params_.front().options();
   if (!gathered_.defined() || gathered_.size(0) != size || gathered_.size(1) != most) {
     mine_ = at::zeros({most, numel_ + 1}, options);
@@ -104,30 +132,15 @@ void SliceGradients::reduce(ProcessGroup& group) {
   // Slice i's gradient and rows, in slice order.
   std::vector<at::Tensor> grads;
   std::vector<double> rows;
-  double total = 0;
   for (int r = 0; r < size_; ++r) {
     const SliceRange range = slices_of(r, size_, slices_);
     const at::Tensor theirs = gathered_[r].select(1, numel_).to(at::kDouble).cpu();
     for (int i = range.first; i < range.last; ++i) {
       grads.push_back(gathered_[r][i - range.first].narrow(0, 0, numel_));
       rows.push_back(theirs[i - range.first].item<double>());
-      total += rows.back();
     }
   }
-  // A pass where no rank had a sample sums no gradient: zero, not NaN.
-  const auto share = [&](size_t i) { return total > 0 ? rows[i] / total : 0.0; };
-  const bool even = std::all_of(rows.begin(), rows.end(), [&](double r) { return r == rows.front(); });
-  if (even) {
-    sum_.copy_(grads.front());
-    for (size_t i = 1; i < grads.size(); ++i) sum_.add_(grads[i]);
-    sum_.mul_(share(0));
-  } else {
-    at::mul_out(sum_, grads.front(), share(0));
-    for (size_t i = 1; i < grads.size(); ++i) {
-      at::mul_out(scaled_, grads[i], share(i));
-      sum_.add_(scaled_);
-    }
-  }
+  sum_in_slice_order(sum_, scaled_, grads, rows);
   // Each .grad an alias of its part of the sum (set_, not a view: libtorch's zero_grad()
   // calls detach_(), which autograd refuses for views).
   int64_t offset = 0;
@@ -135,6 +148,104 @@ void SliceGradients::reduce(ProcessGroup& group) {
     p.mutable_grad() = at::empty({0}, sum_.options()).set_(sum_.storage(), offset, p.sizes(), {});
     offset += p.numel();
   }
+}
+
+ShardedSliceGradients::ShardedSliceGradients(std::vector<Unit> units, const at::TensorOptions& options, int rank,
+                                             int size)
+    : units_(std::move(units)), options_(options), rank_(rank), size_(size) {
+  DATAPAR_CHECK(!units_.empty() && size_ >= 1 && rank_ >= 0 && rank_ < size_, "ShardedSliceGradients: ",
+                units_.size(), " units, rank ", rank_, " of ", size_, ".");
+  for (const Unit& unit : units_) {
+    DATAPAR_CHECK(!unit.params.empty() && unit.offsets.size() == unit.params.size() &&
+                      unit.shard * size_ >= unit.numel && unit.shard * (size_ - 1) < unit.numel + size_,
+                  "ShardedSliceGradients: a unit of ", unit.numel, " elements with shards of ", unit.shard, " over ",
+                  size_, " ranks.");
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      DATAPAR_CHECK(unit.offsets[i] >= 0 && unit.offsets[i] + unit.params[i].numel() <= unit.numel,
+                    "ShardedSliceGradients: a parameter at ", unit.offsets[i], " of a unit of ", unit.numel,
+                    " elements.");
+    }
+    total_ += unit.shard;
+  }
+}
+
+void ShardedSliceGradients::begin(int slices) {
+  slices_ = slices;
+  passes_ = 0;
+  kept_ = at::zeros({slices, 2 * total_}, options_);  // the padding's gradient stays zero
+  rows_.assign(static_cast<size_t>(slices), 0.0);
+  if (!sum_.defined() || sum_.numel() != 2 * total_) {
+    sum_ = at::zeros({2 * total_}, options_);
+    scaled_ = at::zeros({2 * total_}, options_);
+  }
+}
+
+void ShardedSliceGradients::exchange(ProcessGroup& group, int64_t rows) {
+  DATAPAR_CHECK(group.rank() == rank_ && group.size() == size_, "ShardedSliceGradients: made for rank ", rank_,
+                " of ", size_, ", the group is rank ", group.rank(), " of ", group.size());
+  DATAPAR_CHECK(passes_ < most_slices_of(size_, slices_), "ShardedSliceGradients: exchange() once more than the ",
+                most_slices_of(size_, slices_), " passes of a step.");
+  DATAPAR_CHECK(rows >= 0 && rows < (int64_t{1} << 24), "ShardedSliceGradients: a slice of ", rows, " rows.");
+  const int previous = (rank_ + size_ - 1) % size_;
+  // Slice trained by member r in this pass, or -1 for a shadow.
+  std::vector<int> slice_of(static_cast<size_t>(size_), -1);
+  for (int r = 0; r < size_; ++r) {
+    const SliceRange range = slices_of(r, size_, slices_);
+    if (range.first + passes_ < range.last) slice_of[r] = range.first + passes_;
+  }
+  int64_t at_ = 0;  // the unit's place among one rank's shards
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    const int64_t numel = unit.numel;
+    const at::Tensor mine = at::zeros({numel + 1}, unit.params.front().options().requires_grad(false));
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      at::Tensor& p = unit.params[i];
+      if (p.grad().defined()) mine.narrow(0, unit.offsets[i], p.numel()).copy_(p.grad().reshape({-1}));
+      p.mutable_grad() = at::Tensor();  // released: the unit's next backward makes it anew
+    }
+    mine[numel] = static_cast<double>(rows);
+    std::vector<at::Tensor> gathered;
+    for (int r = 0; r < size_; ++r) gathered.push_back(r == rank_ ? mine : at::empty_like(mine));
+    if (size_ > 1) group.all_gather(gathered, mine)->wait();
+    // Of each slice trained, this rank's shard of the unit's flat and the previous rank's.
+    const auto shard_of = [&](const at::Tensor& flat, int r) {
+      const int64_t begin = std::min<int64_t>(numel, r * unit.shard);
+      return flat.narrow(0, begin, std::min<int64_t>(numel, begin + unit.shard) - begin);
+    };
+    for (int r = 0; r < size_; ++r) {
+      const int i = slice_of[r];
+      if (i < 0) continue;
+      const at::Tensor flat = gathered[r].narrow(0, 0, numel);
+      const at::Tensor own = shard_of(flat, rank_);
+      kept_[i].narrow(0, at_, own.numel()).copy_(own);
+      if (size_ > 1) {
+        const at::Tensor theirs = shard_of(flat, previous);
+        kept_[i].narrow(0, total_ + at_, theirs.numel()).copy_(theirs);
+      }
+      if (u == 0) rows_[static_cast<size_t>(i)] = gathered[r][numel].item<double>();
+    }
+    at_ += unit.shard;
+  }
+  ++passes_;
+}
+
+void ShardedSliceGradients::reduce(std::vector<at::Tensor>& own, const at::Tensor& previous) {
+  DATAPAR_CHECK(passes_ == most_slices_of(size_, slices_), "ShardedSliceGradients: ", passes_, " passes of ",
+                most_slices_of(size_, slices_), " exchanged.");
+  DATAPAR_CHECK(own.size() == units_.size(), "ShardedSliceGradients: ", own.size(), " shards for ", units_.size(),
+                " units.");
+  std::vector<at::Tensor> grads;
+  for (int i = 0; i < slices_; ++i) grads.push_back(kept_[i]);
+  sum_in_slice_order(sum_, scaled_, grads, rows_);
+  int64_t offset = 0;
+  for (size_t u = 0; u < own.size(); ++u) {
+    DATAPAR_CHECK(own[u].numel() == units_[u].shard, "ShardedSliceGradients: unit ", u, "'s shard has ",
+                  own[u].numel(), " elements, not ", units_[u].shard);
+    // An alias (set_, not a view: see SliceGradients::reduce).
+    own[u].mutable_grad() = at::empty({0}, sum_.options()).set_(sum_.storage(), offset, own[u].sizes(), {});
+    offset += units_[u].shard;
+  }
+  if (previous.defined()) previous.view({-1}).copy_(sum_.narrow(0, total_, total_));
 }
 
 }  // namespace detail

@@ -135,8 +135,8 @@ StateDict momentum_of(const train::OptimizerState& optimizer) {
 
 // Trains until step kSteps, dying at `die_at` (if >= 0), pausing `pause` after each step;
 // writes each committed step's samples to `log`.
-// Under FSDP train(wrapper, rank, size) trains this rank's share; under DDP train(net,
-// slice) trains each of this rank's slices of the job's full size.
+// train(wrapper, slice) trains each of this rank's slices of the job's full size (under
+// FSDP a shadow pass too, which is not logged).
 template <typename Wrapper, typename Trainer>
 void train_steps(Trainer& trainer, const Data& data, std::ofstream& log, int64_t die_at,
                  std::chrono::milliseconds pause) {
@@ -144,20 +144,14 @@ void train_steps(Trainer& trainer, const Data& data, std::ofstream& log, int64_t
     if (trainer.step() == die_at) ::raise(SIGKILL);
     int64_t step = -1;
     std::vector<at::Tensor> mine;
-    const auto train = [&](Wrapper& wrapper, int part, int parts) {
+    const bool committed = trainer.train_step([&](Wrapper& wrapper, const Slice& slice) -> int64_t {
       step = trainer.step();  // after a join, the step this member took from the others
-      mine.push_back(share(batch_rows(step), part, parts));
-      torch::nn::functional::mse_loss(wrapper.forward(data.x.index_select(0, mine.back())),
-                                      data.y.index_select(0, mine.back()))
+      const at::Tensor rows = share(batch_rows(step), slice.index, slice.count);
+      torch::nn::functional::mse_loss(wrapper.forward(data.x.index_select(0, rows)), data.y.index_select(0, rows))
           .backward();
-      return mine.back().numel();
-    };
-    bool committed = false;
-    if constexpr (std::is_same_v<Wrapper, Net>) {
-      committed = trainer.train_step([&](Net& net, const Slice& slice) { return train(net, slice.index, slice.count); });
-    } else {
-      committed = trainer.train_step([&](Wrapper& wrapper, int rank, int size) { train(wrapper, rank, size); });
-    }
+      if (!slice.shadow) mine.push_back(rows);
+      return rows.numel();
+    });
     if (committed) {
       log << step;
       for (const at::Tensor& rows : mine) {
@@ -189,7 +183,7 @@ int member_life(uint16_t port, const std::string& dir, int index, int64_t die_at
                                    [](Net& net, const std::shared_ptr<ProcessGroup>& group, const FsdpOptions& o) {
                                      fully_shard_each<torch::nn::LinearImpl>(net, group, o);
                                    },
-                                   make_optimizer, elastic);
+                                   make_optimizer, elastic, kSlices);
     train_steps<FullyShardedDataParallel<Net>>(trainer, data, log, die_at, pause);
     trainer.finish([&](int rank, int) {
       save_state_dict(trainer.fsdp().full_state_dict(), dir + "/final-" + std::to_string(index) + ".pt");

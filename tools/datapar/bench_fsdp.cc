@@ -114,7 +114,7 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
   auto ddp_step = [&](int i) { step(ddp, *ddp_optimizer, i); };
   auto fsdp_step = [&](int i) { step(fsdp, *fsdp_optimizer, i); };
   // --fault-tolerant: the same model under ft::FaultTolerantFsdp (each rank's shard kept by
-  // the next rank too, its gradient shard sent there before each vote).
+  // the next rank too; every rank's gradient gathered unit by unit, each keeping two shards).
   using Impl = typename Module::ContainedType;
   std::unique_ptr<FtBenchJob> job;
   std::unique_ptr<ft::FaultTolerantFsdp<Impl>> tolerant;
@@ -126,11 +126,13 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
         [](Impl& m, const std::shared_ptr<ProcessGroup>& g, const FsdpOptions& unit_options) {
           fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl>(m, g, unit_options);
         },
-        [&o](std::vector<at::Tensor> p) { return make_optimizer(o.optimizer, std::move(p)); }, *job->elastic, options);
+        [&o](std::vector<at::Tensor> p) { return make_optimizer(o.optimizer, std::move(p)); }, *job->elastic,
+        group.size(), options);
     ft_step = [&](int i) {
       const auto& batch = batches[i % batches.size()];  // not a structured binding: C++17 lambdas cannot capture one
-      const bool committed = tolerant->train_step([&](FullyShardedDataParallel<Impl>& f, int, int) {
+      const bool committed = tolerant->train_step([&](FullyShardedDataParallel<Impl>& f, const ft::Slice&) {
         at::cross_entropy_loss(f.forward(batch.first), batch.second).backward();
+        return batch.second.size(0);  // each rank its own batch: the slice is this rank's
       });
       DATAPAR_CHECK(committed, "bench fsdp --fault-tolerant: a step was not committed (did a rank fail?).");
     };

@@ -653,9 +653,9 @@ int run(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
 // without --zero) or ft::FaultTolerantFsdp (--mode fsdp). The trainers live in `owned`.
 struct FtTrainer {
   std::function<int64_t()> step, epochs_joined;
-  // train(forward, part, parts) trains part `part` of `parts` of the step's global batch
-  // (ddp: each fixed slice; fsdp: this rank's share) and returns its rows.
-  using Part = std::function<int64_t(const Forward&, int part, int parts)>;
+  // train(forward, slice) trains one fixed slice of the step's global batch (ft/slice_gradients.h)
+  // and returns its rows; a shadow slice is trained but not counted.
+  using Part = std::function<int64_t(const Forward&, const ft::Slice& slice)>;
   std::function<bool(const Part&, const ft::Together&)> train_step;
   std::function<void(const ft::Together&)> finish;
   Forward forward;                               // this epoch's, for evaluation
@@ -685,12 +685,12 @@ FtTrainer make_ft_trainer(const TrainPlan& plan, std::shared_ptr<Impl> model, to
           fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl,
                            CheckpointedImpl<models::ResidualImpl>>(m, group, unit_options);
         },
-        make_sgd, elastic, fsdp_options,
+        make_sgd, elastic, plan.world_size, fsdp_options,
         typename Trainer::Start{state_dict(*model), train::optimizer_state_dict(sgd), step});
     t.train_step = [trainer](const FtTrainer::Part& train, const ft::Together& before) {
       return trainer->train_step(
-          [&](FullyShardedDataParallel<Impl>& fsdp, int rank, int size) {
-            train([&](const at::Tensor& x) { return fsdp.forward(x); }, rank, size);
+          [&](FullyShardedDataParallel<Impl>& fsdp, const ft::Slice& slice) {
+            return train([&](const at::Tensor& x) { return fsdp.forward(x); }, slice);
           },
           before);
     };
@@ -731,7 +731,7 @@ FtTrainer make_ft_trainer(const TrainPlan& plan, std::shared_ptr<Impl> model, to
   t.train_step = [trainer](const FtTrainer::Part& train, const ft::Together& before) {
     return trainer->train_step(
         [&](Impl& m, const ft::Slice& slice) {
-          return train([&](const at::Tensor& x) { return m.forward(x); }, slice.index, slice.count);
+          return train([&](const at::Tensor& x) { return m.forward(x); }, slice);
         },
         before);
   };
@@ -858,20 +858,21 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   while (trainer.step() < total) {
     Rows step_rows;  // this rank's parts of the step
     const bool committed = trainer.train_step(
-        [&](const Forward& forward, int part, int parts) -> int64_t {
+        [&](const Forward& forward, const ft::Slice& slice) -> int64_t {
           const int64_t step = trainer.step();
           if (step / per_epoch != batches_epoch) {
             batches_epoch = step / per_epoch;
             batches.set_epoch(batches_epoch);
           }
           const at::Tensor global = batches.global_batch(step % per_epoch);
-          const int64_t n = global.size(0), begin = n * part / parts, end = n * (part + 1) / parts;
+          const int64_t n = global.size(0), begin = slice.begin(n), end = slice.end(n);
           const Batch batch = data.train->get_batch(global.narrow(0, begin, end - begin));
           const at::Tensor y = batch.target.to(device);
           trainer.module().train();
           const at::Tensor logits = forward(batch.data.to(device));
           const at::Tensor loss = at::cross_entropy_loss(logits, y);
           loss.backward();
+          if (slice.shadow) return y.size(0);
           step_rows.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
           step_rows.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
           step_rows.rows += y.size(0);

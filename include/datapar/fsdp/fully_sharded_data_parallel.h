@@ -60,7 +60,7 @@ class FsdpUnit;
 
 // Where this rank's shards (FullyShardedDataParallel::parameters()) hold a parameter of the
 // model: elements [begin, end) of the flattened parameter `name`, of `sizes`, at `offset` of
-// shard `shard`; begin == end when this rank holds none of it.
+// shard `shard` (the shard of unit `shard`); begin == end when this rank holds none of it.
 struct ShardRange {
   std::string name;
   std::vector<int64_t> sizes;
@@ -68,6 +68,9 @@ struct ShardRange {
   int64_t offset = 0;
   int64_t begin = 0;
   int64_t end = 0;
+  // Where its first element sits in the flat buffer of unit `shard` (every rank's shard of
+  // it side by side): the same on every rank.
+  int64_t unit_offset = 0;
 };
 
 namespace detail {

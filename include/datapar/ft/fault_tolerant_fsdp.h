@@ -2,12 +2,21 @@
 // dies, hangs or joins (issue 31, docs/fault_tolerance.md), with the step protocol of
 // FaultTolerantDdp. FSDP keeps 1/n of the parameters, gradients and optimizer state on each
 // rank, so a death would lose a shard of the model itself: here each rank also keeps the
-// shard of the rank before it (its parameters and optimizer state), receives that rank's
-// reduced gradient shard before each vote (an all-gather per unit: Note [Sending a gradient
-// shard to the next rank] in src/ft/fsdp_keeper.cc) and updates both on a commit. One failure at a time loses nothing: after a membership change every
-// member takes the newest state from the members that kept each shard and the model is
-// sharded anew over the new membership. Two neighbours lost at once lose a shard: the job
-// stops with a MembershipError that says so (resume it from the last checkpoint).
+// shard of the rank before it (its parameters and optimizer state) and updates both on a
+// commit. One failure at a time loses nothing: after a membership change every member
+// takes the newest state from the members that kept each shard and the model is sharded
+// anew over the new membership. Two neighbours lost at once lose a shard: the job stops
+// with a MembershipError that says so (resume it from the last checkpoint).
+//
+// As FaultTolerantDdp, each global batch is cut into a fixed number of slices and the
+// training has the same bits whoever is alive (Note [Gradients that do not depend on who is
+// alive] in src/ft/slice_gradients.cc): each slice is a forward and backward of its own
+// under no_sync (the unit's gradient kept whole), every member's slice of a pass is
+// all-gathered unit by unit, and each member keeps its shard and the previous rank's of
+// each, summed in slice order (ShardedSliceGradients). Every member runs as many passes as
+// the member with the most slices, the collectives of FSDP's forward in step: one with
+// fewer trains its first slice again as a shadow (Slice::shadow), its gradient dropped, in
+// the time it would have waited.
 //
 //   ft::FaultTolerantFsdp<Net> trainer(
 //       [] { return std::make_shared<Net>(); },                                  // the model, unsharded
@@ -17,10 +26,12 @@
 //       [](std::vector<at::Tensor> shards) {
 //         return std::make_unique<torch::optim::SGD>(shards, torch::optim::SGDOptions(0.1).momentum(0.9));
 //       },
-//       elastic);
+//       elastic, /*slices=*/job_size);
 //   while (trainer.step() < steps) {
-//     trainer.train_step([&](FullyShardedDataParallel<Net>& fsdp, int rank, int size) {
-//       torch::mse_loss(fsdp.forward(x), y).backward();  // this rank's share of global batch step()
+//     trainer.train_step([&](FullyShardedDataParallel<Net>& fsdp, const ft::Slice& slice) {
+//       const at::Tensor rows = rows_of(trainer.step(), slice);   // slice.index of slice.count
+//       torch::mse_loss(fsdp.forward(x.index_select(0, rows)), y.index_select(0, rows)).backward();
+//       return rows.numel();                                       // (count none of a shadow)
 //     });
 //   }
 //   trainer.finish();
@@ -29,7 +40,9 @@
 // epoch's group) and FSDP root, and an optimizer over its shards (SGD, Adam or AdamW, one
 // group): fsdp() and optimizer() are the current epoch's (use them inside train, before and
 // last). Memory: 2/n of the parameters and optimizer state per rank between steps; while
-// the members regroup, the whole model and optimizer state on each (as a full state dict is).
+// the members regroup, the whole model and optimizer state on each (as a full state dict is);
+// during a step the whole model's gradient of one slice (as no_sync keeps it) and, one unit
+// at a time, every member's gradient of that unit.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -42,6 +55,8 @@
 #include <vector>
 
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/ft/fault_tolerant_ddp.h"
+#include "datapar/ft/slice_gradients.h"
 #include "datapar/ft/step_protocol.h"
 #include "datapar/state_dict.h"
 #include "datapar/train/optimizer_state.h"
@@ -53,6 +68,7 @@ namespace detail {
 struct FsdpParts {
   std::vector<at::Tensor> shards;  // fsdp.parameters(): one flat shard per unit
   std::vector<int64_t> unit_numels;  // each unit's parameters' elements (unpadded)
+  std::vector<ShardRange> ranges;    // fsdp.shard_ranges()
   torch::optim::Optimizer* optimizer = nullptr;  // over `shards`
   torch::nn::Module* module = nullptr;           // for the buffers
   std::function<void(const StateDict&)> load_model;
@@ -79,9 +95,9 @@ class FsdpKeeper {
   int64_t rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
                   const FsdpParts& next);
 
-  // After backward: this rank's gradient shards to the next rank, the previous rank's
-  // from it, into the kept shard's gradients.
-  void exchange_gradients(ProcessGroup& group, const std::vector<at::Tensor>& shards);
+  // The kept shards' gradients side by side (as many elements as this rank's shards);
+  // undefined in a group of one.
+  const at::Tensor& kept_gradients() const;
   // The committed step's update of the kept shard.
   void update();
   // Bytes of the previous rank's shard kept here: its parameters, gradients and state.
@@ -91,6 +107,9 @@ class FsdpKeeper {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The units of `parts`'s FSDP, as ShardedSliceGradients takes them.
+std::vector<ShardedSliceGradients::Unit> slice_units(const FsdpParts& parts);
 
 }  // namespace detail
 
@@ -102,8 +121,9 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   using MakeModel = std::function<std::shared_ptr<ModuleImpl>()>;
   // Makes the model's units over the epoch's group (e.g. fully_shard_each<...>).
   using MakeUnits = std::function<void(ModuleImpl&, const std::shared_ptr<ProcessGroup>&, const FsdpOptions&)>;
-  // Runs forward and backward of the step on this rank's share: train(fsdp, rank, size).
-  using Train = std::function<void(Fsdp&, int rank, int size)>;
+  // Runs forward and backward of one slice of the step's global batch through `fsdp`, its
+  // loss the mean over the slice's rows; returns how many rows it trained on.
+  using Train = std::function<int64_t(Fsdp& fsdp, const Slice& slice)>;
   // Where a resumed job starts: a checkpoint's full state dict, full optimizer state and step.
   struct Start {
     StateDict model;
@@ -112,20 +132,25 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   };
 
   // From make_model()'s values and no optimizer state at step 0, or from `start`.
+  // `slices`: the fixed cut of every global batch (the job's full size).
   FaultTolerantFsdp(MakeModel make_model, MakeUnits make_units, ShardedOptimizer::Factory make_optimizer,
-                    ElasticGroup& elastic, FsdpOptions options = {}, std::optional<Start> start = std::nullopt)
+                    ElasticGroup& elastic, int slices, FsdpOptions options = {},
+                    std::optional<Start> start = std::nullopt)
       : StepProtocol(elastic, start ? start->step : 0),
         make_model_(std::move(make_model)),
         make_units_(std::move(make_units)),
         make_optimizer_(std::move(make_optimizer)),
         options_(options),
+        slices_(slices),
         keeper_(make_keeper(start)) {
-    options_.average_by_samples = true;
+    DATAPAR_CHECK(slices_ >= 1, "FaultTolerantFsdp: slices is ", slices_, "; give the job's full size.");
+    options_.average_by_samples = false;  // the slices are weighed by their rows here
   }
 
-  // As FaultTolerantDdp::train_step, with this epoch's FSDP.
+  // As FaultTolerantDdp::train_step, with this epoch's FSDP: train(fsdp, slice) for each
+  // pass of the step this member runs (a shadow among them when it has fewer slices).
   bool train_step(const Train& train, const Together& before = {}) {
-    return run_step([&](int rank, int size) { train(*fsdp_, rank, size); }, before);
+    return run_step([&](int rank, int size) { train_slices(train, rank, size); }, before);
   }
   // As FaultTolerantDdp::finish.
   void finish(const Together& last = {}) { run_finish(last); }
@@ -136,6 +161,7 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   // Bytes of the previous rank's shard this rank keeps besides its own (parameters,
   // gradients, optimizer state).
   int64_t kept_bytes() const { return keeper_.kept_bytes(); }
+  int slices() const { return slices_; }
 
  private:
   detail::FsdpKeeper make_keeper(const std::optional<Start>& start) {
@@ -149,7 +175,8 @@ class FaultTolerantFsdp : public detail::StepProtocol {
     detail::FsdpParts p;
     p.shards = fsdp.parameters();
     p.unit_numels.assign(p.shards.size(), 0);
-    for (const ShardRange& range : fsdp.shard_ranges()) {
+    p.ranges = fsdp.shard_ranges();
+    for (const ShardRange& range : p.ranges) {
       int64_t numel = 1;
       for (int64_t size : range.sizes) numel *= size;
       p.unit_numels.at(range.shard) += numel;
@@ -176,14 +203,37 @@ class FaultTolerantFsdp : public detail::StepProtocol {
     std::optional<detail::FsdpParts> current;
     if (fsdp_) current = parts(*fsdp_, *optimizer_);
     step_ = keeper_.rebuild(*group, elastic_.epoch().number, standing_, current ? &*current : nullptr, next);
+    gradients_.emplace(detail::slice_units(next), next.shards.front().options(), group->rank(), group->size());
     optimizer_ = std::move(optimizer);
     fsdp_ = std::move(fsdp);
     model_ = std::move(model);
     ready_ = true;
   }
 
+  void train_slices(const Train& train, int rank, int size) {
+    ProcessGroup& group = *elastic_.group();
+    torch::nn::Module& module = *fsdp_->module();
+    detail::broadcast_buffers(module, group, 0);  // rank 0's, as FaultTolerantDdp
+    const SliceRange mine = slices_of(rank, size, slices_);
+    const int passes = most_slices_of(size, slices_);
+    gradients_->begin(slices_);
+    std::vector<at::Tensor> first_buffers;  // after this member's first slice: rank 0's are the next step's
+    {
+      const auto unsharded = fsdp_->no_sync();
+      for (int pass = 0; pass < passes; ++pass) {
+        const bool shadow = mine.first + pass >= mine.last;
+        const Slice slice{shadow ? std::min(mine.first, slices_ - 1) : mine.first + pass, slices_, shadow};
+        const int64_t rows = train(*fsdp_, slice);
+        gradients_->exchange(group, shadow ? 0 : rows);
+        if (pass == 0 && passes > 1) first_buffers = detail::copy_buffers(module);
+      }
+    }
+    if (!first_buffers.empty()) detail::restore_buffers(module, first_buffers);
+    std::vector<at::Tensor> shards = fsdp_->parameters();
+    gradients_->reduce(shards, keeper_.kept_gradients());
+  }
+
   void zero_grad() override { optimizer_->zero_grad(); }
-  void before_vote() override { keeper_.exchange_gradients(*elastic_.group(), fsdp_->parameters()); }
   void apply() override {
     optimizer_->step();
     keeper_.update();
@@ -193,7 +243,9 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   MakeUnits make_units_;
   ShardedOptimizer::Factory make_optimizer_;
   FsdpOptions options_;
+  const int slices_;
   detail::FsdpKeeper keeper_;
+  std::optional<detail::ShardedSliceGradients> gradients_;  // the current epoch's
   std::shared_ptr<ModuleImpl> model_;
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
