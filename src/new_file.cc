@@ -57,12 +57,18 @@ bool dead(const std::string& digits) {
   return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-// Removes this user's temporaries of `name` in `dir` that killed processes left.
-void remove_leftovers(const std::string& dir, const std::string& name, const std::string& this_host) {
+// Removes this user's temporaries of `name` in directory `dir_fd` that killed processes left.
+void remove_leftovers(int dir_fd, const std::string& name, const std::string& this_host) {
   const std::string current = "." + name + ".tmp." + this_host + ".";  // + "<pid>-<hex>"
   const std::string earlier = name + ".tmp.";                          // + "<pid>", before issue 27
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return;
+  const int scan_fd = ::fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);  // fdopendir owns the one it is given
+  if (scan_fd < 0) return;
+  ::lseek(scan_fd, 0, SEEK_SET);
+  DIR* d = ::fdopendir(scan_fd);
+  if (d == nullptr) {
+    ::close(scan_fd);
+    return;
+  }
   const auto now = std::time(nullptr);
   while (const dirent* e = ::readdir(d)) {
     const std::string entry = e->d_name;
@@ -79,13 +85,15 @@ void remove_leftovers(const std::string& dir, const std::string& name, const std
       old_format = true;
     }
     if (!stale) continue;
-    const std::string path = dir + "/" + entry;
     struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid() || !S_ISREG(st.st_mode)) continue;
+    if (::fstatat(dir_fd, entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != ::geteuid() ||
+        !S_ISREG(st.st_mode)) {
+      continue;
+    }
     // The old names carry no host: one on a shared file system may be another host's write
     // in progress, which no write takes an hour for.
     if (old_format && now - st.st_mtime < 3600) continue;
-    ::unlink(path.c_str());
+    ::unlinkat(dir_fd, entry.c_str(), 0);
   }
   ::closedir(d);
 }
@@ -104,21 +112,37 @@ int open_no_follow(const std::string& path, int flags, mode_t mode, std::string*
 }  // namespace
 
 TemporaryFile create_temporary_beside(const std::string& target, mode_t mode) {
-  const std::string dir = directory_of(target), name = name_of(target), this_host = host();
-  remove_leftovers(dir, name, this_host);
+  const std::string dir = directory_of(target);
   TemporaryFile file;
-  const std::string stem = dir + "/." + name + ".tmp." + this_host + "." + std::to_string(::getpid()) + "-";
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) {
+    file.error = std::strerror(errno);
+    return file;
+  }
+  file = create_temporary_in(dir_fd, dir, name_of(target), mode);
+  ::close(dir_fd);
+  return file;
+}
+
+TemporaryFile create_temporary_in(int dir_fd, const std::string& dir, const std::string& name, mode_t mode) {
+  const std::string this_host = host();
+  remove_leftovers(dir_fd, name, this_host);
+  TemporaryFile file;
+  const std::string stem = "." + name + ".tmp." + this_host + "." + std::to_string(::getpid()) + "-";
   for (int attempt = 0; attempt < 16; ++attempt) {
     const std::string hex = random_hex(8);
     if (hex.empty()) {
       file.error = std::string("cannot read random bytes: ") + std::strerror(errno);
       return file;
     }
-    file.path = stem + hex;
-    file.fd = open_no_follow(file.path, O_WRONLY | O_CREAT | O_EXCL, mode, &file.error);
+    file.name = stem + hex;
+    file.path = dir + "/" + file.name;
+    do {
+      file.fd = ::openat(dir_fd, file.name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    } while (file.fd < 0 && errno == EINTR);
     if (file.fd >= 0 || errno != EEXIST) break;  // taken (planted?): another name
   }
-  if (file.fd < 0 && file.error.empty()) file.error = "every name tried was taken";
+  if (file.fd < 0 && file.error.empty()) file.error = errno == EEXIST ? "every name tried was taken" : std::strerror(errno);
   return file;
 }
 
@@ -139,9 +163,10 @@ bool is_temporary_name(const std::string& name) {
   return pos != std::string::npos && all_digits(name.substr(pos + 5));
 }
 
-DirectoryExposure directory_exposure(const std::string& dir, std::string* why) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return DirectoryExposure::kPrivate;
+namespace {
+
+DirectoryExposure exposure_of(const struct stat& st, std::string* why) {
+  if (!S_ISDIR(st.st_mode)) return DirectoryExposure::kPrivate;
   if ((st.st_mode & S_ISVTX) != 0) return DirectoryExposure::kPrivate;  // only owners rename or remove
   char mode[8];
   std::snprintf(mode, sizeof(mode), "0%o", static_cast<unsigned>(st.st_mode & 07777));
@@ -155,6 +180,20 @@ DirectoryExposure directory_exposure(const std::string& dir, std::string* why) {
     return DirectoryExposure::kGroup;
   }
   return DirectoryExposure::kPrivate;
+}
+
+}  // namespace
+
+DirectoryExposure directory_exposure(const std::string& dir, std::string* why) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return DirectoryExposure::kPrivate;
+  return exposure_of(st, why);
+}
+
+DirectoryExposure directory_exposure(int dir_fd, std::string* why) {
+  struct stat st {};
+  if (::fstat(dir_fd, &st) != 0) return DirectoryExposure::kPrivate;
+  return exposure_of(st, why);
 }
 
 }  // namespace datapar::detail

@@ -15,6 +15,7 @@ namespace datapar::detail {
 struct TemporaryFile {
   int fd = -1;
   std::string path;
+  std::string name;  // its name in its directory
   std::string error;
 };
 
@@ -23,6 +24,9 @@ struct TemporaryFile {
 // First removes the temporaries of `target` that this user's processes on this host left
 // when they were killed (and those of earlier versions, "<name>.tmp.<pid>", an hour old).
 TemporaryFile create_temporary_beside(const std::string& target, mode_t mode);
+// The same in the directory open as `dir_fd` (`dir`: its path, for messages), relative to
+// the descriptor: whatever is put at the directory's path meanwhile is not written.
+TemporaryFile create_temporary_in(int dir_fd, const std::string& dir, const std::string& name, mode_t mode);
 
 // Opens `path` for writing, created if missing (mode `mode` less the umask), appending or
 // truncating; never through a link at `path` (ELOOP). Returns the descriptor, or -1 with
@@ -43,5 +47,6 @@ bool is_temporary_name(const std::string& name);
 // *why: the mode, for a message.
 enum class DirectoryExposure { kPrivate, kGroup, kEveryone };
 DirectoryExposure directory_exposure(const std::string& dir, std::string* why);
+DirectoryExposure directory_exposure(int dir_fd, std::string* why);
 
 }  // namespace datapar::detail

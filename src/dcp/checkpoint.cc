@@ -26,6 +26,7 @@
 #include "dcp/metadata.h"
 #include "file_system.h"
 #include "random_bytes.h"
+#include "owned_directory.h"
 #include "serialization/atomic_file.h"
 #include "serialization/torch_file.h"
 
@@ -484,11 +485,14 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
   const int rank = group != nullptr ? group->rank() : 0;
   const int world = group != nullptr ? group->size() : 1;
 
-  // 1. Plans, and any problem with the directory, on every rank.
-  std::string problem = datapar::detail::make_directories(dir);
+  // 1. Plans, and any problem with the directory, on every rank. The directory is opened
+  // once, never through a link, and only if this user owns it; every file is written
+  // relative to it (OwnedDirectory).
+  std::string problem;
+  const datapar::detail::OwnedDirectory out = datapar::detail::OwnedDirectory::open(dir, &problem);
   if (!problem.empty()) {
-    problem = str_cat("cannot make ", dir, " (", problem, ")");
-  } else if (datapar::detail::exists(join(dir, detail::kMetadataFile))) {
+    problem = str_cat("cannot write into ", dir, " (", problem, ")");
+  } else if (out.has(detail::kMetadataFile)) {
     problem = str_cat(dir,
                       " holds a checkpoint already; save each checkpoint into a new directory (the last good one "
                       "stays loadable if this save fails), or remove it first");
@@ -532,8 +536,7 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
   std::vector<Written> written;
   std::string error;
   try {
-    const std::string path = join(dir, data_file(rank));
-    datapar::detail::AtomicFile file(path);
+    datapar::detail::AtomicFile file(out.fd(), dir, data_file(rank));
     int64_t offset = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       const State::Entry& e = state.entries()[i];
@@ -591,7 +594,7 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
           e.storage.push_back(detail::StorageInfo{data_file(r), f[2], f[3]});
         }
       }
-      datapar::detail::AtomicFile file(join(dir, detail::kMetadataFile));
+      datapar::detail::AtomicFile file(out.fd(), dir, detail::kMetadataFile);
       const std::string bytes = detail::write_metadata(md, dir);
       file.write(bytes.data(), bytes.size());
       file.commit();

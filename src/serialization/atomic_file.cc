@@ -20,6 +20,11 @@ namespace {
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+std::string name_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 // Each directory's warning once per process: a checkpoint every epoch would repeat it.
 void warn_once_for(const std::string& dir, const std::string& message) {
   static std::mutex mutex;
@@ -34,8 +39,24 @@ bool is_atomic_temp_name(const std::string& name) { return is_temporary_name(nam
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   const std::string dir = directory_of(path_);
+  dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd_ < 0) {
+    throw CheckpointError(str_cat(path_, ": cannot create a file in its directory ", dir, " (", errno_text(errno),
+                                  "). Check that the directory exists and is writable."));
+  }
+  create(dir, name_of(path_));
+}
+
+AtomicFile::AtomicFile(int dir_fd, const std::string& dir, const std::string& name) : path_(dir + "/" + name) {
+  dir_fd_ = ::fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
+  if (dir_fd_ < 0) throw CheckpointError(str_cat(path_, ": cannot use its directory (", errno_text(errno), ")."));
+  create(dir, name);
+}
+
+void AtomicFile::create(const std::string& dir, const std::string& name) {
+  name_ = name;
   std::string why;
-  switch (directory_exposure(dir, &why)) {
+  switch (directory_exposure(dir_fd_, &why)) {
     case DirectoryExposure::kEveryone:
       throw CheckpointError(str_cat(path_, ": not written: its directory ", dir, " is ", why,
                                     ", so another user could put a file or link of theirs in its place. Write into a "
@@ -48,18 +69,20 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     case DirectoryExposure::kPrivate:
       break;
   }
-  const TemporaryFile temp = create_temporary_beside(path_, 0644);  // Note [Creating a file]
+  const TemporaryFile temp = create_temporary_in(dir_fd_, dir, name, 0644);  // Note [Creating a file]
   if (temp.fd < 0) {
     throw CheckpointError(str_cat(path_, ": cannot create a temporary file beside it (", temp.error,
                                   "). Check that the directory exists and is writable."));
   }
   fd_ = temp.fd;
   temp_path_ = temp.path;
+  temp_name_ = temp.name;
 }
 
 AtomicFile::~AtomicFile() {
   if (fd_ >= 0) ::close(fd_);
-  if (!committed_) ::unlink(temp_path_.c_str());
+  if (!committed_ && !temp_name_.empty()) ::unlinkat(dir_fd_, temp_name_.c_str(), 0);
+  if (dir_fd_ >= 0) ::close(dir_fd_);
 }
 
 size_t AtomicFile::write(const void* data, size_t size) noexcept {
@@ -94,17 +117,15 @@ void AtomicFile::commit() {
   if (::close(fd) != 0) {
     throw CheckpointError(str_cat(path_, ": could not close ", temp_path_, " (", errno_text(errno), ")."));
   }
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+  // Relative to the directory opened at the start: a link put at its path meanwhile is not
+  // followed (Note [Atomic file write]).
+  if (::renameat(dir_fd_, temp_name_.c_str(), dir_fd_, name_.c_str()) != 0) {
     throw CheckpointError(str_cat(path_, ": could not move ", temp_path_, " into place (", errno_text(errno), ")."));
   }
   committed_ = true;
   // Step 4: the rename lives in the directory, so the directory must reach the disk too.
   // Some file systems refuse fsync on a directory; the file itself is complete either way.
-  const int dfd = ::open(directory_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  ::fsync(dir_fd_);
 }
 
 }  // namespace datapar::detail

@@ -8,6 +8,7 @@
 //   2. fsync the temporary file, so its bytes are on disk before its name is;
 //   3. rename it over <path>;
 //   4. fsync the directory, so the rename itself survives a crash.
+// The directory is opened once, first, and every step after is relative to it.
 // A process killed before step 3 leaves the old file intact and its temporary behind, which
 // readers ignore and the next write of the same path on this host removes. A directory
 // every user can write (no sticky bit) is refused, one another group can write warned
@@ -24,6 +25,10 @@ class AtomicFile {
   // Creates the temporary file. Throws CheckpointError if the directory is missing, not
   // writable, or writable by every user.
   explicit AtomicFile(std::string path);
+  // `name` in the directory open as `dir_fd` (`dir`: its path, for messages): every step
+  // relative to the descriptor (openat, renameat), so a link or directory put at `dir`'s
+  // path meanwhile is not written through (OwnedDirectory).
+  AtomicFile(int dir_fd, const std::string& dir, const std::string& name);
 
   // Removes the temporary file unless commit() succeeded.
   ~AtomicFile();
@@ -45,8 +50,13 @@ class AtomicFile {
   size_t bytes_written() const { return written_; }
 
  private:
+  void create(const std::string& dir, const std::string& name);
+
   std::string path_;
+  std::string name_;       // in the directory
   std::string temp_path_;
+  std::string temp_name_;  // in the directory
+  int dir_fd_ = -1;        // the directory, open from the start
   int fd_ = -1;
   size_t written_ = 0;
   std::string error_;  // the first write failure, empty if none

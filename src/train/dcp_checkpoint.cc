@@ -15,6 +15,7 @@
 #include "datapar/dcp/zero_state.h"
 #include "datapar/error.h"
 #include "file_system.h"
+#include "owned_directory.h"
 #include "serialization/zip_crc.h"
 
 namespace datapar::train {
@@ -92,7 +93,9 @@ std::optional<Checkpoint> load_latest_dcp_checkpoint(const std::string& dir, con
   int64_t newest = -1;
   for (int64_t epoch : epochs) {
     const std::string path = dcp_checkpoint_path(dir, epoch);
-    const std::string problem = dcp::checkpoint_problem(path);
+    // One planted by another user in a shared root is not read at all (owned_directory.h).
+    std::string problem = detail::planted_entry_problem(path);
+    if (problem.empty()) problem = dcp::checkpoint_problem(path);
     if (problem.empty()) {
       newest = epoch;
       break;

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -29,6 +30,7 @@
 #include "datapar/state_dict.h"
 #include "datapar/train/optimizer_state.h"
 #include "dcp/metadata.h"
+#include "file_system.h"  // not std::filesystem (src/file_system.h)
 #include "testing/dcp_twin.h"
 #include "testing/expect_throw.h"
 #include "testing/gloo_ranks.h"
@@ -513,6 +515,25 @@ TEST(Dcp, RefusesAnExistingCheckpointRanksThatDisagreeAndWhatDoesNotFit) {
     fine.put("w", at::ones({2, 2}));
     EXPECT_THROW_MSG(dcp::load(rank == 0 ? fine : bigger, ck, *group), CheckpointError, "rank 1: w has size");
   });
+}
+
+// Issue 46: a save never writes through a link at the checkpoint's name, nor into a
+// directory another user owns (src/owned_directory.h); each refusal names the path and why.
+TEST(Dcp, ASaveRefusesALinkAndAnotherUsersDirectory) {
+  const testing::TempDir dir("dcp");
+  const std::string victim = dir.path() + "/victim", link = dir.path() + "/linked";
+  ASSERT_EQ(::mkdir(victim.c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(victim.c_str(), link.c_str()), 0);
+  dcp::State state;
+  state.put("w", at::full({4, 4}, 2.0));
+  EXPECT_THROW_MSG(dcp::save(state, link), CheckpointError, link + " is a symbolic link: refused");
+  EXPECT_TRUE(datapar::detail::list_directory(victim).empty());
+  if (::geteuid() != 0) GTEST_SKIP() << "the rest needs root, to give a directory to another user (chown)";
+  const std::string theirs = dir.path() + "/theirs";
+  ASSERT_EQ(::mkdir(theirs.c_str(), 0755), 0);
+  ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+  EXPECT_THROW_MSG(dcp::save(state, theirs), CheckpointError, theirs + " is owned by uid 65534, not by this user");
+  EXPECT_TRUE(datapar::detail::list_directory(theirs).empty());
 }
 
 // A rank that cannot write its file fails the save on every rank, without .metadata; the

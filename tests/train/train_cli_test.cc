@@ -387,6 +387,54 @@ TEST(TrainCli, ADcpCheckpointThatDoesNotLoadIsMovedAsideWithTheReason) {
   EXPECT_TRUE(datapar::detail::is_directory(dir + "/epoch-2.damaged"));
 }
 
+// Issue 46: in a shared checkpoint root (mode 1777, as /tmp) another user plants what the
+// job will write or read next. A link named like the next checkpoint ("epoch-1" -> a
+// victim's directory) used to be written through: the victim's directory got .metadata and
+// its own __0_0.distcp was replaced. Now the directory is opened without following a link
+// and the save stops naming it, the victim untouched. A newer checkpoint directory of
+// another user's ("epoch-7", a valid checkpoint) used to be resumed without a word; now it
+// is skipped with the reason. (Another user: uid 65534, made by chown, which needs root.)
+TEST(TrainCli, ACheckpointPlantedByAnotherUserInASharedDirectoryIsNeitherWrittenNorRead) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to give files to another user (chown)";
+  const TempDir temp("train_cli_dcp_planted");
+  const std::string root = temp.path() + "/shared", victim = temp.path() + "/victim";
+  ASSERT_TRUE(datapar::detail::make_directories(root).empty());
+  ASSERT_TRUE(datapar::detail::make_directories(victim).empty());
+  ASSERT_EQ(::chmod(root.c_str(), 01777), 0);
+  std::ofstream(victim + "/__0_0.distcp") << "the victim's own file";
+  const std::string link = root + "/epoch-1";
+  ASSERT_EQ(::symlink(victim.c_str(), link.c_str()), 0);
+  ASSERT_EQ(::lchown(link.c_str(), 65534, 65534), 0);
+  const std::string args = kSmall + " --checkpoint-format dcp --checkpoint-dir " + root;
+  const CliRun planted = cli(args + " --epochs 1");
+  EXPECT_NE(planted.code, 0) << planted.output;
+  EXPECT_NE(planted.output.find(link + " is a symbolic link: refused"), std::string::npos) << planted.output;
+  EXPECT_EQ(read_text(victim + "/__0_0.distcp"), "the victim's own file");
+  EXPECT_FALSE(datapar::detail::exists(victim + "/.metadata"));
+
+  ASSERT_EQ(::unlink(link.c_str()), 0);
+  const CliRun first = cli(args + " --epochs 2");
+  ASSERT_EQ(first.code, 0) << first.output;
+  // Another user's copy of epoch 2 as a newer epoch.
+  const std::string foreign = root + "/epoch-7";
+  ASSERT_TRUE(datapar::detail::make_directories(foreign).empty());
+  for (const std::string& name : datapar::detail::list_directory(root + "/epoch-2")) {
+    std::ifstream in(root + "/epoch-2/" + name, std::ios::binary);
+    std::ofstream(foreign + "/" + name, std::ios::binary) << in.rdbuf();
+    ASSERT_EQ(::chown((foreign + "/" + name).c_str(), 65534, 65534), 0);
+  }
+  ASSERT_EQ(::chown(foreign.c_str(), 65534, 65534), 0);
+  ASSERT_TRUE(datapar::dcp::is_checkpoint(foreign));
+  const CliRun resumed = cli(args + " --epochs 3 --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(foreign + " is an entry owned by uid 65534, not by this user (uid 0), in " + root +
+                                ", which others can write: refused"),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from " + root + "/epoch-2 (2 epochs done)"), std::string::npos)
+      << resumed.output;
+}
+
 // --checkpoint-format dcp: a DDP run's DCP checkpoint resumes under FSDP (skipping a newer
 // directory that a cut save left without .metadata) and ends where an uninterrupted run ends;
 // so does a --zero run's (its optimizer shards written by their owners) resumed without --zero.
