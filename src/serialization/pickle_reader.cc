@@ -26,6 +26,12 @@
 //     not pass kMaxPickleMemoryPerByte per byte of data.pkl plus kPickleMemoryAllowance.
 //     Nothing is refunded (a transient tuple counts though freed), and the stack and memo
 //     are charged at their highest: a bound on the peak, not an estimate of it.
+//  5. The budget grows with the file, so bytes that make nothing would raise it for free:
+//     48 MB of PROTO and FRAME opcodes let 4 million empty dicts through (2.6 GB, issue
+//     46). PROTO, FRAME, a memo put over an entry, and POP and POP_MARK (with a byte for each
+//     value or mark they drop: DUP then POP makes nothing either) are charged what their
+//     bytes brought, kMaxPickleMemoryPerByte each. Real files hold one PROTO and a FRAME
+//     per 64 KiB.
 #include "serialization/pickle_reader.h"
 
 #include <ATen/ATen.h>
@@ -94,7 +100,26 @@ class Machine {
       const size_t at = pos_;
       const uint8_t code = read<uint8_t>();
       if (code == op::kStop) break;
+      const size_t held = stack_.size() + marks_.size(), memo = memo_.size();
       step(code, at);
+      // Note [Pickle budget], 5: an opcode that makes nothing pays for the budget its bytes
+      // brought, and one that drops values pays for a byte of each too.
+      int64_t idle = 0;
+      switch (code) {
+        case op::kProto:
+        case op::kFrame: idle = static_cast<int64_t>(pos_ - at); break;
+        case op::kPop:
+        case op::kPopMark:
+          idle = static_cast<int64_t>(pos_ - at + held - (stack_.size() + marks_.size()));
+          break;
+        case op::kBinPut:
+        case op::kLongBinPut:
+        case op::kMemoize:
+          if (memo_.size() == memo) idle = static_cast<int64_t>(pos_ - at);  // over an entry: nothing new
+          break;
+        default: break;
+      }
+      if (idle > 0) charge(idle * kMaxPickleMemoryPerByte);
       // Note [Pickle budget], 4: the stack, its marks and the memo at their highest.
       if (stack_.size() + marks_.size() > stack_peak_) {
         charge(static_cast<int64_t>(stack_.size() + marks_.size() - stack_peak_) * kPickleStackSlotCost);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <random>
 
 #include "child_process.h"
@@ -408,6 +409,34 @@ TEST(TorchFileLimits, AFloodOfEmptyContainersCostsAtMostItsMemoryBudget) {
         << one << ": " << r.message;
     const int64_t budget = static_cast<int64_t>(program.size()) * 64 + (int64_t{64} << 20);
     EXPECT_LT(r.memory_growth, budget * kAllocatorSlack) << one;
+  }
+}
+
+// Issue 46: opcodes that make nothing raised the budget for free (64 bytes per byte of the
+// file): 48 MB of PROTO and FRAME opcodes before the flood above let it through (2.6 GB,
+// exit 0). Each padding is now charged what it brings (Note [Pickle budget], 5), so the
+// flood is refused where it was without padding, whatever pads it.
+TEST(TorchFileLimits, PaddingThatMakesNothingDoesNotRaiseTheMemoryBudget) {
+  const size_t n = 4000000;
+  std::string flood = "]";
+  for (size_t i = 0; i < n; i += 1000) flood += "(" + repeat("}", 1000) + "e";
+  const std::string frame = std::string("\x95") + std::string(8, '\0');  // FRAME of length 0
+  const std::map<std::string, std::string> paddings = {
+      {"PROTO and FRAME", repeat(kProto + frame, size_t{48} << 20 >> 4)},  // 48 MB
+      {"NONE and POP", repeat("N0", size_t{24} << 20)},
+      {"DUP and POP after a value", "N" + repeat("20", size_t{24} << 20) + "0"},
+      {"MARK and POP_MARK", repeat("(1", size_t{24} << 20)},
+      {"BINPUT over one entry", "Nq\x00" + repeat("q\x00", size_t{16} << 20) + "0"},
+  };
+  for (const auto& [name, padding] : paddings) {
+    const std::string program = kProto + padding + flood + ".";
+    const testing::ChildOutcome r = run_pickle_in_child(program);
+    ASSERT_TRUE(r.exited) << name << ": ended by signal " << r.signal << " after " << r.seconds << " s";
+    EXPECT_NE(r.message.find("MiB of memory to hold what it describes"), std::string::npos) << name << ": "
+                                                                                               << r.message;
+    // The flood's own budget: what its bytes bring, as without the padding.
+    const int64_t budget = static_cast<int64_t>(flood.size()) * 64 + (int64_t{64} << 20);
+    EXPECT_LT(r.memory_growth, budget * kAllocatorSlack) << name;
   }
 }
 
