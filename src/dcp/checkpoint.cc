@@ -7,6 +7,19 @@
 // after writing, each rank's byte ranges (or its error); and rank 0's verdict on .metadata.
 // A load reads .metadata on every rank and ends with one exchange of errors, so that no rank
 // goes on training while another failed.
+//
+// Note [What a load costs]
+// A checkpoint's files are untrusted (issue 46: 100 entries naming one 20 MB item took
+// 2.3 GiB). What a load allocates is bounded by what the checkpoint names once:
+//   - the tensors: at most the bytes of their chunks (check_sizes), and no two byte ranges
+//     of a file overlap, so each byte is read at most once;
+//   - while one item is read: its bytes, its archive's record and the tensor made of it,
+//     three times the largest item, freed before the next;
+//   - the objects (non-tensor items) and .metadata: their pickles, at most 64 bytes per
+//     byte of them (pickle_limits.h) plus one 64 MiB allowance that every item of the load
+//     shares (before, each item had its own: a thousand small items could each take it).
+// So at most: the tensors' bytes + 3 x the largest item + 64 x the bytes of .metadata and
+// of the objects + 64 MiB (+ 64 MiB for .metadata). Dcp.ALoadCostsAtMost... measures it.
 #include "datapar/dcp/checkpoint.h"
 
 #include <ATen/ATen.h>
@@ -205,8 +218,11 @@ void read_at(int fd, int64_t offset, char* out, int64_t length, const std::strin
 
 // The data files, one open at a time: a checkpoint of a thousand ranks' files loads under
 // any limit on open files (all of them were kept open: "Too many open files" at 1100).
+// Their items' pickles share one memory allowance (Note [What a load costs]).
 class DataFiles {
  public:
+  datapar::detail::PickleAllowance allowance;
+
   explicit DataFiles(std::string dir) : dir_(std::move(dir)) {}
   ~DataFiles() { close_current(); }
   DataFiles(const DataFiles&) = delete;
@@ -245,7 +261,7 @@ class DataFiles {
 IValue read_item(DataFiles& files, const detail::StorageInfo& info, const std::string& name) {
   const std::string bytes = files.read(info);
   try {
-    return datapar::detail::torch_load_bytes(bytes.data(), bytes.size());
+    return datapar::detail::torch_load_bytes(bytes.data(), bytes.size(), &files.allowance);
   } catch (const CheckpointError& e) {
     throw CheckpointError(str_cat(name, " at ", info.relative_path, ":", info.offset, ": ", e.what()));
   }

@@ -32,6 +32,13 @@ inline constexpr int64_t kMaxPickleStringBytes = int64_t{1} << 28;  // 256 MiB
 inline constexpr int64_t kMaxPickleMemoryPerByte = 64;
 inline constexpr int64_t kPickleMemoryAllowance = int64_t{64} << 20;  // 64 MiB
 
+// One allowance for many reads (the objects of one DCP checkpoint, issue 46): each read may
+// charge kMaxPickleMemoryPerByte per byte of its own, and what it charges beyond that comes
+// out of `left`, so that a thousand small items cannot each claim the whole allowance.
+struct PickleAllowance {
+  int64_t left = kPickleMemoryAllowance;
+};
+
 // What each thing read costs, in bytes: measured with libtorch 1.13 and 2.15 (x86-64,
 // glibc), a million of each, rounded up; each container's includes its entry in the
 // machine's table of containers.

@@ -88,12 +88,15 @@ const at::ScalarType kStorageTypes[] = {at::kFloat, at::kDouble, at::kHalf, at::
 
 class Machine {
  public:
-  Machine(const char* data, size_t size, const StorageLoader& load, const PickleClasses* classes)
+  Machine(const char* data, size_t size, const StorageLoader& load, const PickleClasses* classes,
+          PickleAllowance* allowance)
       : data_(data),
         size_(size),
         load_(load),
         classes_(classes),
-        memory_budget_(static_cast<int64_t>(size) * kMaxPickleMemoryPerByte + kPickleMemoryAllowance) {}
+        allowance_(allowance),
+        memory_budget_(static_cast<int64_t>(size) * kMaxPickleMemoryPerByte +
+                       (allowance != nullptr ? std::max<int64_t>(0, allowance->left) : kPickleMemoryAllowance)) {}
 
   c10::IValue run() {
     while (true) {
@@ -131,6 +134,9 @@ class Machine {
       }
     }
     if (stack_.size() != 1) fail("the program ends with ", stack_.size(), " values on the stack instead of 1");
+    if (allowance_ != nullptr) {
+      allowance_->left -= std::max<int64_t>(0, memory_ - static_cast<int64_t>(size_) * kMaxPickleMemoryPerByte);
+    }
     return value_of(stack_.back());
   }
 
@@ -703,6 +709,7 @@ class Machine {
   // The dicts that are objects (PickleClasses::objects), held so that no address is reused.
   std::unordered_map<const void*, c10::IValue> objects_;
   size_t swept_size_ = 1024;  // containers_.size() after the last sweep (see track)
+  PickleAllowance* allowance_;   // shared with other reads, or null
   const int64_t memory_budget_;  // Note [Pickle budget], 4
   int64_t memory_ = 0;           // charged so far
   size_t stack_peak_ = 0;        // the highest stack_.size() + marks_.size() charged
@@ -722,8 +729,8 @@ bool scalar_type_from_storage_name(const std::string& name, at::ScalarType* type
 }
 
 c10::IValue read_pickle(const char* data, size_t size, const StorageLoader& load_storage,
-                        const PickleClasses* classes) {
-  return Machine(data, size, load_storage, classes).run();
+                        const PickleClasses* classes, PickleAllowance* allowance) {
+  return Machine(data, size, load_storage, classes, allowance).run();
 }
 
 }  // namespace datapar::detail

@@ -25,6 +25,8 @@
 #include <string>
 #include <unordered_set>
 
+#include "serialization/pickle_limits.h"
+
 namespace datapar::detail {
 
 // Returns the storage `key` (record "data/<key>" of the archive) as a flat CPU tensor of
@@ -61,8 +63,9 @@ struct PickleClasses {
 // file name. Memory and time grow with `size`, whatever the program says; the result
 // nests at most kMaxPickleDepth levels and has no cycles.
 // `classes`: what it may build besides plain data (none: torch.save's subset only).
+// `allowance`: shared with other reads (pickle_limits.h); none: this read's own.
 c10::IValue read_pickle(const char* data, size_t size, const StorageLoader& load_storage,
-                        const PickleClasses* classes = nullptr);
+                        const PickleClasses* classes = nullptr, PickleAllowance* allowance = nullptr);
 
 // "Float" -> kFloat, as in the names torch.FloatStorage ... torch.BoolStorage; false if the
 // name is not a storage type datapar reads.

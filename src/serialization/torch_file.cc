@@ -124,7 +124,7 @@ namespace {
 // of the zip directory that `read_entries()` returns.
 template <typename Entries>
 c10::IValue load_archive(PyTorchStreamReader& archive, const Entries& read_entries, size_t file_size,
-                         uint32_t* digest) {
+                         uint32_t* digest, PickleAllowance* allowance = nullptr) {
   uint32_t records_digest = 0;
   PyTorchStreamReader* reader = &archive;
   {
@@ -178,7 +178,8 @@ c10::IValue load_archive(PyTorchStreamReader& archive, const Entries& read_entri
       if (size > 0) std::memcpy(t.data_ptr(), data.first.get(), size);
       return t;
     };
-    c10::IValue value = read_pickle(static_cast<const char*>(pickle.first.get()), pickle.second, load);
+    c10::IValue value =
+        read_pickle(static_cast<const char*>(pickle.first.get()), pickle.second, load, nullptr, allowance);
     if (digest != nullptr) *digest = records_digest;
     return value;
   }
@@ -211,14 +212,14 @@ c10::IValue torch_load(const std::string& path, uint32_t* digest) {
   }
 }
 
-c10::IValue torch_load_bytes(const char* data, size_t size) {
+c10::IValue torch_load_bytes(const char* data, size_t size, PickleAllowance* allowance) {
   if (size < 4 || std::memcmp(data, "PK\x03\x04", 4) != 0) {
     throw CheckpointError(str_cat("not a torch.save archive (", size, " bytes that do not start like a zip)"));
   }
   std::unique_ptr<PyTorchStreamReader> reader;
   try {
     reader = std::make_unique<PyTorchStreamReader>(std::make_shared<caffe2::serialize::MemoryReadAdapter>(data, size));
-    return load_archive(*reader, [&] { return read_zip_entries(data, size); }, size, nullptr);
+    return load_archive(*reader, [&] { return read_zip_entries(data, size); }, size, nullptr, allowance);
   } catch (const c10::Error& e) {
     throw CheckpointError(str_cat("a damaged torch.save archive (", reader_message(e), ")"));
   }

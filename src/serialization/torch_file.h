@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <string>
 
+#include "serialization/pickle_limits.h"
+
 namespace datapar::detail {
 
 // Writes `root` (see write_pickle for what it may hold) to `path` atomically (AtomicFile:
@@ -40,7 +42,8 @@ std::string torch_save_bytes(const c10::IValue& root);
 
 // torch_load of an archive held in memory, data[0, size), with the same checks. Throws
 // CheckpointError without a file name (the caller says where the bytes came from).
-c10::IValue torch_load_bytes(const char* data, size_t size);
+// `allowance`: the pickle memory allowance shared with other reads (pickle_limits.h).
+c10::IValue torch_load_bytes(const char* data, size_t size, PickleAllowance* allowance = nullptr);
 
 // True if `path` opens as a zip archive with a data.pkl record. Reads only the zip's central
 // directory at the end of the file, so it is cheap and catches truncation, not damage inside.
