@@ -21,20 +21,6 @@ int64_t Epoch::newest_step() const {
   return newest;
 }
 
-std::vector<int> Epoch::sources() const {
-  const int64_t newest = newest_step();
-  std::vector<int> up_to_date;
-  for (int r = 0; r < size(); ++r) {
-    if (members[r].committed_step == newest) up_to_date.push_back(r);
-  }
-  std::vector<int> out(members.size(), -1);
-  size_t next = 0;
-  for (int r = 0; r < size(); ++r) {
-    if (members[r].committed_step != newest) out[r] = up_to_date[next++ % up_to_date.size()];
-  }
-  return out;
-}
-
 // One line per member, "<id> <step>", in rank order; or one line "stop <reason>".
 std::string Epoch::encode() const {
   if (!stop_reason.empty()) return "stop " + stop_reason;

@@ -179,14 +179,4 @@ bool send_all(int fd, const uint8_t* data, size_t size) {
   return true;
 }
 
-int recv_exact(int fd, uint8_t* data, size_t size, std::chrono::steady_clock::time_point deadline) {
-  while (size > 0) {
-    const ssize_t n = recv_some(fd, data, size, deadline);
-    if (n <= 0) return n == 0 ? 0 : (n == -2 ? -2 : -1);
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return 1;
-}
-
 }  // namespace datapar::detail

@@ -30,10 +30,6 @@ void set_nonblocking(int fd, bool on);
 // Sends all of data; false on a broken connection (never raises SIGPIPE).
 bool send_all(int fd, const uint8_t* data, size_t size);
 
-// Reads exactly size bytes, waiting at most until deadline. Returns 1 on success, 0 when
-// the peer closed the connection, -1 on error, -2 on timeout.
-int recv_exact(int fd, uint8_t* data, size_t size, std::chrono::steady_clock::time_point deadline);
-
 // Reads at most size bytes (at least 1), waiting at most until deadline. Returns the count,
 // or 0 when the peer closed the connection, -1 on error, -2 on timeout.
 ssize_t recv_some(int fd, uint8_t* data, size_t size, std::chrono::steady_clock::time_point deadline);

@@ -23,16 +23,6 @@ namespace datapar::detail {
 // 32 hex digits from the kernel's random source.
 std::string random_token();
 
-// a == b, in time that depends on the length of `expected` only, not on where they differ.
-inline bool constant_time_equal(const std::string& presented, const std::string& expected) {
-  volatile unsigned char diff = presented.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const unsigned char p = i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0;
-    diff = diff | (p ^ static_cast<unsigned char>(expected[i]));
-  }
-  return diff == 0;
-}
-
 // The file where the server of `port` on this machine publishes a generated token.
 std::string local_token_path(uint16_t port);
 

@@ -47,7 +47,6 @@ class AtomicFile {
 
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_path_; }
-  size_t bytes_written() const { return written_; }
 
  private:
   void create(const std::string& dir, const std::string& name);

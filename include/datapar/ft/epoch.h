@@ -53,9 +53,6 @@ struct Epoch {
   int rank_of(const std::string& id) const;
   // The newest step a member committed: the step the epoch goes on from.
   int64_t newest_step() const;
-  // For each rank: the rank it receives the state from (a member at newest_step(), round
-  // robin over them), or -1 for a member at newest_step() itself.
-  std::vector<int> sources() const;
 
   // The record in the store, and back (MembershipError for a malformed one).
   std::string encode() const;
