@@ -35,6 +35,7 @@
 #include <utility>
 
 #include "datapar/error.h"
+#include "datapar/process_group/metadata.h"
 #include "datapar/process_group/work.h"
 #include "dcp/metadata.h"
 #include "file_system.h"
@@ -58,32 +59,10 @@ std::string join(const std::string& dir, const std::string& name) { return dir +
 
 // Every rank's `bytes`, by rank: lengths first, then the bytes packed in int64 words (the
 // dtype every backend moves).
+// Every rank's bytes, in rank order (one process alone: its own).
 std::vector<std::string> all_gather_bytes(ProcessGroup* group_or_null, const std::string& bytes) {
-  if (group_or_null == nullptr) return {bytes};  // one process alone
-  ProcessGroup& group = *group_or_null;
-  const int n = group.size();
-  at::Tensor length = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong).to(group.device());
-  std::vector<at::Tensor> lengths;
-  for (int r = 0; r < n; ++r) lengths.push_back(at::empty({1}, group.options(at::kLong)));
-  group.all_gather(lengths, length)->wait();
-  std::vector<int64_t> sizes;
-  int64_t longest = 0;
-  for (const at::Tensor& l : lengths) {
-    sizes.push_back(l.cpu().item<int64_t>());
-    longest = std::max(longest, sizes.back());
-  }
-  const int64_t words = (longest + 7) / 8;
-  at::Tensor mine = at::zeros({std::max<int64_t>(words, 1)}, at::kLong);
-  if (!bytes.empty()) std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
-  std::vector<at::Tensor> all;
-  for (int r = 0; r < n; ++r) all.push_back(at::empty({std::max<int64_t>(words, 1)}, group.options(at::kLong)));
-  group.all_gather(all, mine.to(group.device()))->wait();
-  std::vector<std::string> out;
-  for (int r = 0; r < n; ++r) {
-    const at::Tensor cpu = all[r].cpu();
-    out.emplace_back(static_cast<const char*>(cpu.data_ptr()), static_cast<size_t>(sizes[r]));
-  }
-  return out;
+  if (group_or_null == nullptr) return {bytes};
+  return datapar::all_gather_bytes(*group_or_null, bytes);
 }
 
 IValue list_of(std::vector<IValue> items) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "datapar/error.h"
+#include "datapar/process_group/metadata.h"
 #include "datapar/rendezvous/prefix_store.h"
 #include "ft/breakable_store.h"
 
@@ -17,25 +18,6 @@ namespace {
 using datapar::detail::str_cat;
 
 }  // namespace
-
-namespace detail {
-
-std::string broadcast_bytes(ProcessGroup& group, int root, const std::string& bytes) {
-  // The size first, then the bytes, as int64 words (every backend moves them).
-  at::Tensor length = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong).to(group.device());
-  group.broadcast(length, root)->synchronize();
-  const int64_t n = length.cpu().item<int64_t>();
-  DATAPAR_CHECK(n >= 0, "ft: a negative state size (", n, ") arrived.");
-  at::Tensor words = at::zeros({(n + 7) / 8}, at::kLong);
-  if (group.rank() == root && n > 0) std::memcpy(words.data_ptr(), bytes.data(), bytes.size());
-  at::Tensor on_device = words.to(group.device());
-  group.broadcast(on_device, root)->synchronize();
-  if (group.rank() == root) return bytes;
-  words = on_device.cpu();
-  return std::string(static_cast<const char*>(words.data_ptr()), static_cast<size_t>(n));
-}
-
-}  // namespace detail
 
 ElasticGroup::ElasticGroup(std::shared_ptr<Store> store, std::string run, FtOptions options, MakeGroup make_group)
     : store_(std::move(store)), run_(std::move(run)), options_(options), make_group_(std::move(make_group)) {
@@ -119,7 +101,7 @@ void ElasticGroup::heal(const std::function<std::string()>& save, const std::fun
     if (step < newest) anyone_behind = true;
   }
   if (!anyone_behind) return;  // decided from the epoch record alone: alike on every rank
-  const std::string bytes = detail::broadcast_bytes(*group_, root, rank_ == root ? save() : std::string());
+  const std::string bytes = broadcast_bytes(*group_, root, rank_ == root ? save() : std::string());
   if (behind()) load(bytes);
 }
 

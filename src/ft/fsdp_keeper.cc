@@ -28,6 +28,7 @@
 
 #include "datapar/error.h"
 #include "datapar/ft/epoch.h"
+#include "datapar/process_group/metadata.h"
 #include "ft/standings.h"
 #include "optim/broadcast_param_states.h"
 #include "optim/param_state.h"
@@ -321,7 +322,7 @@ int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, 
       state.insert("optimizer", m.optimizer);
       bytes = datapar::detail::torch_save_bytes(state);
     }
-    bytes = broadcast_bytes(group, whole, bytes);
+    bytes = datapar::broadcast_bytes(group, whole, bytes);
     const c10::IValue root = datapar::detail::torch_load_bytes(bytes.data(), bytes.size());
     DATAPAR_CHECK(root.isGenericDict(), "ft::FaultTolerantFsdp: the state a member sent is not a dict.");
     const Dict state = root.toGenericDict();

@@ -73,6 +73,38 @@ std::string host_text(const at::Tensor& tensor, int64_t length) {
   return std::string(bytes, bytes + std::clamp<int64_t>(length, 0, host.numel()));  // a peer's length: bound it
 }
 
+std::vector<std::string> all_gather_bytes(ProcessGroup& group, const std::string& bytes) {
+  const int n = group.size();
+  std::vector<at::Tensor> lengths;
+  for (int r = 0; r < n; ++r) lengths.push_back(metadata_zeros(group, 1, at::kLong));
+  group.all_gather(lengths, metadata_tensor(group, std::vector<int64_t>{static_cast<int64_t>(bytes.size())}))->wait();
+  std::vector<int64_t> sizes;
+  int64_t longest = 1;  // no empty tensor in a collective
+  for (const at::Tensor& l : lengths) {
+    sizes.push_back(host_int64s(l).at(0));
+    DATAPAR_CHECK(sizes.back() >= 0, "all_gather_bytes: a rank sent a length of ", sizes.back(), ".");
+    longest = std::max(longest, sizes.back());
+  }
+  std::vector<at::Tensor> all;
+  for (int r = 0; r < n; ++r) all.push_back(metadata_zeros(group, longest, at::kByte));
+  group.all_gather(all, metadata_text(group, bytes, longest))->wait();
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) out.push_back(host_text(all[r], sizes[r]));
+  return out;
+}
+
+std::string broadcast_bytes(ProcessGroup& group, int root, const std::string& bytes) {
+  const bool mine = group.rank() == root;
+  at::Tensor length = metadata_tensor(group, std::vector<int64_t>{mine ? static_cast<int64_t>(bytes.size()) : 0});
+  group.broadcast(length, root)->wait();
+  const int64_t n = host_int64s(length).at(0);
+  DATAPAR_CHECK(n >= 0, "broadcast_bytes: rank ", root, " sent a length of ", n, ".");
+  at::Tensor text = mine ? metadata_text(group, bytes, std::max<int64_t>(n, 1))
+                         : metadata_zeros(group, std::max<int64_t>(n, 1), at::kByte);
+  group.broadcast(text, root)->wait();
+  return mine ? bytes : host_text(text, n);
+}
+
 namespace detail {
 
 int64_t metadata_host_reads() { return host_reads.load(); }

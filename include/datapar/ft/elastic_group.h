@@ -40,13 +40,6 @@ struct Vote {
   bool reconfigure = false;  // join again after this step (a newcomer waits, or no commit)
 };
 
-namespace detail {
-
-// Collective: `bytes` (given on `root`) on every member of `group`.
-std::string broadcast_bytes(ProcessGroup& group, int root, const std::string& bytes);
-
-}  // namespace detail
-
 class ElasticGroup {
  public:
   // `store`: the job's store (the members of one job and its decider share `run`).

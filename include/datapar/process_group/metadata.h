@@ -39,6 +39,12 @@ std::vector<int64_t> host_int64s(const at::Tensor& tensor);
 std::vector<double> host_doubles(const at::Tensor& tensor);
 std::string host_text(const at::Tensor& tensor, int64_t length);
 
+// Byte strings over a group (a plan, a serialized state, an error), collective and waited
+// for: every rank's `bytes` on every rank, in rank order; and `root`'s `bytes` on every
+// rank (the others' `bytes` are ignored). Two collectives each: the lengths, then the bytes.
+std::vector<std::string> all_gather_bytes(ProcessGroup& group, const std::string& bytes);
+std::string broadcast_bytes(ProcessGroup& group, int root, const std::string& bytes);
+
 namespace detail {
 
 // How many host_* reads this process has made: the points where the host waited for
