@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "datapar/ft/sharded_optimizer.h"
+#include "datapar/ft/standing.h"
 #include "datapar/process_group/process_group.h"
 
 namespace datapar::ft::detail {

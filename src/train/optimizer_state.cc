@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "datapar/error.h"
+#include "optim/param_state.h"
 #include "optim/state_key.h"
 #include "serialization/torch_file.h"
 
@@ -26,14 +27,15 @@ namespace optim = torch::optim;
 
 Dict new_dict() { return Dict(c10::AnyType::get(), c10::AnyType::get()); }
 
-enum class Kind { kSgd, kAdam, kAdamW };
+using Kind = datapar::detail::OptimizerKind;  // the one table of kinds (optim/param_state.h)
 
 Kind kind_of(const optim::Optimizer& optimizer) {
-  if (dynamic_cast<const optim::SGD*>(&optimizer)) return Kind::kSgd;
-  if (dynamic_cast<const optim::Adam*>(&optimizer)) return Kind::kAdam;
-  if (dynamic_cast<const optim::AdamW*>(&optimizer)) return Kind::kAdamW;
-  throw InvalidArgumentError(
-      "optimizer state: this optimizer type is not supported; datapar saves and loads torch::optim::SGD, Adam and AdamW.");
+  const Kind kind = datapar::detail::optimizer_kind(optimizer);
+  if (kind == Kind::kOther) {
+    throw InvalidArgumentError("optimizer state: this optimizer type is not supported; datapar saves and loads "
+                               "torch::optim::SGD, Adam and AdamW.");
+  }
+  return kind;
 }
 
 template <typename Options>

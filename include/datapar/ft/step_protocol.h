@@ -10,7 +10,7 @@
 #include <functional>
 
 #include "datapar/ft/elastic_group.h"
-#include "datapar/ft/sharded_optimizer.h"
+#include "datapar/ft/standing.h"
 
 namespace datapar::ft {
 
