@@ -34,6 +34,8 @@ class BreakableStore : public Store {
   bool delete_key(const std::string& key) override { return store_->delete_key(key); }
   int64_t num_keys() override { return store_->num_keys(); }
   std::string address() const override { return store_->address(); }
+  // The underlying store's (a stall inspector's own connection need not break with the epoch).
+  std::shared_ptr<Store> clone(std::chrono::milliseconds timeout) const override { return store_->clone(timeout); }
   using Store::set;
   using Store::wait;
 
