@@ -46,6 +46,11 @@ std::string Decider::stop_reason() const {
   return stop_reason_;
 }
 
+bool Decider::training_complete() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return complete_;
+}
+
 void Decider::decide_until_stopped() {
   const auto period =
       std::max<std::chrono::milliseconds>(options_.heartbeat_interval / 2, std::chrono::milliseconds(1));
@@ -165,9 +170,15 @@ void Decider::decide() {
   if (!continues && all_back) {  // every member of the last epoch is gone: so is its state
     Epoch stop;
     stop.number = current_.number + 1;
-    stop.stop_reason = str_cat("every member of epoch ", current_.number,
-                               " is gone, and with them the state they trained (new members have none to take). "
-                               "Resume the job from its last checkpoint");
+    if (store_->check({"finished"})) {  // because they finished the training
+      stop.complete = true;
+      stop.stop_reason = str_cat("the members of epoch ", current_.number,
+                                 " finished it before this member could join; nothing is left to train");
+    } else {
+      stop.stop_reason = str_cat("every member of epoch ", current_.number,
+                                 " is gone, and with them the state they trained (new members have none to "
+                                 "take). Resume the job from its last checkpoint");
+    }
     publish(stop);
     return;
   }
@@ -226,6 +237,7 @@ void Decider::publish(Epoch epoch) {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (!epoch.stop_reason.empty()) {
     stop_reason_ = epoch.stop_reason;
+    complete_ = epoch.complete;
   } else {
     current_ = std::move(epoch);
   }

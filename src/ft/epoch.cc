@@ -23,7 +23,7 @@ int64_t Epoch::newest_step() const {
 
 // One line per member, "<id> <step>", in rank order; or one line "stop <reason>".
 std::string Epoch::encode() const {
-  if (!stop_reason.empty()) return "stop " + stop_reason;
+  if (!stop_reason.empty()) return (complete ? "done " : "stop ") + stop_reason;
   std::string out;
   for (const EpochMember& m : members) out += str_cat(m.id, ' ', m.committed_step, '\n');
   return out;
@@ -32,8 +32,9 @@ std::string Epoch::encode() const {
 Epoch Epoch::decode(int64_t number, const std::string& record) {
   Epoch e;
   e.number = number;
-  if (record.rfind("stop ", 0) == 0) {
+  if (record.rfind("stop ", 0) == 0 || record.rfind("done ", 0) == 0) {
     e.stop_reason = record.substr(5);
+    e.complete = record[0] == 'd';
     return e;
   }
   std::istringstream lines(record);
@@ -49,6 +50,11 @@ Epoch Epoch::decode(int64_t number, const std::string& record) {
   }
   if (e.members.empty()) throw MembershipError(str_cat("membership epoch ", number, " has no members"));
   return e;
+}
+
+void Epoch::throw_verdict() const {
+  if (complete) throw TrainingComplete("ft: the training is complete: " + stop_reason);
+  throw MembershipError("ft: the job stops: " + stop_reason);
 }
 
 }  // namespace datapar::ft

@@ -88,7 +88,7 @@ Epoch Member::join(int64_t committed_step) {
     if (store_->check({"epoch"})) {
       const int64_t published = std::stoll(as_text(store_->get("epoch")));
       const Epoch newest = Epoch::decode(published, as_text(store_->get(str_cat("epoch/", published))));
-      if (!newest.stop_reason.empty()) throw MembershipError("ft: the job stops: " + newest.stop_reason);
+      if (!newest.stop_reason.empty()) newest.throw_verdict();
       last = std::max(last, published);
     }
     const int64_t n = store_->add("joins", 1);
@@ -116,7 +116,7 @@ Epoch Member::join(int64_t committed_step) {
     } catch (const std::exception& error) {
       throw gone(error);
     }
-    if (!got.stop_reason.empty()) throw MembershipError("ft: the job stops: " + got.stop_reason);
+    if (!got.stop_reason.empty()) got.throw_verdict();
     if (got.rank_of(id_) < 0) continue;  // formed without it (above the maximum): the next
     {
       const std::lock_guard<std::mutex> lock(mutex_);
@@ -125,6 +125,14 @@ Epoch Member::join(int64_t committed_step) {
     epoch_number_ = e;
     evicted_ = false;
     return got;
+  }
+}
+
+void Member::finished() {
+  try {
+    store_->set("finished", std::string("1"));
+  } catch (const std::exception&) {
+    // The store is gone: no member will join any more either.
   }
 }
 

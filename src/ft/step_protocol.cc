@@ -79,6 +79,7 @@ void StepProtocol::run_finish(const Together& last) {
     try {
       if (!ready()) reconfigure();
       last(elastic_.rank(), elastic_.size());
+      elastic_.member().finished();
       break;
     } catch (...) {
       fail(std::current_exception());

@@ -208,6 +208,28 @@ TEST(FtMembership, AtTheMaximumANewcomerWaitsAndNeverFormsAnEpochAlone) {
   EXPECT_TRUE(b.may_commit());
 }
 
+// Every member of the last epoch gone because they finished the training (Member::finished,
+// which FaultTolerantDdp::finish calls): a replacement that asks to join afterwards is told
+// the training is complete (not a failure: its launcher exits 0), not that the state is lost.
+// On a loaded machine a restarted worker can come after the survivors finished (issue 46's
+// CI run: the launcher of its node exited 1).
+TEST(FtMembership, AReplacementThatComesAfterTheTrainingEndedIsToldItIsComplete) {
+  const ServedStore store;
+  const FtOptions options = fast(2);
+  const Decider decider(store.connect(), "job", options);
+  auto a = std::make_unique<Member>(store.connect(), "job", options);
+  auto b = std::make_unique<Member>(store.connect(), "job", options);
+  join_all({a.get(), b.get()}, {9, 9});
+  a->finished();
+  b->finished();
+  a.reset();
+  b.reset();
+  Member late(store.connect(), "job", options);
+  EXPECT_THROW_MSG(late.join(0), TrainingComplete,
+                   "the training is complete: the members of epoch 1 finished it before this member could join");
+  EXPECT_TRUE(decider.training_complete());
+}
+
 // Every member of the last epoch gone: a newcomer has no one to take the state from, and the
 // job stops saying so, rather than start again from nothing.
 TEST(FtMembership, WhenEveryMemberIsGoneTheJobStopsRatherThanStartOver) {

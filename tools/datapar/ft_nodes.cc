@@ -54,6 +54,11 @@ std::string FtNodes::stop_reason() const {
   return stop_reason_;
 }
 
+bool FtNodes::training_complete() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return complete_;
+}
+
 std::string FtNodes::store_error() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return store_error_;
@@ -169,6 +174,7 @@ void FtNodes::look() {
     if (!newest.stop_reason.empty()) {
       const std::lock_guard<std::mutex> lock(mutex_);
       stop_reason_ = newest.stop_reason;
+      complete_ = newest.complete;
     }
     return;
   }

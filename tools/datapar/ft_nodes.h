@@ -38,6 +38,8 @@ class FtNodes {
 
   // Nodes other than 0: the decider's reason for stopping the job; "" while it goes on.
   std::string stop_reason() const;
+  // Whether that verdict is that the training is complete (ft::Decider::training_complete).
+  bool training_complete() const;
   // Why the store, once reached, cannot be any more (node 0's launcher gone, the network
   // down); "" while it can. The job cannot go on without it: nothing is restarted then.
   std::string store_error() const;
@@ -82,6 +84,7 @@ class FtNodes {
   std::shared_ptr<Store> keys_;            // store_ under prefix_
   std::vector<long> failed_pids_;          // guarded by mutex_: to report
   std::string stop_reason_, store_error_;  // guarded by mutex_
+  bool complete_ = false;                  // guarded by mutex_
   int others_ended_ = 0;                   // guarded by mutex_
   bool other_completed_ = false;           // guarded by mutex_
   std::thread thread_;

@@ -254,6 +254,7 @@ int launch_fault_tolerant(const LaunchOptions& options) {
   std::optional<Clock::time_point> kill_at;
   bool killed = false;
   bool completed = false;  // a worker finished the training
+  bool complete = false;   // the decider's verdict: the training is complete (a late worker has nothing to do)
   // Node 0 with other nodes: serve the store until they are done (Note above).
   auto others_running = [&] {
     return options.node_rank == 0 && launcher_signal == 0 && nodes->others_ended() < options.nnodes - 1;
@@ -277,6 +278,11 @@ int launch_fault_tolerant(const LaunchOptions& options) {
     if (!stop_reason.empty()) return;
     stop_reason = decider ? decider->stop_reason() : nodes->stop_reason();
     if (stop_reason.empty()) return;
+    complete = decider ? decider->training_complete() : nodes->training_complete();
+    if (complete) {  // its workers end by themselves, with nothing to do
+      if (!completed) say(options, str_cat("the training is complete: ", stop_reason));
+      return;
+    }
     if (!completed) say(options, str_cat("the job stops: ", stop_reason, "; stopping every worker"));
     signal_all(SIGTERM);
     if (!kill_at) kill_at = Clock::now() + options.grace_period;
@@ -330,11 +336,11 @@ int launch_fault_tolerant(const LaunchOptions& options) {
       killed = true;
     }
   }
-  if (options.node_rank != 0) nodes->report_done(completed);
+  if (options.node_rank != 0) nodes->report_done(completed || complete);
   if (launcher_signal != 0) return 128 + launcher_signal;
   // Done when a worker finished the training (a worker given up on is reported above; one
   // that came too late to join is stopped with the decider's verdict, which is moot then).
-  if (completed) return 0;
+  if (completed || complete) return 0;
   if (!stop_reason.empty() || !store_error.empty()) return 1;
   for (const Slot& slot : slots) {
     if (slot.given_up) return slot.given_up->signal != 0 ? 128 + slot.given_up->signal : slot.given_up->exit_code;

@@ -855,44 +855,49 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
     checkpoint->progress = {{"seed", static_cast<int64_t>(o.seed)}};
     train::save_checkpoint(*checkpoint, train::checkpoint_path(o.checkpoint_dir, epoch), 0);
   };
-  while (trainer.step() < total) {
-    Rows step_rows;  // this rank's parts of the step
-    const bool committed = trainer.train_step(
-        [&](const Forward& forward, const ft::Slice& slice) -> int64_t {
-          const int64_t step = trainer.step();
-          if (step / per_epoch != batches_epoch) {
-            batches_epoch = step / per_epoch;
-            batches.set_epoch(batches_epoch);
-          }
-          const at::Tensor global = batches.global_batch(step % per_epoch);
-          const int64_t n = global.size(0), begin = slice.begin(n), end = slice.end(n);
-          const Batch batch = data.train->get_batch(global.narrow(0, begin, end - begin));
-          const at::Tensor y = batch.target.to(device);
-          trainer.module().train();
-          const at::Tensor logits = forward(batch.data.to(device));
-          const at::Tensor loss = at::cross_entropy_loss(logits, y);
-          loss.backward();
-          if (slice.shadow) return y.size(0);
-          step_rows.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
-          step_rows.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
-          step_rows.rows += y.size(0);
-          return y.size(0);
-        },
-        epoch_end);
-    if (!committed) continue;
-    if (trainer.epochs_joined() != memberships_seen) {  // the first step of a new membership
-      memberships_seen = trainer.epochs_joined();
-      if (elastic.rank() == 0) {
-        std::printf("membership epoch %ld: %d ranks, training from step %ld  %.1f s\n", (long)elastic.epoch().number,
-                    elastic.size(), (long)trainer.step() - 1, seconds_since(start));
-        std::fflush(stdout);
+  try {
+    while (trainer.step() < total) {
+      Rows step_rows;  // this rank's parts of the step
+      const bool committed = trainer.train_step(
+          [&](const Forward& forward, const ft::Slice& slice) -> int64_t {
+            const int64_t step = trainer.step();
+            if (step / per_epoch != batches_epoch) {
+              batches_epoch = step / per_epoch;
+              batches.set_epoch(batches_epoch);
+            }
+            const at::Tensor global = batches.global_batch(step % per_epoch);
+            const int64_t n = global.size(0), begin = slice.begin(n), end = slice.end(n);
+            const Batch batch = data.train->get_batch(global.narrow(0, begin, end - begin));
+            const at::Tensor y = batch.target.to(device);
+            trainer.module().train();
+            const at::Tensor logits = forward(batch.data.to(device));
+            const at::Tensor loss = at::cross_entropy_loss(logits, y);
+            loss.backward();
+            if (slice.shadow) return y.size(0);
+            step_rows.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
+            step_rows.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+            step_rows.rows += y.size(0);
+            return y.size(0);
+          },
+          epoch_end);
+      if (!committed) continue;
+      if (trainer.epochs_joined() != memberships_seen) {  // the first step of a new membership
+        memberships_seen = trainer.epochs_joined();
+        if (elastic.rank() == 0) {
+          std::printf("membership epoch %ld: %d ranks, training from step %ld  %.1f s\n", (long)elastic.epoch().number,
+                      elastic.size(), (long)trainer.step() - 1, seconds_since(start));
+          std::fflush(stdout);
+        }
       }
+      current.loss_sum += step_rows.loss_sum;
+      current.correct += step_rows.correct;
+      current.rows += step_rows.rows;
     }
-    current.loss_sum += step_rows.loss_sum;
-    current.correct += step_rows.correct;
-    current.rows += step_rows.rows;
+    trainer.finish(epoch_end);
+  } catch (const ft::TrainingComplete& e) {  // a replacement that came after the end
+    std::printf("datapar train: %s\n", e.what());
+    std::fflush(stdout);
   }
-  trainer.finish(epoch_end);
   return 0;
 }
 

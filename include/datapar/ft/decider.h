@@ -10,6 +10,8 @@
 //                  others abort and join again
 //   grow/<E>       set when a new member waits: the members join again at a step boundary
 //   evicted/<id>   set when a member is evicted (a stopped process learns it on resuming)
+//   finished       set by a member that finished the training (Member::finished): once
+//                  every member is gone, a newcomer is told the training is complete
 //   deaths, death/N  members reported dead by a process that saw them die (their launcher,
 //                  report_dead()): evicted at once, without waiting for their heartbeat
 //                  to go stale
@@ -51,6 +53,9 @@ class Decider {
   Epoch epoch() const;
   // Why it stopped the job; "" while the job goes on.
   std::string stop_reason() const;
+  // Whether that verdict is that the training is complete (a member finished it; a worker
+  // that joins now has nothing to do): not a failure.
+  bool training_complete() const;
 
  private:
   struct Pending {
@@ -88,6 +93,7 @@ class Decider {
   mutable std::mutex mutex_;
   Epoch current_;            // guarded by mutex_
   std::string stop_reason_;  // guarded by mutex_
+  bool complete_ = false;    // guarded by mutex_
 
   std::mutex stop_mutex_;
   std::condition_variable stop_cv_;

@@ -20,6 +20,13 @@ class MembershipError : public Error {
   using Error::Error;
 };
 
+// The training already ended (a member finished it) when this member asked to join: a
+// replacement that came too late. Nothing is left to do; not a failure.
+class TrainingComplete : public MembershipError {
+ public:
+  using MembershipError::MembershipError;
+};
+
 struct FtOptions {
   // How often a member renews its heartbeat, and the decider looks.
   std::chrono::milliseconds heartbeat_interval{500};
@@ -47,6 +54,7 @@ struct Epoch {
   int64_t number = 0;
   std::vector<EpochMember> members;
   std::string stop_reason;  // non-empty: no epoch can form; the job stops
+  bool complete = false;    // with stop_reason: because the training is complete
 
   int size() const { return static_cast<int>(members.size()); }
   // The rank of member `id` in this epoch, or -1.
@@ -55,6 +63,9 @@ struct Epoch {
   int64_t newest_step() const;
 
   // The record in the store, and back (MembershipError for a malformed one).
+  // For a verdict (stop_reason), throws what a member's join() throws: TrainingComplete or
+  // MembershipError.
+  [[noreturn]] void throw_verdict() const;
   std::string encode() const;
   static Epoch decode(int64_t number, const std::string& record);
 };

@@ -39,8 +39,13 @@ class Member {
   // Asks to be a member of the next epoch, having committed `committed_step`, and waits
   // (at most the quorum timeout) until the decider publishes an epoch that holds it, which
   // it returns. Throws MembershipError when the decider stops the job (below the minimum),
-  // when no epoch forms in time, or when the store is gone (the host of the decider died).
+  // when no epoch forms in time, or when the store is gone (the host of the decider died);
+  // TrainingComplete when a member already finished the training (see finished()).
   Epoch join(int64_t committed_step);
+
+  // The training is complete: says so in the store, so that a replacement that asks to
+  // join later is told (TrainingComplete) rather than that every member is gone.
+  void finished();
 
   // The epoch last joined (number 0: none yet).
   Epoch epoch() const;
