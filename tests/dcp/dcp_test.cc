@@ -532,6 +532,9 @@ TEST(Dcp, ALoadCostsAtMostTheTensorsItNamesAndThreeTimesItsLargestItem) {
   }
   const testing::ChildOutcome r = testing::run_in_child(
       [&] {
+        // This process's OpenMP pool ran (at::full above); libgomp is not fork-safe, and a
+        // child's first parallel region would wait for the parent's threads for ever.
+        at::set_num_threads(1);
         const dcp::State loaded = dcp::load_all(ck);
         double sum = 0;
         for (int i = 0; i < kItems; ++i) sum += loaded.tensor("w" + std::to_string(i))[0].item<double>();
