@@ -172,7 +172,12 @@ ShardedSliceGradients::ShardedSliceGradients(std::vector<Unit> units, const at::
 void ShardedSliceGradients::begin(int slices) {
   slices_ = slices;
   passes_ = 0;
-  kept_ = at::zeros({slices, 2 * total_}, options_);  // the padding's gradient stays zero
+  // Zero: the padding's gradient stays zero. Made once per membership epoch, not per step.
+  if (!kept_.defined() || kept_.size(0) != slices) {
+    kept_ = at::zeros({slices, 2 * total_}, options_);
+  } else {
+    kept_.zero_();
+  }
   rows_.assign(static_cast<size_t>(slices), 0.0);
   if (!sum_.defined() || sum_.numel() != 2 * total_) {
     sum_ = at::zeros({2 * total_}, options_);
