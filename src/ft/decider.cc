@@ -223,22 +223,30 @@ void Decider::publish(Epoch epoch) {
   // (whoever holds the job's token can write the store; issue 46). Members may have formed
   // it: it is marked broken, so that their collectives abort and they join again, and this
   // record takes the next number. Members read the numbers in order: they get here too.
-  for (;;) {
-    const std::string record = epoch.encode();
-    const Bytes mine(record.begin(), record.end());
-    if (store_->compare_set(str_cat("epoch/", epoch.number), {}, mine) == mine) break;
-    warn(str_cat("ft: membership epoch ", epoch.number, " in the store was not written by the decider (forged?); "
-                 "it is marked broken and the members go on in epoch ", epoch.number + 1));
-    store_->set(str_cat("broken/", epoch.number), std::string("forged"));
-    ++epoch.number;
+  const auto record_verdict = [&](const Epoch& verdict) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    stop_reason_ = verdict.stop_reason;
+    complete_ = verdict.complete;
+  };
+  if (!epoch.stop_reason.empty()) record_verdict(epoch);  // known here before a member can read it
+  try {
+    for (;;) {
+      const std::string record = epoch.encode();
+      const Bytes mine(record.begin(), record.end());
+      if (store_->compare_set(str_cat("epoch/", epoch.number), {}, mine) == mine) break;
+      warn(str_cat("ft: membership epoch ", epoch.number, " in the store was not written by the decider (forged?); "
+                   "it is marked broken and the members go on in epoch ", epoch.number + 1));
+      store_->set(str_cat("broken/", epoch.number), std::string("forged"));
+      ++epoch.number;
+    }
+    store_->set("epoch", std::to_string(epoch.number));
+  } catch (...) {
+    record_verdict(Epoch{});  // not published: the next round decides again
+    throw;
   }
-  store_->set("epoch", std::to_string(epoch.number));
   grow_signalled_ = false;
-  const std::lock_guard<std::mutex> lock(mutex_);
-  if (!epoch.stop_reason.empty()) {
-    stop_reason_ = epoch.stop_reason;
-    complete_ = epoch.complete;
-  } else {
+  if (epoch.stop_reason.empty()) {
+    const std::lock_guard<std::mutex> lock(mutex_);
     current_ = std::move(epoch);
   }
 }
