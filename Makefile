@@ -32,7 +32,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
 # What `make demo` runs, and so all that it builds.
 # (and the examples a user copies: built with it, run by the tests).
-DEMO_TARGETS := datapar_cli data_parallel_tutorial ddp_fashion_mnist fsdp_fashion_mnist
+DEMO_TARGETS := datapar_cli data_parallel_tutorial ddp_fashion_mnist fsdp_fashion_mnist ft_ddp_fashion_mnist
 # make test's legs, in this order (scripts/test_legs.sh): the quickest to a first failure first.
 LEGS ?= tsan torch2 asan bundle
 

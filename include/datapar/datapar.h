@@ -1,5 +1,6 @@
 // datapar: data-parallel training for C++ on libtorch. The umbrella header of the core
-// library (datapar::datapar): devices, DataParallel, rendezvous, process groups, DDP.
+// library (datapar::datapar): devices, DataParallel, rendezvous, process groups, DDP, FSDP,
+// sharded (DCP) checkpoints and fault tolerance.
 // The training toolkit (data, checkpoints, metrics, models) is datapar::datapar_train, whose
 // umbrella is datapar/datapar_train.h.
 #pragma once
@@ -8,6 +9,9 @@
 #include "datapar/autograd/checkpoint_wrapper.h"
 #include "datapar/config.h"
 #include "datapar/cpu_allocator.h"
+#include "datapar/dcp/checkpoint.h"
+#include "datapar/dcp/fsdp_state.h"
+#include "datapar/dcp/zero_state.h"
 #include "datapar/ddp/comm_hook.h"
 #include "datapar/ddp/communication_stats.h"
 #include "datapar/ddp/distributed_data_parallel.h"
@@ -17,6 +21,10 @@
 #include "datapar/distributed.h"
 #include "datapar/environment.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/ft/decider.h"
+#include "datapar/ft/fault_tolerant_ddp.h"
+#include "datapar/ft/fault_tolerant_fsdp.h"
+#include "datapar/ft/launched_job.h"
 #include "datapar/error.h"
 #include "datapar/parallel/chunk_sizes.h"
 #include "datapar/parallel/data_parallel.h"

@@ -61,6 +61,14 @@ std::optional<ProcessIdentity> JobConfig::identity() const {
   return launcher;
 }
 
+FaultToleranceConfig JobConfig::fault_tolerant_launcher() const {
+  DATAPAR_CHECK(fault_tolerance.has_value(), "this process was not started by datapar launch --fault-tolerant "
+                "(DATAPAR_FAULT_TOLERANT is not 1).\n---> HINT: datapar launch --fault-tolerant --nproc-per-node N "
+                "-- PROGRAM ...");
+  if (!fault_tolerance_error.empty()) throw InvalidArgumentError(fault_tolerance_error);
+  return *fault_tolerance;
+}
+
 JobConfig resolve_job_config(const Environment& env) {
   JobConfig config;
   try {
@@ -80,6 +88,22 @@ JobConfig resolve_job_config(const Environment& env) {
   config.mpi_shared_memory = switched_on(env, "DATAPAR_MPI_SHM");
   config.nccl_end_process_on_failure = switched_on(env, "DATAPAR_NCCL_END_PROCESS_ON_FAILURE");
   config.local_rank = env("LOCAL_RANK");
+  if (env("DATAPAR_FAULT_TOLERANT") == std::optional<std::string>("1")) {
+    FaultToleranceConfig& ft = config.fault_tolerance.emplace();
+    try {
+      const auto required = [&](const char* name) {
+        const std::optional<int> v = read_int(env, name);
+        DATAPAR_CHECK(v && *v >= 0, name, " is not set; datapar launch --fault-tolerant sets it.");
+        return *v;
+      };
+      ft.timeout = std::chrono::milliseconds(required("DATAPAR_FT_TIMEOUT_MS"));
+      ft.min_ranks = required("DATAPAR_FT_MIN_RANKS");
+      ft.max_ranks = required("DATAPAR_FT_MAX_RANKS");
+      ft.node_rank = read_int(env, "GROUP_RANK").value_or(0);
+    } catch (const InvalidArgumentError& e) {
+      config.fault_tolerance_error = e.what();
+    }
+  }
   return config;
 }
 

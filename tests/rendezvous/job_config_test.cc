@@ -11,6 +11,7 @@
 #include "datapar/devices.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
+#include "datapar/ft/launched_job.h"
 #include "datapar/rendezvous/init_method.h"
 #include "testing/expect_throw.h"
 #include "testing/fake_env.h"
@@ -111,6 +112,42 @@ TEST(JobConfig, SharedMemoryAndNcclFailureSwitchesTokenRunIdAndGlooHostname) {
 }
 
 // init_process_group with a JobConfig reads no environment: env:// from the config alone.
+// What `datapar launch --fault-tolerant` tells its workers, and the membership options both
+// sides derive from it (the launcher's decider and each worker's member).
+TEST(JobConfig, AFaultTolerantLaunchersNumbersAndTheOptionsDerivedFromThem) {
+  const JobConfig c = resolve_job_config(fake_env({{"DATAPAR_FAULT_TOLERANT", "1"},
+                                                   {"DATAPAR_FT_TIMEOUT_MS", "2000"},
+                                                   {"DATAPAR_FT_MIN_RANKS", "2"},
+                                                   {"DATAPAR_FT_MAX_RANKS", "4"},
+                                                   {"GROUP_RANK", "1"}}));
+  const FaultToleranceConfig ft = c.fault_tolerant_launcher();
+  EXPECT_EQ(ft.timeout, 2000ms);
+  EXPECT_EQ(ft.min_ranks, 2);
+  EXPECT_EQ(ft.max_ranks, 4);
+  EXPECT_EQ(ft.node_rank, 1);
+  const ft::FtOptions o = ft::launched_job_options(ft, 3);
+  EXPECT_EQ(o.eviction_timeout, 2000ms);
+  EXPECT_EQ(o.heartbeat_interval, 200ms);
+  EXPECT_EQ(o.settle_time, 400ms);
+  EXPECT_EQ(o.quorum_timeout, 60s);
+  EXPECT_EQ(o.expected_members, 3);
+  EXPECT_EQ(o.min_members, 2);
+  EXPECT_EQ(o.max_members, 4);
+  EXPECT_EQ(ft::launched_group_timeout(o), 30s);
+
+  // Not started by such a launcher, or its numbers missing: a worker's join says what to do.
+  EXPECT_FALSE(resolve_job_config(fake_env({})).fault_tolerance);
+  EXPECT_THROW_MSG(ft::join_launched_job(resolve_job_config(fake_env({}))), InvalidArgumentError,
+                   "this process was not started by datapar launch --fault-tolerant");
+  EXPECT_THROW_MSG(
+      ft::join_launched_job(resolve_job_config(fake_env({{"DATAPAR_FAULT_TOLERANT", "1"}, {"DATAPAR_FT_TIMEOUT_MS", "x"}}))),
+      InvalidArgumentError, "DATAPAR_FT_TIMEOUT_MS=\"x\" is not a valid integer.");
+  EXPECT_THROW_MSG(ft::join_launched_job(resolve_job_config(fake_env({{"DATAPAR_FAULT_TOLERANT", "1"},
+                                                                      {"DATAPAR_FT_TIMEOUT_MS", "1000"},
+                                                                      {"DATAPAR_FT_MIN_RANKS", "1"}}))),
+                   InvalidArgumentError, "DATAPAR_FT_MAX_RANKS is not set; datapar launch --fault-tolerant sets it.");
+}
+
 TEST(JobConfig, InitProcessGroupTakesTheConfigInsteadOfTheEnvironment) {
   const ReservedPort port;
   const JobConfig c = resolve_job_config(fake_env({{"MASTER_ADDR", "127.0.0.1"},

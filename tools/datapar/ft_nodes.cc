@@ -10,7 +10,7 @@
 #include "datapar/ft/decider.h"
 #include "datapar/ft/epoch.h"
 #include "datapar/rendezvous/prefix_store.h"
-#include "ft_job.h"
+#include "datapar/ft/options.h"
 
 namespace datapar::tools {
 
@@ -163,7 +163,7 @@ void FtNodes::look() {
     failed.swap(failed_pids_);
   }
   for (const long pid : failed) {  // a worker that never named its member is judged by its heartbeat
-    const std::string key = ft_worker_key(run_, node_rank_, pid);
+    const std::string key = ft::launched_worker_key(run_, node_rank_, pid);
     if (store_->check({key})) ft::report_dead(store_, run_, as_text(store_->get(key)));
   }
   if (node_rank_ != 0) {

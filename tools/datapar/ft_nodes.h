@@ -1,6 +1,6 @@
 // The launchers of a fault-tolerant job and the store (Note [A fault-tolerant job's
 // launcher] in launch.cc). Every launcher reports its workers that die to the decider
-// (ft_worker_key, ft::report_dead). Node 0's launcher serves the store and runs the
+// (ft::launched_worker_key, ft::report_dead). Node 0's launcher serves the store and runs the
 // decider; the others have neither, and learn the decider's verdict from the store. Each beats there
 // while it runs and reports when it is done, and node 0 serves the store until every other
 // node is done or gone (silent), so that no node's last worker, still evaluating or

@@ -29,7 +29,7 @@
 #include "datapar/error.h"
 #include "datapar/ft/decider.h"
 #include "datapar/rendezvous/tcp_store.h"
-#include "ft_job.h"
+#include "datapar/ft/options.h"
 #include "ft_nodes.h"
 #include "local_job.h"
 #include "worker_group.h"
@@ -214,10 +214,16 @@ AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
 // How long a launcher waits for the store to answer before it restarts a worker.
 constexpr std::chrono::seconds kStoreAnswer{3};
 
+// What this launcher tells its workers (their JobConfig::fault_tolerance), and its decider
+// derives its options from alike (ft::launched_job_options).
+FaultToleranceConfig fault_tolerance_of(const LaunchOptions& o) {
+  const int world = o.nnodes * o.nproc_per_node;
+  return {o.ft_timeout, o.min_ranks, o.max_ranks > 0 ? o.max_ranks : world, o.node_rank};
+}
+
 int launch_fault_tolerant(const LaunchOptions& options) {
   const int world = options.nnodes * options.nproc_per_node;
-  const ft::FtOptions ft_options = ft_job_options(options.ft_timeout, world, options.min_ranks,
-                                                  options.max_ranks > 0 ? options.max_ranks : world);
+  const ft::FtOptions ft_options = ft::launched_job_options(fault_tolerance_of(options), world);
   const auto port = static_cast<uint16_t>(options.master_port);
   // The workers' run id (JobConfig::run_id): the one given, else the token.
   const std::string run_id = options.run_id.empty() ? options.token : options.run_id;
@@ -228,9 +234,9 @@ int launch_fault_tolerant(const LaunchOptions& options) {
     TcpStoreOptions server = client;
     server.is_server = true;
     store = std::make_shared<TcpStore>(server);
-    decider = std::make_unique<ft::Decider>(std::make_shared<TcpStore>(client), kFtRun, ft_options);
+    decider = std::make_unique<ft::Decider>(std::make_shared<TcpStore>(client), ft::kLaunchedRun, ft_options);
   }
-  const auto nodes = std::make_unique<FtNodes>(client, kFtRun, options.node_rank, options.nnodes,
+  const auto nodes = std::make_unique<FtNodes>(client, ft::kLaunchedRun, options.node_rank, options.nnodes,
                                                ft_options.heartbeat_interval, ft_options.eviction_timeout,
                                                ft_options.quorum_timeout);
   struct Slot {
@@ -419,12 +425,12 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
       {"DATAPAR_RESTART_COUNT", std::to_string(restart_count)},
       {"DATAPAR_MAX_RESTARTS", std::to_string(o.max_restarts)},
   };
-  if (o.fault_tolerant) {  // ft_job.h
+  if (o.fault_tolerant) {  // JobConfig::fault_tolerance
+    const FaultToleranceConfig ft = fault_tolerance_of(o);
     ours.push_back({"DATAPAR_FAULT_TOLERANT", "1"});
-    ours.push_back({"DATAPAR_FT_TIMEOUT_MS", std::to_string(o.ft_timeout.count())});
-    ours.push_back({"DATAPAR_FT_MIN_RANKS", std::to_string(o.min_ranks)});
-    const int max_ranks = o.max_ranks > 0 ? o.max_ranks : o.nnodes * o.nproc_per_node;
-    ours.push_back({"DATAPAR_FT_MAX_RANKS", std::to_string(max_ranks)});
+    ours.push_back({"DATAPAR_FT_TIMEOUT_MS", std::to_string(ft.timeout.count())});
+    ours.push_back({"DATAPAR_FT_MIN_RANKS", std::to_string(ft.min_ranks)});
+    ours.push_back({"DATAPAR_FT_MAX_RANKS", std::to_string(ft.max_ranks)});
   }
   // The launcher's stdout is a terminal: rank 0 may draw its live progress line, which the
   // launcher passes through unprefixed (worker_output.h). Piped or to a file: plain lines.

@@ -63,7 +63,7 @@ struct LaunchOptions {
   // launcher of node 0 serves the store and decides the membership (no worker does, so any
   // may die), a failed worker alone is restarted (up to max_restarts times each) while the
   // others go on, and the job stops below min_ranks. The program must be fault-tolerant
-  // itself (`datapar train --fault-tolerant`); workers get ft_job.h's variables.
+  // itself (`datapar train --fault-tolerant`); workers get JobConfig::fault_tolerance's variables.
   bool fault_tolerant = false;
   int min_ranks = 1;
   int max_ranks = 0;  // 0: nnodes * nproc_per_node

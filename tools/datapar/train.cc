@@ -60,7 +60,7 @@
 #include "datapar/train/plot.h"
 #include "datapar/train/resume_agreement.h"
 #include "datapar/trace.h"
-#include "ft_job.h"
+#include "datapar/ft/launched_job.h"
 #include "trajectory_flags.h"
 
 namespace datapar::tools {
@@ -763,30 +763,9 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   const TrainOptions& o = plan.options;
   const c10::Device device = plan.devices.front().torch_device();
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum));
-  const Environment env = process_environment();
-  auto number = [&](const char* name) {
-    const std::optional<std::string> v = env(name);
-    DATAPAR_CHECK(v && !v->empty() && v->find_first_not_of("0123456789") == std::string::npos, name, " is \"",
-                  v.value_or(""), "\"; datapar launch --fault-tolerant sets it.");
-    return std::stoll(*v);
-  };
-  const ft::FtOptions ft_options = ft_job_options(std::chrono::milliseconds(number("DATAPAR_FT_TIMEOUT_MS")),
-                                                  plan.world_size, static_cast<int>(number("DATAPAR_FT_MIN_RANKS")),
-                                                  static_cast<int>(number("DATAPAR_FT_MAX_RANKS")));
-  const JobConfig config = resolve_job_config(env);
-  DATAPAR_CHECK(config.master_addr && config.master_port, "--fault-tolerant: MASTER_ADDR and MASTER_PORT (where the ",
-                "launcher serves the store) are not set.");
-  const auto store = std::make_shared<TcpStore>(
-      TcpStoreOptions{*config.master_addr, static_cast<uint16_t>(std::stoi(*config.master_port)), false,
-                      config.store_token, kDefaultTimeout, config.run_id});
-  check_same_trajectory(*store, "ft/" + kFtRun + "/trajectory", trajectory_flags(plan, data.train->size()));
-  // Each epoch's group as init_process_group would make it for this job (its address, its
-  // use of shared memory).
-  GlooOptions gloo = gloo_job_options(config);
-  gloo.timeout = ft_group_timeout(ft_options);
-  ft::ElasticGroup elastic(store, kFtRun, ft_options, [gloo](std::shared_ptr<Store> epoch_store, int rank, int size) {
-    return new_gloo_process_group(std::move(epoch_store), rank, size, gloo);
-  });
+  ft::LaunchedJob job = ft::join_launched_job(resolve_job_config(process_environment()));
+  check_same_trajectory(*job.store, "ft/" + ft::kLaunchedRun + "/trajectory", trajectory_flags(plan, data.train->size()));
+  ft::ElasticGroup& elastic = *job.elastic;
   // Each epoch's global batches, as a job of the full size cuts its epochs (global_batch()).
   BalancedBatches batches(
       {data.train->size(), plan.global_batch, plan.world_size, 0, /*shuffle=*/true, static_cast<uint64_t>(o.seed)});
@@ -796,10 +775,6 @@ int run_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<
   // step's state from a peer when it joins.
   const int64_t first_epoch = plan.resume ? resume(plan, *model, sgd, device) : 0;
   const FtTrainer trainer = make_ft_trainer(plan, model, sgd, elastic, first_epoch * per_epoch);
-  // For the launcher, which reports this member dead the moment this process fails.
-  store->set(ft_worker_key(kFtRun, static_cast<int>(env("GROUP_RANK") ? number("GROUP_RANK") : 0),
-                           static_cast<long>(::getpid())),
-             elastic.member().id());
 
   const int64_t total = per_epoch * o.epochs;
   int64_t batches_epoch = -1;  // the epoch `batches` is set to

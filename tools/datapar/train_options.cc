@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
+#include "datapar/rendezvous/job_config.h"
 #include "datapar/train/plot.h"
 #include "file_system.h"
 #include "train.h"
@@ -339,7 +340,7 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   // Not under --fault-tolerant: a restarted rank joins the running job and takes its state.
   plan.resume = o.resume || (!o.fault_tolerant && !o.checkpoint_dir.empty() && restarts &&
                              std::atoi(restarts->c_str()) > 0);
-  const bool launcher_tolerant = env("DATAPAR_FAULT_TOLERANT") == std::optional<std::string>("1");
+  const bool launcher_tolerant = resolve_job_config(env).fault_tolerance.has_value();
   DATAPAR_CHECK(!o.fault_tolerant || launcher_tolerant,
                 "--fault-tolerant needs a launcher that serves the job's store and decides its membership.\n---> "
                 "HINT: start it with datapar launch --fault-tolerant --nproc-per-node N -- datapar train ...");

@@ -1,15 +1,15 @@
-// Fault-tolerant membership (issue 31, docs/fault_tolerance.md): the options, and the record
-// of one membership epoch, which the decider (decider.h) publishes in the store and every
+// Fault-tolerant membership (issue 31, docs/fault_tolerance.md): the record of one
+// membership epoch, which the decider (decider.h) publishes in the store and every
 // member (member.h) reads alike, so that no decision is taken by one rank alone.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <vector>
 
 #include "datapar/error.h"
+#include "datapar/ft/options.h"
 
 namespace datapar::ft {
 
@@ -25,23 +25,6 @@ class MembershipError : public Error {
 class TrainingComplete : public MembershipError {
  public:
   using MembershipError::MembershipError;
-};
-
-struct FtOptions {
-  // How often a member renews its heartbeat, and the decider looks.
-  std::chrono::milliseconds heartbeat_interval{500};
-  // A member whose heartbeat stopped this long is evicted (dead, hung, or stopped by a
-  // signal); its epoch is marked broken, so the others abort their collectives at once.
-  std::chrono::milliseconds eviction_timeout{5000};
-  // A new epoch waits this long after the last join for more members, once it could form.
-  std::chrono::milliseconds settle_time{1000};
-  // The longest wait for a quorum; then the job stops with MembershipError. A member's join
-  // waits a little longer (the settle time and four heartbeats) for the decider's verdict.
-  std::chrono::milliseconds quorum_timeout{60000};
-  // Members the first epoch waits for (up to quorum_timeout); 0: min_members.
-  int expected_members = 0;
-  int min_members = 1;
-  int max_members = std::numeric_limits<int>::max();
 };
 
 struct EpochMember {

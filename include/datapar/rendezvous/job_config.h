@@ -11,6 +11,7 @@
 // (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE), first found in that order.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 
@@ -30,6 +31,15 @@ struct ProcessIdentity {
 // Rank and world size from the launcher's variables, or nullopt when none are set.
 // Throws InvalidArgumentError for values that are not integers.
 std::optional<ProcessIdentity> identity_from_environment(const Environment& env = process_environment());
+
+// What `datapar launch --fault-tolerant` tells each of its workers (docs/fault_tolerance.md);
+// datapar/ft/options.h derives the membership options from it.
+struct FaultToleranceConfig {
+  std::chrono::milliseconds timeout{0};  // DATAPAR_FT_TIMEOUT_MS (--ft-timeout): a silent member is evicted
+  int min_ranks = 1;                     // DATAPAR_FT_MIN_RANKS (--min-ranks)
+  int max_ranks = 1;                     // DATAPAR_FT_MAX_RANKS (--max-ranks, or the job's size)
+  int node_rank = 0;                     // GROUP_RANK: the node whose launcher supervises this worker
+};
 
 struct JobConfig {
   // What the launcher's variables say (identity_from_environment); nullopt: none set.
@@ -64,8 +74,18 @@ struct JobConfig {
   // by the next call, not the end of the process (NcclOptions::end_process_on_failure).
   bool nccl_end_process_on_failure = true;
 
+  // DATAPAR_FAULT_TOLERANT=1: started by `datapar launch --fault-tolerant`, which serves the
+  // store at MASTER_ADDR:MASTER_PORT and decides the job's membership.
+  // Then `fault_tolerance` holds what it said (nullopt otherwise), and fault_tolerance_error
+  // is not empty when its DATAPAR_FT_* variables are missing or do not parse.
+  std::optional<FaultToleranceConfig> fault_tolerance;
+  std::string fault_tolerance_error;
+
   // `launcher`. Throws InvalidArgumentError with launcher_error when that is not empty.
   std::optional<ProcessIdentity> identity() const;
+  // What the fault-tolerant launcher said. Throws InvalidArgumentError when this process was
+  // not started by one, or its variables do not parse.
+  FaultToleranceConfig fault_tolerant_launcher() const;
 };
 
 // Reads every variable above once. Never throws: values that do not parse are kept for the
