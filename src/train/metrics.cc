@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -121,7 +122,11 @@ bool is_terminal(std::FILE* stream) {
 ProgressBar::ProgressBar(std::FILE* out, bool enabled) : out_(out), enabled_(enabled) {}
 
 void ProgressBar::start(int64_t epoch, int64_t epochs, int64_t total_steps) {
-  label_ = "epoch " + std::to_string(epoch) + "/" + std::to_string(epochs);
+  start("epoch " + std::to_string(epoch) + "/" + std::to_string(epochs), total_steps);
+}
+
+void ProgressBar::start(std::string label, int64_t total_steps) {
+  label_ = std::move(label);
   total_ = total_steps;
   start_ = std::chrono::steady_clock::now();
   last_draw_ = {};
@@ -140,6 +145,12 @@ void ProgressBar::update(int64_t steps, double loss, int64_t samples) {
   draw(steps, loss, samples);
 }
 
+void ProgressBar::update(int64_t steps) {
+  if (!due(steps)) return;
+  last_draw_ = std::chrono::steady_clock::now();
+  draw(steps, std::nan(""), -1);
+}
+
 void ProgressBar::draw(int64_t steps, double loss, int64_t samples) {
   constexpr int kWidth = 20;  // the whole line stays under 100 columns: a wrapped line is not redrawn in place
   const double done = total_ > 0 ? std::min(1.0, static_cast<double>(steps) / total_) : 1.0;
@@ -156,9 +167,12 @@ void ProgressBar::draw(int64_t steps, double loss, int64_t samples) {
   } else {
     std::snprintf(left_text, sizeof left_text, "%.0f s left", left);
   }
-  std::fprintf(out_, "\r%s  step %" PRId64 "/%" PRId64 " [%s] %3.0f%%  loss %.3f  %.0f samples/s  %s\033[K",
-               label_.c_str(), steps, total_, bar.c_str(), done * 100, loss, secs > 0 ? samples / secs : 0.0,
-               left_text);
+  char rates[64] = "";  // what a training step shows, and a benchmark's does not
+  if (samples >= 0) {
+    std::snprintf(rates, sizeof rates, "  loss %.3f  %.0f samples/s", loss, secs > 0 ? samples / secs : 0.0);
+  }
+  std::fprintf(out_, "\r%s  step %" PRId64 "/%" PRId64 " [%s] %3.0f%%%s  %s\033[K", label_.c_str(), steps, total_,
+               bar.c_str(), done * 100, rates, left_text);
   std::fflush(out_);
   drawn_ = true;
 }

@@ -1,6 +1,7 @@
 // What a user at a terminal sees while `datapar train` trains: rank 0's live line (step /
 // steps of the epoch, loss, samples/s, time left) redrawn in place, then the epoch line;
-// through `datapar launch` too. Piped, the output is plain lines, no carriage return.
+// through `datapar launch` too; and while `datapar bench` runs, a line per timed phase.
+// Piped, the output is plain lines, no carriage return.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -105,6 +106,28 @@ TEST(LiveLine, LaunchPassesRankZerosLiveLineToItsTerminal) {
   const datapar::testing::ProcessResult piped = datapar::testing::run_shell(command + "| cat");
   ASSERT_EQ(piped.exit_code, 0) << piped.output;
   EXPECT_NE(piped.output.find("[rank 0] epoch 1/1  loss "), std::string::npos) << piped.output;
+  EXPECT_EQ(piped.output.find('\r'), std::string::npos) << "a live line in a pipe:\n" << piped.output;
+}
+
+// `datapar bench fsdp` at a terminal: rank 0 redraws a line per timed phase (ddp and fsdp in
+// turn, each round), the last step of each drawn, and erases it before the results; piped,
+// the results alone, no carriage return.
+TEST(LiveLine, UnderATerminalBenchRedrawsALinePerPhaseAndErasesItBeforeTheResults) {
+  const std::vector<std::string> bench = {kCli, "bench", "fsdp", "--model", "lenet", "--steps", "20", "--rounds", "2"};
+  const TerminalRun run = run_in_terminal(bench, std::chrono::seconds(240));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (const char* phase : {"ddp (round 1/2)", "fsdp (round 1/2)", "ddp (round 2/2)", "fsdp (round 2/2)"}) {
+    EXPECT_NE(run.output.find(std::string("\r") + phase + "  step 20/20 [####################] 100%"),
+              std::string::npos)
+        << phase << "\n" << run.output;
+  }
+  EXPECT_NE(run.output.find("\r\x1b[Kdatapar bench fsdp: lenet, 2 ranks"), std::string::npos) << run.output;
+
+  std::string command;
+  for (const std::string& a : bench) command += a + " ";
+  const datapar::testing::ProcessResult piped = datapar::testing::run_shell(command + "| cat");
+  ASSERT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_NE(piped.output.find("datapar bench fsdp: lenet, 2 ranks"), std::string::npos) << piped.output;
   EXPECT_EQ(piped.output.find('\r'), std::string::npos) << "a live line in a pipe:\n" << piped.output;
 }
 

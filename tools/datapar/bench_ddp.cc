@@ -37,6 +37,7 @@
 #include "file_system.h"
 #include "datapar/trace.h"
 #include "bench_ft.h"
+#include "bench_line.h"
 #include "local_job.h"
 
 namespace datapar::tools {
@@ -83,17 +84,26 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Runs `step` `steps` times after `warmup`; every value is the slowest rank's.
+// Runs `step` `steps` times after `warmup`; every value is the slowest rank's. `line` shows
+// the phase `phase` at a terminal.
 template <typename Step>
-PhaseTimes time_steps(ProcessGroup& group, int warmup, int steps, Step&& step, StepParts* parts = nullptr) {
-  for (int i = 0; i < warmup; ++i) step(i);
+PhaseTimes time_steps(BenchLine& line, const char* phase, ProcessGroup& group, int warmup, int steps, Step&& step,
+                      StepParts* parts = nullptr) {
+  line.phase(phase, warmup + steps);
+  for (int i = 0; i < warmup; ++i) {
+    step(i);
+    line.step(i + 1);
+  }
   if (parts) *parts = StepParts{};
   group.barrier()->wait();
   synchronize(group);
   const double thread_start = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
   const double process_start = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
   const auto start = Clock::now();
-  for (int i = 0; i < steps; ++i) step(i);
+  for (int i = 0; i < steps; ++i) {
+    step(i);
+    line.step(warmup + i + 1);
+  }
   synchronize(group);
   const double elapsed = seconds_since(start);
   const double thread_cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - thread_start;
@@ -167,6 +177,7 @@ struct ModelBench {
   ProcessGroup& group;
   const std::function<Module()> make;
   std::vector<Batch> batches;
+  mutable BenchLine line{group};  // the live line at a terminal
 };
 
 // 1. The ceiling: the same steps on each rank's own model, with no synchronisation.
@@ -177,7 +188,8 @@ PhaseTimes time_local(const ModelBench<Module>& b) {
   auto forward = [&](const at::Tensor& x) { return local->forward(x); };
   StepParts parts;
   return time_steps(
-      b.group, b.o.warmup, b.steps, [&](int i) { b.train_step(forward, *optimizer, parts, i); }, &parts);
+      b.line, "ceiling (no synchronisation)", b.group, b.o.warmup, b.steps,
+      [&](int i) { b.train_step(forward, *optimizer, parts, i); }, &parts);
 }
 
 struct DdpTimes {
@@ -197,7 +209,7 @@ DdpTimes time_ddp(const ModelBench<Module>& b, Ddp& ddp, torch::optim::Optimizer
   int64_t taken = 0;  // warmup steps first, then the timed ones
   DdpTimes out;
   out.times = time_steps(
-      b.group, b.o.warmup, b.steps,
+      b.line, "ddp", b.group, b.o.warmup, b.steps,
       [&](int i) {
         const auto before = ddp.communication_stats().exposed_wait;
         b.train_step(forward, optimizer, parts, i);
@@ -235,7 +247,8 @@ ZeroTimes time_zero(const ModelBench<Module>& b, const DdpOptions& ddp_options) 
       StepParts parts;
       auto forward = [&](const at::Tensor& x) { return ddp.forward(x); };
       const PhaseTimes t = time_steps(
-          b.group, b.o.warmup, b.steps, [&](int i) { b.train_step(forward, zero, parts, i); }, &parts);
+          b.line, "zero", b.group, b.o.warmup, b.steps, [&](int i) { b.train_step(forward, zero, parts, i); },
+          &parts);
       out.steps[variant].push_back(t.step);
       out.optimizer[variant].push_back(t.optimizer);
       if (!out.state_bytes.empty()) continue;
@@ -315,11 +328,13 @@ FtTimes time_fault_tolerance(const ModelBench<Module>& b) {
       const int way = (round + k) % ways;  // each goes first in turn
       if (way == 0) {
         out.ddp.push_back(
-            time_steps(b.group, b.o.warmup, b.steps, [&](int i) { b.train_step(forward, *optimizer, parts, i); }).step);
+            time_steps(b.line, "ddp (against fault tolerance)", b.group, b.o.warmup, b.steps,
+                       [&](int i) { b.train_step(forward, *optimizer, parts, i); })
+                .step);
       } else if (way == 1) {
-        out.ft.push_back(time_steps(b.group, b.o.warmup, b.steps, ft_step).step);
+        out.ft.push_back(time_steps(b.line, "fault tolerance", b.group, b.o.warmup, b.steps, ft_step).step);
       } else {
-        out.ft_zero.push_back(time_steps(b.group, b.o.warmup, b.steps, ft_zero_step).step);
+        out.ft_zero.push_back(time_steps(b.line, "fault tolerance, zero", b.group, b.o.warmup, b.steps, ft_zero_step).step);
       }
     }
   }
@@ -355,7 +370,7 @@ CommTimes time_communication_alone(const ModelBench<Module>& b, const Ddp& ddp) 
     out.bytes += numel * 4;
   }
   out.buckets = flats.size();
-  out.step = time_steps(b.group, b.o.warmup, b.steps, [&](int) {
+  out.step = time_steps(b.line, "all-reduce alone", b.group, b.o.warmup, b.steps, [&](int) {
     std::vector<std::shared_ptr<Work>> works;
     for (at::Tensor& f : flats) works.push_back(b.group.all_reduce(f));
     for (auto& w : works) w->wait();
@@ -378,13 +393,13 @@ TraceTimes time_trace(const ModelBench<Module>& b, const DdpStep& ddp_step) {
   const int rank = b.group.rank();
   for (int round = 0; round < TraceTimes::kRounds; ++round) {
     // Off first in even rounds, on first in odd ones: neither gains from going second.
-    if (round % 2 == 0) out.off.push_back(time_steps(b.group, 1, b.steps, ddp_step).step);
+    if (round % 2 == 0) out.off.push_back(time_steps(b.line, "timeline off", b.group, 1, b.steps, ddp_step).step);
     trace::start();
     trace::name_thread("main");
-    out.on.push_back(time_steps(b.group, 1, b.steps, ddp_step).step);
+    out.on.push_back(time_steps(b.line, "timeline on", b.group, 1, b.steps, ddp_step).step);
     if (round % 2 == 1) {
       (void)trace::stop_to_json(rank);
-      out.off.push_back(time_steps(b.group, 1, b.steps, ddp_step).step);
+      out.off.push_back(time_steps(b.line, "timeline off", b.group, 1, b.steps, ddp_step).step);
       continue;
     }
     if (round == 0) {
@@ -415,6 +430,7 @@ void report(const ModelBench<Module>& b, const PhaseTimes& local, const DdpTimes
   const double t_local = local.step, t_ddp = ddp.times.step;
   // Measured inside the DDP step, so the step-to-step noise of compute does not enter it.
   const double hidden = world > 1 ? std::min(1.0, std::max(0.0, 1.0 - ddp.exposed_wait / comm.step)) : 0.0;
+  b.line.clear();
   std::printf("datapar bench ddp: model %s, backend %s, %d process(es) x %d thread(s), batch %d per rank, %d steps%s\n",
               o.model.c_str(), b.group.backend().c_str(), world, at::get_num_threads(), batch, steps,
               o.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "");

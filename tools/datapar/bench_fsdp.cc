@@ -28,6 +28,7 @@
 #include "datapar/process_group/metadata.h"
 #include "datapar/train/optimizer_state.h"
 #include "bench_ft.h"
+#include "bench_line.h"
 #include "local_job.h"
 
 namespace datapar::tools {
@@ -69,12 +70,16 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
   return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(0.01));
 }
 
-// The slowest rank's mean step time over `steps` steps.
+// The slowest rank's mean step time over `steps` steps; `line` shows them at a terminal.
 template <typename Step>
-double time_steps(ProcessGroup& group, int steps, const Step& step) {
+double time_steps(BenchLine& line, const std::string& phase, ProcessGroup& group, int steps, const Step& step) {
+  line.phase(phase, steps);
   group.barrier()->wait();
   const auto start = Clock::now();
-  for (int i = 0; i < steps; ++i) step(i);
+  for (int i = 0; i < steps; ++i) {
+    step(i);
+    line.step(i + 1);
+  }
   at::Tensor t =
       metadata_tensor(group, std::vector<double>{std::chrono::duration<double>(Clock::now() - start).count() / steps});
   group.all_reduce(t, ReduceOp::kMax)->synchronize();
@@ -137,17 +142,22 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
       DATAPAR_CHECK(committed, "bench fsdp --fault-tolerant: a step was not committed (did a rank fail?).");
     };
   }
+  BenchLine line(group);
+  line.phase("warm-up", o.warmup);
   for (int i = 0; i < o.warmup; ++i) {
     ddp_step(i);
     fsdp_step(i);
     if (ft_step) ft_step(i);
+    line.step(i + 1);
   }
   std::vector<double> ddp_times, fsdp_times, ft_times;
   for (int round = 0; round < o.rounds; ++round) {  // in turn: drifts of a shared machine hit all
-    ddp_times.push_back(time_steps(group, steps, ddp_step));
-    fsdp_times.push_back(time_steps(group, steps, fsdp_step));
-    if (ft_step) ft_times.push_back(time_steps(group, steps, ft_step));
+    const std::string of = " (round " + std::to_string(round + 1) + "/" + std::to_string(o.rounds) + ")";
+    ddp_times.push_back(time_steps(line, "ddp" + of, group, steps, ddp_step));
+    fsdp_times.push_back(time_steps(line, "fsdp" + of, group, steps, fsdp_step));
+    if (ft_step) ft_times.push_back(time_steps(line, "fault-tolerant fsdp" + of, group, steps, ft_step));
   }
+  line.clear();
   // Bytes after a step, gradients still held (zero_grad comes at the next step's start).
   const Footprint whole = footprint(ddp.parameters(), *ddp_optimizer);
   const Footprint shards = footprint(fsdp.parameters(), *fsdp_optimizer);

@@ -81,11 +81,15 @@ class ProgressBar {
   ProgressBar(std::FILE* out, bool enabled);
   // Starts a bar for `total_steps` steps of epoch `epoch` of `epochs`.
   void start(int64_t epoch, int64_t epochs, int64_t total_steps);
+  // Starts a bar for `total_steps` steps labelled `label` (e.g. a benchmark's phase).
+  void start(std::string label, int64_t total_steps);
   // Whether update(steps, ...) would redraw now. The loss lives on the training device:
   // the caller reads it (a wait for the device) only when it is due.
   bool due(int64_t steps) const;
   // After `steps` steps: the mean loss so far and samples trained so far.
   void update(int64_t steps, double loss, int64_t samples);
+  // After `steps` steps, for steps that have no loss to show (a benchmark's).
+  void update(int64_t steps);
   // Erases the bar, so the epoch line that follows starts on a clean line.
   void clear();
 
