@@ -74,7 +74,8 @@ build-torch2: setup
 	  cmake -S . -B $(TORCH2_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) -DCMAKE_PREFIX_PATH="$$prefix"
 	cmake --build $(TORCH2_BUILD_DIR) -j $(JOBS)
 
-demo: setup
+demo:
+	bash scripts/setup.sh --demo
 	cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_FLAGS)
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(DEMO_TARGETS)
 	$(BUILD_DIR)/bin/data_parallel_tutorial

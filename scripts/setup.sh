@@ -2,8 +2,18 @@
 # Installs what datapar needs from Debian's archive (the 1.13 line, and the tools of both).
 # scripts/setup_torch.sh adds pip's torch for the 2.x line.
 # Idempotent and non-interactive: packages already present are left alone.
+#
+#   scripts/setup.sh          everything: both lines' builds, every leg of `make test`
+#   scripts/setup.sh --demo   only what `make demo` builds and runs (a newcomer's first minutes:
+#                             no sanitizers, MPI, Slurm or Python torch to download)
 set -euo pipefail
 
+demo_packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev libopenblas0-openmp libgloo-dev libgtest-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev
+  gnuplot-nox
+)
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-openmp libgloo-dev
@@ -17,6 +27,8 @@ packages=(
   clang libclang-rt-14-dev llvm-14
 )
 
+[[ ${1:-} == --demo ]] && packages=("${demo_packages[@]}")
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -27,8 +39,10 @@ if ((${#missing[@]})); then
   sudo_cmd=()
   [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
   export DEBIAN_FRONTEND=noninteractive
+  started=$SECONDS
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: installed in $((SECONDS - started)) s"
 else
   echo "setup: all packages present"
 fi
