@@ -8,7 +8,7 @@
 namespace datapar {
 namespace {
 
-constexpr const char* kNotBuilt =
+constexpr const char* kMpiNotBuilt =
     "the mpi backend is not available in this build of datapar (CMake found no MPI library). Install one (Debian: "
     "apt-get install libopenmpi-dev openmpi-bin), then configure and build datapar again, or use \"gloo\" for CPU "
     "tensors.";
@@ -16,12 +16,12 @@ constexpr const char* kNotBuilt =
 }  // namespace
 
 std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>&, MpiOptions) {
-  throw InvalidArgumentError(std::string("new_mpi_process_group: ") + kNotBuilt);
+  throw InvalidArgumentError(std::string("new_mpi_process_group: ") + kMpiNotBuilt);
 }
 
 namespace detail {
 
-Backend mpi_backend() { return Backend{"mpi", kNotBuilt, nullptr, nullptr}; }
+Backend mpi_backend() { return Backend{"mpi", kMpiNotBuilt, nullptr, nullptr}; }
 
 }  // namespace detail
 }  // namespace datapar

@@ -7,19 +7,19 @@
 namespace datapar {
 namespace {
 
-constexpr const char* kNotBuilt =
+constexpr const char* kNcclNotBuilt =
     "the nccl backend is not available in this build of datapar (it needs libtorch with CUDA and NCCL at build "
     "time). Use \"gloo\" or \"mpi\" for CPU tensors, or build datapar against a CUDA libtorch (README.md).";
 
 }  // namespace
 
 std::shared_ptr<ProcessGroup> new_nccl_process_group(std::shared_ptr<Store>, int, int, NcclOptions) {
-  throw InvalidArgumentError(std::string("new_nccl_process_group: ") + kNotBuilt);
+  throw InvalidArgumentError(std::string("new_nccl_process_group: ") + kNcclNotBuilt);
 }
 
 namespace detail {
 
-Backend nccl_backend() { return Backend{"nccl", kNotBuilt, nullptr, nullptr}; }
+Backend nccl_backend() { return Backend{"nccl", kNcclNotBuilt, nullptr, nullptr}; }
 
 }  // namespace detail
 }  // namespace datapar
