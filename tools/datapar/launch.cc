@@ -221,138 +221,183 @@ FaultToleranceConfig fault_tolerance_of(const LaunchOptions& o) {
   return {o.ft_timeout, o.min_ranks, o.max_ranks > 0 ? o.max_ranks : world, o.node_rank};
 }
 
-int launch_fault_tolerant(const LaunchOptions& options) {
-  const int world = options.nnodes * options.nproc_per_node;
-  const ft::FtOptions ft_options = ft::launched_job_options(fault_tolerance_of(options), world);
-  const auto port = static_cast<uint16_t>(options.master_port);
-  // The workers' run id (JobConfig::run_id): the one given, else the token.
-  const std::string run_id = options.run_id.empty() ? options.token : options.run_id;
-  const TcpStoreOptions client{options.master_addr, port, false, options.token, kDefaultTimeout, run_id};
-  std::shared_ptr<TcpStore> store;
-  std::unique_ptr<ft::Decider> decider;
-  if (options.node_rank == 0) {
-    TcpStoreOptions server = client;
-    server.is_server = true;
-    store = std::make_shared<TcpStore>(server);
-    decider = std::make_unique<ft::Decider>(std::make_shared<TcpStore>(client), ft::kLaunchedRun, ft_options);
+// One node's launcher of a fault-tolerant job (Note above): its workers, each a group of its
+// own, and what it knows of the job.
+class FaultTolerantLauncher {
+ public:
+  explicit FaultTolerantLauncher(const LaunchOptions& options)
+      : options_(options), ft_options_(ft::launched_job_options(fault_tolerance_of(options),
+                                                                options.nnodes * options.nproc_per_node)),
+        cores_(worker_cores(options)) {
+    const auto port = static_cast<uint16_t>(options.master_port);
+    // The workers' run id (JobConfig::run_id): the one given, else the token.
+    const std::string run_id = options.run_id.empty() ? options.token : options.run_id;
+    const TcpStoreOptions client{options.master_addr, port, false, options.token, kDefaultTimeout, run_id};
+    if (options.node_rank == 0) {
+      TcpStoreOptions server = client;
+      server.is_server = true;
+      store_ = std::make_shared<TcpStore>(server);
+      decider_ = std::make_unique<ft::Decider>(std::make_shared<TcpStore>(client), ft::kLaunchedRun, ft_options_);
+    }
+    nodes_ = std::make_unique<FtNodes>(client, ft::kLaunchedRun, options.node_rank, options.nnodes,
+                                       ft_options_.heartbeat_interval, ft_options_.eviction_timeout,
+                                       ft_options_.quorum_timeout);
+    slots_.resize(static_cast<size_t>(options.nproc_per_node));
+    for (int i = 0; i < options.nproc_per_node; ++i) slots_[static_cast<size_t>(i)].group = start_worker(i, 0);
   }
-  const auto nodes = std::make_unique<FtNodes>(client, ft::kLaunchedRun, options.node_rank, options.nnodes,
-                                               ft_options.heartbeat_interval, ft_options.eviction_timeout,
-                                               ft_options.quorum_timeout);
+
+  // Supervises the workers until none runs (nor, on node 0, any other node's); the exit code.
+  int run() {
+    const auto poll_each = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(100) / slots_.size(),
+                                                               std::chrono::milliseconds(5));
+    while (running()) {
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        const WorkerEvents events = slots_[i].group->poll(poll_each);
+        for (int sig : events.signals) forward(sig);
+        for (const WorkerExit& e : events.exits) worker_exited(slots_[i], e);
+        restart_if_due(i);
+      }
+      check_job();
+      if (kill_at_ && !killed_ && Clock::now() >= *kill_at_) {
+        signal_all(SIGKILL);
+        killed_ = true;
+      }
+    }
+    if (options_.node_rank != 0) nodes_->report_done(completed_ || complete_);
+    return exit_code();
+  }
+
+ private:
   struct Slot {
     std::unique_ptr<WorkerGroup> group;
     int restarts = 0;
-    bool restart = false;             // start it again once its group has finished
+    bool restart = false;                // start it again once its group has finished
     std::optional<WorkerExit> given_up;  // failed with no restart left
   };
-  const std::vector<std::vector<int>> cores = worker_cores(options);
-  auto start_worker = [&](int local_rank, int restarts) {
-    return std::make_unique<WorkerGroup>(options.program,
-                                         std::vector<WorkerSpec>{worker_spec(options, cores, local_rank, restarts)});
-  };
-  std::vector<Slot> slots(static_cast<size_t>(options.nproc_per_node));
-  for (int i = 0; i < options.nproc_per_node; ++i) slots[static_cast<size_t>(i)].group = start_worker(i, 0);
-  auto signal_all = [&](int sig) {
-    for (Slot& slot : slots) slot.group->signal_all(sig);
-  };
-  int launcher_signal = 0;
-  std::string stop_reason, store_error;
-  std::optional<Clock::time_point> kill_at;
-  bool killed = false;
-  bool completed = false;  // a worker finished the training
-  bool complete = false;   // the decider's verdict: the training is complete (a late worker has nothing to do)
-  // Node 0 with other nodes: serve the store until they are done (Note above).
-  auto others_running = [&] {
-    return options.node_rank == 0 && launcher_signal == 0 && nodes->others_ended() < options.nnodes - 1;
-  };
-  auto running = [&] {
-    return std::any_of(slots.begin(), slots.end(), [](const Slot& s) { return !s.group->finished() || s.restart; }) ||
+
+  std::unique_ptr<WorkerGroup> start_worker(int local_rank, int restarts) const {
+    return std::make_unique<WorkerGroup>(options_.program,
+                                         std::vector<WorkerSpec>{worker_spec(options_, cores_, local_rank, restarts)});
+  }
+
+  void signal_all(int sig) {
+    for (Slot& slot : slots_) slot.group->signal_all(sig);
+  }
+
+  void stop_all() {
+    signal_all(SIGTERM);
+    if (!kill_at_) kill_at_ = Clock::now() + options_.grace_period;
+  }
+
+  // Node 0 with other nodes: serves the store until they are done (Note above).
+  bool others_running() const {
+    return options_.node_rank == 0 && launcher_signal_ == 0 && nodes_->others_ended() < options_.nnodes - 1;
+  }
+
+  bool running() const {
+    return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.group->finished() || s.restart; }) ||
            others_running();
-  };
-  const auto poll_each = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(100) / slots.size(),
-                                                             std::chrono::milliseconds(5));
-  auto check_job = [&] {
-    if (options.node_rank != 0 && store_error.empty() && !(store_error = nodes->store_error()).empty()) {
-      // Node 0 serves the store until this node is done, so it is gone (or cut off): without
-      // the decider no membership can form, and a worker could only wait for it.
-      say(options, str_cat("the job's store at ", options.master_addr, ":", options.master_port,
-                           " cannot be reached (", store_error, "): node 0's launcher is gone or the network "
-                           "failed, and the job cannot go on without it; stopping every worker"));
-      signal_all(SIGTERM);
-      if (!kill_at) kill_at = Clock::now() + options.grace_period;
-    }
-    if (!stop_reason.empty()) return;
-    stop_reason = decider ? decider->stop_reason() : nodes->stop_reason();
-    if (stop_reason.empty()) return;
-    complete = decider ? decider->training_complete() : nodes->training_complete();
-    if (complete) {  // its workers end by themselves, with nothing to do
-      if (!completed) say(options, str_cat("the training is complete: ", stop_reason));
+  }
+
+  bool stopping() const { return launcher_signal_ != 0 || !stop_reason_.empty() || !store_error_.empty(); }
+
+  // A signal to the launcher goes to every worker; a second one skips the grace period.
+  void forward(int sig) {
+    if (launcher_signal_ != 0 && !killed_) {
+      signal_all(SIGKILL);
+      killed_ = true;
       return;
     }
-    if (!completed) say(options, str_cat("the job stops: ", stop_reason, "; stopping every worker"));
-    signal_all(SIGTERM);
-    if (!kill_at) kill_at = Clock::now() + options.grace_period;
-  };
-  while (running()) {
-    for (size_t i = 0; i < slots.size(); ++i) {
-      Slot& slot = slots[i];
-      const WorkerEvents events = slot.group->poll(poll_each);
-      for (int sig : events.signals) {
-        if (launcher_signal != 0 && !killed) {  // a second signal skips the grace period
-          signal_all(SIGKILL);
-          killed = true;
-          continue;
-        }
-        launcher_signal = sig;
-        say(options, str_cat("got ", signal_name(sig), "; forwarding it to every worker"));
-        signal_all(sig);
-        if (!kill_at) kill_at = Clock::now() + options.grace_period;
-      }
-      for (const WorkerExit& e : events.exits) {
-        completed |= !e.failed();
-        if (e.failed()) {
-          nodes->worker_failed(e.pid);  // the others need not wait for its heartbeat to stop
-          // It may have failed because node 0 is gone: then nothing is restarted.
-          if (options.node_rank != 0) nodes->store_answers(kStoreAnswer);
-        }
-        check_job();  // a worker that exits because the job stops is not restarted
-        if (!e.failed() || launcher_signal != 0 || !stop_reason.empty() || !store_error.empty()) continue;
-        const std::string who = str_cat("rank ", e.rank, " (local rank ", e.local_rank, ", pid ", e.pid, ") ",
-                                        describe(e));
-        if (slot.restarts < options.max_restarts) {
-          slot.restart = true;
-          say(options, str_cat(who, "; restarting it alone (restart ", slot.restarts + 1, " of ",
-                               options.max_restarts, "); the other workers go on"));
-        } else {
-          slot.given_up = e;
-          say(options, str_cat(who, options.max_restarts > 0 ? "; out of restarts" : "",
-                               "; the other workers go on without it"));
-        }
-      }
-      if (slot.restart && slot.group->finished()) {  // its output read to the end: start it again
-        slot.restart = false;
-        if (launcher_signal != 0 || !stop_reason.empty() || !store_error.empty()) continue;
-        ++slot.restarts;
-        slot.group = start_worker(static_cast<int>(i), slot.restarts);
-      }
+    launcher_signal_ = sig;
+    say(options_, str_cat("got ", signal_name(sig), "; forwarding it to every worker"));
+    signal_all(sig);
+    if (!kill_at_) kill_at_ = Clock::now() + options_.grace_period;
+  }
+
+  // Reads the decider's verdict (node 0) or the store's (the others), and whether the store
+  // still answers; stops every worker when the job stops.
+  void check_job() {
+    if (options_.node_rank != 0 && store_error_.empty() && !(store_error_ = nodes_->store_error()).empty()) {
+      // Node 0 serves the store until this node is done, so it is gone (or cut off): without
+      // the decider no membership can form, and a worker could only wait for it.
+      say(options_, str_cat("the job's store at ", options_.master_addr, ":", options_.master_port,
+                            " cannot be reached (", store_error_, "): node 0's launcher is gone or the network "
+                            "failed, and the job cannot go on without it; stopping every worker"));
+      stop_all();
     }
-    check_job();
-    if (kill_at && !killed && Clock::now() >= *kill_at) {
-      signal_all(SIGKILL);
-      killed = true;
+    if (!stop_reason_.empty()) return;
+    stop_reason_ = decider_ ? decider_->stop_reason() : nodes_->stop_reason();
+    if (stop_reason_.empty()) return;
+    complete_ = decider_ ? decider_->training_complete() : nodes_->training_complete();
+    if (complete_) {  // its workers end by themselves, with nothing to do
+      if (!completed_) say(options_, str_cat("the training is complete: ", stop_reason_));
+      return;
+    }
+    if (!completed_) say(options_, str_cat("the job stops: ", stop_reason_, "; stopping every worker"));
+    stop_all();
+  }
+
+  // A worker of `slot` ended: a failed one is reported dead at once, and restarted alone
+  // while it has restarts left and the job goes on.
+  void worker_exited(Slot& slot, const WorkerExit& e) {
+    completed_ |= !e.failed();
+    if (e.failed()) {
+      nodes_->worker_failed(e.pid);  // the others need not wait for its heartbeat to stop
+      // It may have failed because node 0 is gone: then nothing is restarted.
+      if (options_.node_rank != 0) nodes_->store_answers(kStoreAnswer);
+    }
+    check_job();  // a worker that exits because the job stops is not restarted
+    if (!e.failed() || stopping()) return;
+    const std::string who = str_cat("rank ", e.rank, " (local rank ", e.local_rank, ", pid ", e.pid, ") ", describe(e));
+    if (slot.restarts < options_.max_restarts) {
+      slot.restart = true;
+      say(options_, str_cat(who, "; restarting it alone (restart ", slot.restarts + 1, " of ", options_.max_restarts,
+                            "); the other workers go on"));
+    } else {
+      slot.given_up = e;
+      say(options_, str_cat(who, options_.max_restarts > 0 ? "; out of restarts" : "",
+                            "; the other workers go on without it"));
     }
   }
-  if (options.node_rank != 0) nodes->report_done(completed || complete);
-  if (launcher_signal != 0) return 128 + launcher_signal;
-  // Done when a worker finished the training (a worker given up on is reported above; one
-  // that came too late to join is stopped with the decider's verdict, which is moot then).
-  if (completed || complete) return 0;
-  if (!stop_reason.empty() || !store_error.empty()) return 1;
-  for (const Slot& slot : slots) {
-    if (slot.given_up) return slot.given_up->signal != 0 ? 128 + slot.given_up->signal : slot.given_up->exit_code;
+
+  // Starts slot i's worker again once its output is read to the end.
+  void restart_if_due(size_t i) {
+    Slot& slot = slots_[i];
+    if (!slot.restart || !slot.group->finished()) return;
+    slot.restart = false;
+    if (stopping()) return;
+    ++slot.restarts;
+    slot.group = start_worker(static_cast<int>(i), slot.restarts);
   }
-  return 1;
-}
+
+  int exit_code() const {
+    if (launcher_signal_ != 0) return 128 + launcher_signal_;
+    // Done when a worker finished the training (a worker given up on is reported above; one
+    // that came too late to join is stopped with the decider's verdict, which is moot then).
+    if (completed_ || complete_) return 0;
+    if (!stop_reason_.empty() || !store_error_.empty()) return 1;
+    for (const Slot& slot : slots_) {
+      if (slot.given_up) return slot.given_up->signal != 0 ? 128 + slot.given_up->signal : slot.given_up->exit_code;
+    }
+    return 1;
+  }
+
+  const LaunchOptions& options_;
+  const ft::FtOptions ft_options_;
+  const std::vector<std::vector<int>> cores_;
+  std::shared_ptr<TcpStore> store_;       // node 0 serves the job's store
+  std::unique_ptr<ft::Decider> decider_;  // and decides its membership
+  std::unique_ptr<FtNodes> nodes_;
+  std::vector<Slot> slots_;
+  int launcher_signal_ = 0;
+  std::string stop_reason_, store_error_;
+  std::optional<Clock::time_point> kill_at_;
+  bool killed_ = false;
+  bool completed_ = false;  // a worker finished the training
+  bool complete_ = false;   // the decider's verdict: the training is complete (a late worker has nothing to do)
+};
+
+int launch_fault_tolerant(const LaunchOptions& options) { return FaultTolerantLauncher(options).run(); }
 
 }  // namespace
 

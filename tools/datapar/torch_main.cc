@@ -34,6 +34,87 @@ int list_devices(const std::string& spec) {
   return 0;
 }
 
+// `bench collectives` and its flags, which write into `collectives` and `sizes`.
+CLI::App* add_bench_collectives(CLI::App& bench, datapar::tools::BenchCollectivesOptions& collectives,
+                                std::string& sizes) {
+  auto* cmd = bench.add_subcommand(
+      "collectives", "Time collectives over N local processes (or under a launcher), like nccl-tests");
+  cmd->add_option("--nproc", collectives.nproc, "Processes to start when not under a launcher (default 2)")
+      ->check(datapar::tools::whole_number<decltype(collectives.nproc)>());
+  cmd->add_option("--backend", collectives.backend,
+                                "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
+  cmd->add_option("--op", collectives.op, "all_reduce, broadcast or all_gather (default all_reduce)");
+  cmd->add_option("--sizes", sizes, "Bytes per process, e.g. 4KiB,1MiB,64MiB (default 4KiB..64MiB)");
+  cmd->add_option("--iters", collectives.iters, "Timed iterations per size (default 20)")
+      ->check(datapar::tools::whole_number<decltype(collectives.iters)>());
+  cmd->add_option("--warmup", collectives.warmup, "Untimed iterations per size (default 5)")
+      ->check(datapar::tools::whole_number<decltype(collectives.warmup)>());
+  return cmd;
+}
+
+// `bench ddp` and its flags, which write into `ddp`.
+CLI::App* add_bench_ddp(CLI::App& bench, datapar::tools::BenchDdpOptions& ddp) {
+  auto* cmd = bench.add_subcommand(
+      "ddp", "Samples/s of DDP training steps over N local processes (or under a launcher), with the ceiling");
+  cmd->add_option("--model", ddp.model, "mlp, lenet or resnet18 (default mlp)");
+  cmd->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)")
+      ->check(datapar::tools::whole_number<decltype(ddp.nproc)>());
+  cmd->add_option("--batch", ddp.batch, "Batch per rank, up to 65536 (default: mlp 64, lenet 128, resnet18 32)")
+      ->check(datapar::tools::whole_number<decltype(ddp.batch)>())
+      ->check(CLI::Range(0, 65536));  // 2^31 filled a 16 GiB tensor, then aborted (issue 46)
+  cmd->add_option("--backend", ddp.backend,
+                        "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
+  cmd->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)")
+      ->check(datapar::tools::whole_number<decltype(ddp.steps)>());
+  cmd->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)")
+      ->check(datapar::tools::whole_number<decltype(ddp.warmup)>());
+  cmd->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)")
+      ->check(datapar::tools::whole_number<decltype(ddp.threads)>());
+  cmd->add_flag("--gradient-as-bucket-view", ddp.gradient_as_bucket_view,
+                      "DdpOptions::gradient_as_bucket_view: gradients are views of the buckets (no copies)");
+  cmd->add_option("--optimizer", ddp.optimizer, "sgd (lr 0.01; the default) or adam (lr 1e-3), in every phase");
+  cmd->add_flag("--zero", ddp.zero,
+                      "Also time DDP steps with the optimizer state sharded (ZeroRedundancyOptimizer), and report "
+                      "the state each rank holds");
+  cmd->add_flag("--fault-tolerant", ddp.fault_tolerant,
+                      "Also time fault-tolerant DDP steps (ft::FaultTolerantDdp: a vote before each update) against "
+                      "plain DDP steps on a group of the same kind (gloo only)");
+  cmd->add_option("--trace", ddp.trace,
+                        "Then time DDP steps with the timeline off and on in turn (its cost), and write the timeline "
+                        "here (Chrome trace JSON)");
+  return cmd;
+}
+
+// `bench fsdp` and its flags, which write into `fsdp`.
+CLI::App* add_bench_fsdp(CLI::App& bench, datapar::tools::BenchFsdpOptions& fsdp) {
+  auto* cmd = bench.add_subcommand(
+      "fsdp", "Step time of fully sharded training against DDP's, and the memory each rank holds");
+  cmd->add_option("--model", fsdp.model,
+                         "mlp, mlp-large (784-4096-4096-4096-10: 147 MiB of parameters), lenet or resnet18 "
+                         "(default mlp)");
+  cmd->add_option("--nproc", fsdp.nproc, "Processes to start when not under a launcher (default 2)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.nproc)>());
+  cmd->add_option("--batch", fsdp.batch, "Batch per rank, up to 65536 (default: mlp 64, lenet 128, resnet18 32)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.batch)>())
+      ->check(CLI::Range(0, 65536));  // 2^31 filled a 16 GiB tensor, then aborted (issue 46)
+  cmd->add_option("--backend", fsdp.backend, "gloo, or mpi (started through mpirun) (default: gloo)");
+  cmd->add_option("--steps", fsdp.steps, "Timed steps per round (default: mlp 100, lenet 30, resnet18 5)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.steps)>());
+  cmd->add_option("--warmup", fsdp.warmup, "Untimed steps of each (default 5)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.warmup)>());
+  cmd->add_option("--rounds", fsdp.rounds, "DDP and FSDP timed in turn, this many rounds each (default 5)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.rounds)>());
+  cmd->add_flag("--fault-tolerant", fsdp.fault_tolerant,
+                       "Also time FSDP under fault tolerance (ft::FaultTolerantFsdp: each rank's shard kept by the "
+                       "next rank too), and report what each rank keeps");
+  cmd->add_option("--threads", fsdp.threads, "Intra-op threads per process (default 1)")
+      ->check(datapar::tools::whole_number<decltype(fsdp.threads)>());
+  cmd->add_option("--optimizer", fsdp.optimizer, "adam (lr 1e-3; the default) or sgd (lr 0.01)");
+  cmd->add_flag("--reshard,!--no-reshard", fsdp.reshard,
+                       "Free each unit's parameters after its forward (the default) or keep them until backward");
+  return cmd;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,75 +129,11 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   datapar::tools::BenchCollectivesOptions collectives;
   std::string sizes = "4KiB,64KiB,1MiB,4MiB,16MiB,64MiB";
-  auto* bench_collectives = bench->add_subcommand(
-      "collectives", "Time collectives over N local processes (or under a launcher), like nccl-tests");
-  bench_collectives->add_option("--nproc", collectives.nproc, "Processes to start when not under a launcher (default 2)")
-      ->check(datapar::tools::whole_number<decltype(collectives.nproc)>());
-  bench_collectives->add_option("--backend", collectives.backend,
-                                "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
-  bench_collectives->add_option("--op", collectives.op, "all_reduce, broadcast or all_gather (default all_reduce)");
-  bench_collectives->add_option("--sizes", sizes, "Bytes per process, e.g. 4KiB,1MiB,64MiB (default 4KiB..64MiB)");
-  bench_collectives->add_option("--iters", collectives.iters, "Timed iterations per size (default 20)")
-      ->check(datapar::tools::whole_number<decltype(collectives.iters)>());
-  bench_collectives->add_option("--warmup", collectives.warmup, "Untimed iterations per size (default 5)")
-      ->check(datapar::tools::whole_number<decltype(collectives.warmup)>());
-
+  auto* bench_collectives = add_bench_collectives(*bench, collectives, sizes);
   datapar::tools::BenchDdpOptions ddp;
-  auto* bench_ddp = bench->add_subcommand(
-      "ddp", "Samples/s of DDP training steps over N local processes (or under a launcher), with the ceiling");
-  bench_ddp->add_option("--model", ddp.model, "mlp, lenet or resnet18 (default mlp)");
-  bench_ddp->add_option("--nproc", ddp.nproc, "Processes to start when not under a launcher (default 2)")
-      ->check(datapar::tools::whole_number<decltype(ddp.nproc)>());
-  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank, up to 65536 (default: mlp 64, lenet 128, resnet18 32)")
-      ->check(datapar::tools::whole_number<decltype(ddp.batch)>())
-      ->check(CLI::Range(0, 65536));  // 2^31 filled a 16 GiB tensor, then aborted (issue 46)
-  bench_ddp->add_option("--backend", ddp.backend,
-                        "Process group backend: gloo, nccl (CUDA builds; one GPU per process, cuda:LOCAL_RANK), or mpi (started through mpirun) (default: nccl where CUDA devices are visible, else mpi under mpirun, else gloo)");
-  bench_ddp->add_option("--steps", ddp.steps, "Timed steps per phase (default: mlp 200, lenet 50, resnet18 10)")
-      ->check(datapar::tools::whole_number<decltype(ddp.steps)>());
-  bench_ddp->add_option("--warmup", ddp.warmup, "Untimed steps per phase (default 5)")
-      ->check(datapar::tools::whole_number<decltype(ddp.warmup)>());
-  bench_ddp->add_option("--threads", ddp.threads, "Intra-op threads per process (default 1)")
-      ->check(datapar::tools::whole_number<decltype(ddp.threads)>());
-  bench_ddp->add_flag("--gradient-as-bucket-view", ddp.gradient_as_bucket_view,
-                      "DdpOptions::gradient_as_bucket_view: gradients are views of the buckets (no copies)");
-  bench_ddp->add_option("--optimizer", ddp.optimizer, "sgd (lr 0.01; the default) or adam (lr 1e-3), in every phase");
-  bench_ddp->add_flag("--zero", ddp.zero,
-                      "Also time DDP steps with the optimizer state sharded (ZeroRedundancyOptimizer), and report "
-                      "the state each rank holds");
-  bench_ddp->add_flag("--fault-tolerant", ddp.fault_tolerant,
-                      "Also time fault-tolerant DDP steps (ft::FaultTolerantDdp: a vote before each update) against "
-                      "plain DDP steps on a group of the same kind (gloo only)");
-  bench_ddp->add_option("--trace", ddp.trace,
-                        "Then time DDP steps with the timeline off and on in turn (its cost), and write the timeline "
-                        "here (Chrome trace JSON)");
-
+  auto* bench_ddp = add_bench_ddp(*bench, ddp);
   datapar::tools::BenchFsdpOptions fsdp;
-  auto* bench_fsdp = bench->add_subcommand(
-      "fsdp", "Step time of fully sharded training against DDP's, and the memory each rank holds");
-  bench_fsdp->add_option("--model", fsdp.model,
-                         "mlp, mlp-large (784-4096-4096-4096-10: 147 MiB of parameters), lenet or resnet18 "
-                         "(default mlp)");
-  bench_fsdp->add_option("--nproc", fsdp.nproc, "Processes to start when not under a launcher (default 2)")
-      ->check(datapar::tools::whole_number<decltype(fsdp.nproc)>());
-  bench_fsdp->add_option("--batch", fsdp.batch, "Batch per rank, up to 65536 (default: mlp 64, lenet 128, resnet18 32)")
-      ->check(datapar::tools::whole_number<decltype(fsdp.batch)>())
-      ->check(CLI::Range(0, 65536));  // 2^31 filled a 16 GiB tensor, then aborted (issue 46)
-  bench_fsdp->add_option("--backend", fsdp.backend, "gloo, or mpi (started through mpirun) (default: gloo)");
-  bench_fsdp->add_option("--steps", fsdp.steps, "Timed steps per round (default: mlp 100, lenet 30, resnet18 5)")
-      ->check(datapar::tools::whole_number<decltype(fsdp.steps)>());
-  bench_fsdp->add_option("--warmup", fsdp.warmup, "Untimed steps of each (default 5)")
-      ->check(datapar::tools::whole_number<decltype(fsdp.warmup)>());
-  bench_fsdp->add_option("--rounds", fsdp.rounds, "DDP and FSDP timed in turn, this many rounds each (default 5)")
-      ->check(datapar::tools::whole_number<decltype(fsdp.rounds)>());
-  bench_fsdp->add_flag("--fault-tolerant", fsdp.fault_tolerant,
-                       "Also time FSDP under fault tolerance (ft::FaultTolerantFsdp: each rank's shard kept by the "
-                       "next rank too), and report what each rank keeps");
-  bench_fsdp->add_option("--threads", fsdp.threads, "Intra-op threads per process (default 1)")
-      ->check(datapar::tools::whole_number<decltype(fsdp.threads)>());
-  bench_fsdp->add_option("--optimizer", fsdp.optimizer, "adam (lr 1e-3; the default) or sgd (lr 0.01)");
-  bench_fsdp->add_flag("--reshard,!--no-reshard", fsdp.reshard,
-                       "Free each unit's parameters after its forward (the default) or keep them until backward");
+  auto* bench_fsdp = add_bench_fsdp(*bench, fsdp);
 
   datapar::tools::TrainOptions train_options;
   auto* train = datapar::tools::add_train_command(app, train_options);

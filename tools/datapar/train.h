@@ -1,14 +1,18 @@
-// datapar train: trains a classifier on Fashion-MNIST (or synthetic images) in one of three
+// datapar train: trains a classifier on Fashion-MNIST (or synthetic images) in one of four
 // modes, and reports per-epoch metrics.
 //
 //   single  one device, no parallelism: the reference
 //   dp      DataParallel over --devices in this process; the global batch is split over them
 //   ddp     DistributedDataParallel, one rank per process, under `datapar launch` (or
 //           torchrun, mpirun, srun); each rank trains on global batch / world size
+//           (--zero: the optimizer state sharded, ZeRO-1)
+//   fsdp    FullyShardedDataParallel, one rank per process, each holding a shard of the
+//           parameters, gradients and optimizer state
+// and, under `datapar launch --fault-tolerant`, ddp or fsdp that goes on when a rank fails.
 //
 // plan_training() checks every option and the environment before anything is loaded or
 // computed, so that bad options fail at once with a clear message (and exit code 2);
-// train() then runs the plan. See train.cc for the loop itself.
+// train() then runs the plan. The trainer's parts are in train/ (train.cc lists them).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -58,9 +62,17 @@ struct TrainOptions {
 // Adds `train` and its flags to `app`; the flags write into `options`.
 CLI::App* add_train_command(CLI::App& app, TrainOptions& options);
 
+// --mode, parsed once by plan_training: the rest of the trainer compares this, not the flag.
+enum class Mode { kSingle, kDataParallel, kDdp, kFsdp };
+// The flag's spelling: "single", "dp", "ddp", "fsdp".
+const char* mode_name(Mode mode);
+// One rank per process (ddp, fsdp), joined through a launcher.
+inline bool has_ranks(Mode mode) { return mode == Mode::kDdp || mode == Mode::kFsdp; }
+
 // The options resolved against the machine and the launcher's environment.
 struct TrainPlan {
   TrainOptions options;
+  Mode mode = Mode::kSingle;
   std::vector<Device> devices;     // single: 1; dp: the replicas' devices; ddp: this rank's one
   std::string devices_label;       // every device of the job, e.g. "cpu:0,cpu:1"
   int rank = 0;

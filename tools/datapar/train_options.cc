@@ -174,21 +174,17 @@ std::string ddp_backend(const std::string& given, const Device& device, int loca
   return backend;
 }
 
-}  // namespace
-
-std::string default_data_dir(const Environment& env) {
-  const std::string given = env("DATAPAR_FASHION_MNIST_DIR").value_or("");
-  return given.empty() ? DATAPAR_SHIPPED_FASHION_MNIST_DIR : given;
+Mode parse_mode(const std::string& mode) {
+  if (mode == "single") return Mode::kSingle;
+  if (mode == "dp") return Mode::kDataParallel;
+  if (mode == "ddp") return Mode::kDdp;
+  if (mode == "fsdp") return Mode::kFsdp;
+  throw InvalidArgumentError(detail::str_cat("--mode: \"", mode, "\" is not a mode.\n---> HINT: use single (one device), ",
+                                             "dp (DataParallel), ddp or fsdp (one rank per process)."));
 }
 
-TrainPlan plan_training(const TrainOptions& o, const Environment& env, const DeviceInventory& inventory) {
-  TrainPlan plan;
-  plan.options = o;
-  DATAPAR_CHECK(one_of(o.model, {"mlp", "lenet", "resnet18"}), "--model: \"", o.model,
-                "\" is not a model datapar train knows.\n---> HINT: use mlp, lenet or resnet18.");
-  DATAPAR_CHECK(one_of(o.mode, {"single", "dp", "ddp", "fsdp"}), "--mode: \"", o.mode,
-                "\" is not a mode.\n---> HINT: use single (one device), dp (DataParallel), ddp or fsdp (one rank per "
-                "process).");
+// The flags alone and together, before anything else is looked at.
+void check_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(o.backend.empty() || one_of(o.backend, {"gloo", "nccl", "mpi"}), "--backend: \"", o.backend,
                 "\" is not a backend.\n---> HINT: use gloo (CPU), nccl (CUDA) or mpi.");
   DATAPAR_CHECK(one_of(o.replicas, {"shared", "copy"}), "--replicas: \"", o.replicas,
@@ -197,12 +193,12 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   DATAPAR_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr ", o.lr,
                 ": the learning rate must be positive and finite (d2l uses 0.1).");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
-  DATAPAR_CHECK(!o.zero || o.mode == "ddp", "--zero shards the optimizer over the ranks of a ddp job; --mode ", o.mode,
-                o.mode == "fsdp"
+  DATAPAR_CHECK(!o.zero || mode == Mode::kDdp, "--zero shards the optimizer over the ranks of a ddp job; --mode ", o.mode,
+                mode == Mode::kFsdp
                     ? " shards it already, with the parameters and gradients."
                     : " has one optimizer.\n---> HINT: add --mode ddp (under datapar launch), or leave out --zero.");
   if (o.fault_tolerant) {
-    DATAPAR_CHECK((o.mode == "ddp" || o.mode == "fsdp") && (o.backend.empty() || o.backend == "gloo"),
+    DATAPAR_CHECK(has_ranks(mode) && (o.backend.empty() || o.backend == "gloo"),
                   "--fault-tolerant trains ddp or fsdp over gloo; --mode ", o.mode,
                   (o.backend.empty() ? "" : " --backend " + o.backend),
                   " is not that.\n---> HINT: use --mode ddp (or fsdp) --backend gloo.");
@@ -213,17 +209,17 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   }
   DATAPAR_CHECK(one_of(o.mp, {"none", "bf16", "fp16"}), "--mp: \"", o.mp,
                 "\" is not a precision.\n---> HINT: use none, bf16 or fp16.");
-  DATAPAR_CHECK(o.mode == "fsdp" || (o.mp == "none" && o.reshard), "--mp and --no-reshard are fully sharded ",
+  DATAPAR_CHECK(mode == Mode::kFsdp || (o.mp == "none" && o.reshard), "--mp and --no-reshard are fully sharded ",
                 "training's; --mode ", o.mode,
                 " keeps whole parameters.\n---> HINT: add --mode fsdp, or leave them out.");
   DATAPAR_CHECK(!o.checkpoint_activations || o.model == "resnet18", "--checkpoint-activations recomputes resnet18's ",
                 "residual blocks; --model ", o.model, " has none.\n---> HINT: use --model resnet18, or leave it out.");
   // DataParallel copies the module to each device with clone(), which a checkpointed block
   // (a wrapper of autograd's) cannot do: it failed inside clone() without naming the flag.
-  DATAPAR_CHECK(!o.checkpoint_activations || o.mode != "dp", "--checkpoint-activations: --mode dp copies the model ",
+  DATAPAR_CHECK(!o.checkpoint_activations || mode != Mode::kDataParallel, "--checkpoint-activations: --mode dp copies the model ",
                 "to each device, and checkpointed blocks cannot be copied.\n---> HINT: use --mode single, ddp or fsdp ",
                 "with it, or leave it out.");
-  DATAPAR_CHECK(o.mode != "fsdp" || o.balance == "even", "--balance ", o.balance, ": fsdp splits each batch ",
+  DATAPAR_CHECK(mode != Mode::kFsdp || o.balance == "even", "--balance ", o.balance, ": fsdp splits each batch ",
                 "evenly.\n---> HINT: leave out --balance, or use --mode ddp.");
   DATAPAR_CHECK(o.batch_size >= 1, "--batch-size ", o.batch_size, ": the batch must hold at least 1 sample.");
   DATAPAR_CHECK(o.limit >= 0, "--limit ", o.limit, ": use 0 (all samples) or a positive count.");
@@ -234,7 +230,10 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   DATAPAR_CHECK(!(o.resume || o.evaluate || o.start_over) || !o.checkpoint_dir.empty(),
                 o.resume ? "--resume" : o.evaluate ? "--evaluate" : "--start-over",
                 " needs --checkpoint-dir: the directory that holds the checkpoints.");
+}
 
+// --data and --checkpoint-dir: found (or made) now, not after the rendezvous.
+void resolve_paths(TrainPlan& plan, const TrainOptions& o, const Environment& env) {
   // Data: "synthetic", or a directory that must exist now, not after the rendezvous.
   if (o.data != "synthetic") {
     plan.data_dir = o.data.empty() ? default_data_dir(env) : o.data;
@@ -250,14 +249,18 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                   ": cannot make this directory", problem.empty() ? std::string() : " (" + problem + ")",
                   ".\n---> HINT: give a writable directory path; it is created if missing.");
   }
+}
 
+// The devices this process trains on, and the job's size.
+void resolve_devices(TrainPlan& plan, const TrainOptions& o, const Environment& env, const DeviceInventory& inventory) {
+  const Mode mode = plan.mode;
   // Devices and job size.
-  if (o.mode == "single") {
+  if (mode == Mode::kSingle) {
     plan.devices = parse_devices(o.devices.empty() ? "cpu:0" : o.devices, inventory);
     DATAPAR_CHECK(plan.devices.size() == 1, "--devices ", o.devices, ": single mode runs on one device, got ",
                   plan.devices.size(), ".\n---> HINT: use --mode dp for several devices in one process.");
     plan.devices_label = to_string(plan.devices);
-  } else if (o.mode == "dp") {
+  } else if (mode == Mode::kDataParallel) {
     plan.devices = o.devices.empty() ? cuda_devices() : parse_devices(o.devices, inventory);
     if (plan.devices.empty()) plan.devices = cpu_devices(std::max(1, std::min(inventory.cpu_cores, kMaxCpuDevices)));
     plan.parallelism = static_cast<int64_t>(plan.devices.size());
@@ -285,24 +288,29 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                   "--fault-tolerant trains on the CPU over gloo; this rank would take ", plan.options.backend, " on ",
                   plan.devices.front().str(), ".\n---> HINT: add --backend gloo --devices cpu.");
   }
-
 #if TORCH_VERSION_MAJOR < 2
   DATAPAR_CHECK(o.mp != "fp16" || !plan.devices.front().is_cpu(), "--mp fp16: libtorch ", TORCH_VERSION_MAJOR, ".",
                 TORCH_VERSION_MINOR, " has no float16 matrix products on the CPU (2.x has).\n---> HINT: use --mp bf16 "
                 "on the CPU.");
 #endif
+}
 
+// --balance: the shares of each batch.
+void resolve_shares(TrainPlan& plan, const TrainOptions& o) {
+  const Mode mode = plan.mode;
   // Shares of each batch.
-  const bool ranks = o.mode == "ddp" || o.mode == "fsdp";  // one per process
+  const bool ranks = has_ranks(mode);  // one per process
   plan.balance_weights = balance_weights(o.balance);
-  DATAPAR_CHECK(o.balance == "even" || o.mode != "single", "--balance ", o.balance, " shares each batch between "
+  DATAPAR_CHECK(o.balance == "even" || mode != Mode::kSingle, "--balance ", o.balance, " shares each batch between "
                 "devices or ranks; --mode single has one device.\n---> HINT: add --mode dp or --mode ddp, or leave out "
                 "--balance.");
   DATAPAR_CHECK(plan.balance_weights.empty() || static_cast<int64_t>(plan.balance_weights.size()) == plan.parallelism,
                 "--balance ", o.balance, ": ", plan.balance_weights.size(), " shares for ", plan.parallelism,
                 ranks ? " ranks" : " devices", ".\n---> HINT: give one share per ", ranks ? "rank" : "device",
                 ", or use even or auto.");
+}
 
+void check_report_files(const TrainPlan& plan, const TrainOptions& o) {
   // Report files go into directories that exist: found now, not after the first epoch.
   // Only rank 0 writes them (its machine's file system).
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--plot", o.plot}, {"--metrics", o.metrics}, {"--trace", o.trace}}) {
@@ -314,7 +322,11 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   // gnuplot draws --plot after every epoch: its absence is found now, not after the first.
   DATAPAR_CHECK(o.plot.empty() || plan.rank != 0 || !train::find_gnuplot().empty(), "--plot ", o.plot,
                 ": gnuplot is not installed (not on PATH).\n---> HINT: apt-get install gnuplot-nox, or leave out --plot.");
+}
 
+// The global batch, each process's share of it, and the learning rate.
+void resolve_batch(TrainPlan& plan, const TrainOptions& o) {
+  const bool ranks = has_ranks(plan.mode);
   // Linear scaling (d2l, Goyal et al.): N workers, N times the batch and the learning rate.
   plan.global_batch = o.scale_lr ? o.batch_size * plan.parallelism : o.batch_size;
   plan.lr = o.scale_lr ? o.lr * static_cast<double>(plan.parallelism) : o.lr;
@@ -334,7 +346,11 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   } else {
     plan.rank_batch = plan.global_batch;  // dp splits each batch itself
   }
+}
 
+// Whether this run resumes, and whether its launcher and its flags agree on fault tolerance.
+void resolve_resume(TrainPlan& plan, const TrainOptions& o, const Environment& env) {
+  const Mode mode = plan.mode;
   // A restarted rank (datapar launch --max-restarts) continues where the job stopped.
   const std::optional<std::string> restarts = env("DATAPAR_RESTART_COUNT");
   // Not under --fault-tolerant: a restarted rank joins the running job and takes its state.
@@ -346,10 +362,42 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
                 "HINT: start it with datapar launch --fault-tolerant --nproc-per-node N -- datapar train ...");
   // The launcher serves the store on MASTER_PORT and waits for members: a program that is
   // not one would fail to serve it (rank 0) or wait for a rank 0 that never comes (issue 46).
-  DATAPAR_CHECK(o.fault_tolerant || !launcher_tolerant || o.mode == "single" || o.mode == "dp",
+  DATAPAR_CHECK(o.fault_tolerant || !launcher_tolerant || !has_ranks(mode),
                 "datapar launch --fault-tolerant runs this program, but it was not given --fault-tolerant: its ranks "
                 "would not join the launcher's membership.\n---> HINT: give both --fault-tolerant (datapar launch "
                 "--fault-tolerant ... -- datapar train --fault-tolerant ...), or neither.");
+}
+
+}  // namespace
+
+const char* mode_name(Mode mode) {
+  switch (mode) {
+    case Mode::kSingle: return "single";
+    case Mode::kDataParallel: return "dp";
+    case Mode::kDdp: return "ddp";
+    case Mode::kFsdp: return "fsdp";
+  }
+  return "?";
+}
+
+std::string default_data_dir(const Environment& env) {
+  const std::string given = env("DATAPAR_FASHION_MNIST_DIR").value_or("");
+  return given.empty() ? DATAPAR_SHIPPED_FASHION_MNIST_DIR : given;
+}
+
+TrainPlan plan_training(const TrainOptions& o, const Environment& env, const DeviceInventory& inventory) {
+  TrainPlan plan;
+  plan.options = o;
+  DATAPAR_CHECK(one_of(o.model, {"mlp", "lenet", "resnet18"}), "--model: \"", o.model,
+                "\" is not a model datapar train knows.\n---> HINT: use mlp, lenet or resnet18.");
+  plan.mode = parse_mode(o.mode);
+  check_flags(o, plan.mode);
+  resolve_paths(plan, o, env);
+  resolve_devices(plan, o, env, inventory);
+  resolve_shares(plan, o);
+  check_report_files(plan, o);
+  resolve_batch(plan, o);
+  resolve_resume(plan, o, env);
   return plan;
 }
 

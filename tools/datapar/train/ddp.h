@@ -1,0 +1,71 @@
+// --mode ddp: DistributedDataParallel, one rank per process, each backward averaging the
+// gradients by samples (an uneven last batch still gives the exact gradient); the SGD whole
+// on every rank, or under --zero (ZeRO-1) each rank's shard of it.
+#pragma once
+
+#include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/ddp/zero_redundancy_optimizer.h"
+#include "single_device.h"
+
+namespace datapar::tools {
+
+template <typename Impl>
+class DdpMode : public SingleDevice<Impl> {
+ public:
+  // Built after the restore: DDP's first broadcast starts every rank from the restored
+  // parameters, and ZeRO's shards take their state from the restored SGD, whose own goes.
+  DdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd)
+      : SingleDevice<Impl>(plan, model, sgd) {
+    DdpOptions options;
+    options.average_by_samples = true;
+    ddp_ = std::make_unique<DistributedDataParallel<Impl>>(std::move(model), nullptr, options);
+    if (!plan.options.zero) return;
+    const auto sgd_options = static_cast<const torch::optim::SGDOptions&>(sgd.defaults());
+    zero_ = std::make_unique<ZeroRedundancyOptimizer>(ddp_->parameters(), [sgd_options](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::SGD>(std::move(p), sgd_options);
+    });
+    zero_->load_full_state(sgd);
+    sgd.state().clear();
+  }
+
+  at::Tensor forward(const at::Tensor& x) override { return ddp_->forward(x); }
+
+  void zero_grad() override {
+    if (zero_) {
+      zero_->zero_grad();
+    } else {
+      this->sgd_.zero_grad();
+    }
+  }
+
+  void step() override {
+    if (zero_) {
+      zero_->step();  // this rank's shard, then every rank's parameters to all
+    } else {
+      this->sgd_.step();
+    }
+  }
+
+  // Under --zero the whole state is gathered on rank 0 first (every rank takes part), so
+  // that the file is the one plain SGD writes; in the dcp format each rank writes its own
+  // shard instead, in the names a whole SGD has.
+  void save_checkpoint(int64_t epoch) override {
+    if (!zero_) return SingleDevice<Impl>::save_checkpoint(epoch);
+    if (this->plan_.options.checkpoint_format == "dcp") {
+      return write_checkpoint(this->plan_, *this->model_, train::make_checkpoint(*this->model_, this->sgd_, epoch),
+                              zero_.get());
+    }
+    const std::unique_ptr<torch::optim::Optimizer> whole = zero_->consolidate(0);
+    if (!whole) return;  // not rank 0
+    write_checkpoint(this->plan_, *this->model_, train::make_checkpoint(*this->model_, *whole, epoch));
+  }
+
+  std::shared_ptr<ProcessGroup> balanced_group() const override { return ddp_->process_group(); }
+  CommunicationStats communication_stats() const override { return ddp_->communication_stats(); }
+
+ private:
+  std::unique_ptr<DistributedDataParallel<Impl>> ddp_;
+  std::unique_ptr<ZeroRedundancyOptimizer> zero_;
+};
+
+}  // namespace datapar::tools

@@ -1,0 +1,150 @@
+// The fault-tolerant training loop. See fault_tolerant_loop.h.
+#include "fault_tolerant_loop.h"
+
+#include <cstdio>
+#include <optional>
+#include <vector>
+
+#include "evaluation.h"
+#include "report.h"
+#include "timing.h"
+
+namespace datapar::tools {
+namespace {
+
+class FaultTolerantLoop {
+ public:
+  FaultTolerantLoop(const TrainPlan& plan, const Data& data, const FtTrainer& trainer, ft::ElasticGroup& elastic,
+                    BalancedBatches& batches, int64_t first_epoch)
+      : plan_(plan), o_(plan.options), data_(data), trainer_(trainer), elastic_(elastic), batches_(batches),
+        device_(plan.devices.front().torch_device()), per_epoch_(batches.num_steps()),
+        reported_(first_epoch * per_epoch_), report_(plan, first_epoch, /*writer=*/false) {}
+
+  void run() {
+    const int64_t total = per_epoch_ * o_.epochs;
+    const auto epoch_end = [this](int rank, int size) { end_epoch(rank, size); };
+    while (trainer_.step() < total) {
+      Rows step_rows;  // this rank's parts of the step
+      const bool committed = trainer_.train_step(
+          [&](const Forward& forward, const ft::Slice& slice) { return train_slice(forward, slice, step_rows); },
+          epoch_end);
+      if (!committed) continue;
+      if (trainer_.epochs_joined() != memberships_seen_) {  // the first step of a new membership
+        memberships_seen_ = trainer_.epochs_joined();
+        if (elastic_.rank() == 0) {
+          std::printf("membership epoch %ld: %d ranks, training from step %ld  %.1f s\n",
+                      (long)elastic_.epoch().number, elastic_.size(), (long)trainer_.step() - 1, seconds_since(start_));
+          std::fflush(stdout);
+        }
+      }
+      current_.loss_sum += step_rows.loss_sum;
+      current_.correct += step_rows.correct;
+      current_.rows += step_rows.rows;
+    }
+    trainer_.finish(epoch_end);
+  }
+
+ private:
+  struct Rows {  // this rank's committed rows of an epoch
+    double loss_sum = 0;
+    int64_t rows = 0, correct = 0;
+  };
+
+  // One fixed slice of the step's global batch: forward and backward; its rows counted in
+  // `step_rows` unless it is a shadow slice (trained only to keep the collectives in step).
+  int64_t train_slice(const Forward& forward, const ft::Slice& slice, Rows& step_rows) {
+    const int64_t step = trainer_.step();
+    if (step / per_epoch_ != batches_epoch_) {
+      batches_epoch_ = step / per_epoch_;
+      batches_.set_epoch(batches_epoch_);
+    }
+    const at::Tensor global = batches_.global_batch(step % per_epoch_);
+    const int64_t n = global.size(0), begin = slice.begin(n), end = slice.end(n);
+    const Batch batch = data_.train->get_batch(global.narrow(0, begin, end - begin));
+    const at::Tensor y = batch.target.to(device_);
+    trainer_.module().train();
+    const at::Tensor logits = forward(batch.data.to(device_));
+    const at::Tensor loss = at::cross_entropy_loss(logits, y);
+    loss.backward();
+    if (slice.shadow) return y.size(0);
+    step_rows.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
+    step_rows.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+    step_rows.rows += y.size(0);
+    return y.size(0);
+  }
+
+  // An epoch's end, before the next epoch's first step and after the last step: run by every
+  // member together, and again over a new membership when one fails in it (the report and
+  // checkpoint are written once, by the first rank, unless it changed).
+  void end_epoch(int rank, int size) {
+    const int64_t step = trainer_.step();
+    if (step == 0 || step % per_epoch_ != 0) return;
+    if (ended_at_ != step) {  // the first run of this epoch end: its rows are done
+      ended_at_ = step;
+      ended_ = current_;
+      current_ = {};
+      ended_seconds_ = seconds_since(epoch_start_);
+      epoch_start_ = Clock::now();
+    }
+    // The epoch's rows as the members alive saw them commit (all of them when none failed).
+    const std::vector<double> job_rows = reduce(
+        std::vector<double>{ended_.loss_sum, double(ended_.correct), double(ended_.rows)}, ReduceOp::kSum,
+        elastic_.group().get());
+    const auto eval_start = Clock::now();
+    const auto [right, samples] = evaluate(plan_, data_, trainer_.module(), trainer_.forward, device_,
+                                           EvalPart{rank, size, elastic_.group().get()});
+    const double eval_seconds = seconds_since(eval_start);
+    std::optional<train::Checkpoint> checkpoint;  // gathered only when one is written
+    if (!o_.checkpoint_dir.empty()) checkpoint = trainer_.checkpoint(step / per_epoch_);
+    if (rank != 0 || step <= reported_) return;
+    reported_ = step;
+    const int64_t epoch = step / per_epoch_;
+    std::printf("epoch %ld/%ld  loss %.4f  train acc %.4f (rank 0's rows)  test acc %.4f  %.1f s  %d ranks "
+                "(membership epoch %ld)\n",
+                (long)epoch, (long)o_.epochs, ended_.rows ? ended_.loss_sum / ended_.rows : 0.0,
+                ended_.rows ? double(ended_.correct) / ended_.rows : 0.0, samples ? double(right) / samples : 0.0,
+                seconds_since(start_), size, (long)elastic_.epoch().number);
+    std::fflush(stdout);
+    if (!o_.metrics.empty() || !o_.plot.empty()) {
+      report_.take_over(epoch);
+      report_.epoch(epoch, EpochTotals{job_rows[0], job_rows[1], job_rows[2], ended_seconds_, 0}, {right, samples},
+                   eval_seconds, /*print=*/false);
+    }
+    if (o_.checkpoint_dir.empty()) return;
+    checkpoint->progress = {{"seed", static_cast<int64_t>(o_.seed)}};
+    train::save_checkpoint(*checkpoint, train::checkpoint_path(o_.checkpoint_dir, epoch), 0);
+  }
+
+  const TrainPlan& plan_;
+  const TrainOptions& o_;
+  const Data& data_;
+  const FtTrainer& trainer_;
+  ft::ElasticGroup& elastic_;
+  BalancedBatches& batches_;
+  const c10::Device device_;
+  const int64_t per_epoch_;
+  int64_t batches_epoch_ = -1;      // the epoch `batches_` is set to
+  Rows current_, ended_;
+  int64_t ended_at_ = -1;           // the step at which `ended_` ended
+  int64_t reported_;                // the last epoch end this rank reported
+  int64_t memberships_seen_ = 0;    // trainer_.epochs_joined() when last reported
+  const Clock::time_point start_ = Clock::now();
+  Clock::time_point epoch_start_ = start_;  // when this member saw the current epoch begin
+  double ended_seconds_ = 0;        // how long the last epoch took, as this member saw it
+  Report report_;
+};
+
+}  // namespace
+
+int train_fault_tolerant(const TrainPlan& plan, const Data& data, const FtTrainer& trainer, ft::ElasticGroup& elastic,
+                         BalancedBatches& batches, int64_t first_epoch) {
+  try {
+    FaultTolerantLoop(plan, data, trainer, elastic, batches, first_epoch).run();
+  } catch (const ft::TrainingComplete& e) {  // a replacement that came after the end
+    std::printf("datapar train: %s\n", e.what());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace datapar::tools

@@ -1,0 +1,69 @@
+// --mode fsdp: FullyShardedDataParallel, one rank per process, each holding a shard of every
+// unit's parameters, gradients and SGD state; --mp computes in bf16 or fp16.
+#pragma once
+
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+#include "datapar/autograd/checkpoint_wrapper.h"
+#include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/models/resnet18.h"
+#include "datapar/train/optimizer_state.h"
+#include "single_device.h"
+
+namespace datapar::tools {
+
+// The units of fully sharded training, in both the fsdp mode and the fault-tolerant one:
+// each layer with parameters in the models' Sequentials (a residual block whole); the rest
+// (resnet18's stem) is the root's.
+template <typename Impl>
+void shard_units(Impl& model, const std::shared_ptr<ProcessGroup>& group, const FsdpOptions& options) {
+  fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl,
+                   CheckpointedImpl<models::ResidualImpl>>(model, group, options);
+}
+
+template <typename Impl>
+class FsdpMode : public Strategy {
+ public:
+  // `sgd`: the restored optimizer over the whole model; the SGD over the shards takes its
+  // part of its state, which then goes.
+  FsdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd) : plan_(plan), model_(model) {
+    const TrainOptions& o = plan.options;
+    FsdpOptions options;
+    options.reshard_after_forward = o.reshard;
+    options.average_by_samples = true;
+    if (o.mp != "none") {
+      options.param_dtype = o.mp == "bf16" ? at::kBFloat16 : at::kHalf;
+      options.buffer_dtype = options.param_dtype;  // BatchNorm computes in one dtype on the CPU
+    }
+    const train::OptimizerState restored = train::optimizer_state_dict(sgd);
+    shard_units(*model, nullptr, options);
+    fsdp_ = std::make_unique<FullyShardedDataParallel<Impl>>(std::move(model), nullptr, options);
+    shards_ = std::make_unique<torch::optim::SGD>(fsdp_->parameters(),
+                                                  static_cast<const torch::optim::SGDOptions&>(sgd.defaults()));
+    fsdp_->load_full_optimizer_state(*shards_, restored);
+    sgd.state().clear();
+  }
+
+  at::Tensor forward(const at::Tensor& x) override { return fsdp_->forward(x).to(at::kFloat); }  // the loss in float32
+  void zero_grad() override { shards_->zero_grad(); }
+  void step() override { shards_->step(); }
+  // The whole model and state, gathered on every rank: the checkpoint plain SGD writes.
+  void save_checkpoint(int64_t epoch) override {
+    train::Checkpoint c;
+    c.model = fsdp_->full_state_dict();
+    c.optimizer = fsdp_->full_optimizer_state(*shards_);
+    c.epoch = epoch;
+    c.rng = train::get_rng_state();
+    write_checkpoint(plan_, *model_, std::move(c));
+  }
+  torch::nn::Module& module() override { return *model_; }
+
+ private:
+  const TrainPlan& plan_;
+  std::shared_ptr<Impl> model_;
+  std::unique_ptr<FullyShardedDataParallel<Impl>> fsdp_;
+  std::unique_ptr<torch::optim::SGD> shards_;
+};
+
+}  // namespace datapar::tools

@@ -1,0 +1,196 @@
+// The training loop. See loop.h.
+#include "loop.h"
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "datapar/data/balanced_batches.h"
+#include "datapar/data/distributed_sampler.h"
+#include "datapar/data/loader.h"
+#include "datapar/ddp/rank_balancer.h"
+#include "datapar/trace.h"
+#include "datapar/train/metrics.h"
+#include "evaluation.h"
+#include "report.h"
+#include "timing.h"
+
+namespace datapar::tools {
+namespace {
+
+class EpochLoop {
+ public:
+  EpochLoop(const TrainPlan& plan, const Data& data, Strategy& strategy, int64_t first_epoch)
+      : plan_(plan), o_(plan.options), data_(data), strategy_(strategy), device_(plan.devices.front().torch_device()),
+        leader_(plan.rank == 0), report_(plan, first_epoch),
+        bar_(stdout, leader_ && train::is_terminal(stdout)), sampler_(sampler_options()), loader_(data.train, loader_options()) {
+    // ddp --balance auto or W0,W1,...: each global batch split by the ranks' measured speed
+    // (rank_balancer.h) or by the given shares; the loader restarts from the next step
+    // whenever measured shares change.
+    if (plan.mode == Mode::kDdp && o_.balance != "even") {
+      if (o_.balance == "auto") rank_balancer_ = std::make_unique<RankBalancer>(strategy.balanced_group());
+      balanced_ = std::make_unique<BalancedBatches>(BalancedBatchesOptions{
+          data.train->size(), plan.global_batch, plan.world_size, plan.rank, /*shuffle=*/true, o_.seed});
+    }
+  }
+
+  void run(int64_t first_epoch) {
+    for (int64_t epoch = first_epoch; epoch < o_.epochs; ++epoch) {
+      const EpochTotals totals = train_epoch(epoch);
+      // Evaluate, exactly over the ranks.
+      const auto eval_start = Clock::now();
+      std::optional<trace::Span> evaluating;
+      evaluating.emplace("evaluate", "epoch");
+      const std::pair<int64_t, int64_t> test =
+          evaluate(plan_, data_, strategy_.module(), [this](const at::Tensor& x) { return strategy_.forward(x); }, device_);
+      evaluating.reset();
+      const double eval_seconds = seconds_since(eval_start);
+      // Checkpoint, and report.
+      if (!o_.checkpoint_dir.empty()) {
+        const trace::Span span("checkpoint", "epoch");
+        strategy_.save_checkpoint(epoch + 1);
+      }
+      if (leader_) report_.epoch(epoch + 1, totals, test, eval_seconds);
+    }
+    if (leader_ && first_epoch >= o_.epochs) {
+      std::printf("nothing to do: the checkpoint has %ld epochs\n", (long)first_epoch);
+    }
+  }
+
+ private:
+  DistributedSamplerOptions sampler_options() const {
+    DistributedSamplerOptions options{data_.train->size(), plan_.world_size, plan_.rank};
+    options.seed = o_.seed;
+    return options;
+  }
+
+  DataLoaderOptions loader_options() const {
+    DataLoaderOptions options{plan_.rank_batch, o_.workers};
+    options.pin_memory = device_.is_cuda();  // copies to the GPU that do not wait
+    return options;
+  }
+
+  std::vector<double> rank_shares() const { return rank_balancer_ ? rank_balancer_->weights() : plan_.balance_weights; }
+
+  // One epoch's training: its sums (and, for times, maxima) over the job.
+  EpochTotals train_epoch(int64_t epoch) {
+    strategy_.module().train();
+    if (balanced_) {
+      balanced_->set_epoch(epoch);
+      loader_.start_epoch(balanced_->batches(0, rank_shares()));
+    } else {
+      sampler_.set_epoch(epoch);
+      loader_.start_epoch(sampler_);
+    }
+    bar_.start(epoch + 1, o_.epochs, loader_.num_batches());
+    // Summed on the device, read when the progress bar redraws and at the epoch's end: a
+    // read per step would make every step wait for the GPU.
+    const at::TensorOptions on_device = at::TensorOptions().device(device_);
+    loss_sum_ = at::zeros({}, on_device.dtype(at::kDouble));
+    correct_ = at::zeros({}, on_device.dtype(at::kLong));
+    rows_ = 0;
+    epoch_steps_ = 0;
+    data_wait_ = std::chrono::nanoseconds(0);
+    const auto start = Clock::now();
+    while (train_step()) {
+    }
+    const std::vector<double> sums =
+        reduce(std::vector<double>{loss_sum_.item<double>(), static_cast<double>(correct_.item<int64_t>()),
+                                   static_cast<double>(rows_)},
+               ReduceOp::kSum);
+    const std::vector<double> times = reduce(
+        std::vector<double>{seconds_since(start), (data_wait_ + loader_.stats().wait).count() / 1e9}, ReduceOp::kMax);
+    bar_.clear();
+    return {sums[0], sums[1], sums[2], times[0], times[1]};
+  }
+
+  // The next batch: forward, backward, step. False at the epoch's end.
+  bool train_step() {
+    trace::set_step(step_);  // the timeline's steps count from the run's first
+    std::optional<Batch> batch;
+    {
+      const trace::Span span("data wait", "data");
+      batch = loader_.next();
+    }
+    if (!batch) return false;
+    const at::Tensor x = batch->data.to(device_, /*non_blocking=*/true);
+    const at::Tensor y = batch->target.to(device_, /*non_blocking=*/true);
+    strategy_.zero_grad();
+    at::Tensor logits, loss;
+    if (rank_balancer_) rank_balancer_->begin_step(strategy_.communication_stats(), plan_.devices.front());
+    {
+      const trace::Span span("forward", "step");
+      logits = strategy_.forward(x);             // (B, 10)
+      loss = at::cross_entropy_loss(logits, y);  // mean over B
+    }
+    {
+      const trace::Span span("backward", "step");
+      loss.backward();  // ddp: gradients averaged over ranks here
+    }
+    if (rank_balancer_ && rank_balancer_->end_step(x.size(0), strategy_.communication_stats())) rebalance();
+    {
+      const trace::Span span("optimizer step", "step");
+      strategy_.step();
+    }
+    strategy_.after_step(step_);
+    ++step_;
+    loss_sum_.add_(loss.detach().to(at::kDouble), static_cast<double>(x.size(0)));
+    correct_.add_(logits.argmax(1).eq(y).sum());
+    rows_ += x.size(0);
+    if (bar_.due(++epoch_steps_)) bar_.update(epoch_steps_, loss_sum_.item<double>() / rows_, rows_ * plan_.world_size);
+    return true;
+  }
+
+  // The measured shares changed: the rest of the epoch under them, from the next step.
+  void rebalance() {
+    data_wait_ += loader_.stats().wait;
+    loader_.start_epoch(balanced_->batches(epoch_steps_ + 1, rank_balancer_->weights()));
+    if (leader_) {
+      report_balance("rank", step_, balanced_->rank_rows(0, rank_balancer_->weights()), rank_balancer_->balancer(),
+                     rank_balancer_->interval());
+    }
+  }
+
+  const TrainPlan& plan_;
+  const TrainOptions& o_;
+  const Data& data_;
+  Strategy& strategy_;
+  const c10::Device device_;
+  const bool leader_;
+  Report report_;
+  train::ProgressBar bar_;
+  DistributedSampler sampler_;
+  DataLoader loader_;
+  std::unique_ptr<RankBalancer> rank_balancer_;
+  std::unique_ptr<BalancedBatches> balanced_;
+  int64_t step_ = 0;  // of the run
+  // The epoch's, so far:
+  at::Tensor loss_sum_, correct_;
+  int64_t rows_ = 0, epoch_steps_ = 0;
+  std::chrono::nanoseconds data_wait_{0};  // over the epoch's loaders (a re-balance restarts it)
+};
+
+}  // namespace
+
+int train_epochs(const TrainPlan& plan, const Data& data, Strategy& strategy, int64_t first_epoch) {
+  EpochLoop(plan, data, strategy, first_epoch).run(first_epoch);
+  return 0;
+}
+
+int evaluate_checkpoint(const TrainPlan& plan, const Data& data, Strategy& strategy, int64_t epoch) {
+  const TrainOptions& o = plan.options;
+  const auto [correct, samples] = evaluate(plan, data, strategy.module(),
+                                           [&](const at::Tensor& x) { return strategy.forward(x); },
+                                           plan.devices.front().torch_device());
+  if (plan.rank != 0) return 0;
+  std::printf("test acc %.4f (%ld/%ld)  checkpoint epoch %ld  devices %s (%s%s)\n",
+              samples ? double(correct) / samples : 0.0, (long)correct, (long)samples, (long)epoch,
+              plan.devices_label.c_str(), o.mode.c_str(),
+              plan.world_size > 1 || has_ranks(plan.mode) ? (", " + std::to_string(plan.world_size) + " ranks").c_str()
+                                                          : "");
+  return 0;
+}
+
+}  // namespace datapar::tools

@@ -1,0 +1,36 @@
+// --mode single: the model itself on one device, and its SGD. The base of the modes whose
+// optimizer is whole on every process (dp, and ddp without --zero).
+#pragma once
+
+#include <torch/optim/sgd.h>
+
+#include <memory>
+
+#include "checkpoint_writer.h"
+#include "strategy.h"
+
+namespace datapar::tools {
+
+template <typename Impl>
+class SingleDevice : public Strategy {
+ public:
+  SingleDevice(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd)
+      : plan_(plan), model_(std::move(model)), sgd_(sgd) {}
+
+  at::Tensor forward(const at::Tensor& x) override { return model_->forward(x); }
+  void zero_grad() override { sgd_.zero_grad(); }
+  void step() override { sgd_.step(); }
+  // Every process holds the same parameters and state: rank 0 writes for all (torch), or
+  // each its share (dcp).
+  void save_checkpoint(int64_t epoch) override {
+    write_checkpoint(plan_, *model_, train::make_checkpoint(*model_, sgd_, epoch));
+  }
+  torch::nn::Module& module() override { return *model_; }
+
+ protected:
+  const TrainPlan& plan_;
+  std::shared_ptr<Impl> model_;
+  torch::optim::SGD& sgd_;
+};
+
+}  // namespace datapar::tools

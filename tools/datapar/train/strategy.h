@@ -1,0 +1,40 @@
+// A mode of `datapar train` as the training loop sees it (one file per mode beside this one,
+// made by make_strategy.h): the forward of the wrapped model, the optimizer's zero_grad and
+// step, the checkpoint it writes, and the model itself. The loop (loop.h) knows nothing else
+// of a mode, so a new mode is a new strategy and a line in make_strategy.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "datapar/ddp/communication_stats.h"
+#include "datapar/process_group/process_group.h"
+
+namespace datapar::tools {
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  // Logits (B, 10) in float32 for a batch on the training device.
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+  virtual void zero_grad() = 0;
+  virtual void step() = 0;
+  // Collective where the mode is: writes the checkpoint of `epoch` epochs done, in
+  // --checkpoint-format's form, one that resumes in any mode (checkpoint_writer.h).
+  virtual void save_checkpoint(int64_t epoch) = 0;
+  // The model, unwrapped: train() and eval() go to it.
+  virtual torch::nn::Module& module() = 0;
+
+  // ddp --balance auto: the group whose ranks the balancer measures, and the communication
+  // the mode measured so far (RankBalancer); nullptr in the other modes.
+  virtual std::shared_ptr<ProcessGroup> balanced_group() const { return nullptr; }
+  virtual CommunicationStats communication_stats() const { return {}; }
+  // After step `step` of the run (dp: says when its device balancer moved the split).
+  virtual void after_step(int64_t step) {}
+};
+
+}  // namespace datapar::tools
