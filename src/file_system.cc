@@ -2,6 +2,7 @@
 #include "file_system.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -82,6 +83,24 @@ std::vector<std::string> list_directory(const std::string& path) {
   }
   ::closedir(d);
   return names;
+}
+
+RegularFile open_regular_file(const std::string& path) {
+  RegularFile file;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    file.error = errno;
+    return file;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    file.irregular = true;
+    return file;
+  }
+  file.fd = fd;
+  file.size = static_cast<int64_t>(st.st_size);
+  return file;
 }
 
 }  // namespace datapar::detail

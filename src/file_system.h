@@ -5,6 +5,7 @@
 // no_std_filesystem_imports keeps every datapar binary free of them.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,5 +32,15 @@ int remove_tree(const std::string& path) noexcept;
 // The names in directory `path` but . and .., in no particular order; empty when it cannot
 // be read.
 std::vector<std::string> list_directory(const std::string& path);
+
+// A file opened for reading only if it is a regular one, without blocking: a FIFO or a
+// device planted under its name would block open() or read without end (issue 46).
+struct RegularFile {
+  int fd = -1;              // open (O_CLOEXEC), the caller's to close; -1: not opened
+  int64_t size = 0;
+  int error = 0;            // open()'s errno when fd is -1 and the file is not irregular
+  bool irregular = false;   // there, but a FIFO, device, socket or directory: refused
+};
+RegularFile open_regular_file(const std::string& path);
 
 }  // namespace datapar::detail

@@ -164,23 +164,20 @@ struct Written {
 
 // ---- reading data files ----
 
-// A checkpoint's files are opened without blocking and read only when regular: a FIFO or a
-// device planted under a file's name would block open() or read without end (issue 46).
-// Returns the open descriptor; throws CheckpointError naming `what`.
+// A checkpoint's files are read only when regular (detail::open_regular_file). Returns the
+// open descriptor; throws CheckpointError naming `what`.
 int open_regular(const std::string& path, const std::string& what, int64_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT) {
-    throw CheckpointError(str_cat(what, " is missing (", std::strerror(errno), "): the checkpoint was not copied whole"));
-  }
-  if (fd < 0) throw CheckpointError(str_cat(what, " cannot be opened (", std::strerror(errno), ")"));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
+  const datapar::detail::RegularFile file = datapar::detail::open_regular_file(path);
+  if (file.irregular) {
     throw CheckpointError(str_cat(what, " is not a regular file (a FIFO, device, socket or directory?): refused, ",
                                   "a checkpoint holds files only"));
   }
-  *size = static_cast<int64_t>(st.st_size);
-  return fd;
+  if (file.error == ENOENT) {
+    throw CheckpointError(str_cat(what, " is missing (", std::strerror(ENOENT), "): the checkpoint was not copied whole"));
+  }
+  if (file.fd < 0) throw CheckpointError(str_cat(what, " cannot be opened (", std::strerror(file.error), ")"));
+  *size = file.size;
+  return file.fd;
 }
 
 // Reads `length` bytes at `offset` of `fd`, whole.

@@ -13,6 +13,7 @@
 #include "datapar/train/optimizer_state.h"
 #include "dcp/metadata.h"
 #include "dcp/optimizer_layout.h"
+#include "optim/param_state.h"
 
 namespace datapar::dcp::detail {
 namespace {
@@ -101,7 +102,7 @@ void add_fsdp_optimizer(State& state, const std::string& prefix, torch::optim::O
     first_of_group.push_back(count);
     count += group.toGenericDict().at("params").toListRef().size();
   }
-  const bool adamw = dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr;
+  const bool adamw = datapar::detail::optimizer_kind(optimizer) == datapar::detail::OptimizerKind::kAdamW;
   add_param_groups(state, prefix, osd, adamw, [&](int64_t g, const Dict& group) {
     std::unordered_set<size_t> in_group;
     const size_t first = first_of_group.at(static_cast<size_t>(g));

@@ -16,6 +16,7 @@
 #include "datapar/state_dict.h"
 #include "datapar/train/optimizer_state.h"
 #include "dcp/optimizer_layout.h"
+#include "optim/param_state.h"
 #include "optim/state_key.h"
 
 namespace datapar::dcp {
@@ -58,37 +59,14 @@ std::vector<std::string> names_in(const torch::nn::Module& module, const std::ve
 // State for every parameter that has none yet, as zeros (PyTorch's get_state_dict does the
 // same by a step with zero gradients): what a load fills.
 void create_missing_state(optim::Optimizer& optimizer) {
+  const auto kind = datapar::detail::optimizer_kind(optimizer);
+  using Map = std::decay_t<decltype(optimizer.state())>;
   for (auto& group : optimizer.param_groups()) {
     for (const at::Tensor& p : group.params()) {
-      if (auto* sgd = dynamic_cast<optim::SGD*>(&optimizer)) {
-        using Map = std::decay_t<decltype(sgd->state())>;
-        const auto key = datapar::detail::optimizer_state_key<Map>(p);
-        const auto& o = static_cast<const optim::SGDOptions&>(group.options());
-        if (o.momentum() == 0 || sgd->state().count(key) > 0) continue;
-        auto s = std::make_unique<optim::SGDParamState>();
-        s->momentum_buffer(at::zeros_like(p, at::MemoryFormat::Contiguous));
-        sgd->state()[key] = std::move(s);
-      } else if (dynamic_cast<optim::Adam*>(&optimizer) != nullptr ||
-                 dynamic_cast<optim::AdamW*>(&optimizer) != nullptr) {
-        using Map = std::decay_t<decltype(optimizer.state())>;
-        const auto key = datapar::detail::optimizer_state_key<Map>(p);
-        if (optimizer.state().count(key) > 0) continue;
-        const bool adam = dynamic_cast<optim::Adam*>(&optimizer) != nullptr;
-        const bool amsgrad = adam ? static_cast<const optim::AdamOptions&>(group.options()).amsgrad()
-                                  : static_cast<const optim::AdamWOptions&>(group.options()).amsgrad();
-        auto fill = [&](auto s) {
-          s->step(0);
-          s->exp_avg(at::zeros_like(p, at::MemoryFormat::Contiguous));
-          s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Contiguous));
-          if (amsgrad) s->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Contiguous));
-          optimizer.state()[key] = std::move(s);
-        };
-        if (adam) {
-          fill(std::make_unique<optim::AdamParamState>());
-        } else {
-          fill(std::make_unique<optim::AdamWParamState>());
-        }
-      }
+      const auto key = datapar::detail::optimizer_state_key<Map>(p);
+      if (optimizer.state().count(key) > 0) continue;
+      std::unique_ptr<optim::OptimizerParamState> zeros = datapar::detail::zero_param_state(kind, p, group.options());
+      if (zeros) optimizer.state()[key] = std::move(zeros);
     }
   }
 }
@@ -183,7 +161,7 @@ void add_optimizer(State& state, const std::string& prefix, optim::Optimizer& op
   const std::vector<std::string> names = parameter_names(optimizer, module);
   create_missing_state(optimizer);
   add_optimizer_state(state, prefix, train::optimizer_state_dict(optimizer), names,
-                      dynamic_cast<const optim::AdamW*>(&optimizer) != nullptr);
+                      datapar::detail::optimizer_kind(optimizer) == datapar::detail::OptimizerKind::kAdamW);
 }
 
 train::OptimizerState optimizer_state_of(const State& state, const std::string& prefix,

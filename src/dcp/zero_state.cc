@@ -14,6 +14,7 @@
 #include "datapar/process_group/metadata.h"
 #include "datapar/train/optimizer_state.h"
 #include "dcp/optimizer_layout.h"
+#include "optim/param_state.h"
 
 namespace datapar::dcp {
 namespace {
@@ -26,24 +27,11 @@ namespace optim = torch::optim;
 // The state keys of each parameter, known alike on every rank from the kind and options (a
 // rank that owns nothing has no state to look at): what PyTorch's optimizers hold.
 std::vector<std::string> state_keys(const optim::Optimizer& prototype) {
-  const optim::OptimizerOptions& options = prototype.param_groups().at(0).options();
-  if (dynamic_cast<const optim::SGD*>(&prototype) != nullptr) {
-    if (static_cast<const optim::SGDOptions&>(options).momentum() == 0) return {};
-    return {"momentum_buffer"};
-  }
-  bool amsgrad = false;
-  if (dynamic_cast<const optim::Adam*>(&prototype) != nullptr) {
-    amsgrad = static_cast<const optim::AdamOptions&>(options).amsgrad();
-  } else if (dynamic_cast<const optim::AdamW*>(&prototype) != nullptr) {
-    amsgrad = static_cast<const optim::AdamWOptions&>(options).amsgrad();
-  } else {
-    throw InvalidArgumentError(
-        "dcp::add_zero_optimizer: supports ZeroRedundancyOptimizer over SGD, Adam and AdamW, whose state "
-        "PyTorch's optimizers name alike.");
-  }
-  std::vector<std::string> keys = {"step", "exp_avg", "exp_avg_sq"};
-  if (amsgrad) keys.push_back("max_exp_avg_sq");
-  return keys;
+  const auto kind = datapar::detail::optimizer_kind(prototype);
+  DATAPAR_CHECK(kind != datapar::detail::OptimizerKind::kOther,
+                "dcp::add_zero_optimizer: supports ZeroRedundancyOptimizer over SGD, Adam and AdamW, whose state "
+                "PyTorch's optimizers name alike.");
+  return datapar::detail::param_state_names(kind, prototype.param_groups().at(0).options());
 }
 
 // The numbers of a hyperparameter (a number, a flag, or a tuple of numbers), appended.
@@ -146,7 +134,7 @@ void add_zero_optimizer(State& state, const std::string& prefix, ZeroRedundancyO
   c10::impl::GenericList list(c10::AnyType::get());
   list.push_back(hyperparameters_of(zero.process_group(), zero.owner(0), group_options));
   groups.insert("param_groups", list);
-  const bool adamw = dynamic_cast<const optim::AdamW*>(prototype.get()) != nullptr;
+  const bool adamw = datapar::detail::optimizer_kind(*prototype) == datapar::detail::OptimizerKind::kAdamW;
   detail::add_param_groups(state, prefix, groups, adamw, [&](int64_t, const Dict&) {
     c10::impl::GenericList all(c10::AnyType::get());
     for (const std::string& name : names) all.push_back(name);

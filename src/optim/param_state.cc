@@ -1,6 +1,7 @@
 // See param_state.h.
 #include "optim/param_state.h"
 
+#include <ATen/ATen.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -55,6 +56,56 @@ const char* optimizer_kind_name(OptimizerKind kind) {
     case OptimizerKind::kOther: break;
   }
   return "an optimizer other than SGD, Adam and AdamW";
+}
+
+namespace {
+
+bool amsgrad(OptimizerKind kind, const optim::OptimizerOptions& options) {
+  if (kind == OptimizerKind::kAdam) return static_cast<const optim::AdamOptions&>(options).amsgrad();
+  if (kind == OptimizerKind::kAdamW) return static_cast<const optim::AdamWOptions&>(options).amsgrad();
+  return false;
+}
+
+template <typename AdamState>
+std::unique_ptr<optim::OptimizerParamState> zero_adam_state(const at::Tensor& p, bool with_maximum) {
+  auto s = std::make_unique<AdamState>();
+  s->step(0);
+  s->exp_avg(at::zeros_like(p, at::MemoryFormat::Contiguous));
+  s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Contiguous));
+  if (with_maximum) s->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Contiguous));
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> param_state_names(OptimizerKind kind, const optim::OptimizerOptions& options) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      if (static_cast<const optim::SGDOptions&>(options).momentum() == 0) return {};
+      return {"momentum_buffer"};
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      if (amsgrad(kind, options)) return {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+      return {"step", "exp_avg", "exp_avg_sq"};
+    case OptimizerKind::kOther: break;
+  }
+  return {};
+}
+
+std::unique_ptr<optim::OptimizerParamState> zero_param_state(OptimizerKind kind, const at::Tensor& p,
+                                                             const optim::OptimizerOptions& options) {
+  switch (kind) {
+    case OptimizerKind::kSgd: {
+      if (static_cast<const optim::SGDOptions&>(options).momentum() == 0) return nullptr;
+      auto s = std::make_unique<optim::SGDParamState>();
+      s->momentum_buffer(at::zeros_like(p, at::MemoryFormat::Contiguous));
+      return s;
+    }
+    case OptimizerKind::kAdam: return zero_adam_state<optim::AdamParamState>(p, amsgrad(kind, options));
+    case OptimizerKind::kAdamW: return zero_adam_state<optim::AdamWParamState>(p, amsgrad(kind, options));
+    case OptimizerKind::kOther: break;
+  }
+  return nullptr;
 }
 
 ParamStateMeta param_state_meta(OptimizerKind kind, const optim::OptimizerParamState* s) {

@@ -1,6 +1,8 @@
-// One parameter's optimizer state as tensors and a few numbers, for the optimizers whose
-// state datapar moves between ranks (SGD, Adam, AdamW): ZeroRedundancyOptimizer's
-// consolidate(), and ft::ShardedOptimizer's re-sharding after a membership change.
+// The one table of optimizer kinds datapar knows (SGD, Adam, AdamW): which kind an optimizer
+// is (the one dynamic_cast ladder), PyTorch's names of its state, and one parameter's state
+// as tensors and a few numbers, for ZeroRedundancyOptimizer's consolidate(),
+// ft::ShardedOptimizer's re-sharding after a membership change, checkpoints and DCP.
+// A new kind is a row here: its enum value and a case in each function.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -9,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace datapar::detail {
@@ -18,6 +21,17 @@ enum class OptimizerKind { kSgd, kAdam, kAdamW, kOther };
 OptimizerKind optimizer_kind(const torch::optim::Optimizer& optimizer);
 // "SGD", "Adam", "AdamW", or a phrase for the others (for error messages).
 const char* optimizer_kind_name(OptimizerKind kind);
+
+// PyTorch's names of one parameter's state for an optimizer of `kind` with `options` (the
+// keys of torch.optim's state_dict): SGD's "momentum_buffer" (none without momentum); Adam's
+// and AdamW's "step", "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad; none for
+// kOther. What a rank that owns no state knows alike from the kind and options alone.
+std::vector<std::string> param_state_names(OptimizerKind kind, const torch::optim::OptimizerOptions& options);
+
+// One parameter's state as zeros, as PyTorch's get_state_dict makes it (a step with zero
+// gradients); nullptr where the kind keeps none (SGD without momentum, kOther).
+std::unique_ptr<torch::optim::OptimizerParamState> zero_param_state(OptimizerKind kind, const at::Tensor& param,
+                                                                    const torch::optim::OptimizerOptions& options);
 
 // [has state, Adam's step count, has amsgrad's maximum] of one parameter's state (null: none).
 using ParamStateMeta = std::array<int64_t, 3>;

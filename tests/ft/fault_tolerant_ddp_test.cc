@@ -290,7 +290,7 @@ bool has_line(const std::string& path, const std::string& prefix) {
 
 // Runs a job of three members with `failure`. Checks the samples, the final models and the
 // optimizer's final state.
-void run_job(Failure failure, bool shared_memory, Mode mode = Mode::kDdp) {
+void train_three_members(Failure failure, bool shared_memory, Mode mode = Mode::kDdp) {
   const bool sharded = mode == Mode::kZero;
   testing::TempDir dir;
   const auto server = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kToken, 10s, ""});
@@ -373,14 +373,14 @@ void run_job(Failure failure, bool shared_memory, Mode mode = Mode::kDdp) {
   }
 }
 
-TEST(FaultTolerantDdp, ThreeMembersWithoutFailuresTrainAsOneProcess) { run_job({}, /*shared_memory=*/false); }
+TEST(FaultTolerantDdp, ThreeMembersWithoutFailuresTrainAsOneProcess) { train_three_members({}, /*shared_memory=*/false); }
 
 // Kill -9 one of three at a step that depends on the seed; the survivors go on, a
 // replacement joins and takes the state; the model is the one of an uninterrupted run.
 TEST(FaultTolerantDdp, AMemberKilledAtARandomStepIsReplacedAndTheModelIsUnchanged) {
   for (int seed = 1; seed <= 3; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    run_job({Failure::kKill, seed % 3, 1 + (seed * 5) % 11}, /*shared_memory=*/seed == 2);
+    train_three_members({Failure::kKill, seed % 3, 1 + (seed * 5) % 11}, /*shared_memory=*/seed == 2);
   }
 }
 
@@ -388,8 +388,8 @@ TEST(FaultTolerantDdp, AMemberKilledAtARandomStepIsReplacedAndTheModelIsUnchange
 // fails (its group was abandoned, its lease ran out), it joins again, takes the state and
 // trains on; nothing it did while stale is committed.
 TEST(FaultTolerantDdp, AStoppedMemberIsEvictedAndRejoinsWhenItContinues) {
-  run_job({Failure::kStop, 1, 3}, /*shared_memory=*/false);
-  run_job({Failure::kStop, 2, 5}, /*shared_memory=*/true);
+  train_three_members({Failure::kStop, 1, 3}, /*shared_memory=*/false);
+  train_three_members({Failure::kStop, 2, 5}, /*shared_memory=*/true);
 }
 
 // ZeRO-1 under fault tolerance: each member keeps two of the three shards of the optimizer
@@ -399,16 +399,16 @@ TEST(FaultTolerantDdp, AStoppedMemberIsEvictedAndRejoinsWhenItContinues) {
 TEST(FaultTolerantDdp, ShardedOptimizerStateSurvivesAKilledMember) {
   for (int seed = 1; seed <= 2; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    run_job({Failure::kKill, seed % 3, 2 + (seed * 7) % 11}, /*shared_memory=*/seed == 2, Mode::kZero);
+    train_three_members({Failure::kKill, seed % 3, 2 + (seed * 7) % 11}, /*shared_memory=*/seed == 2, Mode::kZero);
   }
 }
 
 TEST(FaultTolerantDdp, ShardedOptimizerStateSurvivesAStoppedMember) {
-  run_job({Failure::kStop, 0, 4}, /*shared_memory=*/false, Mode::kZero);
+  train_three_members({Failure::kStop, 0, 4}, /*shared_memory=*/false, Mode::kZero);
 }
 
 TEST(FaultTolerantDdp, ShardedThreeMembersWithoutFailuresTrainAsOneProcess) {
-  run_job({}, /*shared_memory=*/true, Mode::kZero);
+  train_three_members({}, /*shared_memory=*/true, Mode::kZero);
 }
 
 // FSDP under fault tolerance: each member keeps its shard of the parameters and optimizer
@@ -417,18 +417,18 @@ TEST(FaultTolerantDdp, ShardedThreeMembersWithoutFailuresTrainAsOneProcess) {
 // together from the shards they keep and shard it anew; the replacement takes its shard),
 // and with a member stopped past the timeout.
 TEST(FaultTolerantFsdp, ThreeMembersWithoutFailuresTrainAsOneProcess) {
-  run_job({}, /*shared_memory=*/false, Mode::kFsdp);
+  train_three_members({}, /*shared_memory=*/false, Mode::kFsdp);
 }
 
 TEST(FaultTolerantFsdp, AMemberKilledAtARandomStepIsReplacedAndTheModelIsUnchanged) {
   for (int seed = 1; seed <= 2; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    run_job({Failure::kKill, seed % 3, 3 + (seed * 5) % 11}, /*shared_memory=*/seed == 2, Mode::kFsdp);
+    train_three_members({Failure::kKill, seed % 3, 3 + (seed * 5) % 11}, /*shared_memory=*/seed == 2, Mode::kFsdp);
   }
 }
 
 TEST(FaultTolerantFsdp, AStoppedMemberIsEvictedAndRejoinsWhenItContinues) {
-  run_job({Failure::kStop, 1, 4}, /*shared_memory=*/true, Mode::kFsdp);
+  train_three_members({Failure::kStop, 1, 4}, /*shared_memory=*/true, Mode::kFsdp);
 }
 
 // Two of three members killed at once (in a ring of three any two are neighbours): a shard

@@ -22,7 +22,7 @@ namespace {
 using namespace std::chrono_literals;
 
 // Runs fn(rank) in `size` forked processes; returns each one's exit code (-1: killed).
-std::vector<int> run_ranks(int size, const std::function<int(int)>& fn) {
+std::vector<int> fork_rank_exit_codes(int size, const std::function<int(int)>& fn) {
   std::vector<int> codes;
   for (const detail::ChildExit& e : detail::fork_ranks(size, fn, "distributed_test")) codes.push_back(e.exit_code);
   return codes;
@@ -31,7 +31,7 @@ std::vector<int> run_ranks(int size, const std::function<int(int)>& fn) {
 TEST(Distributed, InitAllReduceSubgroupAndDestroy) {
   const testing::TempDir dir("distributed");
   const std::string url = "file://" + dir.path() + "/store";
-  const auto codes = run_ranks(3, [&](int rank) {
+  const auto codes = fork_rank_exit_codes(3, [&](int rank) {
     init_process_group("gloo", url, rank, 3, 30s);
     if (!is_initialized() || get_rank() != rank || get_world_size() != 3) return 1;
     at::Tensor t = at::full({4}, rank);

@@ -20,6 +20,7 @@
 #include "collectives/shm_collectives.h"
 #include "testing/conformance.h"
 #include "testing/expect_throw.h"
+#include "testing/gloo_ranks.h"
 
 namespace datapar {
 namespace {
@@ -27,25 +28,11 @@ namespace {
 using namespace std::chrono_literals;
 
 // Runs fn(rank, group) on `size` threads, each a rank of one Gloo group made with
-// options(rank), then a barrier (`meet_at_end`); the store's server lives on this thread,
-// on a port the kernel chose.
+// options(rank), then (`meet_at_end`) a barrier.
 void run_ranks(int size, const std::function<GlooOptions(int)>& options,
                const std::function<void(int, ProcessGroup&)>& fn, bool meet_at_end = true) {
-  TcpStore server({"127.0.0.1", 0, true, "", 30s});
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto store = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", server.port(), false, "", 30s});
-        auto group = new_gloo_process_group(store, rank, size, options(rank));
-        fn(rank, *group);
-        if (meet_at_end) group->barrier()->wait();
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << rank << ": " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::run_gloo_ranks_with_options(
+      size, options, [&](int rank, const std::shared_ptr<ProcessGroup>& group) { fn(rank, *group); }, meet_at_end);
 }
 
 GlooOptions local(int) { return {"127.0.0.1", 30s}; }

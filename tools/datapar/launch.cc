@@ -28,8 +28,9 @@
 #include "child_process.h"
 #include "datapar/error.h"
 #include "datapar/ft/decider.h"
-#include "datapar/rendezvous/tcp_store.h"
 #include "datapar/ft/options.h"
+#include "datapar/rendezvous/tcp_store.h"
+#include "file_system.h"
 #include "ft_nodes.h"
 #include "local_job.h"
 #include "worker_group.h"
@@ -58,16 +59,16 @@ void check_program(const std::string& program) {
 // (issue 46), so the file is opened without blocking and checked before it is read.
 constexpr int64_t kMaxTokenFile = 4096;
 std::string read_token_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  DATAPAR_CHECK(fd >= 0, "launch: --token-file ", path, " cannot be read (", std::strerror(errno), ").");
+  const detail::RegularFile file = detail::open_regular_file(path);
+  DATAPAR_CHECK(!file.irregular, "launch: --token-file ", path, " is not a regular file (a FIFO, device or ",
+                "directory?). Put the token in a file, e.g. openssl rand -hex 16 > token; chmod 600 token.");
+  DATAPAR_CHECK(file.fd >= 0, "launch: --token-file ", path, " cannot be read (", std::strerror(file.error), ").");
   struct stat st {};
-  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  std::string text(static_cast<size_t>(regular ? std::min<int64_t>(st.st_size, kMaxTokenFile) : 0), '\0');
-  const ssize_t got = regular ? ::read(fd, text.data(), text.size()) : -1;
-  ::close(fd);
-  DATAPAR_CHECK(regular, "launch: --token-file ", path, " is not a regular file (a FIFO, device or directory?). ",
-                "Put the token in a file, e.g. openssl rand -hex 16 > token; chmod 600 token.");
-  DATAPAR_CHECK(st.st_size <= kMaxTokenFile, "launch: --token-file ", path, " has ", st.st_size, " bytes; a token is ",
+  ::fstat(file.fd, &st);  // its mode, for the warning below
+  std::string text(static_cast<size_t>(std::min<int64_t>(file.size, kMaxTokenFile)), '\0');
+  const ssize_t got = ::read(file.fd, text.data(), text.size());
+  ::close(file.fd);
+  DATAPAR_CHECK(file.size <= kMaxTokenFile, "launch: --token-file ", path, " has ", file.size, " bytes; a token is ",
                 "one short line (at most ", kMaxTokenFile, " bytes).");
   DATAPAR_CHECK(got >= 0, "launch: --token-file ", path, " cannot be read (", std::strerror(errno), ").");
   text.resize(static_cast<size_t>(got));

@@ -39,6 +39,7 @@
 
 #include "datapar/error.h"
 #include "datapar/ft/elastic_group.h"
+#include "datapar/ft/module_sync.h"
 #include "datapar/ft/sharded_optimizer.h"
 #include "datapar/ft/slice_gradients.h"
 #include "datapar/ft/step_protocol.h"
@@ -52,14 +53,6 @@ std::string save_training_state(const torch::nn::Module& module, const torch::op
                                 int64_t step);
 // Loads what save_training_state wrote into `module` and `optimizer`; returns the step.
 int64_t load_training_state(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const std::string& bytes);
-
-// Collective: the module's buffers (e.g. BatchNorm's running statistics) from `root`.
-void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int root);
-// Collective: the module's parameters and buffers from `root`.
-void broadcast_parameters(torch::nn::Module& module, ProcessGroup& group, int root);
-// The module's buffers' values, and back.
-std::vector<at::Tensor> copy_buffers(const torch::nn::Module& module);
-void restore_buffers(torch::nn::Module& module, const std::vector<at::Tensor>& values);
 
 }  // namespace detail
 

@@ -55,7 +55,8 @@
 #include <vector>
 
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
-#include "datapar/ft/fault_tolerant_ddp.h"
+#include "datapar/ft/module_sync.h"
+#include "datapar/ft/sharded_optimizer.h"
 #include "datapar/ft/slice_gradients.h"
 #include "datapar/ft/step_protocol.h"
 #include "datapar/state_dict.h"
