@@ -157,17 +157,17 @@ TEST(ActivationCheckpoint, ASecondBackwardIsAnError) {
 
 // The default generator is not thread-safe, and constructing or cloning a module draws
 // from it.
-std::mutex g_generator;
+std::mutex g_checkpoint_generator;
 
 // A segment of a model, checkpointed.
-struct CheckpointedImpl : torch::nn::Module {
-  explicit CheckpointedImpl(torch::nn::Sequential segment) : inner(register_module("inner", std::move(segment))) {}
+struct CheckpointedSegmentImpl : torch::nn::Module {
+  explicit CheckpointedSegmentImpl(torch::nn::Sequential segment) : inner(register_module("inner", std::move(segment))) {}
   at::Tensor forward(const at::Tensor& x) {
     return checkpoint([this](const at::Tensor& in) { return inner->forward(in); }, x);
   }
   torch::nn::Sequential inner;
 };
-TORCH_MODULE(Checkpointed);
+TORCH_MODULE(CheckpointedSegment);
 
 // DDP's end of backward must wait for the outer backward, not the recomputation's (Note
 // [Backward inside backward] in src/autograd/checkpoint.cc): here the checkpointed segment
@@ -178,11 +178,11 @@ TEST(ActivationCheckpoint, UnderDdpEveryRankGetsTheAveragedGradients) {
   testing::run_gloo_ranks(kWorld, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     torch::nn::Sequential model;
     {
-      const std::lock_guard<std::mutex> lock(g_generator);
+      const std::lock_guard<std::mutex> lock(g_checkpoint_generator);
       torch::manual_seed(rank);  // DDP starts every rank from rank 0's
       model = torch::nn::Sequential(
           torch::nn::Linear(6, 32),
-          Checkpointed(torch::nn::Sequential(torch::nn::Linear(32, 32), torch::nn::Tanh(), torch::nn::Linear(32, 3))));
+          CheckpointedSegment(torch::nn::Sequential(torch::nn::Linear(32, 32), torch::nn::Tanh(), torch::nn::Linear(32, 3))));
     }
     DdpOptions options;
     options.bucket_cap_mb = 0.002;  // several buckets
@@ -228,7 +228,7 @@ struct CountingBlockImpl : torch::nn::Module {
 
 TEST(ActivationCheckpoint, CheckpointEachWrapsTheBlocksAndKeepsTheirNames) {
   auto make = [] {
-    const std::lock_guard<std::mutex> lock(g_generator);
+    const std::lock_guard<std::mutex> lock(g_checkpoint_generator);
     torch::manual_seed(3);
     return torch::nn::Sequential(CountingBlockImpl(), torch::nn::ReLU(), CountingBlockImpl());
   };

@@ -39,7 +39,7 @@ namespace datapar {
 namespace {
 
 // The default generator is not thread-safe, and constructing a module draws from it.
-std::mutex g_generator;
+std::mutex g_fsdp_generator;
 
 // Two Linear layers in a Sequential (units under fully_shard_each) and a head called
 // directly (the root's own): 220 + 420 + 105 parameters, none a multiple of 3 ranks.
@@ -55,7 +55,7 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 Net net(uint64_t seed, at::ScalarType dtype = at::kDouble) {
-  const std::lock_guard<std::mutex> lock(g_generator);
+  const std::lock_guard<std::mutex> lock(g_fsdp_generator);
   torch::manual_seed(seed);
   Net model;
   model->to(dtype);
@@ -202,7 +202,7 @@ TEST(FullyShardedDataParallel, GathersOnlyTheUnitComputingAndThosePrefetched) {
       };
       torch::nn::Sequential model;
       {
-        const std::lock_guard<std::mutex> lock(g_generator);
+        const std::lock_guard<std::mutex> lock(g_fsdp_generator);
         for (int i = 0; i < kLayers; ++i) {
           model->push_back(torch::nn::Linear(16, 16));
           model->push_back(Probe(record));
@@ -500,7 +500,7 @@ TEST(FullyShardedDataParallel, MixedPrecisionKeepsBatchNormStatisticsInTheBuffer
     testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
       torch::nn::Sequential model;
       {
-        const std::lock_guard<std::mutex> lock(g_generator);
+        const std::lock_guard<std::mutex> lock(g_fsdp_generator);
         torch::manual_seed(2);
         model = torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)), torch::nn::BatchNorm2d(4),
                                       torch::nn::ReLU(), torch::nn::Flatten(), torch::nn::Linear(4 * 6 * 6, 3));
@@ -553,7 +553,7 @@ TEST(FullyShardedDataParallel, ActivationCheckpointingInsideUnitsGivesTheSameTra
     testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
       torch::nn::Sequential model;
       {
-        const std::lock_guard<std::mutex> lock(g_generator);
+        const std::lock_guard<std::mutex> lock(g_fsdp_generator);
         torch::manual_seed(5);
         model->push_back(CheckpointedBlockImpl(how == 1));
         model->push_back(CheckpointedBlockImpl(how == 1));
@@ -595,7 +595,7 @@ void expect_resnet18_trains_as_one_process(int world, bool adam) {
     return at::sin(at::arange(2 * 144, at::kDouble).view({2, 1, 12, 12}) * (0.3 + r) + step);
   };
   auto make = [](uint64_t seed) {
-    const std::lock_guard<std::mutex> lock(g_generator);
+    const std::lock_guard<std::mutex> lock(g_fsdp_generator);
     torch::manual_seed(seed);
     models::ResNet18 model(10, 1);
     model->to(at::kDouble);
@@ -653,7 +653,7 @@ TEST(FullyShardedDataParallel, GathersForTheBackwardOfATupleOfOutputs) {
   const at::Tensor x = at::randn({3, 4});
   TwoHeads plain;
   {
-    const std::lock_guard<std::mutex> lock(g_generator);
+    const std::lock_guard<std::mutex> lock(g_fsdp_generator);
     plain = TwoHeads();
   }
   auto [a, b] = plain->forward(x);
@@ -663,7 +663,7 @@ TEST(FullyShardedDataParallel, GathersForTheBackwardOfATupleOfOutputs) {
   testing::run_gloo_ranks(1, [&](int, std::shared_ptr<ProcessGroup> group) {
     TwoHeads model;
     {
-      const std::lock_guard<std::mutex> lock(g_generator);
+      const std::lock_guard<std::mutex> lock(g_fsdp_generator);
       model = TwoHeads();
     }
     const at::NoGradGuard copy;

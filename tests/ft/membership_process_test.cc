@@ -31,7 +31,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using testing::read_text;
 
-constexpr const char* kToken = "ft-process-test";
+constexpr const char* kMembershipToken = "ft-process-test";
 
 FtOptions options(int expected) {
   FtOptions o;
@@ -43,8 +43,8 @@ FtOptions options(int expected) {
   return o;
 }
 
-std::shared_ptr<TcpStore> connect(uint16_t port) {
-  return std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", port, false, kToken, 5s, ""});
+std::shared_ptr<TcpStore> connect_member(uint16_t port) {
+  return std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", port, false, kMembershipToken, 5s, ""});
 }
 
 // A member's life: join, then steps of 20 ms until `dir`/stop exists. Exit 0 when stopped,
@@ -53,7 +53,7 @@ int member_main(uint16_t port, const std::string& dir, int index, int expected) 
   std::ofstream log(dir + "/member-" + std::to_string(index) + ".log", std::ios::app);
   auto say = [&](const std::string& line) { log << line << std::endl; };
   try {
-    Member me(connect(port), "job", options(expected));
+    Member me(connect_member(port), "job", options(expected));
     int64_t step = 0;
     auto join = [&] {
       const Epoch e = me.join(step);
@@ -135,7 +135,7 @@ class FtThreeMembers : public ::testing::Test {
  protected:
   void start(int watched) {
     for (int i = 0; i < 3; ++i) members.start(server->port(), i, 3);
-    decider = std::make_unique<Decider>(connect(server->port()), "job", options(3));
+    decider = std::make_unique<Decider>(connect_member(server->port()), "job", options(3));
     ASSERT_TRUE(within(10s, [&] { return decider->epoch().size() == 3; }));
     ASSERT_TRUE(within(5s, [&] { return log_of(dir, watched).find("commit 5") != std::string::npos; }))
         << log_of(dir, watched);
@@ -144,7 +144,7 @@ class FtThreeMembers : public ::testing::Test {
   const testing::TempDir temp{"ft"};
   const std::string& dir = temp.path();
   const std::shared_ptr<TcpStore> server =
-      std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kToken, 10s, ""});
+      std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kMembershipToken, 10s, ""});
   Members members{dir};
   std::unique_ptr<Decider> decider;  // destroyed first
 };
@@ -197,10 +197,10 @@ TEST(FtMembershipProcess, WhenTheStoresHostDiesTheMembersStopWithTheReason) {
   const std::string& dir = temp.path();
   const pid_t host = detail::fork_child(
       [&] {
-        const auto server = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kToken, 10s, ""});
+        const auto server = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kMembershipToken, 10s, ""});
         std::ofstream(dir + "/port.tmp") << server->port();
         ::rename((dir + "/port.tmp").c_str(), (dir + "/port").c_str());
-        const Decider decider(connect(server->port()), "job", options(2));
+        const Decider decider(connect_member(server->port()), "job", options(2));
         ::pause();
         return 0;
       },

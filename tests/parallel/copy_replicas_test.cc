@@ -34,12 +34,6 @@ struct Update {
   std::function<std::function<void(ConvNet&, int)>(ConvNet&)> make;
 };
 
-ConvNet copy_of(const ConvNet& source) {
-  ConvNet copy;
-  load_state_dict(*copy, state_dict(*source));
-  return copy;
-}
-
 // A double-precision ConvNet and its single-device twin, and DataParallel over `devices`
 // CPU devices with copy replicas.
 struct CopyTraining {

@@ -26,12 +26,6 @@ using testing::BnNet;
 using testing::ConvNet;
 using testing::relative_error;
 
-ConvNet copy_of(const ConvNet& source) {
-  ConvNet copy;
-  load_state_dict(*copy, state_dict(*source));
-  return copy;
-}
-
 // Gradients of DataParallel on k devices against one device on the whole batch.
 void expect_same_gradients(const std::vector<Device>& devices, std::vector<double> weights = {}) {
   torch::manual_seed(7);

@@ -16,6 +16,8 @@
 #include <thread>
 #include <tuple>
 
+#include "datapar/state_dict.h"
+
 namespace datapar::testing {
 
 // Linear, Conv2d, ReLU and pooling: (B, 1, 12, 12) -> (B, 10).
@@ -97,6 +99,13 @@ class ThreadProbeImpl : public torch::nn::Cloneable<ThreadProbeImpl> {
 TORCH_MODULE(ThreadProbe);
 
 // |a - b| / |b| over the whole tensor: the relative error the tests bound.
+// A ConvNet with `source`'s parameters and buffers, sharing none of its tensors.
+inline ConvNet copy_of(const ConvNet& source) {
+  ConvNet copy;
+  load_state_dict(*copy, state_dict(*source));
+  return copy;
+}
+
 inline double relative_error(const at::Tensor& a, const at::Tensor& b) {
   const double denom = b.norm().item<double>();
   return (a - b).norm().item<double>() / (denom > 0 ? denom : 1.0);

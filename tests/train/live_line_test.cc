@@ -17,7 +17,7 @@ namespace {
 using datapar::testing::run_in_terminal;
 using datapar::testing::TerminalRun;
 
-const std::string kCli = std::string(DATAPAR_BIN_DIR) + "/datapar";
+const std::string kDataparCli = std::string(DATAPAR_BIN_DIR) + "/datapar";
 // LeNet over the full Fashion-MNIST (../shared/datasets) at batch 64: an epoch of 938 steps
 // and a few seconds, long enough for "once a second" to mean something (the shipped subset's
 // epoch, where the full set is missing, lasts half a second). The bar redraws after each
@@ -64,7 +64,7 @@ double epoch_seconds(const std::string& output) {
 }
 
 TEST(LiveLine, UnderATerminalTrainRedrawsItsLineInPlaceAtLeastOnceASecond) {
-  const TerminalRun run = run_in_terminal(with({kCli}, kTrain), std::chrono::seconds(240));
+  const TerminalRun run = run_in_terminal(with({kDataparCli}, kTrain), std::chrono::seconds(240));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const std::vector<Redraw> drawn = redraws(run);
   ASSERT_GE(drawn.size(), 2u) << run.output;
@@ -79,7 +79,7 @@ TEST(LiveLine, UnderATerminalTrainRedrawsItsLineInPlaceAtLeastOnceASecond) {
 }
 
 TEST(LiveLine, PipedTrainPrintsNoCarriageReturn) {
-  std::string command = kCli;
+  std::string command = kDataparCli;
   for (const std::string& a : kShort) command += " " + a;
   const datapar::testing::ProcessResult r = datapar::testing::run_shell(command + " | cat");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -92,7 +92,7 @@ TEST(LiveLine, PipedTrainPrintsNoCarriageReturn) {
 // follows. Piped, the launcher's workers draw nothing.
 TEST(LiveLine, LaunchPassesRankZerosLiveLineToItsTerminal) {
   const std::vector<std::string> job =
-      with({kCli, "launch", "--nproc-per-node", "2", "--", kCli}, with(kShort, {"--mode", "ddp", "--backend", "gloo"}));
+      with({kDataparCli, "launch", "--nproc-per-node", "2", "--", kDataparCli}, with(kShort, {"--mode", "ddp", "--backend", "gloo"}));
   const TerminalRun run = run_in_terminal(job, std::chrono::seconds(240));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const std::vector<Redraw> drawn = redraws(run);
@@ -113,7 +113,7 @@ TEST(LiveLine, LaunchPassesRankZerosLiveLineToItsTerminal) {
 // turn, each round), the last step of each drawn, and erases it before the results; piped,
 // the results alone, no carriage return.
 TEST(LiveLine, UnderATerminalBenchRedrawsALinePerPhaseAndErasesItBeforeTheResults) {
-  const std::vector<std::string> bench = {kCli, "bench", "fsdp", "--model", "lenet", "--steps", "20", "--rounds", "2"};
+  const std::vector<std::string> bench = {kDataparCli, "bench", "fsdp", "--model", "lenet", "--steps", "20", "--rounds", "2"};
   const TerminalRun run = run_in_terminal(bench, std::chrono::seconds(240));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   for (const char* phase : {"ddp (round 1/2)", "fsdp (round 1/2)", "ddp (round 2/2)", "fsdp (round 2/2)"}) {

@@ -69,7 +69,7 @@ TEST(MetricsJson, EveryFieldRoundTrips) {
 }
 
 TEST(MetricsWriter, TruncatesOrAppends) {
-  const std::string path = testing::TempDir() + "/metrics_writer.jsonl";
+  const std::string path = ::testing::TempDir() + "/metrics_writer.jsonl";
   MetricsWriter(path, false).write(sample(1));
   MetricsWriter(path, true).write(sample(2));
   std::ifstream in(path);
@@ -109,7 +109,7 @@ TEST(ProgressBar, DrawsOnlyWhenEnabledAndClearsItsLine) {
 
 TEST(Plot, WritesAPng) {
   if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot is not installed (apt-get install gnuplot-nox)";
-  const std::string path = testing::TempDir() + "/plot_test.png";
+  const std::string path = ::testing::TempDir() + "/plot_test.png";
   ::unlink(path.c_str());
   plot_metrics({sample(1), sample(2), sample(3)}, path, "a \"quoted\" title");
   std::ifstream in(path, std::ios::binary);
@@ -129,7 +129,7 @@ TEST(Plot, MissingGnuplotSaysWhatToInstall) {
   const std::string saved = old ? old : "";
   ::setenv("PATH", "/nonexistent", 1);
   try {
-    plot_metrics({sample(1)}, testing::TempDir() + "/never.png", "t");
+    plot_metrics({sample(1)}, ::testing::TempDir() + "/never.png", "t");
     ADD_FAILURE() << "no error without gnuplot";
   } catch (const InvalidArgumentError& e) {
     EXPECT_NE(std::string(e.what()).find("gnuplot-nox"), std::string::npos) << e.what();
