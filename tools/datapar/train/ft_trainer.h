@@ -34,6 +34,15 @@ struct FtTrainer {
   std::shared_ptr<void> owned;
 };
 
+// What every fault-tolerant trainer answers alike (ft::detail::StepProtocol): its step, the
+// memberships it joined, and its finish. `trainer` lives in t.owned.
+template <typename Trainer>
+void bind_step_protocol(FtTrainer& t, Trainer* trainer) {
+  t.step = [trainer] { return trainer->step(); };
+  t.epochs_joined = [trainer] { return trainer->epochs_joined(); };
+  t.finish = [trainer](const ft::Together& last) { trainer->finish(last); };
+}
+
 // --mode fsdp: each rank's shard kept by the next rank too.
 template <typename Impl>
 FtTrainer make_ft_fsdp(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd,
@@ -69,9 +78,7 @@ FtTrainer make_ft_fsdp(const TrainPlan& plan, std::shared_ptr<Impl> model, torch
     c.rng = train::get_rng_state();
     return c;
   };
-  t.step = [trainer] { return trainer->step(); };
-  t.epochs_joined = [trainer] { return trainer->epochs_joined(); };
-  t.finish = [trainer](const ft::Together& last) { trainer->finish(last); };
+  bind_step_protocol(t, trainer.get());
   t.owned = trainer;
   return t;
 }
@@ -113,9 +120,7 @@ FtTrainer make_ft_ddp(const TrainPlan& plan, std::shared_ptr<Impl> model, torch:
     if (elastic.rank() != 0) return std::nullopt;
     return train::make_checkpoint(*model, gathered ? *gathered : sgd, epoch);
   };
-  t.step = [trainer] { return trainer->step(); };
-  t.epochs_joined = [trainer] { return trainer->epochs_joined(); };
-  t.finish = [trainer](const ft::Together& last) { trainer->finish(last); };
+  bind_step_protocol(t, trainer);
   t.owned = ddp;
   return t;
 }
