@@ -11,6 +11,7 @@
 #include "datapar/process_group/metadata.h"
 #include "datapar/rendezvous/prefix_store.h"
 #include "ft/breakable_store.h"
+#include "ft/standings.h"
 
 namespace datapar::ft {
 namespace {
@@ -86,23 +87,20 @@ void ElasticGroup::abort() {
   if (group_) group_->abort();
 }
 
-bool ElasticGroup::behind() const {
-  return rank_ >= 0 && epoch_.members[static_cast<size_t>(rank_)].committed_step < epoch_.newest_step();
-}
-
-void ElasticGroup::heal(const std::function<std::string()>& save, const std::function<void(const std::string&)>& load) {
+int64_t ElasticGroup::heal(int64_t committed_step, const std::function<std::string()>& save,
+                           const std::function<void(const std::string&)>& load) {
   DATAPAR_CHECK(group_ != nullptr, "ft::ElasticGroup::heal: join() first.");
-  const int64_t newest = epoch_.newest_step();
-  int root = -1;
+  // The steps as the members have them, not as the record says (Standings: who is newest,
+  // decided alike on every rank). No missed vote is applied here: a member behind loads.
+  const detail::Standings standings(*group_, Standing{committed_step, 0, -1, 0}, {});
+  const int64_t newest = standings.newest();
   bool anyone_behind = false;
-  for (int r = 0; r < epoch_.size(); ++r) {
-    const int64_t step = epoch_.members[static_cast<size_t>(r)].committed_step;
-    if (step == newest && root < 0) root = r;
-    if (step < newest) anyone_behind = true;
-  }
-  if (!anyone_behind) return;  // decided from the epoch record alone: alike on every rank
+  for (int r = 0; r < standings.size(); ++r) anyone_behind = anyone_behind || standings.step(r) < newest;
+  if (!anyone_behind) return newest;
+  const int root = standings.first_at_newest();
   const std::string bytes = broadcast_bytes(*group_, root, rank_ == root ? save() : std::string());
-  if (behind()) load(bytes);
+  if (committed_step < newest) load(bytes);
+  return newest;
 }
 
 Vote ElasticGroup::vote(int64_t step) {

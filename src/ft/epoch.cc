@@ -15,12 +15,6 @@ int Epoch::rank_of(const std::string& id) const {
   return -1;
 }
 
-int64_t Epoch::newest_step() const {
-  int64_t newest = 0;
-  for (const EpochMember& m : members) newest = std::max(newest, m.committed_step);
-  return newest;
-}
-
 // One line per member, "<id> <step>", in rank order; or one line "stop <reason>".
 std::string Epoch::encode() const {
   if (!stop_reason.empty()) return (complete ? "done " : "stop ") + stop_reason;

@@ -9,12 +9,16 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <utility>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "datapar/ft/decider.h"
+#include "datapar/ft/elastic_group.h"
 #include "datapar/ft/member.h"
+#include "datapar/process_group/gloo.h"
+#include "datapar/rendezvous/prefix_store.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/expect_throw.h"
 
@@ -65,7 +69,7 @@ bool within(std::chrono::milliseconds limit, Condition condition) {
   return condition();
 }
 
-TEST(FtEpoch, RecordsReadBackWithTheirNewestStep) {
+TEST(FtEpoch, RecordsReadBack) {
   Epoch e;
   e.number = 4;
   e.members = {{"a", 5}, {"b", 3}, {"c", 5}, {"d", 3}, {"e", 3}};
@@ -74,7 +78,7 @@ TEST(FtEpoch, RecordsReadBackWithTheirNewestStep) {
   EXPECT_EQ(back.members[3].id, "d");
   EXPECT_EQ(back.rank_of("c"), 2);
   EXPECT_EQ(back.rank_of("z"), -1);
-  EXPECT_EQ(back.newest_step(), 5);
+  EXPECT_EQ(back.members[2].committed_step, 5);
   Epoch stop;
   stop.stop_reason = "only 1 member(s)";
   EXPECT_EQ(Epoch::decode(5, stop.encode()).stop_reason, "only 1 member(s)");
@@ -112,7 +116,8 @@ TEST(FtMembership, AMemberWhoseHeartbeatStopsIsEvictedAndTheOthersFormTheNextEpo
     EXPECT_EQ(second[i].number, 2);
     EXPECT_EQ(second[i].size(), 2);
     EXPECT_EQ(second[i].rank_of(members[i]->id()), (i == 0) == first_before_second ? 0 : 1) << "the order kept";
-    EXPECT_EQ(second[i].newest_step(), 5);
+    EXPECT_EQ(second[i].members[0].committed_step, 5);
+    EXPECT_EQ(second[i].members[1].committed_step, 5);
     EXPECT_TRUE(members[i]->may_commit());
   }
   EXPECT_TRUE(within(1s, [&] { return decider.epoch().number == 2; }));  // it publishes, then notes
@@ -164,7 +169,7 @@ TEST(FtMembership, ANewMemberGrowsTheJobAtAStepBoundaryAndIsHealedFromAnUpToDate
   EXPECT_EQ(grown.rank_of(a.id()), first[0].rank_of(a.id()));
   EXPECT_EQ(grown.rank_of(b.id()), first[0].rank_of(b.id()));
   EXPECT_EQ(grown.rank_of(newcomer.id()), 2);
-  EXPECT_EQ(grown.newest_step(), 7);
+  EXPECT_EQ(grown.members[0].committed_step, 7);
   EXPECT_EQ(grown.members[2].committed_step, 0);  // behind: ElasticGroup::heal sends it the state
   EXPECT_EQ(second[0].encode(), grown.encode());
 }
@@ -259,6 +264,33 @@ TEST(FtMembership, WithoutADeciderAJoinFailsAfterTheQuorumTimeout) {
   Member lonely(store.connect(), "job", options);
   EXPECT_THROW_MSG(lonely.join(0), MembershipError,
                    "no membership epoch took it within the quorum timeout (700 ms");  // 300 + 200 + 4 * 50
+}
+
+
+// A record whose steps are wrong, as a forged one's are (issue 46; or stale: steps committed
+// since in a forged epoch's group): the members trust the steps they exchange, not the
+// record. Here the record says b is newest, and a is: b takes a's state, a loads nothing.
+TEST(FtElasticGroup, HealTakesTheNewestStateWhateverTheRecordSays) {
+  const ServedStore store;
+  const FtOptions options = fast(2);
+  const MakeGroup gloo = [](std::shared_ptr<Store> s, int rank, int size) {
+    return new_gloo_process_group(std::move(s), rank, size, {"127.0.0.1", 10s, /*shared_memory=*/false});
+  };
+  ElasticGroup a(store.connect(), "job", options, gloo), b(store.connect(), "job", options, gloo);
+  Epoch forged;  // no decider: the forger's record is the only one
+  forged.number = 1;
+  forged.members = {{a.member().id(), 0}, {b.member().id(), 9}};
+  PrefixStore("ft/job/", store.connect()).set("epoch/1", forged.encode());
+  const auto join_and_heal = [](ElasticGroup& group, int64_t step, const std::string& state) {
+    EXPECT_EQ(group.join(step).number, 1);
+    std::string loaded = "nothing";
+    const int64_t newest = group.heal(step, [&] { return state; }, [&](const std::string& bytes) { loaded = bytes; });
+    return std::make_pair(newest, loaded);
+  };
+  auto newest = std::async(std::launch::async, [&] { return join_and_heal(a, 7, "a's state at step 7"); });
+  auto behind = std::async(std::launch::async, [&] { return join_and_heal(b, 5, "b's state at step 5"); });
+  EXPECT_EQ(newest.get(), std::make_pair(int64_t{7}, std::string("nothing")));
+  EXPECT_EQ(behind.get(), std::make_pair(int64_t{7}, std::string("a's state at step 7")));
 }
 
 }  // namespace

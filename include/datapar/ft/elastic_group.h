@@ -56,14 +56,15 @@ class ElasticGroup {
   // failed meanwhile: join again).
   const Epoch& join(int64_t committed_step);
 
-  // After join(): members behind the epoch's newest step take the state of one member at
-  // it. The first rank at the newest step calls `save` and broadcasts its bytes; ranks
-  // behind it call `load` with them; ranks at the newest step load nothing. Collective (a
-  // no-op when every member is at the newest step); throws CommError or TimeoutError.
-  void heal(const std::function<std::string()>& save, const std::function<void(const std::string&)>& load);
-
-  // Whether this rank is behind the epoch's newest step (heal() loads state into it).
-  bool behind() const;
+  // After join(): members behind the newest step take the state of one member at it.
+  // The members exchange the steps they committed (`committed_step`: this one's) over the
+  // group: an epoch's record says what each had when it asked to join, and a forged record,
+  // or steps committed since in a group that record formed, would make it wrong (issue 46).
+  // The first rank at the newest step calls `save` and broadcasts its bytes; ranks behind
+  // it call `load` with them; ranks at the newest step load nothing. Collective; throws
+  // CommError or TimeoutError. Returns the newest step.
+  int64_t heal(int64_t committed_step, const std::function<std::string()>& save,
+               const std::function<void(const std::string&)>& load);
 
   // The vote after a step's collectives, before its update: an all-reduce of whether this
   // rank may commit (ft::Member::may_commit), whether a newcomer waits, and `step`. Throws

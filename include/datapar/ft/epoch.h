@@ -42,8 +42,6 @@ struct Epoch {
   int size() const { return static_cast<int>(members.size()); }
   // The rank of member `id` in this epoch, or -1.
   int rank_of(const std::string& id) const;
-  // The newest step a member committed: the step the epoch goes on from.
-  int64_t newest_step() const;
 
   // The record in the store, and back (MembershipError for a malformed one).
   // For a verdict (stop_reason), throws what a member's join() throws: TrainingComplete or

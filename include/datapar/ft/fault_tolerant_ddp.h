@@ -118,7 +118,7 @@ class FaultTolerantDdp : public detail::StepProtocol {
       step_ = resharded.step;
       detail::broadcast_buffers(*module_, *elastic_.group(), resharded.source);
     } else {
-      elastic_.heal([&] { return detail::save_training_state(*module_, *optimizer_, step_); },
+      elastic_.heal(step_, [&] { return detail::save_training_state(*module_, *optimizer_, step_); },
                     [&](const std::string& bytes) { step_ = detail::load_training_state(*module_, *optimizer_, bytes); });
       // Members that start together heal nothing: one model from here, whatever their seeds
       // (DDP's broadcast at construction).
