@@ -15,6 +15,5 @@
 #include "datapar/models/resnet18.h"
 #include "datapar/train/checkpoint.h"
 #include "datapar/train/metrics.h"
-#include "datapar/train/optimizer_state.h"
 #include "datapar/train/plot.h"
 #include "datapar/train/rng_state.h"

@@ -22,6 +22,10 @@
 #include <cstdint>
 #include <string>
 
+namespace datapar {
+class Store;  // datapar/rendezvous/store.h
+}  // namespace datapar
+
 namespace datapar::trace {
 
 using Clock = std::chrono::steady_clock;
@@ -61,6 +65,11 @@ class Span {
 // recording is off, CheckpointError when the file cannot be written, and the store's
 // errors (TimeoutError naming the ranks) when a rank never sends its events.
 void save(const std::string& path);
+
+// The same for a job of `world` ranks that meets through `store` (keys "datapar/trace/..."),
+// this process being `rank`: every rank calls it; rank 0 writes the file. For a job that is
+// not the default group's (save() above uses the default group's store, rank and size).
+void save(const std::string& path, Store& store, int rank, int world);
 
 // Stops recording and returns this process's events as a complete Chrome trace document
 // (`rank` as its process), without writing anything: for tests and for programs that

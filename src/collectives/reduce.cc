@@ -1,4 +1,4 @@
-// See reduce.h.
+// See reduce.h and datapar/reduce_op.h.
 #include "collectives/reduce.h"
 
 #include <ATen/ATen.h>
@@ -7,7 +7,20 @@
 
 #include "datapar/error.h"
 
-namespace datapar::detail {
+namespace datapar {
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProduct: return "product";
+  }
+  return "?";
+}
+
+namespace detail {
 namespace {
 
 template <typename T>
@@ -56,4 +69,5 @@ void reduce_into(void* dst, const void* src, int64_t n, at::ScalarType type, Red
   }
 }
 
-}  // namespace datapar::detail
+}  // namespace detail
+}  // namespace datapar

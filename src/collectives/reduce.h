@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "datapar/process_group/process_group.h"
+#include "datapar/reduce_op.h"
 
 namespace datapar::detail {
 

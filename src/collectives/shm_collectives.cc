@@ -55,7 +55,7 @@
 
 #include "datapar/error.h"
 #include "collectives/reduce.h"
-#include "process_group/aborted.h"
+#include "collectives/aborted.h"
 #include "stale_files.h"
 
 namespace datapar::detail::shm {

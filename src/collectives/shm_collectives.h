@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "datapar/process_group/process_group.h"
+#include "datapar/reduce_op.h"
 #include "collectives/exchange.h"
 
 namespace datapar::detail::shm {

@@ -10,7 +10,7 @@
 
 #include "datapar/error.h"
 #include "datapar/state_dict.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 #include "dcp/metadata.h"
 #include "dcp/optimizer_layout.h"
 #include "optim/param_state.h"
@@ -75,7 +75,7 @@ void add_fsdp_optimizer(State& state, const std::string& prefix, torch::optim::O
                         const std::vector<ShardRange>& ranges, const std::vector<at::Tensor>& shards) {
   const std::vector<size_t> shard_of = shards_of(optimizer, shards);
   create_missing_state(optimizer);
-  const train::OptimizerState osd = train::optimizer_state_dict(optimizer);
+  const OptimizerState osd = optimizer_state_dict(optimizer);
   std::map<size_t, Dict> per_shard;  // shard index -> its state
   for (const auto& item : osd.at("state").toGenericDict()) {
     per_shard.emplace(shard_of.at(static_cast<size_t>(item.key().toInt())), item.value().toGenericDict());
@@ -118,7 +118,7 @@ void add_fsdp_optimizer(State& state, const std::string& prefix, torch::optim::O
 void apply_fsdp_optimizer(const State& state, const std::string& prefix, torch::optim::Optimizer& optimizer,
                           const std::vector<ShardRange>& ranges, const std::vector<at::Tensor>& shards) {
   const std::vector<size_t> shard_of = shards_of(optimizer, shards);
-  const train::OptimizerState current = train::optimizer_state_dict(optimizer);
+  const OptimizerState current = optimizer_state_dict(optimizer);
   std::map<size_t, std::string> first_name;  // a shard's first parameter: whose step the shard takes
   for (const ShardRange& r : ranges) first_name.emplace(r.shard, r.name);
   Dict per_param(c10::AnyType::get(), c10::AnyType::get());
@@ -130,10 +130,10 @@ void apply_fsdp_optimizer(const State& state, const std::string& prefix, torch::
     }
     per_param.insert(item.key(), s);
   }
-  train::OptimizerState osd(c10::AnyType::get(), c10::AnyType::get());
+  OptimizerState osd(c10::AnyType::get(), c10::AnyType::get());
   osd.insert("state", per_param);
   osd.insert("param_groups", loaded_param_groups(state, prefix, current));
-  train::load_optimizer_state_dict(optimizer, osd);
+  load_optimizer_state_dict(optimizer, osd);
 }
 
 }  // namespace datapar::dcp::detail

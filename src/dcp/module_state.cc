@@ -14,7 +14,7 @@
 #include "datapar/dcp/checkpoint.h"
 #include "datapar/error.h"
 #include "datapar/state_dict.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 #include "dcp/optimizer_layout.h"
 #include "optim/param_state.h"
 #include "optim/state_key.h"
@@ -84,7 +84,7 @@ std::vector<std::pair<std::string, IValue>> python_only_keys(const Dict& group, 
   return keys;
 }
 
-void add_param_groups(State& state, const std::string& prefix, const train::OptimizerState& osd, bool adamw,
+void add_param_groups(State& state, const std::string& prefix, const OptimizerState& osd, bool adamw,
                       const std::function<c10::impl::GenericList(int64_t, const Dict&)>& params_of) {
   int64_t g = 0;
   for (const IValue& group : osd.at("param_groups").toListRef()) {
@@ -105,7 +105,7 @@ void add_param_groups(State& state, const std::string& prefix, const train::Opti
 }
 
 c10::impl::GenericList loaded_param_groups(const State& state, const std::string& prefix,
-                                           const train::OptimizerState& current) {
+                                           const OptimizerState& current) {
   c10::impl::GenericList groups(c10::AnyType::get());
   int64_t g = 0;
   for (const IValue& group : current.at("param_groups").toListRef()) {
@@ -135,7 +135,7 @@ void add_module(State& state, const std::string& prefix, torch::nn::Module& modu
   }
 }
 
-void add_optimizer_state(State& state, const std::string& prefix, const train::OptimizerState& osd,
+void add_optimizer_state(State& state, const std::string& prefix, const OptimizerState& osd,
                          const std::vector<std::string>& names, bool adamw) {
   for (const auto& item : osd.at("state").toGenericDict()) {
     const int64_t index = item.key().toInt();
@@ -160,11 +160,11 @@ void add_optimizer_state(State& state, const std::string& prefix, const train::O
 void add_optimizer(State& state, const std::string& prefix, optim::Optimizer& optimizer, torch::nn::Module& module) {
   const std::vector<std::string> names = parameter_names(optimizer, module);
   create_missing_state(optimizer);
-  add_optimizer_state(state, prefix, train::optimizer_state_dict(optimizer), names,
+  add_optimizer_state(state, prefix, optimizer_state_dict(optimizer), names,
                       datapar::detail::optimizer_kind(optimizer) == datapar::detail::OptimizerKind::kAdamW);
 }
 
-train::OptimizerState optimizer_state_of(const State& state, const std::string& prefix,
+OptimizerState optimizer_state_of(const State& state, const std::string& prefix,
                                          const std::vector<std::string>& names) {
   std::map<std::string, int64_t> index;
   for (size_t i = 0; i < names.size(); ++i) index.emplace(names[i], static_cast<int64_t>(i));
@@ -202,7 +202,7 @@ train::OptimizerState optimizer_state_of(const State& state, const std::string& 
   }
   c10::impl::GenericList param_groups(c10::AnyType::get());
   for (auto& g : groups) param_groups.push_back(g.second);
-  train::OptimizerState osd = new_dict();
+  OptimizerState osd = new_dict();
   osd.insert("state", per_param);
   osd.insert("param_groups", param_groups);
   return osd;
@@ -210,7 +210,7 @@ train::OptimizerState optimizer_state_of(const State& state, const std::string& 
 
 void apply_optimizer(const State& state, const std::string& prefix, optim::Optimizer& optimizer,
                      torch::nn::Module& module) {
-  train::load_optimizer_state_dict(optimizer, optimizer_state_of(state, prefix, parameter_names(optimizer, module)));
+  load_optimizer_state_dict(optimizer, optimizer_state_of(state, prefix, parameter_names(optimizer, module)));
 }
 
 }  // namespace datapar::dcp

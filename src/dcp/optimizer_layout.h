@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "datapar/dcp/checkpoint.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 
 namespace datapar::dcp::detail {
 
@@ -30,12 +30,12 @@ std::vector<std::pair<std::string, c10::IValue>> python_only_keys(const c10::imp
 
 // "<prefix>.param_groups.<g>.<key>" for each key of each group of `osd` but "params", the
 // keys of python_only_keys it lacks, and "params": params_of(g, group), the parameters' names.
-void add_param_groups(State& state, const std::string& prefix, const train::OptimizerState& osd, bool adamw,
+void add_param_groups(State& state, const std::string& prefix, const OptimizerState& osd, bool adamw,
                       const std::function<c10::impl::GenericList(int64_t, const c10::impl::GenericDict&)>& params_of);
 
 // `current`'s param groups (an optimizer's state dict) with every "<prefix>.param_groups.<g>.<key>"
 // value of a loaded `state` but "params" put in: the hyperparameters a checkpoint restores.
 c10::impl::GenericList loaded_param_groups(const State& state, const std::string& prefix,
-                                           const train::OptimizerState& current);
+                                           const OptimizerState& current);
 
 }  // namespace datapar::dcp::detail

@@ -12,7 +12,7 @@
 
 #include "datapar/error.h"
 #include "datapar/process_group/metadata.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 #include "dcp/optimizer_layout.h"
 #include "optim/param_state.h"
 
@@ -104,10 +104,10 @@ void add_zero_optimizer(State& state, const std::string& prefix, ZeroRedundancyO
 
   optim::Optimizer* shard = zero.shard_optimizer();
   std::map<size_t, Dict> owned;  // zero's index -> the state PyTorch's layout gives it
-  Dict group_options = train::optimizer_state_dict(*prototype).at("param_groups").toListRef().at(0).toGenericDict();
+  Dict group_options = optimizer_state_dict(*prototype).at("param_groups").toListRef().at(0).toGenericDict();
   if (shard != nullptr) {
     detail::create_missing_state(*shard);
-    const train::OptimizerState osd = train::optimizer_state_dict(*shard);
+    const OptimizerState osd = optimizer_state_dict(*shard);
     const std::vector<size_t> mine = owned_indices(zero);
     for (const auto& item : osd.at("state").toGenericDict()) {
       owned.emplace(mine.at(static_cast<size_t>(item.key().toInt())), item.value().toGenericDict());
@@ -130,7 +130,7 @@ void add_zero_optimizer(State& state, const std::string& prefix, ZeroRedundancyO
                 {IValue(prefix), IValue("state"), IValue(names[i]), IValue(key)});
     }
   }
-  train::OptimizerState groups(c10::AnyType::get(), c10::AnyType::get());
+  OptimizerState groups(c10::AnyType::get(), c10::AnyType::get());
   c10::impl::GenericList list(c10::AnyType::get());
   list.push_back(hyperparameters_of(zero.process_group(), zero.owner(0), group_options));
   groups.insert("param_groups", list);
@@ -149,7 +149,7 @@ void apply_zero_optimizer(const State& state, const std::string& prefix, ZeroRed
   const std::vector<std::string> names =
       detail::names_in(module, zero.parameters(), "dcp: the ZeroRedundancyOptimizer");
   const std::vector<size_t> mine = owned_indices(zero);
-  const train::OptimizerState current = train::optimizer_state_dict(*shard);
+  const OptimizerState current = optimizer_state_dict(*shard);
   Dict per_param(c10::AnyType::get(), c10::AnyType::get());
   for (const auto& item : current.at("state").toGenericDict()) {
     Dict s = item.value().toGenericDict().copy();
@@ -159,10 +159,10 @@ void apply_zero_optimizer(const State& state, const std::string& prefix, ZeroRed
     }
     per_param.insert(item.key(), s);
   }
-  train::OptimizerState osd(c10::AnyType::get(), c10::AnyType::get());
+  OptimizerState osd(c10::AnyType::get(), c10::AnyType::get());
   osd.insert("state", per_param);
   osd.insert("param_groups", detail::loaded_param_groups(state, prefix, current));
-  train::load_optimizer_state_dict(*shard, osd);
+  load_optimizer_state_dict(*shard, osd);
 }
 
 }  // namespace datapar::dcp

@@ -290,7 +290,7 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::wait_bucket(Bucket& bucket) {
   // A bucket that stalls is reported by the group's stall inspector, which covers every
-  // collective (Note [Stall inspection] in src/collectives/stall_inspector.cc).
+  // collective (Note [Stall inspection] in src/process_group/stall_inspector.cc).
   bucket.work->wait();
 }
 

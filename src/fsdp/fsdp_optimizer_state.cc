@@ -62,12 +62,12 @@ const IValue& entry(const Dict& d, const char* key) {
 
 }  // namespace
 
-train::OptimizerState full_optimizer_state(const torch::nn::Module& module,
+OptimizerState full_optimizer_state(const torch::nn::Module& module,
                                            const std::vector<std::shared_ptr<FsdpUnit>>& units,
                                            const torch::optim::Optimizer& optimizer) {
   const std::vector<const FsdpUnit*> shards = shards_of(units, optimizer);
   const std::unordered_map<const void*, int64_t> numbers = parameter_numbers(module);
-  const train::OptimizerState sharded = train::optimizer_state_dict(optimizer);
+  const OptimizerState sharded = optimizer_state_dict(optimizer);
   const Dict sharded_state = entry(sharded, "state").toGenericDict();
   Dict state = new_dict();
   for (size_t k = 0; k < shards.size(); ++k) {
@@ -104,14 +104,14 @@ train::OptimizerState full_optimizer_state(const torch::nn::Module& module,
   for (int64_t i = 0; i < static_cast<int64_t>(numbers.size()); ++i) params.push_back(i);
   c10::impl::GenericList groups(c10::AnyType::get());
   groups.push_back(only_group_with(entry(sharded, "param_groups"), std::move(params)));
-  train::OptimizerState out = new_dict();
+  OptimizerState out = new_dict();
   out.insert("state", state);
   out.insert("param_groups", groups);
   return out;
 }
 
 void load_full_optimizer_state(const torch::nn::Module& module, const std::vector<std::shared_ptr<FsdpUnit>>& units,
-                               torch::optim::Optimizer& optimizer, const train::OptimizerState& full) {
+                               torch::optim::Optimizer& optimizer, const OptimizerState& full) {
   const std::vector<const FsdpUnit*> shards = shards_of(units, optimizer);
   const std::unordered_map<const void*, int64_t> numbers = parameter_numbers(module);
   const IValue& full_state = entry(full, "state");
@@ -161,10 +161,10 @@ void load_full_optimizer_state(const torch::nn::Module& module, const std::vecto
   for (int64_t k = 0; k < static_cast<int64_t>(shards.size()); ++k) params.push_back(k);
   c10::impl::GenericList groups(c10::AnyType::get());
   groups.push_back(only_group_with(entry(full, "param_groups"), std::move(params)));
-  train::OptimizerState sharded = new_dict();
+  OptimizerState sharded = new_dict();
   sharded.insert("state", state);
   sharded.insert("param_groups", groups);
-  train::load_optimizer_state_dict(optimizer, sharded);
+  load_optimizer_state_dict(optimizer, sharded);
 }
 
 }  // namespace datapar::detail

@@ -235,11 +235,11 @@ void FsdpCore::load_full_state_dict(const StateDict& state, bool strict) {
   for (auto& [tensor, saved] : others) tensor.copy_(saved);
 }
 
-train::OptimizerState FsdpCore::full_optimizer_state(const torch::optim::Optimizer& optimizer) const {
+OptimizerState FsdpCore::full_optimizer_state(const torch::optim::Optimizer& optimizer) const {
   return detail::full_optimizer_state(*module_, run_->units(), optimizer);
 }
 
-void FsdpCore::load_full_optimizer_state(torch::optim::Optimizer& optimizer, const train::OptimizerState& state) {
+void FsdpCore::load_full_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerState& state) {
   detail::load_full_optimizer_state(*module_, run_->units(), optimizer, state);
 }
 

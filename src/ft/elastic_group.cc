@@ -51,7 +51,7 @@ void ElasticGroup::retire() {
   group_ = nullptr;
 }
 
-const Epoch& ElasticGroup::join(int64_t committed_step) {
+const Membership& ElasticGroup::join(int64_t committed_step) {
   // Leaving a group that did not fail (the members agreed to grow): its connections reset
   // as it goes, so the others must be done with its last vote first.
   if (group_ && !group_->aborted()) leave();

@@ -27,7 +27,7 @@
 #include <type_traits>
 
 #include "datapar/error.h"
-#include "datapar/ft/epoch.h"
+#include "datapar/ft/membership/membership.h"
 #include "datapar/process_group/metadata.h"
 #include "ft/standings.h"
 #include "optim/broadcast_param_states.h"
@@ -73,12 +73,12 @@ at::Tensor resized(const at::Tensor& flat, int64_t length) {
 }  // namespace
 
 struct FsdpKeeper::Impl {
-  ShardedOptimizer::Factory make_optimizer;
+  OptimizerFactory make_optimizer;
   OptimizerKind kind = OptimizerKind::kOther;
   // Before the first epoch: the whole state.
   bool whole = true;
   StateDict model;
-  train::OptimizerState optimizer{c10::AnyType::get(), c10::AnyType::get()};
+  OptimizerState optimizer{c10::AnyType::get(), c10::AnyType::get()};
   // After: the layout of the shards kept (Note [An FSDP shard's layout]), and the previous
   // rank's shard: its parameters (one flat per unit), their optimizer and gradients.
   int64_t layout_epoch = 0;
@@ -100,7 +100,7 @@ struct FsdpKeeper::Impl {
   void keep_previous(ProcessGroup& group, const FsdpParts& next);
 };
 
-FsdpKeeper::FsdpKeeper(ShardedOptimizer::Factory make_optimizer, StateDict model, train::OptimizerState optimizer)
+FsdpKeeper::FsdpKeeper(OptimizerFactory make_optimizer, StateDict model, OptimizerState optimizer)
     : impl_(std::make_unique<Impl>()) {
   DATAPAR_CHECK(make_optimizer != nullptr, "ft::FaultTolerantFsdp: the optimizer factory is empty.");
   impl_->make_optimizer = std::move(make_optimizer);
@@ -348,7 +348,7 @@ int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, 
   m.keep_previous(group, next);
   m.whole = false;
   m.model = StateDict();
-  m.optimizer = train::OptimizerState(c10::AnyType::get(), c10::AnyType::get());
+  m.optimizer = OptimizerState(c10::AnyType::get(), c10::AnyType::get());
   m.layout_epoch = epoch;
   m.layout_size = group.size();
   m.layout_rank = me;

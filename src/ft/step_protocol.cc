@@ -2,7 +2,7 @@
 #include "datapar/ft/step_protocol.h"
 
 #include "datapar/error.h"
-#include "datapar/ft/epoch.h"
+#include "datapar/ft/membership/membership.h"
 
 namespace datapar::ft::detail {
 

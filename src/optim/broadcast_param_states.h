@@ -1,6 +1,6 @@
 // Moves optimizer states (and parameter values) between the ranks of a group, one source
 // rank at a time: ZeroRedundancyOptimizer::consolidate() gathers every shard on one rank,
-// ft::ShardedOptimizer::reshard() gives each new holder of a shard its state.
+// ZeroRedundancyOptimizer::reshard() gives each new holder of a shard its state.
 //
 // Note [Moving optimizer state]
 // Each source first broadcasts a little metadata (per moved parameter: whether it has state,

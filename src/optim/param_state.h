@@ -1,7 +1,7 @@
 // The one table of optimizer kinds datapar knows (SGD, Adam, AdamW): which kind an optimizer
 // is (the one dynamic_cast ladder), PyTorch's names of its state, and one parameter's state
 // as tensors and a few numbers, for ZeroRedundancyOptimizer's consolidate(),
-// ft::ShardedOptimizer's re-sharding after a membership change, checkpoints and DCP.
+// its re-sharding after a membership change (2 copies), checkpoints and DCP.
 // A new kind is a row here: its enum value and a case in each function.
 #pragma once
 

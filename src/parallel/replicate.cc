@@ -6,7 +6,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "parallel/device_workers.h"
-#include "collectives/coalesce.h"
+#include "tensor/coalesce.h"
 
 namespace datapar {
 namespace detail {

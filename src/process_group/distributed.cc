@@ -14,8 +14,10 @@
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/prefix_store.h"
 #include "datapar/rendezvous/tcp_store.h"
+#include "datapar/trace.h"
 #include "process_group/backends.h"
 #include "process_group/exit_order.h"
+#include "trace/recorder.h"
 
 namespace datapar {
 namespace {
@@ -138,7 +140,8 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   for (int i = 0; i < s->world_size; ++i) everyone[i] = i;
   s->group = s->backend->make(group_store(*s, "group/default"), s->rank, everyone, s->settings);
   if (!s->store) {
-    // The group came first (mpi): its stalls are inspected once the store is there.
+    // The group came first (mpi): its stalls are inspected once the store is there, the one
+    // inspector not added by the backend's assembly (process_group/assembly.h).
     s->store = store_through(*s->group, config);
     if (s->world_size > 1) s->group->inspect_stalls(group_store(*s, "group/default/stall"), kDefaultStallWarning);
   }
@@ -170,12 +173,8 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) {
   const auto me = std::find(ranks.begin(), ranks.end(), s.rank);
   if (me == ranks.end()) return nullptr;
   const std::string name = "group/" + std::to_string(id);
-  std::shared_ptr<ProcessGroup> group =
-      s.backend->make(group_store(s, name), static_cast<int>(me - ranks.begin()), ranks, s.settings);
-  if (s.backend->job_shape && ranks.size() > 1) {
-    group->inspect_stalls(group_store(s, name + "/stall"), kDefaultStallWarning);  // made without the store (mpi)
-  }
-  return group;
+  // Its stalls inspected through "<name>/stall", as its backend's factory assembles it.
+  return s.backend->make(group_store(s, name), static_cast<int>(me - ranks.begin()), ranks, s.settings);
 }
 
 namespace detail {
@@ -202,6 +201,14 @@ void destroy_process_group() {
   } catch (const Error&) {
     // A peer is gone already: nothing left to protect.
   }
+}
+
+// The timeline of the default group's job (datapar/trace.h): defined here, where the default
+// group is, so that the trace layer needs only a store and a rank.
+void trace::save(const std::string& path) {
+  if (!is_initialized()) return trace::detail::save_alone(path);
+  const DefaultGroup& group = require_state("datapar::trace::save");
+  trace::save(path, *group.store, group.rank, group.world_size);
 }
 
 }  // namespace datapar

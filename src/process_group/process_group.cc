@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "datapar/error.h"
-#include "collectives/stall_inspector.h"
-#include "process_group/aborted.h"
+#include "process_group/stall_inspector.h"
+#include "collectives/aborted.h"
 #include "process_group/work_completion.h"
 
 namespace datapar {
@@ -35,17 +35,6 @@ void check_peer(int peer, int rank, int size, int tag, const char* what) {
 }
 
 }  // namespace
-
-const char* to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProduct: return "product";
-  }
-  return "?";
-}
 
 ProcessGroup::ProcessGroup(int rank, int size, std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), timeout_(timeout) {

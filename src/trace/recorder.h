@@ -79,4 +79,7 @@ void record_collective(const Queued& queued, const std::string& what, Clock::tim
 // time shifted by `shift` (to a job-wide origin). Includes the row names.
 std::string events_json(const Recording& recording, int rank, Clock::duration shift);
 
+// trace::save of a process outside a job: stops recording and writes its own events.
+void save_alone(const std::string& path);
+
 }  // namespace datapar::trace::detail

@@ -14,7 +14,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/rendezvous/store.h"
 #include "serialization/atomic_file.h"
@@ -123,6 +122,13 @@ void write_file(const std::string& path, const std::vector<std::string>& parts) 
 }
 
 }  // namespace
+
+void save_alone(const std::string& path) {
+  DATAPAR_CHECK(!path.empty(), "datapar::trace::save: the path is empty.");
+  const Recording recording = stop("datapar::trace::save");
+  write_file(path, {kPrologue, events_json(recording, 0, Clock::duration{0}), kEpilogue});
+}
+
 }  // namespace detail
 
 std::string stop_to_json(int rank) {
@@ -130,17 +136,12 @@ std::string stop_to_json(int rank) {
   return detail::kPrologue + detail::events_json(recording, rank, Clock::duration{0}) + detail::kEpilogue;
 }
 
-void save(const std::string& path) {
+void save(const std::string& path, Store& store, int rank, int world) {
   using datapar::detail::str_cat;
   DATAPAR_CHECK(!path.empty(), "datapar::trace::save: the path is empty.");
+  DATAPAR_CHECK(world >= 1 && rank >= 0 && rank < world, "datapar::trace::save: rank ", rank, " of ", world,
+                " is not a rank of the job.");
   const detail::Recording recording = detail::stop("datapar::trace::save");
-  if (!is_initialized()) {
-    detail::write_file(path, {detail::kPrologue, detail::events_json(recording, 0, Clock::duration{0}),
-                              detail::kEpilogue});
-    return;
-  }
-  const int rank = get_rank(), world = get_world_size();
-  Store& store = *default_store();
   const std::string origin_key = std::string(detail::kPrefix) + "origin";
   // Note [One clock for the job]
   if (rank == 0) store.set(origin_key, std::to_string(detail::wall_ns(recording.wall_origin)));

@@ -25,7 +25,7 @@
 #include "datapar/process_group/gloo.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/state_dict.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 #include "file_system.h"
 #include "testing/dcp_twin.h"
 #include "testing/gloo_ranks.h"
@@ -106,7 +106,7 @@ TEST(DcpPython, DataparLoadsWhatPyTorchSavedOnOneTwoAndThreeRanks) {
         expect_close(shard.tensor("model.0.weight"), want["model.0.weight"].narrow(0, begin, count), where);
         for (const auto& p : state_dict(*model))
           expect_close(p.value(), want["model." + p.key()], where + " " + p.key());
-        const auto osd = train::optimizer_state_dict(adam);
+        const auto osd = optimizer_state_dict(adam);
         const auto names = model->named_parameters();
         for (const auto& s : osd.at("state").toGenericDict()) {
           const std::string name = names[static_cast<size_t>(s.key().toInt())].key();

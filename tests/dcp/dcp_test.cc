@@ -28,7 +28,7 @@
 #include "datapar/fsdp/fully_shard.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/state_dict.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 #include "dcp/metadata.h"
 #include "file_system.h"  // not std::filesystem (src/file_system.h)
 #include "testing/child.h"

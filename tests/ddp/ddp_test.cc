@@ -11,7 +11,7 @@
 
 #include "datapar/state_dict.h"
 #include "datapar/train/checkpoint.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 #include "ddp/bucket_assignment.h"
 #include "testing/ddp_jobs.h"
 #include "testing/ddp_scenarios.h"
@@ -247,7 +247,7 @@ TEST(ZeroRedundancyOptimizer, ShardedStepsEqualUnshardedTrainingAndConsolidateTo
       }
       // The consolidated state: the reference optimizer's, parameter by parameter.
       const train::Checkpoint c = train::load_checkpoint(dir.path() + "/zero.ckpt");
-      const train::OptimizerState want = train::optimizer_state_dict(*reference_optimizer);
+      const OptimizerState want = optimizer_state_dict(*reference_optimizer);
       const auto got_state = c.optimizer.at("state").toGenericDict(), want_state = want.at("state").toGenericDict();
       ASSERT_EQ(got_state.size(), want_state.size()) << name << ", world " << world;
       int64_t full_bytes = 0;

@@ -291,8 +291,9 @@ TEST(Cli, BenchDdpFaultTolerantZeroReportsTheStepAndTheStateEachRankKeeps) {
                               " bench ddp --model mlp --nproc 2 --batch 16 --steps 3 --warmup 1 --fault-tolerant "
                               "--zero --optimizer adam");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const size_t line = r.output.find("fault tolerance with --zero (ft::ShardedOptimizer: each shard of the adam state "
-                                    "kept by two ranks), medians of 4 rounds: step ");
+  const size_t line = r.output.find(
+      "fault tolerance with --zero (ZeroRedundancyOptimizer, 2 copies: each shard of the adam state kept by two "
+      "ranks), medians of 4 rounds: step ");
   ASSERT_NE(line, std::string::npos) << r.output;
   const size_t most = r.output.find("optimizer state per rank ", line);
   const size_t sum = r.output.find("MB at most, ", most);

@@ -31,7 +31,7 @@
 #include "datapar/error.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/state_dict.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 #include "testing/expect_throw.h"
 #include "testing/gloo_ranks.h"
 
@@ -283,10 +283,10 @@ TEST(FullyShardedDataParallel, AFullOptimizerStateResumesAtAnotherWorldSize) {
     }
   };
   reference_steps(0, 2, 3);
-  const train::OptimizerState want_after_two = train::optimizer_state_dict(reference_adam);
+  const OptimizerState want_after_two = optimizer_state_dict(reference_adam);
   const auto want_state = want_after_two.at("state").toGenericDict();
   StateDict model_state;
-  train::OptimizerState optimizer_state(c10::AnyType::get(), c10::AnyType::get());
+  OptimizerState optimizer_state(c10::AnyType::get(), c10::AnyType::get());
   std::mutex mutex;
   testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     Net model = net(rank);
@@ -298,7 +298,7 @@ TEST(FullyShardedDataParallel, AFullOptimizerStateResumesAtAnotherWorldSize) {
       loss(fsdp.forward(batch(rank, step))).backward();
       adam.step();
     }
-    const train::OptimizerState full = fsdp.full_optimizer_state(adam);
+    const OptimizerState full = fsdp.full_optimizer_state(adam);
     const auto state = full.at("state").toGenericDict();
     EXPECT_EQ(state.size(), want_state.size());
     for (const auto& item : want_state) {
@@ -329,7 +329,7 @@ TEST(FullyShardedDataParallel, AFullOptimizerStateResumesAtAnotherWorldSize) {
     }
     expect_near(fsdp.full_state_dict(), want, 1e-10, "resumed at 2 ranks");
     // An optimizer state of another model is refused, and the optimizer left as it was.
-    train::OptimizerState other = train::optimizer_state_dict(reference_adam);
+    OptimizerState other = optimizer_state_dict(reference_adam);
     EXPECT_EQ(other.at("state").toGenericDict().erase(int64_t{0}), 1u);
     EXPECT_THROW_MSG(fsdp.load_full_optimizer_state(adam, other), InvalidArgumentError, "some parameters of unit");
   });

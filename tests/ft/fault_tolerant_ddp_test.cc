@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "child_process.h"
-#include "datapar/ft/decider.h"
+#include "datapar/ft/membership/decider.h"
 #include "datapar/ft/fault_tolerant_fsdp.h"
 #include "datapar/fsdp/fully_shard.h"
 #include "datapar/process_group/gloo.h"
@@ -123,9 +123,9 @@ StateDict momentum_of(const torch::optim::Optimizer& optimizer, Net& net) {
   return out;
 }
 
-// The momentum buffers of a full optimizer state (train/optimizer_state.h), by parameter
+// The momentum buffers of a full optimizer state (optim/optimizer_state.h), by parameter
 // index.
-StateDict momentum_of(const train::OptimizerState& optimizer) {
+StateDict momentum_of(const OptimizerState& optimizer) {
   StateDict out;
   for (const auto& param : optimizer.at("state").toGenericDict()) {
     out.insert(std::to_string(param.key().toInt()), param.value().toGenericDict().at("momentum_buffer").toTensor());
@@ -187,7 +187,7 @@ int member_life(uint16_t port, const std::string& dir, int index, int64_t die_at
     train_steps<FullyShardedDataParallel<Net>>(trainer, data, log, die_at, pause);
     trainer.finish([&](int rank, int) {
       save_state_dict(trainer.fsdp().full_state_dict(), dir + "/final-" + std::to_string(index) + ".pt");
-      const train::OptimizerState whole = trainer.fsdp().full_optimizer_state(trainer.optimizer());
+      const OptimizerState whole = trainer.fsdp().full_optimizer_state(trainer.optimizer());
       if (rank == 0) save_state_dict(momentum_of(whole), dir + "/momentum.pt");
     });
     log << "epochs " << trainer.epochs_joined() << std::endl;
@@ -196,7 +196,9 @@ int member_life(uint16_t port, const std::string& dir, int index, int64_t die_at
   auto net = std::make_shared<Net>();
   torch::optim::SGD sgd = make_sgd(*net);
   const bool sharded = mode == Mode::kZero;
-  ShardedOptimizer zero(net->parameters(), make_optimizer);
+  ZeroOptions two_copies;
+  two_copies.copies = 2;
+  ZeroRedundancyOptimizer zero(net->parameters(), make_optimizer, two_copies);
   std::optional<FaultTolerantDdp<Net>> trainer_storage;
   if (sharded) {
     trainer_storage.emplace(net, zero, elastic, kSlices);
@@ -206,7 +208,7 @@ int member_life(uint16_t port, const std::string& dir, int index, int64_t die_at
   FaultTolerantDdp<Net>& trainer = *trainer_storage;
   train_steps<Net>(trainer, data, log, die_at, pause);
   trainer.finish([&](int rank, int) {
-    std::unique_ptr<torch::optim::Optimizer> whole = sharded ? zero.consolidate(*elastic.group(), 0) : nullptr;
+    std::unique_ptr<torch::optim::Optimizer> whole = sharded ? zero.consolidate(0) : nullptr;
     if (rank == 0) save_state_dict(momentum_of(whole ? *whole : sgd, *net), dir + "/momentum.pt");
   });
   log << "epochs " << trainer.epochs_joined() << std::endl;

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "child_process.h"
-#include "datapar/ft/decider.h"
-#include "datapar/ft/member.h"
+#include "datapar/ft/membership/decider.h"
+#include "datapar/ft/membership/member.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "file_system.h"
 #include "testing/temp_dir.h"
@@ -56,7 +56,7 @@ int member_main(uint16_t port, const std::string& dir, int index, int expected) 
     Member me(connect_member(port), "job", options(expected));
     int64_t step = 0;
     auto join = [&] {
-      const Epoch e = me.join(step);
+      const Membership e = me.join(step);
       say("epoch " + std::to_string(e.number) + " rank " + std::to_string(e.rank_of(me.id())) + " size " +
           std::to_string(e.size()));
     };

@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "datapar/ft/decider.h"
+#include "datapar/ft/membership/decider.h"
 #include "datapar/ft/elastic_group.h"
-#include "datapar/ft/member.h"
+#include "datapar/ft/membership/member.h"
 #include "datapar/process_group/gloo.h"
 #include "datapar/rendezvous/prefix_store.h"
 #include "datapar/rendezvous/tcp_store.h"
@@ -51,12 +51,12 @@ class ServedStore {
 };
 
 // Each member joins at `steps[i]` from a thread of its own (a join waits for the others).
-std::vector<Epoch> join_all(const std::vector<Member*>& members, const std::vector<int64_t>& steps) {
-  std::vector<std::future<Epoch>> joins;
+std::vector<Membership> join_all(const std::vector<Member*>& members, const std::vector<int64_t>& steps) {
+  std::vector<std::future<Membership>> joins;
   for (size_t i = 0; i < members.size(); ++i) {
     joins.push_back(std::async(std::launch::async, [&, i] { return members[i]->join(steps[i]); }));
   }
-  std::vector<Epoch> out;
+  std::vector<Membership> out;
   for (auto& j : joins) out.push_back(j.get());
   return out;
 }
@@ -69,22 +69,22 @@ bool within(std::chrono::milliseconds limit, Condition condition) {
   return condition();
 }
 
-TEST(FtEpoch, RecordsReadBack) {
-  Epoch e;
+TEST(FtMembershipRecord, ReadsBack) {
+  Membership e;
   e.number = 4;
   e.members = {{"a", 5}, {"b", 3}, {"c", 5}, {"d", 3}, {"e", 3}};
-  const Epoch back = Epoch::decode(4, e.encode());
+  const Membership back = Membership::decode(4, e.encode());
   ASSERT_EQ(back.size(), 5);
   EXPECT_EQ(back.members[3].id, "d");
   EXPECT_EQ(back.rank_of("c"), 2);
   EXPECT_EQ(back.rank_of("z"), -1);
   EXPECT_EQ(back.members[2].committed_step, 5);
-  Epoch stop;
+  Membership stop;
   stop.stop_reason = "only 1 member(s)";
-  EXPECT_EQ(Epoch::decode(5, stop.encode()).stop_reason, "only 1 member(s)");
-  EXPECT_THROW_MSG(Epoch::decode(6, "a 5\nb\n"), MembershipError, "malformed record line \"b\"");
-  EXPECT_THROW_MSG(Epoch::decode(6, "a -1\n"), MembershipError, "malformed");
-  EXPECT_THROW_MSG(Epoch::decode(6, ""), MembershipError, "no members");
+  EXPECT_EQ(Membership::decode(5, stop.encode()).stop_reason, "only 1 member(s)");
+  EXPECT_THROW_MSG(Membership::decode(6, "a 5\nb\n"), MembershipError, "malformed record line \"b\"");
+  EXPECT_THROW_MSG(Membership::decode(6, "a -1\n"), MembershipError, "malformed");
+  EXPECT_THROW_MSG(Membership::decode(6, ""), MembershipError, "no members");
 }
 
 // Three members form epoch 1; one stops (its heartbeat with it): within the eviction timeout
@@ -95,7 +95,7 @@ TEST(FtMembership, AMemberWhoseHeartbeatStopsIsEvictedAndTheOthersFormTheNextEpo
   const Decider decider(store.connect(), "job", options);
   std::vector<std::unique_ptr<Member>> members;
   for (int i = 0; i < 3; ++i) members.push_back(std::make_unique<Member>(store.connect(), "job", options));
-  const std::vector<Epoch> first = join_all({members[0].get(), members[1].get(), members[2].get()}, {0, 0, 0});
+  const std::vector<Membership> first = join_all({members[0].get(), members[1].get(), members[2].get()}, {0, 0, 0});
   std::set<int> ranks;
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(first[i].number, 1);
@@ -110,7 +110,7 @@ TEST(FtMembership, AMemberWhoseHeartbeatStopsIsEvictedAndTheOthersFormTheNextEpo
   ASSERT_TRUE(within(options.eviction_timeout + 2s, [&] { return members[0]->epoch_broken(); }));
   EXPECT_LT(Clock::now() - stopped, options.eviction_timeout + 1500ms);
   EXPECT_FALSE(members[0]->may_commit()) << "a broken epoch commits nothing";
-  const std::vector<Epoch> second = join_all({members[0].get(), members[1].get()}, {5, 5});
+  const std::vector<Membership> second = join_all({members[0].get(), members[1].get()}, {5, 5});
   const bool first_before_second = first[0].rank_of(members[0]->id()) < first[0].rank_of(members[1]->id());
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(second[i].number, 2);
@@ -138,7 +138,7 @@ TEST(FtMembership, AMemberReportedDeadIsEvictedWithoutWaitingForItsHeartbeat) {
   members[2].reset();
   report_dead(store.connect(), "job", dead);
   ASSERT_TRUE(within(10s, [&] { return members[0]->epoch_broken() && members[1]->epoch_broken(); }));
-  const std::vector<Epoch> next = join_all({members[0].get(), members[1].get()}, {3, 3});
+  const std::vector<Membership> next = join_all({members[0].get(), members[1].get()}, {3, 3});
   EXPECT_EQ(next[0].number, 2);
   EXPECT_EQ(next[0].size(), 2);
   EXPECT_EQ(next[0].rank_of(dead), -1);
@@ -156,14 +156,14 @@ TEST(FtMembership, ANewMemberGrowsTheJobAtAStepBoundaryAndIsHealedFromAnUpToDate
   const FtOptions options = fast(2);
   const Decider decider(store.connect(), "job", options);
   Member a(store.connect(), "job", options), b(store.connect(), "job", options);
-  const std::vector<Epoch> first = join_all({&a, &b}, {0, 0});
+  const std::vector<Membership> first = join_all({&a, &b}, {0, 0});
   ASSERT_EQ(first[0].size(), 2);
   Member newcomer(store.connect(), "job", options);
   auto joined = std::async(std::launch::async, [&] { return newcomer.join(0); });
   ASSERT_TRUE(within(3s, [&] { return a.newcomer_waiting() && b.newcomer_waiting(); }));
   EXPECT_TRUE(a.may_commit()) << "a waiting newcomer breaks nothing";
-  const std::vector<Epoch> second = join_all({&a, &b}, {7, 7});
-  const Epoch grown = joined.get();
+  const std::vector<Membership> second = join_all({&a, &b}, {7, 7});
+  const Membership grown = joined.get();
   EXPECT_EQ(grown.number, 2);
   ASSERT_EQ(grown.size(), 3);
   EXPECT_EQ(grown.rank_of(a.id()), first[0].rank_of(a.id()));
@@ -277,7 +277,7 @@ TEST(FtElasticGroup, HealTakesTheNewestStateWhateverTheRecordSays) {
     return new_gloo_process_group(std::move(s), rank, size, {"127.0.0.1", 10s, /*shared_memory=*/false});
   };
   ElasticGroup a(store.connect(), "job", options, gloo), b(store.connect(), "job", options, gloo);
-  Epoch forged;  // no decider: the forger's record is the only one
+  Membership forged;  // no decider: the forger's record is the only one
   forged.number = 1;
   forged.members = {{a.member().id(), 0}, {b.member().id(), 9}};
   PrefixStore("ft/job/", store.connect()).set("epoch/1", forged.encode());

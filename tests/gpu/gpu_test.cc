@@ -549,6 +549,12 @@ TEST(Gpu, TwoNcclGroupsOnOneStore) {
   expect_all_passed(run_nccl_job("two_groups", 2, 180s));
 }
 
+// Every public factory's group inspects its stalls (issue 45: they are assembled one way).
+TEST(Gpu, ANcclGroupFromItsFactoryWarnsOnAStall) {
+  DATAPAR_REQUIRE_GPUS(2);
+  expect_all_passed(run_nccl_job("stall", 2, 120s));
+}
+
 TEST(Gpu, AKilledRankIsACommErrorWithinTheTimeout) {
   DATAPAR_REQUIRE_GPUS(2);
   const auto start = std::chrono::steady_clock::now();

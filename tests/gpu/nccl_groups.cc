@@ -21,6 +21,7 @@
 #include "datapar/error.h"
 #include "datapar/process_group/nccl.h"
 #include "datapar/rendezvous/file_store.h"
+#include "testing/captured_warnings.h"
 #include "gpu/nccl_groups.h"
 
 namespace datapar::testing {
@@ -419,6 +420,29 @@ int two_groups(int rank, int world, const std::string& dir) {
     }
   }
   return 0;
+}
+
+int stall_warning(int rank, int world, const std::string& dir) {
+  auto store = std::make_shared<FileStore>(dir + "/stall");
+  NcclOptions options;
+  options.device = rank;
+  options.timeout = 60s;
+  options.stall_warning = 200ms;
+  const auto group = new_nccl_process_group(store, rank, world, options);
+  CapturedWarnings warnings;
+  at::Tensor t = at::ones({8}, at::TensorOptions(at::Device(at::kCUDA, rank)));
+  if (rank != 0) std::this_thread::sleep_for(2s);  // late: rank 0 waits, and is warned
+  const std::shared_ptr<Work> work = group->all_reduce(t);
+  if (rank == 0) {
+    const std::vector<std::string> seen = warnings.wait_for(1, 10s);
+    if (seen.empty() || seen[0].find("rank(s) 1 (at ") == std::string::npos) {
+      std::cerr << "nccl_probe: rank 0 was not warned that rank 1 had not issued the all_reduce"
+                << (seen.empty() ? std::string() : ": " + seen[0]) << "\n";
+      return 1;
+    }
+  }
+  work->synchronize();
+  return same(t, at::full({8}, double(world))) ? 0 : 1;
 }
 
 }  // namespace datapar::testing

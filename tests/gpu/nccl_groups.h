@@ -17,6 +17,10 @@ int world_one(ProcessGroup& group, const std::string& dir);
 // Returns 0 when both give the closed-form sum.
 int two_groups(int rank, int world, const std::string& dir);
 
+// A group made by new_nccl_process_group warns on a stall (its factory assembles it with the
+// stall inspector): rank 1 comes 2 s late to an all_reduce; rank 0 must be warned, naming it.
+int stall_warning(int rank, int world, const std::string& dir);
+
 // One rank, a group of its own in `dir` with a 1 s timeout: an all_reduce queued behind
 // about 5 s of GPU work, wait() (which returns at once), then the watchdog's timeout.
 // `end_process`: NcclOptions::end_process_on_failure. true: the process must end there,

@@ -14,6 +14,7 @@
 //   world1       WORLD_SIZE 1: dtypes, non-contiguous tensors, the caller's stream, freed
 //                inputs, the waits, destroying and aborting groups (nccl_groups.cc)
 //   two_groups   two groups made on one store, one after the other (nccl_groups.cc)
+//   stall        new_nccl_process_group's group warns when rank 1 is late (nccl_groups.cc)
 //   balance      --balance auto's measurements with rank 1 slowed (nccl_groups.cc)
 //   fail_after_wait[_handled]  WORLD_SIZE 1: a timeout after wait() returned (nccl_groups.cc)
 // collectives, ddp, fsdp, metadata and zero_trace run at WORLD_SIZE 1 too.
@@ -386,6 +387,10 @@ int main(int argc, char** argv) {
     if (scenario == "two_groups") {
       const std::string init = argv[2];
       return testing::two_groups(rank, world, init.substr(7, init.rfind('/') - 7));
+    }
+    if (scenario == "stall") {
+      const std::string init = argv[2];
+      return testing::stall_warning(rank, world, init.substr(7, init.rfind('/') - 7));
     }
 #endif
     return fail("unknown scenario " + scenario);

@@ -1,7 +1,7 @@
-// Flattening for the *_coalesced collectives (src/collectives/coalesce.h): a copy where the
+// Flattening for the *_coalesced collectives (src/tensor/coalesce.h): a copy where the
 // tensors are apart, their own memory where they lie back to back, and no copy at all for a
 // buffer the collective overwrites.
-#include "collectives/coalesce.h"
+#include "tensor/coalesce.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

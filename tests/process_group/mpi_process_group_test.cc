@@ -22,6 +22,7 @@
 #include "datapar/process_group/mpi.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/prefix_store.h"
+#include "testing/captured_warnings.h"
 #include "testing/conformance.h"
 #include "testing/expect_throw.h"
 
@@ -61,8 +62,8 @@ TEST(MpiProcessGroup, WorldMatchesTheLauncher) {
 TEST(MpiProcessGroup, PassesTheConformanceSuite) { testing::expect_conformance(world()); }
 
 // On one machine an all_reduce goes through the shared-memory layer
-// (src/collectives/shared_memory_group.h); without it, past 256 KiB, around the ring
-// (src/collectives/mpi_ring.cc). CTest runs this file both ways (DATAPAR_MPI_SHM=0 for the ring). Sizes not divisible by the world size, the ring's
+// (src/process_group/shared_memory_group.h); without it, past 256 KiB, around the ring
+// (src/process_group/mpi/ring.cc). CTest runs this file both ways (DATAPAR_MPI_SHM=0 for the ring). Sizes not divisible by the world size, the ring's
 // segment or the shared memory's round, every reducible dtype and op, values that differ by
 // position.
 TEST(MpiProcessGroup, LargeAllReduces) {
@@ -308,6 +309,34 @@ TEST(MpiProcessGroup, ATimeoutNamesTheRanksThatDidNotIssueTheCollective) {
   }
   // The others never pair with rank 0's abandoned reduce: it stays posted, and its
   // communicator is never freed (Communicator in src/process_group/mpi/process_group.cc).
+  world().barrier()->wait(30s);
+  destroy_process_group();
+}
+
+// A group made by the public factory with a store (MpiOptions::stall_store) warns on a
+// stall, naming who is missing: the assembly every backend's factory calls adds the
+// inspector (process_group/assembly.h). Before, only groups made through
+// init_process_group had one.
+TEST(MpiProcessGroup, AGroupGivenAStoreWarnsOnAStall) {
+  const int n = world().size(), rank = world().rank();
+  if (n == 1) GTEST_SKIP() << "needs a peer";
+  init_process_group("mpi");  // for the job's store
+  MpiOptions o = options();
+  o.stall_store = std::make_shared<PrefixStore>("stall-test", default_store());
+  o.stall_warning = 200ms;
+  auto group = new_mpi_process_group({}, o);
+  testing::CapturedWarnings warnings;
+  at::Tensor t = at::ones({3});
+  if (rank != 0) std::this_thread::sleep_for(2s);  // late: rank 0 waits, and is warned
+  const std::shared_ptr<Work> work = group->all_reduce(t);
+  if (rank == 0) {
+    const std::vector<std::string> seen = warnings.wait_for(1, 10s);
+    ASSERT_FALSE(seen.empty()) << "no stall warning";
+    EXPECT_NE(seen[0].find("have not issued it yet"), std::string::npos) << seen[0];
+    EXPECT_NE(seen[0].find("rank(s) 1 (at "), std::string::npos) << seen[0];
+  }
+  work->wait();
+  EXPECT_EQ(t[0].item<float>(), static_cast<float>(n));
   world().barrier()->wait(30s);
   destroy_process_group();
 }

@@ -1,7 +1,8 @@
 // The stall inspector of a process group: a collective pending past the wait gets one
 // warning through the warning sink, naming the ranks that have not issued it yet.
-#include "collectives/stall_inspector.h"
+#include "process_group/stall_inspector.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,8 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include "datapar/process_group/gloo.h"
 #include "datapar/warning.h"
 #include "process_group/work_completion.h"
+#include "testing/captured_warnings.h"
+#include "testing/gloo_ranks.h"
 #include "testing/ports.h"
 
 namespace datapar::detail {
@@ -19,33 +23,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Collects warnings while it lives.
-class CapturedWarnings {
- public:
-  CapturedWarnings() {
-    previous_ = set_warning_sink([this](const std::string& message) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      messages_.push_back(message);
-    });
-  }
-  ~CapturedWarnings() { set_warning_sink(previous_); }
-
-  std::vector<std::string> messages() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return messages_;
-  }
-  // Waits up to `limit` for `count` warnings.
-  std::vector<std::string> wait_for(size_t count, std::chrono::milliseconds limit) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (messages().size() < count && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
-    return messages();
-  }
-
- private:
-  WarningSink previous_;
-  std::mutex mutex_;
-  std::vector<std::string> messages_;
-};
+using testing::CapturedWarnings;
 
 // Waits up to 10 s until `rank` has published `count` issued collectives.
 void wait_for_count(Store& store, int rank, int count) {
@@ -120,6 +98,28 @@ TEST(StallInspector, CompletedCollectivesAndAZeroWaitNeverWarn) {
   EXPECT_NE(seen[0].find("collective 6 of this group"), std::string::npos) << seen[0];
   EXPECT_NE(seen[0].find("rank(s) 0 (at 5) have not issued it yet"), std::string::npos) << seen[0];
   WorkCompletion::finish(*stuck);
+}
+
+
+// A group made by the public factory (new_gloo_process_group) inspects its stalls: the
+// assembly every backend's factory calls adds the inspector (process_group/assembly.h).
+// Rank 1 comes late to an all_reduce: rank 0's warning names it.
+TEST(StallInspector, AGroupFromNewGlooProcessGroupWarnsOnAStall) {
+  CapturedWarnings warnings;
+  testing::run_gloo_ranks_with_options(
+      2, [](int) { return GlooOptions{"127.0.0.1", 30s, /*shared_memory=*/true, /*stall_warning=*/200ms}; },
+      [&](int rank, std::shared_ptr<ProcessGroup> group) {
+        if (rank == 1) {
+          ASSERT_FALSE(warnings.wait_for(1, 10s).empty()) << "no warning while rank 1 waited";
+        }
+        at::Tensor t = at::ones({4});
+        group->all_reduce(t)->wait();
+        EXPECT_EQ(t[0].item<float>(), 2.0f);
+      });
+  const std::vector<std::string> seen = warnings.messages();
+  ASSERT_FALSE(seen.empty());
+  EXPECT_NE(seen[0].find("all_reduce(sum) on rank 0 of 2"), std::string::npos) << seen[0];
+  EXPECT_NE(seen[0].find("rank(s) 1 (at "), std::string::npos) << seen[0];
 }
 
 }  // namespace

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "datapar/config.h"
-#include "datapar/ft/epoch.h"
+#include "datapar/ft/membership/membership.h"
 #include "datapar/rendezvous/prefix_store.h"
 #include "datapar/rendezvous/reserved_port.h"
 #include "datapar/rendezvous/tcp_store.h"
@@ -549,7 +549,7 @@ TEST(LaunchChaos, ThreeRandomKillsEndWithTheParametersOfAnUninterruptedRun) {
 }
 
 // Every tensor of a checkpoint's optimizer state, by "<parameter>/<name>" (SGD's momentum).
-std::map<std::string, at::Tensor> optimizer_tensors(const train::OptimizerState& optimizer) {
+std::map<std::string, at::Tensor> optimizer_tensors(const datapar::OptimizerState& optimizer) {
   std::map<std::string, at::Tensor> out;
   for (const auto& part : optimizer) {
     if (!part.key().isString() || part.key().toStringRef() != "state") continue;
@@ -1246,7 +1246,7 @@ TEST_P(FaultTolerantOnRealData, AForgedMembershipEpochLeavesTheModelAsAnUndistur
                                false, variable("DATAPAR_STORE_TOKEN"), 10s, variable("DATAPAR_RUN_ID")});
   datapar::PrefixStore store("ft/job/", client);
   const int64_t current = std::stoll(datapar::as_text(store.get("epoch")));
-  datapar::ft::Epoch forged = datapar::ft::Epoch::decode(current, datapar::as_text(store.get("epoch/" +
+  datapar::ft::Membership forged = datapar::ft::Membership::decode(current, datapar::as_text(store.get("epoch/" +
                                                                                        std::to_string(current))));
   ASSERT_EQ(forged.size(), 3);
   forged.members.pop_back();

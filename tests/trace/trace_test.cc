@@ -18,6 +18,7 @@
 #include "datapar/error.h"
 #include "datapar/process_group/gloo.h"
 #include "datapar/process_group/process_group.h"
+#include "datapar/rendezvous/tcp_store.h"
 #include "process_group/ordered_runner.h"
 #include "testing/expect_throw.h"
 #include "testing/ports.h"
@@ -186,6 +187,22 @@ TEST(Trace, SaveOutsideAJobWritesTheDocument) {
   EXPECT_EQ(named(doc, "optimizer step").size(), 1u);
   EXPECT_EQ(named(doc, "process_name").at(0)["args"]["name"], "rank 0");
   EXPECT_THROW_MSG(trace::save(path), InvalidArgumentError, "no trace is being recorded");
+}
+
+// A job that is not the default group's merges through the store it gives (here a job of
+// one); the keys it used are gone afterwards.
+TEST(Trace, SaveThroughAStoreTheCallerGives) {
+  const testing::TempDir temp("trace_save");
+  TcpStore store(TcpStoreOptions{"127.0.0.1", 0, /*is_server=*/true, "trace-test", std::chrono::seconds(10), ""});
+  trace::start();
+  { const trace::Span span("optimizer step", "step"); }
+  const std::string path = temp.path() + "/run.json";
+  EXPECT_THROW_MSG(trace::save(path, store, 2, 2), InvalidArgumentError, "rank 2 of 2 is not a rank of the job");
+  EXPECT_TRUE(trace::enabled()) << "a refused call stops nothing";
+  trace::save(path, store, 0, 1);
+  std::ifstream in(path);
+  EXPECT_EQ(named(json::parse(in), "optimizer step").size(), 1u);
+  EXPECT_FALSE(store.check({"datapar/trace/origin"}));
 }
 
 TEST(Trace, SaveIntoAMissingDirectoryIsACheckpointErrorAndStopsRecording) {

@@ -25,7 +25,7 @@
 #include "datapar/cpu_allocator.h"
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/ddp/zero_redundancy_optimizer.h"
-#include "datapar/ft/decider.h"
+#include "datapar/ft/membership/decider.h"
 #include "datapar/ft/fault_tolerant_ddp.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
@@ -273,7 +273,7 @@ struct FtTimes {
 // 3b. Fault tolerance (ft::FaultTolerantDdp): the same steps with the vote before each
 // update, against plain DDP on a group of the same kind (the first epoch's), in
 // alternating rounds, each on a model of its own; with --zero also with the optimizer
-// state sharded, each shard kept by two ranks (ft::ShardedOptimizer).
+// state sharded, each shard kept by two ranks (ZeroRedundancyOptimizer, 2 copies).
 template <typename Module>
 FtTimes time_fault_tolerance(const ModelBench<Module>& b) {
   using Impl = typename Module::ContainedType;
@@ -289,12 +289,14 @@ FtTimes time_fault_tolerance(const ModelBench<Module>& b) {
   Trainer trainer(ft_model.ptr(), *ft_optimizer, elastic, slices);
   std::unique_ptr<FtBenchJob> zero_job;
   Module zero_model = b.fresh_model();
-  std::unique_ptr<ft::ShardedOptimizer> sharded;
+  std::unique_ptr<ZeroRedundancyOptimizer> sharded;
   std::unique_ptr<Trainer> zero_trainer;
   if (b.o.zero) {
     zero_job = std::make_unique<FtBenchJob>(b.group, "bench-zero");
-    sharded = std::make_unique<ft::ShardedOptimizer>(
-        zero_model->parameters(), [&b](std::vector<at::Tensor> p) { return b.optimizer(std::move(p)); });
+    ZeroOptions two_copies;
+    two_copies.copies = 2;
+    sharded = std::make_unique<ZeroRedundancyOptimizer>(
+        zero_model->parameters(), [&b](std::vector<at::Tensor> p) { return b.optimizer(std::move(p)); }, two_copies);
     zero_trainer = std::make_unique<Trainer>(zero_model.ptr(), *sharded, *zero_job->elastic, slices);
   }
   auto step_of = [&](Trainer& t) {
@@ -475,8 +477,8 @@ void report(const ModelBench<Module>& b, const PhaseTimes& local, const DdpTimes
                 ft.ft.size(), tolerant * 1e3, plain * 1e3, tolerant / plain, (tolerant / plain - 1) * 100);
     if (!ft.ft_zero.empty()) {
       const double sharded = median(ft.ft_zero);
-      std::printf("fault tolerance with --zero (ft::ShardedOptimizer: each shard of the %s state kept by two "
-                  "ranks), medians of %zu rounds: step %.3f ms = %.3f of plain DDP's, %.3f of the fault-tolerant "
+      std::printf("fault tolerance with --zero (ZeroRedundancyOptimizer, 2 copies: each shard of the %s state kept "
+                  "by two ranks), medians of %zu rounds: step %.3f ms = %.3f of plain DDP's, %.3f of the fault-tolerant "
                   "DDP's; optimizer state per rank %.2f MB at most, %.2f MB over all ranks (the whole state: %.2f "
                   "MB once)\n",
                   o.optimizer.c_str(), ft.ft_zero.size(), sharded * 1e3, sharded / plain, sharded / tolerant,

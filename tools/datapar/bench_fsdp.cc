@@ -26,7 +26,7 @@
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/process_group/metadata.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 #include "bench_ft.h"
 #include "bench_line.h"
 #include "local_job.h"
@@ -55,7 +55,7 @@ Footprint footprint(const std::vector<at::Tensor>& parameters, const torch::opti
     f.parameters += bytes_of(p);
     f.gradients += bytes_of(p.grad());
   }
-  const auto state = train::optimizer_state_dict(optimizer).at("state").toGenericDict();
+  const auto state = optimizer_state_dict(optimizer).at("state").toGenericDict();
   for (const auto& per_param : state) {
     for (const auto& item : per_param.value().toGenericDict()) {
       if (item.value().isTensor() && item.value().toTensor().dim() > 0)
@@ -70,6 +70,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
   return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(0.01));
 }
 
+// The largest rank's `value`.
+double largest(ProcessGroup& group, double value) {
+  at::Tensor t = metadata_tensor(group, std::vector<double>{value});
+  group.all_reduce(t, ReduceOp::kMax)->synchronize();
+  return host_doubles(t)[0];
+}
+
 // The slowest rank's mean step time over `steps` steps; `line` shows them at a terminal.
 template <typename Step>
 double time_steps(BenchLine& line, const std::string& phase, ProcessGroup& group, int steps, const Step& step) {
@@ -80,13 +87,47 @@ double time_steps(BenchLine& line, const std::string& phase, ProcessGroup& group
     step(i);
     line.step(i + 1);
   }
-  at::Tensor t =
-      metadata_tensor(group, std::vector<double>{std::chrono::duration<double>(Clock::now() - start).count() / steps});
-  group.all_reduce(t, ReduceOp::kMax)->synchronize();
-  return host_doubles(t)[0];
+  return largest(group, std::chrono::duration<double>(Clock::now() - start).count() / steps);
 }
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// What run_model measured, as rank 0 prints it.
+struct FsdpFigures {
+  int world = 0, batch = 0, steps = 0, units = 0, prefetch = 0;
+  double ddp = 0, fsdp = 0, tolerant = 0;  // step times; tolerant: 0 without --fault-tolerant
+  Footprint whole, shards;                 // ddp's and fsdp's bytes on this rank
+  double most_shards = 0, most_tolerant = 0;  // the largest rank's bytes
+  int64_t unit_bytes = 0;                  // the largest unit, gathered
+};
+
+void print_figures(const BenchFsdpOptions& o, const FsdpFigures& f) {
+  const int world = f.world;
+  std::printf(
+      "datapar bench fsdp: %s, %d ranks, batch %d per rank, %s, %d thread%s, %d units%s, %d rounds of %d steps\n",
+      o.model.c_str(), world, f.batch, o.optimizer.c_str(), o.threads, o.threads == 1 ? "" : "s", f.units,
+      o.reshard ? "" : " (no reshard)", o.rounds, f.steps);
+  std::printf("step (median, slowest rank): ddp %.2f ms, fsdp %.2f ms: fsdp/ddp %.3f\n", f.ddp * 1e3, f.fsdp * 1e3,
+              f.fsdp / f.ddp);
+  std::printf("per rank, parameters + gradients + optimizer state:\n");
+  std::printf("  ddp     %8.2f MiB (%.2f + %.2f + %.2f)\n", mib(f.whole.total()), mib(f.whole.parameters),
+              mib(f.whole.gradients), mib(f.whole.optimizer));
+  std::printf("  zero-1  %8.2f MiB (computed: ddp's parameters and gradients, 1/%d of its optimizer state)\n",
+              mib(f.whole.parameters + f.whole.gradients + f.whole.optimizer / world), world);
+  std::printf("  fsdp    %8.2f MiB (%.2f + %.2f + %.2f; largest rank %.2f), %.3f of ddp's (1/%d = %.3f)\n",
+              mib(f.shards.total()), mib(f.shards.parameters), mib(f.shards.gradients), mib(f.shards.optimizer),
+              mib(static_cast<int64_t>(f.most_shards)), f.most_shards / static_cast<double>(f.whole.total()), world,
+              1.0 / world);
+  std::printf("  + gathered in a step: the largest unit %.2f MiB, the unit computing and %d prefetched at most\n",
+              mib(f.unit_bytes), f.prefetch);
+  if (f.tolerant > 0) {
+    std::printf("fault-tolerant fsdp (ft::FaultTolerantFsdp): step %.2f ms, %.3f of fsdp's; per rank at most "
+                "%.2f MiB (its shards and the previous rank's), %.3f of ddp's (2/%d = %.3f)\n",
+                f.tolerant * 1e3, f.tolerant / f.fsdp, mib(static_cast<int64_t>(f.most_tolerant)),
+                f.most_tolerant / static_cast<double>(f.whole.total()), world, std::min(1.0, 2.0 / world));
+  }
+  std::printf("samples/s: ddp %.0f fsdp %.0f\n", world * f.batch / f.ddp, world * f.batch / f.fsdp);
+}
 
 template <typename Module>
 int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& group,
@@ -158,50 +199,26 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
     if (ft_step) ft_times.push_back(time_steps(line, "fault-tolerant fsdp" + of, group, steps, ft_step));
   }
   line.clear();
+  FsdpFigures f;
+  f.world = group.size();
+  f.batch = batch;
+  f.steps = steps;
+  f.units = static_cast<int>(fsdp.units());
+  f.prefetch = options.prefetch;
+  f.ddp = median(ddp_times);
+  f.fsdp = median(fsdp_times);
   // Bytes after a step, gradients still held (zero_grad comes at the next step's start).
-  const Footprint whole = footprint(ddp.parameters(), *ddp_optimizer);
-  const Footprint shards = footprint(fsdp.parameters(), *fsdp_optimizer);
-  at::Tensor most = metadata_tensor(group, std::vector<double>{static_cast<double>(shards.total())});
-  group.all_reduce(most, ReduceOp::kMax)->synchronize();
-  const double most_shards = host_doubles(most)[0];
-  double most_tolerant = 0;  // its own shards and the previous rank's, the largest rank
-  if (tolerant) {
+  f.whole = footprint(ddp.parameters(), *ddp_optimizer);
+  f.shards = footprint(fsdp.parameters(), *fsdp_optimizer);
+  f.most_shards = largest(group, static_cast<double>(f.shards.total()));
+  f.unit_bytes = fsdp.largest_unit_numel() * static_cast<int64_t>(sizeof(float));
+  if (tolerant) {  // its own shards and the previous rank's, the largest rank
     const Footprint own = footprint(tolerant->fsdp().parameters(), tolerant->optimizer());
-    const double mine = static_cast<double>(own.total() + tolerant->kept_bytes());
-    at::Tensor t = metadata_tensor(group, std::vector<double>{mine});
-    group.all_reduce(t, ReduceOp::kMax)->synchronize();
-    most_tolerant = host_doubles(t)[0];
+    f.most_tolerant = largest(group, static_cast<double>(own.total() + tolerant->kept_bytes()));
+    f.tolerant = median(ft_times);
     tolerant->finish();
   }
-  if (group.rank() != 0) return 0;
-  const int world = group.size();
-  const double t_ddp = median(ddp_times), t_fsdp = median(fsdp_times);
-  const int64_t unit_bytes = fsdp.largest_unit_numel() * static_cast<int64_t>(sizeof(float));
-  std::printf(
-      "datapar bench fsdp: %s, %d ranks, batch %d per rank, %s, %d thread%s, %d units%s, %d rounds of %d steps\n",
-      o.model.c_str(), world, batch, o.optimizer.c_str(), o.threads, o.threads == 1 ? "" : "s",
-      static_cast<int>(fsdp.units()), o.reshard ? "" : " (no reshard)", o.rounds, steps);
-  std::printf("step (median, slowest rank): ddp %.2f ms, fsdp %.2f ms: fsdp/ddp %.3f\n", t_ddp * 1e3, t_fsdp * 1e3,
-              t_fsdp / t_ddp);
-  std::printf("per rank, parameters + gradients + optimizer state:\n");
-  std::printf("  ddp     %8.2f MiB (%.2f + %.2f + %.2f)\n", mib(whole.total()), mib(whole.parameters),
-              mib(whole.gradients), mib(whole.optimizer));
-  std::printf("  zero-1  %8.2f MiB (computed: ddp's parameters and gradients, 1/%d of its optimizer state)\n",
-              mib(whole.parameters + whole.gradients + whole.optimizer / world), world);
-  std::printf("  fsdp    %8.2f MiB (%.2f + %.2f + %.2f; largest rank %.2f), %.3f of ddp's (1/%d = %.3f)\n",
-              mib(shards.total()), mib(shards.parameters), mib(shards.gradients), mib(shards.optimizer),
-              mib(static_cast<int64_t>(most_shards)), most_shards / static_cast<double>(whole.total()), world,
-              1.0 / world);
-  std::printf("  + gathered in a step: the largest unit %.2f MiB, the unit computing and %d prefetched at most\n",
-              mib(unit_bytes), options.prefetch);
-  if (tolerant) {
-    const double t_ft = median(ft_times);
-    std::printf("fault-tolerant fsdp (ft::FaultTolerantFsdp): step %.2f ms, %.3f of fsdp's; per rank at most "
-                "%.2f MiB (its shards and the previous rank's), %.3f of ddp's (2/%d = %.3f)\n",
-                t_ft * 1e3, t_ft / t_fsdp, mib(static_cast<int64_t>(most_tolerant)),
-                most_tolerant / static_cast<double>(whole.total()), world, std::min(1.0, 2.0 / world));
-  }
-  std::printf("samples/s: ddp %.0f fsdp %.0f\n", world * batch / t_ddp, world * batch / t_fsdp);
+  if (group.rank() == 0) print_figures(o, f);
   return 0;
 }
 

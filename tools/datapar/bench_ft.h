@@ -8,7 +8,7 @@
 #include <string>
 
 #include "datapar/distributed.h"
-#include "datapar/ft/decider.h"
+#include "datapar/ft/membership/decider.h"
 #include "datapar/ft/elastic_group.h"
 #include "datapar/process_group/gloo.h"
 #include "datapar/timeout.h"

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "datapar/error.h"
-#include "datapar/ft/decider.h"
-#include "datapar/ft/epoch.h"
+#include "datapar/ft/membership/decider.h"
+#include "datapar/ft/membership/membership.h"
 #include "datapar/rendezvous/prefix_store.h"
-#include "datapar/ft/options.h"
+#include "datapar/ft/membership/options.h"
 
 namespace datapar::tools {
 
@@ -133,7 +133,7 @@ void FtNodes::follow() {
       return;
     }
     store_ = std::move(store);
-    // The decider's keys are under the same prefix (datapar/ft/decider.h).
+    // The decider's keys are under the same prefix (datapar/ft/membership/decider.h).
     if (store_) keys_ = std::make_shared<PrefixStore>(prefix_, store_);
   }
   while (!stopping_) {
@@ -170,7 +170,7 @@ void FtNodes::look() {
     store.add(str_cat("node_beat/", node_rank_), 1);
     if (!store.check({"epoch"})) return;
     const int64_t number = std::stoll(as_text(store.get("epoch")));
-    const ft::Epoch newest = ft::Epoch::decode(number, as_text(store.get(str_cat("epoch/", number))));
+    const ft::Membership newest = ft::Membership::decode(number, as_text(store.get(str_cat("epoch/", number))));
     if (!newest.stop_reason.empty()) {
       const std::lock_guard<std::mutex> lock(mutex_);
       stop_reason_ = newest.stop_reason;

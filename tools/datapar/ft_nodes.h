@@ -6,7 +6,7 @@
 // node is done or gone (silent), so that no node's last worker, still evaluating or
 // writing the final checkpoint, loses the store.
 //
-// Store keys, under "ft/<run>/" (beside the decider's, datapar/ft/decider.h):
+// Store keys, under "ft/<run>/" (beside the decider's, datapar/ft/membership/decider.h):
 //   node_beat/<k>   node k's launcher adds 1 every interval while it runs
 //   node_done/<k>   node k's launcher is done: "completed" (one of its workers finished the
 //                   training) or "failed"

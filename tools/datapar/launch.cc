@@ -27,8 +27,8 @@
 
 #include "child_process.h"
 #include "datapar/error.h"
-#include "datapar/ft/decider.h"
-#include "datapar/ft/options.h"
+#include "datapar/ft/membership/decider.h"
+#include "datapar/ft/membership/options.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "file_system.h"
 #include "ft_nodes.h"
@@ -201,7 +201,7 @@ AttemptResult run_attempt(const LaunchOptions& options, int restart_count) {
 // Note [A fault-tolerant job's launcher]
 // Under --fault-tolerant each worker is a group of its own (WorkerGroup), so that one can
 // end and start again while the others run on. Node 0's launcher serves the job's store and
-// runs the membership decider (datapar/ft/decider.h): no worker hosts anything, so any may
+// runs the membership decider (datapar/ft/membership/decider.h): no worker hosts anything, so any may
 // die. A failed worker is restarted alone, as a new member that joins the running job and
 // takes its state from a peer; one out of restarts is given up on, and the others go on as
 // long as the decider lets the job go on (at least --min-ranks). When the decider stops the

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "datapar/process_group/process_group.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 
 namespace datapar::dcp {
 
@@ -146,11 +146,11 @@ void apply_optimizer(const State& state, const std::string& prefix, torch::optim
                      torch::nn::Module& module);
 
 // The same with an optimizer state in PyTorch's optimizer.state_dict() layout
-// (train/optimizer_state.h) whose parameters 0, 1, ... are named `names`; `adamw`: its
+// (optim/optimizer_state.h) whose parameters 0, 1, ... are named `names`; `adamw`: its
 // groups are AdamW's (PyTorch's decoupled_weight_decay). The state's tensors are not copied.
-void add_optimizer_state(State& state, const std::string& prefix, const train::OptimizerState& optimizer,
+void add_optimizer_state(State& state, const std::string& prefix, const OptimizerState& optimizer,
                          const std::vector<std::string>& names, bool adamw = false);
-train::OptimizerState optimizer_state_of(const State& state, const std::string& prefix,
+OptimizerState optimizer_state_of(const State& state, const std::string& prefix,
                                          const std::vector<std::string>& names);
 
 }  // namespace datapar::dcp

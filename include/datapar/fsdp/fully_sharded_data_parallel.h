@@ -48,7 +48,7 @@
 #include "datapar/parallel/leading_rows.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/state_dict.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 
 namespace datapar {
 namespace detail {
@@ -102,8 +102,8 @@ class FsdpCore {
   void load_full_state_dict(const StateDict& state, bool strict);
   StateDict sharded_state_dict() const;
   void load_sharded_state_dict(const StateDict& state);
-  train::OptimizerState full_optimizer_state(const torch::optim::Optimizer& optimizer) const;
-  void load_full_optimizer_state(torch::optim::Optimizer& optimizer, const train::OptimizerState& state);
+  OptimizerState full_optimizer_state(const torch::optim::Optimizer& optimizer) const;
+  void load_full_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerState& state);
   std::vector<ShardRange> shard_ranges() const;
 
  private:
@@ -185,14 +185,14 @@ class FullyShardedDataParallel {
   void load_full_state_dict(const StateDict& state, bool strict = true) { core_->load_full_state_dict(state, strict); }
   // The optimizer's state (an optimizer over parameters(), one group) as the unsharded
   // model's optimizer would have it: PyTorch's optimizer.state_dict() layout, parameters
-  // numbered as module->parameters() lists them (train/optimizer_state.h), on every rank.
+  // numbered as module->parameters() lists them (optim/optimizer_state.h), on every rank.
   // Collective. With full_state_dict(), a checkpoint that an unsharded run, Python, or FSDP
   // at any world size resumes from.
-  train::OptimizerState full_optimizer_state(const torch::optim::Optimizer& optimizer) const {
+  OptimizerState full_optimizer_state(const torch::optim::Optimizer& optimizer) const {
     return core_->full_optimizer_state(optimizer);
   }
   // Each rank takes its part of such a state (from any world size, or an unsharded run).
-  void load_full_optimizer_state(torch::optim::Optimizer& optimizer, const train::OptimizerState& state) {
+  void load_full_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerState& state) {
     core_->load_full_optimizer_state(optimizer, state);
   }
   // This rank's shards and buffers, with the layout they belong to (world size, rank, each

@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "datapar/ft/epoch.h"
-#include "datapar/ft/member.h"
+#include "datapar/ft/membership/membership.h"
+#include "datapar/ft/membership/member.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/rendezvous/store.h"
 
@@ -54,7 +54,7 @@ class ElasticGroup {
   // `committed_step`, and makes its group. Throws MembershipError when the job cannot go on
   // (ft::Member::join), CommError or TimeoutError when the group cannot be made (a member
   // failed meanwhile: join again).
-  const Epoch& join(int64_t committed_step);
+  const Membership& join(int64_t committed_step);
 
   // After join(): members behind the newest step take the state of one member at it.
   // The members exchange the steps they committed (`committed_step`: this one's) over the
@@ -83,7 +83,7 @@ class ElasticGroup {
   void leave();
 
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
-  const Epoch& epoch() const { return epoch_; }
+  const Membership& epoch() const { return epoch_; }
   int rank() const { return rank_; }
   int size() const { return epoch_.size(); }
   Member& member() { return *member_; }
@@ -98,7 +98,7 @@ class ElasticGroup {
   MakeGroup make_group_;
   std::unique_ptr<Member> member_;
 
-  Epoch epoch_;
+  Membership epoch_;
   int rank_ = -1;
   int64_t left_epoch_ = 0;  // the epoch leave() was last called in
   std::shared_ptr<ProcessGroup> group_;

@@ -25,7 +25,7 @@
 // trains its slices one at a time, and their gradients are summed in slice order
 // (datapar/ft/slice_gradients.h). Buffers (BatchNorm's running statistics) are the first
 // slice's, broadcast from rank 0 at each step, as DDP broadcasts rank 0's at each forward.
-// The optimizer must be one train/optimizer_state.h supports (SGD, Adam, AdamW) and hold
+// The optimizer must be one optim/optimizer_state.h supports (SGD, Adam, AdamW) and hold
 // the module's parameters.
 #pragma once
 
@@ -37,22 +37,41 @@
 #include <optional>
 #include <string>
 
+#include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/error.h"
 #include "datapar/ft/elastic_group.h"
 #include "datapar/ft/module_sync.h"
-#include "datapar/ft/sharded_optimizer.h"
 #include "datapar/ft/slice_gradients.h"
+#include "datapar/ft/standing.h"
 #include "datapar/ft/step_protocol.h"
 
 namespace datapar::ft {
 namespace detail {
 
 // The state a joining member takes: the module's parameters and buffers, the optimizer's
-// state (train/optimizer_state.h) and the committed step, as the bytes of a torch.save file.
+// state (optim/optimizer_state.h) and the committed step, as the bytes of a torch.save file.
 std::string save_training_state(const torch::nn::Module& module, const torch::optim::Optimizer& optimizer,
                                 int64_t step);
 // Loads what save_training_state wrote into `module` and `optimizer`; returns the step.
 int64_t load_training_state(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const std::string& bytes);
+
+// Where reshard_zero() brought a member.
+struct Resharded {
+  int64_t step = 0;  // the newest committed step: every member is at it now
+  int source = 0;    // the first rank that was at it (e.g. to take buffers from)
+};
+
+// Collective, after joining a membership epoch whose group is `group`: exchanges the
+// members' standings and which parameters' state each keeps, applies a voted update another
+// member committed (Note [A voted step whose outcome a member missed], src/ft/standings.h),
+// and re-shards `zero` over the group from the members at the newest step, every
+// parameter's value from them too (a post-commit broadcast may have failed half way).
+// `mine` follows what this member keeps: the update applied at once (a failure later must
+// not apply it again), the newest step at the end. `zero` uses `group` until its next
+// reshard (the ElasticGroup keeps it until the next join). Throws MembershipError when no
+// member has the state of some parameter at the newest step (two neighbours lost at once),
+// CommError or TimeoutError when a member fails meanwhile (join again with `mine`).
+Resharded reshard_zero(ZeroRedundancyOptimizer& zero, ProcessGroup& group, Standing& mine);
 
 }  // namespace detail
 
@@ -69,11 +88,16 @@ class FaultTolerantDdp : public detail::StepProtocol {
   FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, torch::optim::Optimizer& optimizer, ElasticGroup& elastic,
                    int slices, int64_t step = 0)
       : FaultTolerantDdp(std::move(module), &optimizer, nullptr, elastic, slices, step) {}
-  // ZeRO-1: the optimizer state sharded over the members, each shard kept by two
-  // (datapar/ft/sharded_optimizer.h), over the module's parameters.
-  FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, ShardedOptimizer& sharded, ElasticGroup& elastic, int slices,
-                   int64_t step = 0)
-      : FaultTolerantDdp(std::move(module), nullptr, &sharded, elastic, slices, step) {}
+  // ZeRO-1: the optimizer state sharded over the members, each shard kept by two: `zero`
+  // over the module's parameters, made without a group and with ZeroOptions::copies = 2
+  // (datapar/ddp/zero_redundancy_optimizer.h); re-sharded over each membership.
+  FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, ZeroRedundancyOptimizer& zero, ElasticGroup& elastic,
+                   int slices, int64_t step = 0)
+      : FaultTolerantDdp(std::move(module), nullptr, &zero, elastic, slices, step) {
+    DATAPAR_CHECK(zero.copies() == 2, "ft::FaultTolerantDdp: the ZeroRedundancyOptimizer keeps ", zero.copies(),
+                  " copy of each shard; fault tolerance needs 2 (ZeroOptions::copies), so that one member's loss "
+                  "loses no state.");
+  }
 
   // Trains step step(): joins a new epoch first when needed (taking the state of a member at
   // the newest step if this one is behind), runs `before` (if given; see below), takes rank
@@ -102,9 +126,9 @@ class FaultTolerantDdp : public detail::StepProtocol {
   int slices() const { return slices_; }
 
  private:
-  FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, torch::optim::Optimizer* optimizer, ShardedOptimizer* sharded,
-                   ElasticGroup& elastic, int slices, int64_t step)
-      : StepProtocol(elastic, step), module_(std::move(module)), optimizer_(optimizer), sharded_(sharded),
+  FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, torch::optim::Optimizer* optimizer,
+                   ZeroRedundancyOptimizer* zero, ElasticGroup& elastic, int slices, int64_t step)
+      : StepProtocol(elastic, step), module_(std::move(module)), optimizer_(optimizer), zero_(zero),
         slices_(slices), gradients_(module_->parameters()) {
     DATAPAR_CHECK(slices_ >= 1, "FaultTolerantDdp: slices is ", slices_, "; give the job's full size.");
   }
@@ -113,13 +137,16 @@ class FaultTolerantDdp : public detail::StepProtocol {
   void drop() override { ready_ = false; }
 
   void rebuild() override {
-    if (sharded_) {
-      const ShardedOptimizer::Resharded resharded = sharded_->reshard(*elastic_.group(), standing_);
+    if (zero_) {
+      const detail::Resharded resharded = detail::reshard_zero(*zero_, *elastic_.group(), standing_);
       step_ = resharded.step;
       detail::broadcast_buffers(*module_, *elastic_.group(), resharded.source);
     } else {
-      elastic_.heal(step_, [&] { return detail::save_training_state(*module_, *optimizer_, step_); },
-                    [&](const std::string& bytes) { step_ = detail::load_training_state(*module_, *optimizer_, bytes); });
+      const auto save = [&] { return detail::save_training_state(*module_, *optimizer_, step_); };
+      const auto load = [&](const std::string& bytes) {
+        step_ = detail::load_training_state(*module_, *optimizer_, bytes);
+      };
+      elastic_.heal(step_, save, load);
       // Members that start together heal nothing: one model from here, whatever their seeds
       // (DDP's broadcast at construction).
       detail::broadcast_parameters(*module_, *elastic_.group(), 0);
@@ -143,16 +170,16 @@ class FaultTolerantDdp : public detail::StepProtocol {
   }
 
   void zero_grad() override {
-    if (sharded_) {
-      sharded_->zero_grad();
+    if (zero_) {
+      zero_->zero_grad();
     } else {
       optimizer_->zero_grad();
     }
   }
 
   void apply() override {
-    if (sharded_) {
-      sharded_->update();
+    if (zero_) {
+      zero_->update();
     } else {
       optimizer_->step();
     }
@@ -160,12 +187,12 @@ class FaultTolerantDdp : public detail::StepProtocol {
 
   // Each owner's parameters to all. On a failure, joining again sets them (reshard()).
   void after_commit() override {
-    if (sharded_) sharded_->share(*elastic_.group());
+    if (zero_) zero_->share();
   }
 
   std::shared_ptr<ModuleImpl> module_;
   torch::optim::Optimizer* optimizer_;  // or
-  ShardedOptimizer* sharded_;
+  ZeroRedundancyOptimizer* zero_;
   const int slices_;
   detail::SliceGradients gradients_;
   bool ready_ = false;

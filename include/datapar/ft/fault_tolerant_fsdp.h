@@ -56,11 +56,11 @@
 
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/ft/module_sync.h"
-#include "datapar/ft/sharded_optimizer.h"
 #include "datapar/ft/slice_gradients.h"
 #include "datapar/ft/step_protocol.h"
+#include "datapar/optim/optimizer_factory.h"
+#include "datapar/optim/optimizer_state.h"
 #include "datapar/state_dict.h"
-#include "datapar/train/optimizer_state.h"
 
 namespace datapar::ft {
 namespace detail {
@@ -73,7 +73,7 @@ struct FsdpParts {
   torch::optim::Optimizer* optimizer = nullptr;  // over `shards`
   torch::nn::Module* module = nullptr;           // for the buffers
   std::function<void(const StateDict&)> load_model;
-  std::function<void(torch::optim::Optimizer&, const train::OptimizerState&)> load_optimizer;
+  std::function<void(torch::optim::Optimizer&, const OptimizerState&)> load_optimizer;
 };
 
 // The non-template part of FaultTolerantFsdp: the previous rank's shard this member keeps,
@@ -82,7 +82,7 @@ class FsdpKeeper {
  public:
   // Keeps the whole state to start from (a full state dict and a full optimizer state, as
   // FullyShardedDataParallel::load_full_* take them) at step `step`.
-  FsdpKeeper(ShardedOptimizer::Factory make_optimizer, StateDict model, train::OptimizerState optimizer);
+  FsdpKeeper(OptimizerFactory make_optimizer, StateDict model, OptimizerState optimizer);
   ~FsdpKeeper();
   FsdpKeeper(FsdpKeeper&&) noexcept;
   FsdpKeeper(const FsdpKeeper&) = delete;
@@ -91,7 +91,7 @@ class FsdpKeeper {
   // Collective, after joining epoch `epoch` whose group is `group`: brings `next` (this
   // epoch's FSDP, made over `group`) to the newest step and keeps the previous rank's
   // shard of it. `current`: the epoch before's (null before the first). `mine` follows
-  // what this member keeps, as ShardedOptimizer::reshard's. Returns the newest step.
+  // what this member keeps, as reshard_zero()'s. Returns the newest step.
   // MembershipError when no member keeps some shard at the newest step.
   int64_t rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
                   const FsdpParts& next);
@@ -128,13 +128,13 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   // Where a resumed job starts: a checkpoint's full state dict, full optimizer state and step.
   struct Start {
     StateDict model;
-    train::OptimizerState optimizer;
+    OptimizerState optimizer;
     int64_t step = 0;
   };
 
   // From make_model()'s values and no optimizer state at step 0, or from `start`.
   // `slices`: the fixed cut of every global batch (the job's full size).
-  FaultTolerantFsdp(MakeModel make_model, MakeUnits make_units, ShardedOptimizer::Factory make_optimizer,
+  FaultTolerantFsdp(MakeModel make_model, MakeUnits make_units, OptimizerFactory make_optimizer,
                     ElasticGroup& elastic, int slices, FsdpOptions options = {},
                     std::optional<Start> start = std::nullopt)
       : StepProtocol(elastic, start ? start->step : 0),
@@ -169,7 +169,7 @@ class FaultTolerantFsdp : public detail::StepProtocol {
     if (start) return detail::FsdpKeeper(make_optimizer_, start->model, start->optimizer);
     const std::shared_ptr<ModuleImpl> model = make_model_();
     const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer_(model->parameters());
-    return detail::FsdpKeeper(make_optimizer_, state_dict(*model), train::optimizer_state_dict(*optimizer));
+    return detail::FsdpKeeper(make_optimizer_, state_dict(*model), optimizer_state_dict(*optimizer));
   }
 
   detail::FsdpParts parts(Fsdp& fsdp, torch::optim::Optimizer& optimizer) {
@@ -185,7 +185,7 @@ class FaultTolerantFsdp : public detail::StepProtocol {
     p.optimizer = &optimizer;
     p.module = fsdp.module().get();
     p.load_model = [&fsdp](const StateDict& state) { fsdp.load_full_state_dict(state); };
-    p.load_optimizer = [&fsdp](torch::optim::Optimizer& o, const train::OptimizerState& s) {
+    p.load_optimizer = [&fsdp](torch::optim::Optimizer& o, const OptimizerState& s) {
       fsdp.load_full_optimizer_state(o, s);
     };
     return p;
@@ -242,7 +242,7 @@ class FaultTolerantFsdp : public detail::StepProtocol {
 
   MakeModel make_model_;
   MakeUnits make_units_;
-  ShardedOptimizer::Factory make_optimizer_;
+  OptimizerFactory make_optimizer_;
   FsdpOptions options_;
   const int slices_;
   detail::FsdpKeeper keeper_;

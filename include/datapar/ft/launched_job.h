@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "datapar/ft/elastic_group.h"
-#include "datapar/ft/options.h"
+#include "datapar/ft/membership/options.h"
 #include "datapar/rendezvous/job_config.h"
 #include "datapar/rendezvous/store.h"
 

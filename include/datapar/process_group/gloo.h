@@ -24,7 +24,7 @@ struct GlooOptions {
   // faster; Note [Shared-memory collectives] in src/collectives/shm_collectives.cc).
   // When the members span machines, several on some, all_reduce takes two levels: shared
   // memory within each machine, TCP between one leader per machine (Note [Two-level
-  // all-reduce] in src/collectives/shared_memory_group.cc).
+  // all-reduce] in src/process_group/shared_memory_group.cc).
   // false on any member: TCP for everything. init_process_group: $DATAPAR_SHM=0 turns it off.
   bool shared_memory = true;
   // A collective not completed after this long is reported, with the ranks that have not

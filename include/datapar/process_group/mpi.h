@@ -24,6 +24,13 @@ struct MpiOptions {
   // false: MPI's own. A member that says false makes the whole group do without.
   // init_process_group passes JobConfig::mpi_shared_memory (DATAPAR_MPI_SHM=0: false).
   bool shared_memory = true;
+  // A namespace of this group's own in a store every member shares (e.g.
+  // PrefixStore("group-a", job_store)): through it the group names the ranks that have not
+  // issued a collective that stalls past `stall_warning` (ProcessGroup::inspect_stalls;
+  // MPI itself cannot say who is missing). Null: no such warning. init_process_group and
+  // new_group give one.
+  std::shared_ptr<Store> stall_store;
+  std::chrono::milliseconds stall_warning = kDefaultStallWarning;
 };
 
 // An MPI process group: the processes of an mpirun (or srun) job, as MPI numbers them.

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "datapar/process_group/work.h"
+#include "datapar/reduce_op.h"
 #include "datapar/rendezvous/store.h"
 #include "datapar/timeout.h"
 
@@ -43,10 +44,6 @@ constexpr std::chrono::milliseconds kWaitGrace = std::chrono::seconds(5);
 // How long a collective may wait before a warning names the ranks that have not issued it
 // (ProcessGroup::inspect_stalls).
 constexpr std::chrono::milliseconds kDefaultStallWarning = std::chrono::seconds(60);
-
-enum class ReduceOp { kSum, kAvg, kMin, kMax, kProduct };
-
-const char* to_string(ReduceOp op);
 
 class ProcessGroup {
  public:
@@ -148,7 +145,7 @@ class ProcessGroup {
   void abort();
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
-  // Stall warnings (Note [Stall inspection] in src/collectives/stall_inspector.cc): when a
+  // Stall warnings (Note [Stall inspection] in src/process_group/stall_inspector.cc): when a
   // collective of this group has not completed after `warn_after`, one warning through the
   // warning sink (datapar/warning.h) names it and the ranks that have not issued it yet,
   // which publish their progress to `store`: a namespace of the job's store for this group

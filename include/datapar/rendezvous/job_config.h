@@ -33,7 +33,7 @@ struct ProcessIdentity {
 std::optional<ProcessIdentity> identity_from_environment(const Environment& env = process_environment());
 
 // What `datapar launch --fault-tolerant` tells each of its workers (docs/fault_tolerance.md);
-// datapar/ft/options.h derives the membership options from it.
+// datapar/ft/membership/options.h derives the membership options from it.
 struct FaultToleranceConfig {
   std::chrono::milliseconds timeout{0};  // DATAPAR_FT_TIMEOUT_MS (--ft-timeout): a silent member is evicted
   int min_ranks = 1;                     // DATAPAR_FT_MIN_RANKS (--min-ranks)

@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "datapar/state_dict.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 #include "datapar/train/rng_state.h"
 
 namespace datapar::train {

@@ -1,17 +1,16 @@
-// The Gloo backend's factory: new_gloo_process_group, Gloo's TCP transport with shared
-// memory for the collectives of members that share a machine, and all-reduces in two levels
-// for a group that spans machines (src/collectives/shared_memory_group.h); CUDA tensors
-// staged through pinned host memory (cuda_staging.h). And the backend init_process_group
-// makes it with.
+// The Gloo backend's factory: new_gloo_process_group, Gloo's TCP transport assembled
+// (assembly.h) with shared memory for the collectives of members that share a machine, and
+// all-reduces in two levels for a group that spans machines (shared_memory_group.h); CUDA
+// tensors staged through pinned host memory; the stall inspector. And the backend
+// init_process_group makes it with.
 #include <signal.h>
 #include <unistd.h>
 
 #include "datapar/process_group/gloo.h"
 #include "datapar/rendezvous/init_method.h"
 #include "datapar/rendezvous/prefix_store.h"
-#include "collectives/shared_memory_group.h"
+#include "process_group/assembly.h"
 #include "process_group/backends.h"
-#include "process_group/cuda_staging.h"
 #include "process_group/gloo/transport.h"
 
 namespace datapar {
@@ -41,15 +40,18 @@ std::shared_ptr<ProcessGroup> new_gloo_process_group(std::shared_ptr<Store> stor
   GlooOptions leaders_options = options;
   leaders_options.shared_memory = false;
   std::shared_ptr<ProcessGroup> tcp = detail::new_gloo_tcp_group(store, rank, size, options);
-  detail::SharedMemoryMeeting meeting = detail::meeting_through(
+  detail::Assembly assembly;
+  assembly.meeting = detail::meeting_through(
       std::make_shared<PrefixStore>("shm", store), rank, size,
       [leaders_options](std::shared_ptr<Store> leaders_store, int leader, int leaders) {
         return detail::new_gloo_tcp_group(std::move(leaders_store), leader, leaders, leaders_options);
       });
-  std::shared_ptr<ProcessGroup> group = detail::with_cuda_staging(
-      detail::with_shared_memory(std::move(tcp), std::move(meeting), options.shared_memory, options.timeout));
-  if (size > 1) group->inspect_stalls(std::make_shared<PrefixStore>("stall", std::move(store)), options.stall_warning);
-  return group;
+  assembly.shared_memory = options.shared_memory;
+  assembly.timeout = options.timeout;
+  assembly.stage_cuda = true;
+  assembly.stall_store = std::make_shared<PrefixStore>("stall", std::move(store));
+  assembly.stall_warning = options.stall_warning;
+  return detail::assemble(std::move(tcp), std::move(assembly));
 }
 
 namespace detail {

@@ -10,7 +10,7 @@
 namespace datapar::detail {
 
 // Gloo's TCP transport alone: the group new_gloo_process_group() wraps in shared memory
-// (src/collectives/shared_memory_group.h). Defined in transport_linked.cc or transport_plugin.cc.
+// (src/process_group/shared_memory_group.h). Defined in transport_linked.cc or transport_plugin.cc.
 std::shared_ptr<ProcessGroup> new_gloo_tcp_group(std::shared_ptr<Store> store, int rank, int size,
                                                  GlooOptions options);
 

@@ -1,6 +1,6 @@
 // The MPI backend: CPU tensors through an MPI library's own collectives, for processes that
 // mpirun (or srun) connected. Within a machine the factory puts the shared-memory layer over
-// it (src/collectives/shared_memory_group.h), as over Gloo.
+// it (src/process_group/shared_memory_group.h), as over Gloo.
 //
 // A group owns one communicator (a duplicate of MPI_COMM_WORLD, or a subset of it) that
 // returns errors instead of aborting. Collectives run in issue order on the group's
@@ -25,12 +25,11 @@
 #include "datapar/error.h"
 #include "datapar/process_group/mpi.h"
 #include "datapar/process_group/process_group.h"
-#include "collectives/coalesce.h"
-#include "collectives/mpi_ring.h"
+#include "tensor/coalesce.h"
+#include "process_group/mpi/ring.h"
 #include "process_group/mpi/runtime.h"
 #include "process_group/mpi/types.h"
 #include "process_group/ordered_runner.h"
-#include "collectives/shared_memory_group.h"
 
 namespace datapar {
 namespace {
@@ -357,7 +356,7 @@ class ProcessGroupMpi : public ProcessGroup {
                                "unusable now; rebuild the process group."));
   }
 
-  // Large buffers go around the ring (Note [Ring all-reduce] in src/collectives/mpi_ring.cc),
+  // Large buffers go around the ring (Note [Ring all-reduce] in src/process_group/mpi/ring.cc),
   // small ones through MPI_Iallreduce, which has the lower latency.
   void all_reduce_in_place(at::Tensor& buffer, ReduceOp op, const std::string& what) {
     const int count = mpi_count(buffer.numel(), what);
@@ -429,9 +428,7 @@ MpiWorld mpi_world() {
   return world;
 }
 
-}  // namespace detail
-
-std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& ranks, MpiOptions options) {
+MpiTransport new_mpi_transport(const std::vector<int>& ranks, const MpiOptions& options) {
   const detail::MpiWorld world = detail::mpi_world();
   for (int r : ranks) {
     DATAPAR_CHECK(r >= 0 && r < world.size, "new_mpi_process_group: rank ", r, " is outside MPI_COMM_WORLD's [0, ",
@@ -444,7 +441,7 @@ std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& rank
     whole = true;
     for (int i = 0; i < world.size; ++i) whole = whole && ranks[i] == i;
   }
-  if (!whole && std::find(ranks.begin(), ranks.end(), world.rank) == ranks.end()) return nullptr;
+  if (!whole && std::find(ranks.begin(), ranks.end(), world.rank) == ranks.end()) return {};
 
   const std::string what = str_cat("new_mpi_process_group on rank ", world.rank, " of ", world.size);
   mpi::MpiUse use(what);
@@ -480,11 +477,11 @@ std::shared_ptr<ProcessGroup> new_mpi_process_group(const std::vector<int>& rank
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   auto group = std::make_shared<ProcessGroupMpi>(comm, ring_comm, rank, size, options.timeout);
-  // Within one machine only: across machines MPI's own hierarchical collectives take the
-  // place of the layer's two levels (and leaders would need a split of every member).
-  detail::SharedMemoryMeeting meeting;
-  meeting.everyone = group->setup_exchange(what);
-  return detail::with_shared_memory(std::move(group), std::move(meeting), options.shared_memory, options.timeout);
+  MpiTransport transport;
+  transport.exchange = group->setup_exchange(what);
+  transport.group = std::move(group);
+  return transport;
 }
 
+}  // namespace detail
 }  // namespace datapar

@@ -44,9 +44,9 @@
 
 #include "datapar/error.h"
 #include "datapar/process_group/nccl.h"
-#include "datapar/rendezvous/prefix_store.h"
-#include "collectives/coalesce.h"
+#include "tensor/coalesce.h"
 #include "process_group/nccl/communicator.h"
+#include "process_group/nccl/transport.h"
 #include "process_group/nccl/watchdog.h"
 #include "process_group/nccl/work.h"
 
@@ -490,21 +490,13 @@ class ProcessGroupNccl : public ProcessGroup {
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> new_nccl_process_group(std::shared_ptr<Store> store, int rank, int size,
-                                                     NcclOptions options) {
-  DATAPAR_CHECK(size >= 1 && rank >= 0 && rank < size, "ProcessGroup(nccl): rank ", rank, " is outside [0, ", size,
-                ").");
-  DATAPAR_CHECK(store != nullptr, "ProcessGroup(nccl): the store is null.");
+namespace detail {
+
+std::shared_ptr<ProcessGroup> new_nccl_transport(const std::shared_ptr<Store>& store, int rank, int size,
+                                                 const NcclOptions& options) {
   const c10::DeviceIndex device = choose_device(options.device, options.local_rank);
-  // Each group made on a store gets a namespace of its own, "nccl/<k>" for the k-th group
-  // this rank made there: every rank makes a store's groups in the same order (as PyTorch
-  // requires), so the ranks of one group agree on k, and a second group never reads the
-  // first one's NCCL id, check-ins or stall reports.
-  const int64_t k = store->add(detail::str_cat("nccl/groups-made-by-rank-", rank), 1);
-  auto own = std::make_shared<PrefixStore>(detail::str_cat("nccl/", k), store);
-  auto group = std::make_shared<ProcessGroupNccl>(own, rank, size, device, options);
-  if (size > 1) group->inspect_stalls(std::make_shared<PrefixStore>("stall", own), options.stall_warning);
-  return group;
+  return std::make_shared<ProcessGroupNccl>(store, rank, size, device, options);
 }
 
+}  // namespace detail
 }  // namespace datapar

@@ -8,7 +8,7 @@
 #include "datapar/autograd/checkpoint_wrapper.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/models/resnet18.h"
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 #include "single_device.h"
 
 namespace datapar::tools {
@@ -36,7 +36,7 @@ class FsdpMode : public Strategy {
       options.param_dtype = o.mp == "bf16" ? at::kBFloat16 : at::kHalf;
       options.buffer_dtype = options.param_dtype;  // BatchNorm computes in one dtype on the CPU
     }
-    const train::OptimizerState restored = train::optimizer_state_dict(sgd);
+    const OptimizerState restored = optimizer_state_dict(sgd);
     shard_units(*model, nullptr, options);
     fsdp_ = std::make_unique<FullyShardedDataParallel<Impl>>(std::move(model), nullptr, options);
     shards_ = std::make_unique<torch::optim::SGD>(fsdp_->parameters(),

@@ -46,7 +46,7 @@ void bind_step_protocol(FtTrainer& t, Trainer* trainer) {
 // --mode fsdp: each rank's shard kept by the next rank too.
 template <typename Impl>
 FtTrainer make_ft_fsdp(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd,
-                       ft::ElasticGroup& elastic, int64_t step, const ft::ShardedOptimizer::Factory& make_sgd) {
+                       ft::ElasticGroup& elastic, int64_t step, const OptimizerFactory& make_sgd) {
   const TrainOptions& o = plan.options;
   FtTrainer t;
   using Trainer = ft::FaultTolerantFsdp<Impl>;
@@ -59,7 +59,7 @@ FtTrainer make_ft_fsdp(const TrainPlan& plan, std::shared_ptr<Impl> model, torch
         shard_units(m, group, unit_options);
       },
       make_sgd, elastic, plan.world_size, fsdp_options,
-      typename Trainer::Start{state_dict(*model), train::optimizer_state_dict(sgd), step});
+      typename Trainer::Start{state_dict(*model), optimizer_state_dict(sgd), step});
   t.train_step = [trainer](const FtTrainer::Part& train, const ft::Together& before) {
     return trainer->train_step(
         [&](FullyShardedDataParallel<Impl>& fsdp, const ft::Slice& slice) {
@@ -86,19 +86,21 @@ FtTrainer make_ft_fsdp(const TrainPlan& plan, std::shared_ptr<Impl> model, torch
 // --mode ddp: the optimizer whole on every rank, or under --zero sharded, each shard kept twice.
 template <typename Impl>
 FtTrainer make_ft_ddp(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd,
-                      ft::ElasticGroup& elastic, int64_t step, const ft::ShardedOptimizer::Factory& make_sgd) {
+                      ft::ElasticGroup& elastic, int64_t step, const OptimizerFactory& make_sgd) {
   const TrainOptions& o = plan.options;
   FtTrainer t;
   using Trainer = ft::FaultTolerantDdp<Impl>;
   struct Ddp {
-    std::unique_ptr<ft::ShardedOptimizer> zero;
+    std::unique_ptr<ZeroRedundancyOptimizer> zero;
     std::unique_ptr<Trainer> trainer;
   };
   auto ddp = std::make_shared<Ddp>();
   // Each global batch in the job's full size of slices, whoever is alive (Note [Gradients
   // that do not depend on who is alive] in src/ft/slice_gradients.cc).
   if (o.zero) {
-    ddp->zero = std::make_unique<ft::ShardedOptimizer>(model->parameters(), make_sgd);
+    ZeroOptions two_copies;
+    two_copies.copies = 2;
+    ddp->zero = std::make_unique<ZeroRedundancyOptimizer>(model->parameters(), make_sgd, two_copies);
     ddp->zero->load_full_state(sgd);  // what resume() restored, if anything
     ddp->trainer = std::make_unique<Trainer>(model, *ddp->zero, elastic, plan.world_size, step);
   } else {
@@ -114,9 +116,9 @@ FtTrainer make_ft_ddp(const TrainPlan& plan, std::shared_ptr<Impl> model, torch:
   };
   t.forward = [model](const at::Tensor& x) { return model->forward(x); };
   t.module = [model]() -> torch::nn::Module& { return *model; };
-  ft::ShardedOptimizer* zero = ddp->zero.get();
+  ZeroRedundancyOptimizer* zero = ddp->zero.get();
   t.checkpoint = [zero, model, &sgd, &elastic](int64_t epoch) -> std::optional<train::Checkpoint> {
-    const std::unique_ptr<torch::optim::Optimizer> gathered = zero ? zero->consolidate(*elastic.group(), 0) : nullptr;
+    const std::unique_ptr<torch::optim::Optimizer> gathered = zero ? zero->consolidate(0) : nullptr;
     if (elastic.rank() != 0) return std::nullopt;
     return train::make_checkpoint(*model, gathered ? *gathered : sgd, epoch);
   };
@@ -130,7 +132,7 @@ template <typename Impl>
 FtTrainer make_ft_trainer(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd,
                           ft::ElasticGroup& elastic, int64_t step) {
   const auto options = static_cast<const torch::optim::SGDOptions&>(sgd.defaults());
-  const ft::ShardedOptimizer::Factory make_sgd = [options](std::vector<at::Tensor> p) {
+  const OptimizerFactory make_sgd = [options](std::vector<at::Tensor> p) {
     return std::make_unique<torch::optim::SGD>(std::move(p), options);
   };
   return plan.mode == Mode::kFsdp ? make_ft_fsdp(plan, std::move(model), sgd, elastic, step, make_sgd)

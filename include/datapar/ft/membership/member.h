@@ -4,7 +4,7 @@
 // (decider.h) forms, and tells the training loop whether it may commit a step.
 //
 //   ft::Member me(store, "run-7", options);
-//   ft::Epoch epoch = me.join(/*committed_step=*/0);  // waits for an epoch that holds it
+//   ft::Membership epoch = me.join(/*committed_step=*/0);  // waits for an epoch that holds it
 //   ... each step: train; the vote includes me.may_commit() and me.reconfigure_wanted() ...
 //   ... on a failed or reconfiguring step: epoch = me.join(step);
 #pragma once
@@ -18,7 +18,7 @@
 #include <string>
 #include <thread>
 
-#include "datapar/ft/epoch.h"
+#include "datapar/ft/membership/membership.h"
 #include "datapar/rendezvous/store.h"
 
 namespace datapar::ft {
@@ -41,14 +41,14 @@ class Member {
   // it returns. Throws MembershipError when the decider stops the job (below the minimum),
   // when no epoch forms in time, or when the store is gone (the host of the decider died);
   // TrainingComplete when a member already finished the training (see finished()).
-  Epoch join(int64_t committed_step);
+  Membership join(int64_t committed_step);
 
   // The training is complete: says so in the store, so that a replacement that asks to
   // join later is told (TrainingComplete) rather than that every member is gone.
   void finished();
 
   // The epoch last joined (number 0: none yet).
-  Epoch epoch() const;
+  Membership epoch() const;
 
   // Whether this member may commit a step of its epoch: its heartbeat was renewed within
   // half the eviction timeout (a process that was stopped longer may have been evicted, and
@@ -78,7 +78,7 @@ class Member {
   std::shared_ptr<Store> heartbeat_;  // the heartbeat thread's connection
 
   mutable std::mutex mutex_;
-  Epoch epoch_;                      // guarded by mutex_
+  Membership epoch_;                      // guarded by mutex_
   std::function<void(int64_t)> on_broken_;  // guarded by mutex_
   std::atomic<int64_t> epoch_number_{0};
   std::atomic<int64_t> last_beat_ns_;  // steady clock

@@ -1,9 +1,9 @@
-// ft::ShardedOptimizer (issue 31): ZeRO-1 whose shards are each kept by two members, with
-// the members as threads. The same training as one SGD; after a membership change the
-// shards move to their new keepers; a member that missed the outcome of a vote another
-// member committed applies the update (Note [A voted step whose outcome a member missed]);
-// two neighbours lost at once stop the job with the reason.
-#include "datapar/ft/sharded_optimizer.h"
+// ZeroRedundancyOptimizer with 2 copies of each shard, re-sharded by ft::detail::reshard_zero
+// (issues 31, 45), with the members as threads. The same training as one SGD; after a
+// membership change the shards move to their new keepers; a member that missed the outcome
+// of a vote another member committed applies the update (Note [A voted step whose outcome a
+// member missed]); two neighbours lost at once stop the job with the reason.
+#include "datapar/ddp/zero_redundancy_optimizer.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -17,7 +17,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "datapar/ft/epoch.h"
+#include "datapar/ft/membership/membership.h"
+#include "datapar/ft/fault_tolerant_ddp.h"
 #include "optim/state_key.h"
 #include "testing/gloo_ranks.h"
 
@@ -73,11 +74,17 @@ struct Reference {
   }
 };
 
+ZeroOptions two_copies() {
+  ZeroOptions o;
+  o.copies = 2;
+  return o;
+}
+
 // A member: its model and its sharded optimizer, kept across groups.
 struct Member {
   torch::nn::Sequential model = make_model();
   std::vector<at::Tensor> params = model->parameters();
-  ShardedOptimizer sharded{params, make_sgd};
+  ZeroRedundancyOptimizer sharded{params, make_sgd, two_copies()};
 };
 
 void expect_equal(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want, const std::string& what) {
@@ -93,11 +100,10 @@ std::vector<std::unique_ptr<Member>> three_after_a_missed_vote() {
   testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     Member& m = *members[static_cast<size_t>(rank)];
     Standing start;
-    EXPECT_EQ(m.sharded.reshard(*group, start).step, 0);
+    EXPECT_EQ(detail::reshard_zero(m.sharded, *group, start).step, 0);
     for (int64_t step = 0; step < 2; ++step) {
       set_gradients(m.params, step);
-      m.sharded.update();
-      m.sharded.share(*group);
+      m.sharded.step();
     }
     // Each member keeps its own shard and the one before it: 2/3 of the parameters here.
     const int64_t all = [&] {
@@ -123,28 +129,24 @@ std::vector<std::unique_ptr<Member>> three_after_a_missed_vote() {
 // epoch 1; 1 at step 2, having voted for step 2 in epoch 1 without learning the outcome.
 Standing standing_of(int member) { return member == 1 ? Standing{2, 1, 2, 1} : Standing{3, 1, -1, 0}; }
 
-// The members (by rank in a new group) train step 3 together and consolidate on rank 0;
-// the result must be one SGD's after four steps.
-void train_step_three_and_compare(const std::vector<Member*>& by_rank, const Reference& reference) {
-  testing::run_gloo_ranks(static_cast<int>(by_rank.size()), [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Member& m = *by_rank[static_cast<size_t>(rank)];
-    set_gradients(m.params, 3);
-    m.sharded.update();
-    m.sharded.share(*group);
-    expect_equal(m.params, reference.params, "rank " + std::to_string(rank) + "'s parameter");
-    const std::unique_ptr<optim::Optimizer> whole = m.sharded.consolidate(*group, 0);
-    ASSERT_EQ(whole != nullptr, rank == 0);
-    if (!whole) return;
-    std::vector<at::Tensor> momentum;
-    for (const at::Tensor& p : m.params) momentum.push_back(momentum_of(*whole, p));
-    expect_equal(momentum, reference.momentum, "momentum of parameter");
-  });
+// Member `m`, rank `rank` of the group it was re-sharded over, trains step 3 with the others
+// and they consolidate on rank 0: the result must be one SGD's after four steps.
+void train_step_three_and_compare(Member& m, int rank, const Reference& reference) {
+  set_gradients(m.params, 3);
+  m.sharded.step();
+  expect_equal(m.params, reference.params, "rank " + std::to_string(rank) + "'s parameter");
+  const std::unique_ptr<optim::Optimizer> whole = m.sharded.consolidate(0);
+  ASSERT_EQ(whole != nullptr, rank == 0);
+  if (!whole) return;
+  std::vector<at::Tensor> momentum;
+  for (const at::Tensor& p : m.params) momentum.push_back(momentum_of(*whole, p));
+  expect_equal(momentum, reference.momentum, "momentum of parameter");
 }
 
 // Member 0 died. Shard 0 was kept by it and by member 1, which missed step 2's outcome:
 // member 1 applies that update (member 2 committed it in the same epoch), so the shard is
 // still there at the newest step, and the two go on as one SGD would.
-TEST(ShardedOptimizer, AMemberThatMissedACommittedVoteAppliesItAndKeepsItsShard) {
+TEST(ZeroTwoCopies, AMemberThatMissedACommittedVoteAppliesItAndKeepsItsShard) {
   const Reference reference(4);
   auto members = three_after_a_missed_vote();
   ASSERT_TRUE(members[0]->sharded.keeps(0) && members[1]->sharded.keeps(0) && !members[2]->sharded.keeps(0))
@@ -152,27 +154,28 @@ TEST(ShardedOptimizer, AMemberThatMissedACommittedVoteAppliesItAndKeepsItsShard)
   testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     const int member = rank + 1;
     Standing standing = standing_of(member);
-    const ShardedOptimizer::Resharded r = members[static_cast<size_t>(member)]->sharded.reshard(*group, standing);
+    Member& m = *members[static_cast<size_t>(member)];
+    const detail::Resharded r = detail::reshard_zero(m.sharded, *group, standing);
     EXPECT_EQ(r.step, 3);
     EXPECT_EQ(r.source, 0);  // member 1, at step 3 now
     // Its standing says so: the vote applied, the step the one it keeps now.
     EXPECT_EQ(standing.step, 3);
     EXPECT_EQ(standing.commit_epoch, 1);
     EXPECT_EQ(standing.voted_step, -1);
+    train_step_three_and_compare(m, rank, reference);
   });
-  train_step_three_and_compare({members[1].get(), members[2].get()}, reference);
 }
 
 // The same, but member 2 committed step 3 in a later epoch, without member 1 (member 1 was
 // stopped meanwhile): member 1's vote is stale and applies nothing, and nobody has shard 0
 // at step 3 any more: both stop with the reason instead of training on a wrong state.
-TEST(ShardedOptimizer, AShardLostWithBothItsKeepersStopsTheJobWithTheReason) {
+TEST(ZeroTwoCopies, AShardLostWithBothItsKeepersStopsTheJobWithTheReason) {
   auto members = three_after_a_missed_vote();
   testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     const int member = rank + 1;
     Standing standing = member == 1 ? standing_of(1) : Standing{3, 2, -1, 0};
     try {
-      members[static_cast<size_t>(member)]->sharded.reshard(*group, standing);
+      detail::reshard_zero(members[static_cast<size_t>(member)]->sharded, *group, standing);
       ADD_FAILURE() << "member " << member << " went on without shard 0's state";
     } catch (const MembershipError& e) {
       EXPECT_NE(std::string(e.what()).find("no member has the optimizer state of parameter 0 (["), std::string::npos)
@@ -185,16 +188,17 @@ TEST(ShardedOptimizer, AShardLostWithBothItsKeepersStopsTheJobWithTheReason) {
 // Member 1 left; a new member joins members 0 and 2. It takes two shards' state (and every
 // parameter) from them, member 2 takes shard 0 from member 0, and the three go on as one
 // SGD would.
-TEST(ShardedOptimizer, ANewMemberTakesItsShardsFromTheMembersThatKeptThem) {
+TEST(ZeroTwoCopies, ANewMemberTakesItsShardsFromTheMembersThatKeptThem) {
   const Reference reference(4);
   auto members = three_after_a_missed_vote();
   auto newcomer = std::make_unique<Member>();
   const std::vector<Member*> by_rank = {members[0].get(), members[2].get(), newcomer.get()};
   testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     Standing standing = rank == 2 ? Standing{} : standing_of(rank == 0 ? 0 : 2);
-    EXPECT_EQ(by_rank[static_cast<size_t>(rank)]->sharded.reshard(*group, standing).step, 3);
+    Member& m = *by_rank[static_cast<size_t>(rank)];
+    EXPECT_EQ(detail::reshard_zero(m.sharded, *group, standing).step, 3);
+    train_step_three_and_compare(m, rank, reference);
   });
-  train_step_three_and_compare(by_rank, reference);
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 // Store keys, under "ft/<run>/":
 //   hb/<id>        a member's heartbeat counter (Member's thread adds 1 per interval)
 //   joins, join/N  join requests, numbered: "<id> <committed step>"
-//   epoch/<E>      epoch E's record (Epoch::encode), written once; epoch: the newest E
+//   epoch/<E>      epoch E's record (Membership::encode), written once; epoch: the newest E
 //   broken/<E>     set when a member of E is evicted, or joins again (its step failed): the
 //                  others abort and join again
 //   grow/<E>       set when a new member waits: the members join again at a step boundary
@@ -35,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-#include "datapar/ft/epoch.h"
+#include "datapar/ft/membership/membership.h"
 #include "datapar/rendezvous/store.h"
 
 namespace datapar::ft {
@@ -50,7 +50,7 @@ class Decider {
   Decider& operator=(const Decider&) = delete;
 
   // The newest epoch published (number 0: none yet).
-  Epoch epoch() const;
+  Membership epoch() const;
   // Why it stopped the job; "" while the job goes on.
   std::string stop_reason() const;
   // Whether that verdict is that the training is complete (a member finished it; a worker
@@ -77,7 +77,7 @@ class Decider {
   void read_heartbeats();
   void evict(const std::string& id);
   void decide();
-  void publish(Epoch epoch);
+  void publish(Membership epoch);
 
   std::shared_ptr<Store> store_;
   FtOptions options_;
@@ -91,7 +91,7 @@ class Decider {
   std::chrono::steady_clock::time_point first_pending_, last_join_, started_;
 
   mutable std::mutex mutex_;
-  Epoch current_;            // guarded by mutex_
+  Membership current_;            // guarded by mutex_
   std::string stop_reason_;  // guarded by mutex_
   bool complete_ = false;    // guarded by mutex_
 

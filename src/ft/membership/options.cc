@@ -1,5 +1,5 @@
-// The options of a launched fault-tolerant job. See datapar/ft/options.h.
-#include "datapar/ft/options.h"
+// The options of a launched fault-tolerant job. See datapar/ft/membership/options.h.
+#include "datapar/ft/membership/options.h"
 
 #include <algorithm>
 

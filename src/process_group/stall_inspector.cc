@@ -17,7 +17,7 @@
 // has a connection of its own (Store::clone) whose calls wait at most half the stall
 // interval (0.25 to 5 s), and when the store does not answer, the warning (and the error's
 // hint) says so, naming where it is served.
-#include "collectives/stall_inspector.h"
+#include "process_group/stall_inspector.h"
 
 #include <algorithm>
 #include <vector>

@@ -1,5 +1,5 @@
 // Ring all-reduce over MPI point-to-point messages, the MPI backend's path for large
-// buffers between machines (Note [Ring all-reduce] in mpi_ring.cc); within one machine they go
+// buffers between machines (Note [Ring all-reduce] in ring.cc); within one machine they go
 // through shared memory (shm_collectives.h). Small buffers take MPI_Iallreduce.
 #pragma once
 

@@ -18,7 +18,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/optim/optimizer.h>
 
-namespace datapar::train {
+namespace datapar {
 
 // A dict with str keys at the top ("state", "param_groups"), as PyTorch's.
 using OptimizerState = c10::Dict<c10::IValue, c10::IValue>;
@@ -37,4 +37,4 @@ OptimizerState optimizer_state_dict(const torch::optim::Optimizer& optimizer);
 // Throws InvalidArgumentError naming the first mismatch; the optimizer is unchanged then.
 void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const OptimizerState& state);
 
-}  // namespace datapar::train
+}  // namespace datapar

@@ -1,6 +1,8 @@
-// Fault-tolerant membership (issue 31, docs/fault_tolerance.md): the record of one
-// membership epoch, which the decider (decider.h) publishes in the store and every
-// member (member.h) reads alike, so that no decision is taken by one rank alone.
+// Fault-tolerant membership (issue 31, docs/fault_tolerance.md): ft::Membership, the record
+// of one membership epoch (who trains, in which rank order, from which steps), which the
+// decider (decider.h) publishes in the store and every member (member.h) reads alike, so
+// that no decision is taken by one rank alone. Numbered 1, 2, ...: a membership epoch,
+// not a training epoch. This folder is torch-free: the launcher hosts the decider.
 #pragma once
 
 #include <chrono>
@@ -9,7 +11,7 @@
 #include <vector>
 
 #include "datapar/error.h"
-#include "datapar/ft/options.h"
+#include "datapar/ft/membership/options.h"
 
 namespace datapar::ft {
 
@@ -27,15 +29,18 @@ class TrainingComplete : public MembershipError {
   using MembershipError::MembershipError;
 };
 
-struct EpochMember {
+// One member of a membership epoch, as the decider recorded it.
+struct MembershipEntry {
   std::string id;              // the member's incarnation id: a restarted process is a new one
-  int64_t committed_step = 0;  // the last step it committed
+  int64_t committed_step = 0;  // the steps it had committed when it asked to join (the
+                               // members exchange their own when they meet: ElasticGroup::heal)
 };
 
-// Epoch `number`: its members in rank order, or the decider's verdict that the job stops.
-struct Epoch {
+// Membership epoch `number`: its members in rank order, or the decider's verdict that the
+// job stops.
+struct Membership {
   int64_t number = 0;
-  std::vector<EpochMember> members;
+  std::vector<MembershipEntry> members;
   std::string stop_reason;  // non-empty: no epoch can form; the job stops
   bool complete = false;    // with stop_reason: because the training is complete
 
@@ -48,7 +53,7 @@ struct Epoch {
   // MembershipError.
   [[noreturn]] void throw_verdict() const;
   std::string encode() const;
-  static Epoch decode(int64_t number, const std::string& record);
+  static Membership decode(int64_t number, const std::string& record);
 };
 
 }  // namespace datapar::ft

@@ -15,7 +15,7 @@
 // whole buffer was 0.82x the flat ring at 16 MiB, the CPU of one process being the limit.)
 // When machines run unequal numbers, one leader per machine carries it all: (1) all-reduce
 // within the machine, (2) the leaders all-reduce, (3) each leader broadcasts to its machine.
-#include "collectives/shared_memory_group.h"
+#include "process_group/shared_memory_group.h"
 
 #include <ATen/ATen.h>
 
@@ -27,9 +27,9 @@
 
 #include "datapar/error.h"
 #include "datapar/rendezvous/prefix_store.h"
-#include "collectives/coalesce.h"
+#include "tensor/coalesce.h"
 #include "process_group/ordered_runner.h"
-#include "process_group/aborted.h"
+#include "collectives/aborted.h"
 #include "collectives/reduce.h"
 #include "collectives/shm_collectives.h"
 #include "collectives/store_exchange.h"

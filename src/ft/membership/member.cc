@@ -1,5 +1,5 @@
-// Member. See datapar/ft/member.h; the store's keys are in decider.h.
-#include "datapar/ft/member.h"
+// Member. See datapar/ft/membership/member.h; the store's keys are in decider.h.
+#include "datapar/ft/membership/member.h"
 
 #include <algorithm>
 #include <string>
@@ -70,7 +70,7 @@ void Member::beat_until_stopped() {
   }
 }
 
-Epoch Member::join(int64_t committed_step) {
+Membership Member::join(int64_t committed_step) {
   DATAPAR_CHECK(committed_step >= 0, "ft::Member::join: the committed step is ", committed_step, ", not >= 0.");
   // Longer than the decider's own wait, so that its verdict (a stop, with the reason) comes
   // first: it reads this join up to a round late, and then may settle.
@@ -87,7 +87,7 @@ Epoch Member::join(int64_t committed_step) {
     // The published epoch first: any epoch that can hold this join comes after it.
     if (store_->check({"epoch"})) {
       const int64_t published = std::stoll(as_text(store_->get("epoch")));
-      const Epoch newest = Epoch::decode(published, as_text(store_->get(str_cat("epoch/", published))));
+      const Membership newest = Membership::decode(published, as_text(store_->get(str_cat("epoch/", published))));
       if (!newest.stop_reason.empty()) newest.throw_verdict();
       last = std::max(last, published);
     }
@@ -100,11 +100,11 @@ Epoch Member::join(int64_t committed_step) {
   }
   for (int64_t e = last + 1;; ++e) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    Epoch got;
+    Membership got;
     try {
       if (left.count() <= 0) throw TimeoutError("no time left");
       store_->wait({str_cat("epoch/", e)}, left);
-      got = Epoch::decode(e, as_text(store_->get(str_cat("epoch/", e))));
+      got = Membership::decode(e, as_text(store_->get(str_cat("epoch/", e))));
     } catch (const TimeoutError&) {
       throw MembershipError(str_cat("ft: member ", id_, " asked to join at step ", committed_step,
                                     " and no membership epoch took it within the quorum timeout (", patience.count(),
@@ -136,7 +136,7 @@ void Member::finished() {
   }
 }
 
-Epoch Member::epoch() const {
+Membership Member::epoch() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return epoch_;
 }

@@ -1,5 +1,5 @@
 // optimizer_state_dict / load_optimizer_state_dict. See optimizer_state.h.
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 
 #include <ATen/ATen.h>
 #include <torch/optim/adam.h>
@@ -16,7 +16,7 @@
 #include "optim/state_key.h"
 #include "serialization/torch_file.h"
 
-namespace datapar::train {
+namespace datapar {
 namespace {
 
 using c10::IValue;
@@ -260,4 +260,4 @@ void load_optimizer_state_dict(optim::Optimizer& optimizer, const OptimizerState
   for (auto& [p, ps] : param_states) optimizer.state()[detail::optimizer_state_key<StateMap>(p)] = std::move(ps);
 }
 
-}  // namespace datapar::train
+}  // namespace datapar

@@ -1,5 +1,5 @@
-// Decider. See datapar/ft/decider.h.
-#include "datapar/ft/decider.h"
+// Decider. See datapar/ft/membership/decider.h.
+#include "datapar/ft/membership/decider.h"
 
 #include <algorithm>
 #include <functional>
@@ -14,7 +14,7 @@ namespace {
 using detail::str_cat;
 using Clock = std::chrono::steady_clock;
 
-bool holds(const Epoch& e, const std::string& id) { return e.rank_of(id) >= 0; }
+bool holds(const Membership& e, const std::string& id) { return e.rank_of(id) >= 0; }
 
 }  // namespace
 
@@ -36,7 +36,7 @@ Decider::~Decider() {
   thread_.join();
 }
 
-Epoch Decider::epoch() const {
+Membership Decider::epoch() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return current_;
 }
@@ -122,7 +122,7 @@ void Decider::read_deaths() {
 
 void Decider::read_heartbeats() {
   std::vector<std::string> watched;
-  for (const EpochMember& m : current_.members) watched.push_back(m.id);
+  for (const MembershipEntry& m : current_.members) watched.push_back(m.id);
   for (const Pending& p : pending_) watched.push_back(p.id);
   const auto now = Clock::now();
   for (const std::string& id : watched) {
@@ -149,7 +149,7 @@ void Decider::decide() {
     return std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.id == id; });
   };
   bool all_back = true;
-  for (const EpochMember& m : current_.members) {
+  for (const MembershipEntry& m : current_.members) {
     if (evicted_.count(m.id) == 0 && !pending(m.id)) all_back = false;
   }
   const bool newcomer =
@@ -168,7 +168,7 @@ void Decider::decide() {
   const bool continues = current_.number == 0 || std::any_of(pending_.begin(), pending_.end(),
                                                              [&](const Pending& p) { return holds(current_, p.id); });
   if (!continues && all_back) {  // every member of the last epoch is gone: so is its state
-    Epoch stop;
+    Membership stop;
     stop.number = current_.number + 1;
     if (store_->check({"finished"})) {  // because they finished the training
       stop.complete = true;
@@ -187,7 +187,7 @@ void Decider::decide() {
   const bool without_stragglers = timed_out && continues && ready >= options_.min_members;
   if (!complete && !without_stragglers) {
     if (timed_out && all_back && ready < need) {  // every live member is here, and too few
-      Epoch stop;
+      Membership stop;
       stop.number = current_.number + 1;
       stop.stop_reason = str_cat("only ", ready, " member(s) joined within the quorum timeout (",
                                  options_.quorum_timeout.count(), " ms), and the job needs at least ",
@@ -196,9 +196,9 @@ void Decider::decide() {
     }
     return;
   }
-  Epoch next;
+  Membership next;
   next.number = current_.number + 1;
-  for (const EpochMember& m : current_.members) {  // the last epoch's members keep their order
+  for (const MembershipEntry& m : current_.members) {  // the last epoch's members keep their order
     for (const Pending& p : pending_) {
       if (p.id == m.id) next.members.push_back({p.id, p.step});
     }
@@ -208,7 +208,7 @@ void Decider::decide() {
   }
   next.members.resize(std::min<size_t>(next.members.size(), static_cast<size_t>(options_.max_members)));
   bool left_out = false;  // a live member of the last epoch that did not join in time
-  for (const EpochMember& m : current_.members) {
+  for (const MembershipEntry& m : current_.members) {
     if (evicted_.count(m.id) == 0 && !holds(next, m.id)) left_out = true;
   }
   if (left_out && current_.number > 0) store_->set(str_cat("broken/", current_.number), std::string("left out"));
@@ -218,12 +218,12 @@ void Decider::decide() {
   publish(next);
 }
 
-void Decider::publish(Epoch epoch) {
+void Decider::publish(Membership epoch) {
   // The decider is the only writer of epoch records, so a record already there was forged
   // (whoever holds the job's token can write the store; issue 46). Members may have formed
   // it: it is marked broken, so that their collectives abort and they join again, and this
   // record takes the next number. Members read the numbers in order: they get here too.
-  const auto record_verdict = [&](const Epoch& verdict) {
+  const auto record_verdict = [&](const Membership& verdict) {
     const std::lock_guard<std::mutex> lock(mutex_);
     stop_reason_ = verdict.stop_reason;
     complete_ = verdict.complete;
@@ -241,7 +241,7 @@ void Decider::publish(Epoch epoch) {
     }
     store_->set("epoch", std::to_string(epoch.number));
   } catch (...) {
-    record_verdict(Epoch{});  // not published: the next round decides again
+    record_verdict(Membership{});  // not published: the next round decides again
     throw;
   }
   grow_signalled_ = false;

@@ -1,5 +1,5 @@
-// Epoch. See datapar/ft/epoch.h.
-#include "datapar/ft/epoch.h"
+// Membership. See datapar/ft/membership/membership.h.
+#include "datapar/ft/membership/membership.h"
 
 #include <algorithm>
 #include <sstream>
@@ -8,7 +8,7 @@ namespace datapar::ft {
 
 using detail::str_cat;
 
-int Epoch::rank_of(const std::string& id) const {
+int Membership::rank_of(const std::string& id) const {
   for (int r = 0; r < size(); ++r) {
     if (members[r].id == id) return r;
   }
@@ -16,15 +16,15 @@ int Epoch::rank_of(const std::string& id) const {
 }
 
 // One line per member, "<id> <step>", in rank order; or one line "stop <reason>".
-std::string Epoch::encode() const {
+std::string Membership::encode() const {
   if (!stop_reason.empty()) return (complete ? "done " : "stop ") + stop_reason;
   std::string out;
-  for (const EpochMember& m : members) out += str_cat(m.id, ' ', m.committed_step, '\n');
+  for (const MembershipEntry& m : members) out += str_cat(m.id, ' ', m.committed_step, '\n');
   return out;
 }
 
-Epoch Epoch::decode(int64_t number, const std::string& record) {
-  Epoch e;
+Membership Membership::decode(int64_t number, const std::string& record) {
+  Membership e;
   e.number = number;
   if (record.rfind("stop ", 0) == 0 || record.rfind("done ", 0) == 0) {
     e.stop_reason = record.substr(5);
@@ -35,7 +35,7 @@ Epoch Epoch::decode(int64_t number, const std::string& record) {
   std::string line;
   while (std::getline(lines, line)) {
     std::istringstream fields(line);
-    EpochMember m;
+    MembershipEntry m;
     if (!(fields >> m.id >> m.committed_step) || m.committed_step < 0) {
       throw MembershipError(str_cat("membership epoch ", number, " has a malformed record line \"", line,
                                     "\": the store holds something the decider did not write"));
@@ -46,7 +46,7 @@ Epoch Epoch::decode(int64_t number, const std::string& record) {
   return e;
 }
 
-void Epoch::throw_verdict() const {
+void Membership::throw_verdict() const {
   if (complete) throw TrainingComplete("ft: the training is complete: " + stop_reason);
   throw MembershipError("ft: the job stops: " + stop_reason);
 }

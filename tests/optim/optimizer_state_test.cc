@@ -1,5 +1,5 @@
 // optimizer_state_dict / load_optimizer_state_dict (PyTorch's layout) and the RNG state.
-#include "datapar/train/optimizer_state.h"
+#include "datapar/optim/optimizer_state.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// See mpi_ring.h.
+// See ring.h.
 //
 // Note [Ring all-reduce]
 // Open MPI's MPI_Iallreduce allocates a temporary buffer as large as the tensor on every
@@ -16,7 +16,7 @@
 // a reduction arrives in segments of kSegmentBytes in a reused scratch buffer that stays in
 // cache, two in flight, so receiving segment k+1 overlaps reducing segment k. Within one
 // machine Open MPI moves each message with a single copy (CMA) between the processes.
-#include "collectives/mpi_ring.h"
+#include "process_group/mpi/ring.h"
 
 #include <ATen/ATen.h>
 

@@ -1,4 +1,4 @@
-#include "collectives/coalesce.h"
+#include "tensor/coalesce.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
