@@ -85,6 +85,12 @@ Dict hyperparameters_of(ProcessGroup& group, int root, const Dict& mine) {
 }
 
 // Zero's parameter index of each of this rank's shard optimizer's parameters.
+// A shard kept twice (fault tolerance) is not the owner's layout this file reads and writes.
+void check_one_copy(const ZeroRedundancyOptimizer& zero, const char* what) {
+  DATAPAR_CHECK(zero.copies() == 1, what, ": the ZeroRedundancyOptimizer keeps each shard twice (ZeroOptions::copies "
+                "2, fault tolerance); save and load its state whole (consolidate(), load_full_state()).");
+}
+
 std::vector<size_t> owned_indices(const ZeroRedundancyOptimizer& zero) {
   std::vector<size_t> out;
   for (size_t i = 0; i < zero.parameters().size(); ++i) {
@@ -97,6 +103,7 @@ std::vector<size_t> owned_indices(const ZeroRedundancyOptimizer& zero) {
 
 void add_zero_optimizer(State& state, const std::string& prefix, ZeroRedundancyOptimizer& zero,
                         const torch::nn::Module& module) {
+  check_one_copy(zero, "dcp::add_zero_optimizer");
   const std::vector<at::Tensor>& params = zero.parameters();
   const std::vector<std::string> names = detail::names_in(module, params, "dcp: the ZeroRedundancyOptimizer");
   const std::unique_ptr<optim::Optimizer> prototype = zero.factory()({params.front()});
@@ -144,6 +151,7 @@ void add_zero_optimizer(State& state, const std::string& prefix, ZeroRedundancyO
 
 void apply_zero_optimizer(const State& state, const std::string& prefix, ZeroRedundancyOptimizer& zero,
                           const torch::nn::Module& module) {
+  check_one_copy(zero, "dcp::apply_zero_optimizer");
   optim::Optimizer* shard = zero.shard_optimizer();
   if (shard == nullptr) return;  // owns nothing: nothing to take
   const std::vector<std::string> names =

@@ -17,9 +17,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "datapar/ft/membership/membership.h"
+#include "datapar/dcp/zero_state.h"
 #include "datapar/ft/fault_tolerant_ddp.h"
+#include "datapar/ft/membership/membership.h"
 #include "optim/state_key.h"
+#include "testing/expect_throw.h"
 #include "testing/gloo_ranks.h"
 
 namespace datapar::ft {
@@ -199,6 +201,18 @@ TEST(ZeroTwoCopies, ANewMemberTakesItsShardsFromTheMembersThatKeptThem) {
     EXPECT_EQ(detail::reshard_zero(m.sharded, *group, standing).step, 3);
     train_step_three_and_compare(m, rank, reference);
   });
+}
+
+
+// A shard kept twice is not the layout DCP's ZeRO entries have (each owner's state once):
+// refused, naming the way that works, rather than saved or loaded wrong.
+TEST(ZeroTwoCopies, DcpRefusesItAndNamesTheWholeStateWay) {
+  Member m;
+  dcp::State state;
+  EXPECT_THROW_MSG(dcp::add_zero_optimizer(state, "optim", m.sharded, *m.model), InvalidArgumentError,
+                   "keeps each shard twice (ZeroOptions::copies 2, fault tolerance); save and load its state whole");
+  EXPECT_THROW_MSG(dcp::apply_zero_optimizer(state, "optim", m.sharded, *m.model), InvalidArgumentError,
+                   "dcp::apply_zero_optimizer: the ZeroRedundancyOptimizer keeps each shard twice");
 }
 
 }  // namespace

@@ -24,17 +24,12 @@ Decider::Decider(std::shared_ptr<Store> store, const std::string& run, FtOptions
                 "ft::Decider: the minimum of members is ", options_.min_members, " and the maximum ",
                 options_.max_members, "; use 1 <= minimum <= maximum.");
   started_ = Clock::now();
-  thread_ = std::thread([this] { decide_until_stopped(); });
+  const auto period =
+      std::max<std::chrono::milliseconds>(options_.heartbeat_interval / 2, std::chrono::milliseconds(1));
+  thread_.start(period, [this] { return decide_once(); });
 }
 
-Decider::~Decider() {
-  {
-    const std::lock_guard<std::mutex> lock(stop_mutex_);
-    stopping_ = true;
-  }
-  stop_cv_.notify_all();
-  thread_.join();
-}
+Decider::~Decider() { thread_.stop(); }
 
 Membership Decider::epoch() const {
   const std::lock_guard<std::mutex> lock(mutex_);
@@ -51,27 +46,19 @@ bool Decider::training_complete() const {
   return complete_;
 }
 
-void Decider::decide_until_stopped() {
-  const auto period =
-      std::max<std::chrono::milliseconds>(options_.heartbeat_interval / 2, std::chrono::milliseconds(1));
-  std::unique_lock<std::mutex> lock(stop_mutex_);
-  std::string last_error;
-  while (!stop_cv_.wait_for(lock, period, [this] { return stopping_; })) {
-    lock.unlock();
-    try {
-      read_joins();
-      read_deaths();
-      read_heartbeats();
-      decide();
-      last_error.clear();
-    } catch (const std::exception& e) {
-      // Its own store answers unless this process is failing; say so once, and go on.
-      if (last_error != e.what()) warn(str_cat("ft: the membership decider could not read the store: ", e.what()));
-      last_error = e.what();
-    }
-    lock.lock();
-    if (!stop_reason().empty()) return;
+bool Decider::decide_once() {
+  try {
+    read_joins();
+    read_deaths();
+    read_heartbeats();
+    decide();
+    last_error_.clear();
+  } catch (const std::exception& e) {
+    // Its own store answers unless this process is failing; say so once, and go on.
+    if (last_error_ != e.what()) warn(str_cat("ft: the membership decider could not read the store: ", e.what()));
+    last_error_ = e.what();
   }
+  return stop_reason().empty();  // a verdict ends the deciding
 }
 
 void Decider::read_numbered(const std::string& counter, const std::string& item, int64_t& read,

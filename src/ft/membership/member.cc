@@ -27,46 +27,37 @@ Member::Member(std::shared_ptr<Store> store, const std::string& run, FtOptions o
       store_->clone(std::max<std::chrono::milliseconds>(options_.heartbeat_interval * 2, std::chrono::seconds(1)));
   if (!heartbeat_) heartbeat_ = store_;
   heartbeat_->add("hb/" + id_, 1);  // alive before it joins: the decider counts from here
-  heartbeat_thread_ = std::thread([this] { beat_until_stopped(); });
+  heartbeat_thread_.start(options_.heartbeat_interval, [this] {
+    beat();
+    return true;
+  });
 }
 
-Member::~Member() {
-  {
-    const std::lock_guard<std::mutex> lock(stop_mutex_);
-    stopping_ = true;
-  }
-  stop_cv_.notify_all();
-  heartbeat_thread_.join();
-}
+Member::~Member() { heartbeat_thread_.stop(); }
 
-void Member::beat_until_stopped() {
-  std::unique_lock<std::mutex> lock(stop_mutex_);
-  while (!stop_cv_.wait_for(lock, options_.heartbeat_interval, [this] { return stopping_; })) {
-    lock.unlock();
-    try {
-      heartbeat_->add("hb/" + id_, 1);
-      const int64_t beat = now_ns();
-      const int64_t e = epoch_number_;
-      if (e > 0 && broken_epoch_ != e && heartbeat_->check({str_cat("broken/", e)})) {
-        broken_epoch_ = e;
-        std::function<void(int64_t)> callback;
-        {
-          const std::lock_guard<std::mutex> guard(mutex_);
-          callback = on_broken_;
-        }
-        if (callback) callback(e);
+void Member::beat() {
+  try {
+    heartbeat_->add("hb/" + id_, 1);
+    const int64_t beat = now_ns();
+    const int64_t e = epoch_number_;
+    if (e > 0 && broken_epoch_ != e && heartbeat_->check({str_cat("broken/", e)})) {
+      broken_epoch_ = e;
+      std::function<void(int64_t)> callback;
+      {
+        const std::lock_guard<std::mutex> guard(mutex_);
+        callback = on_broken_;
       }
-      if (e > 0 && grow_epoch_ != e && heartbeat_->check({str_cat("grow/", e)})) grow_epoch_ = e;
-      // Set only if no join() completed meanwhile (it clears the flag, and the decider the
-      // key, when the member is admitted again).
-      if (!evicted_ && heartbeat_->check({"evicted/" + id_}) && epoch_number_ == e) evicted_ = true;
-      // Renewed last: a process that resumes after a stop learns of its eviction first.
-      last_beat_ns_ = beat;
-    } catch (const std::exception&) {
-      // The store did not answer: the lease runs out (may_commit() turns false), and join()
-      // reports the store gone.
+      if (callback) callback(e);
     }
-    lock.lock();
+    if (e > 0 && grow_epoch_ != e && heartbeat_->check({str_cat("grow/", e)})) grow_epoch_ = e;
+    // Set only if no join() completed meanwhile (it clears the flag, and the decider the
+    // key, when the member is admitted again).
+    if (!evicted_ && heartbeat_->check({"evicted/" + id_}) && epoch_number_ == e) evicted_ = true;
+    // Renewed last: a process that resumes after a stop learns of its eviction first.
+    last_beat_ns_ = beat;
+  } catch (const std::exception&) {
+    // The store did not answer: the lease runs out (may_commit() turns false), and join()
+    // reports the store gone.
   }
 }
 

@@ -25,17 +25,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "datapar/ft/membership/membership.h"
+#include "datapar/periodic_thread.h"
 #include "datapar/rendezvous/store.h"
 
 namespace datapar::ft {
@@ -67,7 +66,9 @@ class Decider {
     std::chrono::steady_clock::time_point changed;
   };
 
-  void decide_until_stopped();
+  // One round: reads joins, deaths and heartbeats, and decides. False once a verdict ended
+  // the job.
+  bool decide_once();
   // Reads the records `item`1, `item`2, ... that `counter` numbers, from the one after
   // `read` on, handing each to `take`.
   void read_numbered(const std::string& counter, const std::string& item, int64_t& read,
@@ -89,16 +90,14 @@ class Decider {
   std::set<std::string> evicted_;
   bool grow_signalled_ = false;
   std::chrono::steady_clock::time_point first_pending_, last_join_, started_;
+  std::string last_error_;  // the store's last error, said once
 
   mutable std::mutex mutex_;
   Membership current_;            // guarded by mutex_
   std::string stop_reason_;  // guarded by mutex_
   bool complete_ = false;    // guarded by mutex_
 
-  std::mutex stop_mutex_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;  // guarded by stop_mutex_
-  std::thread thread_;
+  datapar::detail::PeriodicThread thread_;  // last: stopped before the state it reads goes
 };
 
 // Tells the decider of job `run` on `store` that member `id` is dead (its process exited):

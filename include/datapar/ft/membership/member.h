@@ -11,14 +11,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "datapar/ft/membership/membership.h"
+#include "datapar/periodic_thread.h"
 #include "datapar/rendezvous/store.h"
 
 namespace datapar::ft {
@@ -70,7 +69,8 @@ class Member {
   void on_broken(std::function<void(int64_t epoch)> callback);
 
  private:
-  void beat_until_stopped();
+  // One heartbeat, and what the store says of this member's epoch since the last.
+  void beat();
 
   FtOptions options_;
   std::string id_;
@@ -86,10 +86,7 @@ class Member {
   std::atomic<int64_t> grow_epoch_{-1};
   std::atomic<bool> evicted_{false};
 
-  std::mutex stop_mutex_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;  // guarded by stop_mutex_
-  std::thread heartbeat_thread_;
+  datapar::detail::PeriodicThread heartbeat_thread_;  // last: stopped before the state it writes goes
 };
 
 }  // namespace datapar::ft
