@@ -27,7 +27,8 @@ using detail::param_state_tensors;
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params, Factory make,
                                                  std::shared_ptr<ProcessGroup> group, ZeroOptions options)
-    : ZeroRedundancyOptimizer(std::move(params), std::move(make), options) {
+    : params_(std::move(params)), make_(std::move(make)), options_(options), keeps_(params_.size(), false) {
+  check_factory();
   group_ = group ? std::move(group) : default_group();
   const int world = group_->size();
   owner_ = detail::balanced_owners(params_, world);
@@ -44,21 +45,27 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params,
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params, Factory make, ZeroOptions options)
     : params_(std::move(params)), make_(std::move(make)), options_(options), keeps_(params_.size(), true) {
+  check_factory();
+  rebuild({}, *hyper_);
+}
+
+void ZeroRedundancyOptimizer::check_factory() {
   DATAPAR_CHECK(!params_.empty(), "ZeroRedundancyOptimizer: no parameters to optimize.");
   DATAPAR_CHECK(make_ != nullptr, "ZeroRedundancyOptimizer: the optimizer factory is empty.");
   DATAPAR_CHECK(options_.copies == 1 || options_.copies == 2, "ZeroRedundancyOptimizer: copies is ", options_.copies,
                 "; each shard is kept by 1 rank (ZeRO-1) or 2 (fault tolerance).");
-  // Over every parameter: what a rank that keeps none knows of the kind and hyperparameters.
-  shard_ = make_(params_);
-  DATAPAR_CHECK(shard_ != nullptr, "ZeroRedundancyOptimizer: the optimizer factory returned null.");
-  DATAPAR_CHECK(shard_->param_groups().size() == 1, "ZeroRedundancyOptimizer: the factory's optimizer has ",
-                shard_->param_groups().size(), " parameter groups; give it exactly the parameters it is handed, "
+  // Over one parameter (it holds no state yet): the kind and hyperparameters, which a rank
+  // that keeps no parameter knows too.
+  const std::unique_ptr<optim::Optimizer> probe = make_({params_.front()});
+  DATAPAR_CHECK(probe != nullptr, "ZeroRedundancyOptimizer: the optimizer factory returned null.");
+  DATAPAR_CHECK(probe->param_groups().size() == 1, "ZeroRedundancyOptimizer: the factory's optimizer has ",
+                probe->param_groups().size(), " parameter groups; give it exactly the parameters it is handed, "
                 "as one group.");
-  const Kind kind = optimizer_kind(*shard_);
+  const Kind kind = optimizer_kind(*probe);
   DATAPAR_CHECK(options_.copies == 1 || kind != Kind::kOther, "ZeroRedundancyOptimizer: with 2 copies of each "
                 "shard it supports SGD, Adam and AdamW, whose state it can move between ranks; the factory made ",
                 detail::optimizer_kind_name(kind), ".");
-  hyper_ = shard_->param_groups()[0].options().clone();
+  hyper_ = probe->param_groups()[0].options().clone();
 }
 
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;

@@ -136,6 +136,8 @@ class ZeroRedundancyOptimizer {
   void load_full_state(const torch::optim::Optimizer& full);
 
  private:
+  // Checks the arguments and the optimizer `make_` builds; sets hyper_.
+  void check_factory();
   // Whether rank `rank` of `size` keeps the state of parameter `index` under `owners`.
   bool keeper(const std::vector<int>& owners, size_t index, int rank, int size) const;
   const torch::optim::OptimizerParamState* kept_state(size_t index) const;
