@@ -40,7 +40,7 @@ void StepProtocol::reconfigure() {
   }
 }
 
-bool StepProtocol::run_step(const std::function<void(int, int)>& train, const Together& before) {
+bool StepProtocol::run_step(const std::function<void(int, int)>& train, const BetweenSteps& before) {
   try {
     if (!ready()) reconfigure();
     if (before && (before_epoch_ != elastic_.epoch().number || before_step_ != step_)) {
@@ -74,7 +74,7 @@ bool StepProtocol::run_step(const std::function<void(int, int)>& train, const To
   return true;
 }
 
-void StepProtocol::run_finish(const Together& last) {
+void StepProtocol::run_finish(const BetweenSteps& last) {
   while (last) {
     try {
       if (!ready()) reconfigure();

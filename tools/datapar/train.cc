@@ -5,8 +5,9 @@
 //        5. resume from a checkpoint (train/resume.h)
 //        6. wrap it in the mode's strategy (train/make_strategy.h: one file per mode)
 //        7. per epoch: train, evaluate exactly, checkpoint, report (train/loop.h)
-// or, under --fault-tolerant, 5-7 over the launcher's membership: train/ft_trainer.h wraps the
-// mode in ft::FaultTolerantDdp or ft::FaultTolerantFsdp, train/fault_tolerant_loop.h trains.
+// or, under --fault-tolerant, 5-7 over the launcher's membership: make_strategy.h wraps the
+// model in the mode's fault-tolerant strategy (train/fault_tolerant_strategy.h: the library's
+// ft::FaultTolerantDdp or ft::FaultTolerantFsdp), train/fault_tolerant_loop.h trains.
 //
 // Metrics are exact over ranks: training sums (loss x rows, correct, rows) and the test
 // counts are all-reduced; the test set is read with the sampler's evaluation mode, whose
@@ -34,7 +35,6 @@
 #include "datapar/trace.h"
 #include "train/data.h"
 #include "train/fault_tolerant_loop.h"
-#include "train/ft_trainer.h"
 #include "train/loop.h"
 #include "train/make_strategy.h"
 #include "train/resume.h"
@@ -90,8 +90,9 @@ int train_model_fault_tolerant(const TrainPlan& plan, const Data& data, std::sha
   BalancedBatches batches(
       {data.train->size(), plan.global_batch, plan.world_size, 0, /*shuffle=*/true, static_cast<uint64_t>(o.seed)});
   const int64_t first_epoch = plan.resume ? resume(plan, *model, sgd, device) : 0;
-  const FtTrainer trainer = make_ft_trainer(plan, model, sgd, *job.elastic, first_epoch * batches.num_steps());
-  return train_fault_tolerant(plan, data, trainer, *job.elastic, batches, first_epoch);
+  const std::unique_ptr<FaultTolerantStrategy> strategy =
+      make_fault_tolerant(plan, model, sgd, *job.elastic, first_epoch * batches.num_steps());
+  return train_fault_tolerant(plan, data, *strategy, *job.elastic, batches, first_epoch);
 }
 
 // Intra-op threads: ranks share the cores of their node; dp gives each device its share

@@ -113,7 +113,7 @@ class FaultTolerantDdp : public detail::StepProtocol {
   // step() (an evaluation, gathering a checkpoint): once per step and membership epoch, so
   // again, by every member, a newcomer included, when a member fails in it or later in the
   // step. Whether it does anything must depend on step() alone.
-  bool train_step(const Train& train, const Together& before = {}) {
+  bool train_step(const Train& train, const BetweenSteps& before = {}) {
     return run_step([&](int rank, int size) { train_slices(train, rank, size); }, before);
   }
 
@@ -121,7 +121,7 @@ class FaultTolerantDdp : public detail::StepProtocol {
   // train_step runs `before`, until every member has run it in one membership epoch, then
   // waits until every member is done (ElasticGroup::leave), so that no member is still in
   // the last vote when others exit.
-  void finish(const Together& last = {}) { run_finish(last); }
+  void finish(const BetweenSteps& last = {}) { run_finish(last); }
 
   int slices() const { return slices_; }
 

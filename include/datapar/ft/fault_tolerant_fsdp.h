@@ -150,11 +150,11 @@ class FaultTolerantFsdp : public detail::StepProtocol {
 
   // As FaultTolerantDdp::train_step, with this epoch's FSDP: train(fsdp, slice) for each
   // pass of the step this member runs (a shadow among them when it has fewer slices).
-  bool train_step(const Train& train, const Together& before = {}) {
+  bool train_step(const Train& train, const BetweenSteps& before = {}) {
     return run_step([&](int rank, int size) { train_slices(train, rank, size); }, before);
   }
   // As FaultTolerantDdp::finish.
-  void finish(const Together& last = {}) { run_finish(last); }
+  void finish(const BetweenSteps& last = {}) { run_finish(last); }
 
   // The current membership epoch's FSDP and optimizer (over its shards).
   Fsdp& fsdp() { return *fsdp_; }

@@ -14,8 +14,9 @@
 
 namespace datapar::ft {
 
-// A collective the members run together at a step boundary: fn(rank, size).
-using Together = std::function<void(int rank, int size)>;
+// Collectives the members run together between two steps (an evaluation, gathering a
+// checkpoint), run again over a new membership when a member fails in them: fn(rank, size).
+using BetweenSteps = std::function<void(int rank, int size)>;
 
 namespace detail {
 
@@ -40,9 +41,9 @@ class StepProtocol {
 
   // One step (FaultTolerantDdp::train_step says what it does): `train(rank, size)` runs
   // forward and backward on this rank's share.
-  bool run_step(const std::function<void(int rank, int size)>& train, const Together& before);
+  bool run_step(const std::function<void(int rank, int size)>& train, const BetweenSteps& before);
   // After the last step (FaultTolerantDdp::finish).
-  void run_finish(const Together& last);
+  void run_finish(const BetweenSteps& last);
 
   // The wrapper's parts. ready(): it has the current epoch's wrapper. rebuild(): after
   // joining, take the newest state (setting step_, and standing_ as it goes: when rebuild

@@ -4,10 +4,36 @@
 #pragma once
 
 #include "datapar/ddp/distributed_data_parallel.h"
+#include <optional>
+
 #include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "single_device.h"
 
 namespace datapar::tools {
+
+// ZeRO-1 over `params` (the model's), its shards' SGDs made like `sgd` and starting from
+// its state (what resume() restored, if anything), which then goes: sharded over the
+// default group (copies 1), or, with copies 2, over none until the fault-tolerant layer
+// shards it over each membership.
+inline std::unique_ptr<ZeroRedundancyOptimizer> make_zero(std::vector<at::Tensor> params, torch::optim::SGD& sgd,
+                                                          int copies) {
+  ZeroOptions options;
+  options.copies = copies;
+  auto zero = copies == 1 ? std::make_unique<ZeroRedundancyOptimizer>(std::move(params), sgd_like(sgd), nullptr, options)
+                          : std::make_unique<ZeroRedundancyOptimizer>(std::move(params), sgd_like(sgd), options);
+  zero->load_full_state(sgd);
+  sgd.state().clear();
+  return zero;
+}
+
+// Collective over `zero`'s group: the checkpoint of `model` and the whole state of `zero`,
+// gathered on the group's rank 0 (the file plain SGD writes); nullopt on the others.
+inline std::optional<train::Checkpoint> zero_checkpoint(const torch::nn::Module& model, ZeroRedundancyOptimizer& zero,
+                                                        int64_t epoch) {
+  const std::unique_ptr<torch::optim::Optimizer> whole = zero.consolidate(0);
+  if (!whole) return std::nullopt;
+  return train::make_checkpoint(model, *whole, epoch);
+}
 
 template <typename Impl>
 class DdpMode : public SingleDevice<Impl> {
@@ -19,13 +45,7 @@ class DdpMode : public SingleDevice<Impl> {
     DdpOptions options;
     options.average_by_samples = true;
     ddp_ = std::make_unique<DistributedDataParallel<Impl>>(std::move(model), nullptr, options);
-    if (!plan.options.zero) return;
-    const auto sgd_options = static_cast<const torch::optim::SGDOptions&>(sgd.defaults());
-    zero_ = std::make_unique<ZeroRedundancyOptimizer>(ddp_->parameters(), [sgd_options](std::vector<at::Tensor> p) {
-      return std::make_unique<torch::optim::SGD>(std::move(p), sgd_options);
-    });
-    zero_->load_full_state(sgd);
-    sgd.state().clear();
+    if (plan.options.zero) zero_ = make_zero(ddp_->parameters(), sgd, /*copies=*/1);
   }
 
   at::Tensor forward(const at::Tensor& x) override { return ddp_->forward(x); }
@@ -55,9 +75,8 @@ class DdpMode : public SingleDevice<Impl> {
       return write_checkpoint(this->plan_, *this->model_, train::make_checkpoint(*this->model_, this->sgd_, epoch),
                               zero_.get());
     }
-    const std::unique_ptr<torch::optim::Optimizer> whole = zero_->consolidate(0);
-    if (!whole) return;  // not rank 0
-    write_checkpoint(this->plan_, *this->model_, train::make_checkpoint(*this->model_, *whole, epoch));
+    std::optional<train::Checkpoint> whole = zero_checkpoint(*this->model_, *zero_, epoch);
+    if (whole) write_checkpoint(this->plan_, *this->model_, std::move(*whole));  // rank 0
   }
 
   std::shared_ptr<ProcessGroup> balanced_group() const override { return ddp_->process_group(); }

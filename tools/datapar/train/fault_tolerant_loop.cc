@@ -14,26 +14,25 @@ namespace {
 
 class FaultTolerantLoop {
  public:
-  FaultTolerantLoop(const TrainPlan& plan, const Data& data, const FtTrainer& trainer, ft::ElasticGroup& elastic,
+  FaultTolerantLoop(const TrainPlan& plan, const Data& data, FaultTolerantStrategy& strategy, ft::ElasticGroup& elastic,
                     BalancedBatches& batches, int64_t first_epoch)
-      : plan_(plan), o_(plan.options), data_(data), trainer_(trainer), elastic_(elastic), batches_(batches),
+      : plan_(plan), o_(plan.options), data_(data), strategy_(strategy), elastic_(elastic), batches_(batches),
         device_(plan.devices.front().torch_device()), per_epoch_(batches.num_steps()),
         reported_(first_epoch * per_epoch_), report_(plan, first_epoch, /*writer=*/false) {}
 
   void run() {
     const int64_t total = per_epoch_ * o_.epochs;
     const auto epoch_end = [this](int rank, int size) { end_epoch(rank, size); };
-    while (trainer_.step() < total) {
+    while (strategy_.committed_steps() < total) {
       Rows step_rows;  // this rank's parts of the step
-      const bool committed = trainer_.train_step(
-          [&](const Forward& forward, const ft::Slice& slice) { return train_slice(forward, slice, step_rows); },
-          epoch_end);
+      const bool committed =
+          strategy_.train_step([&](const ft::Slice& slice) { return train_slice(slice, step_rows); }, epoch_end);
       if (!committed) continue;
-      if (trainer_.epochs_joined() != memberships_seen_) {  // the first step of a new membership
-        memberships_seen_ = trainer_.epochs_joined();
+      if (strategy_.memberships_joined() != memberships_seen_) {  // the first step of a new membership
+        memberships_seen_ = strategy_.memberships_joined();
         if (elastic_.rank() == 0) {
           std::printf("membership epoch %ld: %d ranks, training from step %ld  %.1f s\n",
-                      (long)elastic_.epoch().number, elastic_.size(), (long)trainer_.step() - 1, seconds_since(start_));
+                      (long)elastic_.epoch().number, elastic_.size(), (long)strategy_.committed_steps() - 1, seconds_since(start_));
           std::fflush(stdout);
         }
       }
@@ -41,7 +40,7 @@ class FaultTolerantLoop {
       current_.correct += step_rows.correct;
       current_.rows += step_rows.rows;
     }
-    trainer_.finish(epoch_end);
+    strategy_.finish(epoch_end);
   }
 
  private:
@@ -52,8 +51,8 @@ class FaultTolerantLoop {
 
   // One fixed slice of the step's global batch: forward and backward; its rows counted in
   // `step_rows` unless it is a shadow slice (trained only to keep the collectives in step).
-  int64_t train_slice(const Forward& forward, const ft::Slice& slice, Rows& step_rows) {
-    const int64_t step = trainer_.step();
+  int64_t train_slice(const ft::Slice& slice, Rows& step_rows) {
+    const int64_t step = strategy_.committed_steps();
     if (step / per_epoch_ != batches_epoch_) {
       batches_epoch_ = step / per_epoch_;
       batches_.set_epoch(batches_epoch_);
@@ -62,8 +61,8 @@ class FaultTolerantLoop {
     const int64_t n = global.size(0), begin = slice.begin(n), end = slice.end(n);
     const Batch batch = data_.train->get_batch(global.narrow(0, begin, end - begin));
     const at::Tensor y = batch.target.to(device_);
-    trainer_.module().train();
-    const at::Tensor logits = forward(batch.data.to(device_));
+    strategy_.module().train();
+    const at::Tensor logits = strategy_.forward(batch.data.to(device_));
     const at::Tensor loss = at::cross_entropy_loss(logits, y);
     loss.backward();
     if (slice.shadow) return y.size(0);
@@ -77,7 +76,7 @@ class FaultTolerantLoop {
   // member together, and again over a new membership when one fails in it (the report and
   // checkpoint are written once, by the first rank, unless it changed).
   void end_epoch(int rank, int size) {
-    const int64_t step = trainer_.step();
+    const int64_t step = strategy_.committed_steps();
     if (step == 0 || step % per_epoch_ != 0) return;
     if (ended_at_ != step) {  // the first run of this epoch end: its rows are done
       ended_at_ = step;
@@ -91,11 +90,11 @@ class FaultTolerantLoop {
         std::vector<double>{ended_.loss_sum, double(ended_.correct), double(ended_.rows)}, ReduceOp::kSum,
         elastic_.group().get());
     const auto eval_start = Clock::now();
-    const auto [right, samples] = evaluate(plan_, data_, trainer_.module(), trainer_.forward, device_,
+    const auto [right, samples] = evaluate(plan_, data_, strategy_.module(), [this](const at::Tensor& x) { return strategy_.forward(x); }, device_,
                                            EvalPart{rank, size, elastic_.group().get()});
     const double eval_seconds = seconds_since(eval_start);
     std::optional<train::Checkpoint> checkpoint;  // gathered only when one is written
-    if (!o_.checkpoint_dir.empty()) checkpoint = trainer_.checkpoint(step / per_epoch_);
+    if (!o_.checkpoint_dir.empty()) checkpoint = strategy_.checkpoint(step / per_epoch_);
     if (rank != 0 || step <= reported_) return;
     reported_ = step;
     const int64_t epoch = step / per_epoch_;
@@ -118,7 +117,7 @@ class FaultTolerantLoop {
   const TrainPlan& plan_;
   const TrainOptions& o_;
   const Data& data_;
-  const FtTrainer& trainer_;
+  FaultTolerantStrategy& strategy_;
   ft::ElasticGroup& elastic_;
   BalancedBatches& batches_;
   const c10::Device device_;
@@ -127,7 +126,7 @@ class FaultTolerantLoop {
   Rows current_, ended_;
   int64_t ended_at_ = -1;           // the step at which `ended_` ended
   int64_t reported_;                // the last epoch end this rank reported
-  int64_t memberships_seen_ = 0;    // trainer_.epochs_joined() when last reported
+  int64_t memberships_seen_ = 0;    // strategy_.memberships_joined() when last reported
   const Clock::time_point start_ = Clock::now();
   Clock::time_point epoch_start_ = start_;  // when this member saw the current epoch begin
   double ended_seconds_ = 0;        // how long the last epoch took, as this member saw it
@@ -136,10 +135,10 @@ class FaultTolerantLoop {
 
 }  // namespace
 
-int train_fault_tolerant(const TrainPlan& plan, const Data& data, const FtTrainer& trainer, ft::ElasticGroup& elastic,
+int train_fault_tolerant(const TrainPlan& plan, const Data& data, FaultTolerantStrategy& strategy, ft::ElasticGroup& elastic,
                          BalancedBatches& batches, int64_t first_epoch) {
   try {
-    FaultTolerantLoop(plan, data, trainer, elastic, batches, first_epoch).run();
+    FaultTolerantLoop(plan, data, strategy, elastic, batches, first_epoch).run();
   } catch (const ft::TrainingComplete& e) {  // a replacement that came after the end
     std::printf("datapar train: %s\n", e.what());
     std::fflush(stdout);

@@ -13,14 +13,14 @@
 #include "data.h"
 #include "datapar/data/balanced_batches.h"
 #include "datapar/ft/elastic_group.h"
-#include "ft_trainer.h"
+#include "fault_tolerant_strategy.h"
 
 namespace datapar::tools {
 
-// Trains from the step `trainer` holds to the end of --epochs; `batches` cuts the run's
+// Trains from the step `strategy` holds to the end of --epochs; `batches` cuts the run's
 // epochs into global batches; `first_epoch` epochs were done before (a resumed run).
 // Returns the exit code (0 too when this member came after the training ended).
-int train_fault_tolerant(const TrainPlan& plan, const Data& data, const FtTrainer& trainer, ft::ElasticGroup& elastic,
+int train_fault_tolerant(const TrainPlan& plan, const Data& data, FaultTolerantStrategy& strategy, ft::ElasticGroup& elastic,
                          BalancedBatches& batches, int64_t first_epoch);
 
 }  // namespace datapar::tools

@@ -22,25 +22,43 @@ void shard_units(Impl& model, const std::shared_ptr<ProcessGroup>& group, const 
                    CheckpointedImpl<models::ResidualImpl>>(model, group, options);
 }
 
+// FSDP's options of the run (--no-reshard, --mp), the loss averaged by samples.
+inline FsdpOptions fsdp_options(const TrainOptions& o) {
+  FsdpOptions options;
+  options.reshard_after_forward = o.reshard;
+  options.average_by_samples = true;
+  if (o.mp != "none") {
+    options.param_dtype = o.mp == "bf16" ? at::kBFloat16 : at::kHalf;
+    options.buffer_dtype = options.param_dtype;  // BatchNorm computes in one dtype on the CPU
+  }
+  return options;
+}
+
+// Collective over `fsdp`'s group: the checkpoint of `epoch` epochs, the whole model and
+// optimizer state (`shards`: the optimizer over fsdp's shards) gathered on every rank, in
+// the layout plain SGD writes.
+template <typename Impl>
+train::Checkpoint fsdp_checkpoint(FullyShardedDataParallel<Impl>& fsdp, torch::optim::Optimizer& shards,
+                                  int64_t epoch) {
+  train::Checkpoint c;
+  c.model = fsdp.full_state_dict();
+  c.optimizer = fsdp.full_optimizer_state(shards);
+  c.epoch = epoch;
+  c.rng = train::get_rng_state();
+  return c;
+}
+
 template <typename Impl>
 class FsdpMode : public Strategy {
  public:
   // `sgd`: the restored optimizer over the whole model; the SGD over the shards takes its
   // part of its state, which then goes.
   FsdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd) : plan_(plan), model_(model) {
-    const TrainOptions& o = plan.options;
-    FsdpOptions options;
-    options.reshard_after_forward = o.reshard;
-    options.average_by_samples = true;
-    if (o.mp != "none") {
-      options.param_dtype = o.mp == "bf16" ? at::kBFloat16 : at::kHalf;
-      options.buffer_dtype = options.param_dtype;  // BatchNorm computes in one dtype on the CPU
-    }
+    const FsdpOptions options = fsdp_options(plan.options);
     const OptimizerState restored = optimizer_state_dict(sgd);
     shard_units(*model, nullptr, options);
     fsdp_ = std::make_unique<FullyShardedDataParallel<Impl>>(std::move(model), nullptr, options);
-    shards_ = std::make_unique<torch::optim::SGD>(fsdp_->parameters(),
-                                                  static_cast<const torch::optim::SGDOptions&>(sgd.defaults()));
+    shards_ = sgd_like(sgd)(fsdp_->parameters());
     fsdp_->load_full_optimizer_state(*shards_, restored);
     sgd.state().clear();
   }
@@ -49,21 +67,14 @@ class FsdpMode : public Strategy {
   void zero_grad() override { shards_->zero_grad(); }
   void step() override { shards_->step(); }
   // The whole model and state, gathered on every rank: the checkpoint plain SGD writes.
-  void save_checkpoint(int64_t epoch) override {
-    train::Checkpoint c;
-    c.model = fsdp_->full_state_dict();
-    c.optimizer = fsdp_->full_optimizer_state(*shards_);
-    c.epoch = epoch;
-    c.rng = train::get_rng_state();
-    write_checkpoint(plan_, *model_, std::move(c));
-  }
+  void save_checkpoint(int64_t epoch) override { write_checkpoint(plan_, *model_, fsdp_checkpoint(*fsdp_, *shards_, epoch)); }
   torch::nn::Module& module() override { return *model_; }
 
  private:
   const TrainPlan& plan_;
   std::shared_ptr<Impl> model_;
   std::unique_ptr<FullyShardedDataParallel<Impl>> fsdp_;
-  std::unique_ptr<torch::optim::SGD> shards_;
+  std::unique_ptr<torch::optim::Optimizer> shards_;
 };
 
 }  // namespace datapar::tools

@@ -1,10 +1,13 @@
-// The strategy of the run's --mode (strategy.h): one line per mode.
+// The strategy of the run's --mode (strategy.h), or under --fault-tolerant its
+// fault-tolerant one (fault_tolerant_strategy.h): one line per mode.
 #pragma once
 
 #include <memory>
 
 #include "data_parallel.h"
 #include "ddp.h"
+#include "fault_tolerant_ddp.h"
+#include "fault_tolerant_fsdp.h"
 #include "fsdp.h"
 #include "single_device.h"
 
@@ -18,6 +21,21 @@ std::unique_ptr<Strategy> make_strategy(const TrainPlan& plan, std::shared_ptr<I
     case Mode::kDataParallel: return std::make_unique<DataParallelMode<Impl>>(plan, std::move(model), sgd);
     case Mode::kDdp: return std::make_unique<DdpMode<Impl>>(plan, std::move(model), sgd);
     case Mode::kFsdp: return std::make_unique<FsdpMode<Impl>>(plan, std::move(model), sgd);
+  }
+  return nullptr;
+}
+
+// Wraps `model` (restored already) and `sgd` at `step` for plan.mode under --fault-tolerant
+// (ddp or fsdp: plan_training refuses the others), over the membership of `elastic`.
+template <typename Impl>
+std::unique_ptr<FaultTolerantStrategy> make_fault_tolerant(const TrainPlan& plan, std::shared_ptr<Impl> model,
+                                                           torch::optim::SGD& sgd, ft::ElasticGroup& elastic,
+                                                           int64_t step) {
+  switch (plan.mode) {
+    case Mode::kDdp: return std::make_unique<FaultTolerantDdpMode<Impl>>(plan, std::move(model), sgd, elastic, step);
+    case Mode::kFsdp: return std::make_unique<FaultTolerantFsdpMode<Impl>>(plan, std::move(model), sgd, elastic, step);
+    case Mode::kSingle:
+    case Mode::kDataParallel: break;
   }
   return nullptr;
 }

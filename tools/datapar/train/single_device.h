@@ -7,9 +7,18 @@
 #include <memory>
 
 #include "checkpoint_writer.h"
+#include "datapar/optim/optimizer_factory.h"
 #include "strategy.h"
 
 namespace datapar::tools {
+
+// Makes SGDs with the options of `sgd` over other parameters (ZeRO's shards, FSDP's).
+inline OptimizerFactory sgd_like(const torch::optim::SGD& sgd) {
+  const auto options = static_cast<const torch::optim::SGDOptions&>(sgd.defaults());
+  return [options](std::vector<at::Tensor> params) {
+    return std::make_unique<torch::optim::SGD>(std::move(params), options);
+  };
+}
 
 template <typename Impl>
 class SingleDevice : public Strategy {
