@@ -87,9 +87,9 @@ void ElasticGroup::abort() {
   if (group_) group_->abort();
 }
 
-int64_t ElasticGroup::heal(int64_t committed_step, const std::function<std::string()>& save,
-                           const std::function<void(const std::string&)>& load) {
-  DATAPAR_CHECK(group_ != nullptr, "ft::ElasticGroup::heal: join() first.");
+int64_t ElasticGroup::take_newest_state(int64_t committed_step, const std::function<std::string()>& save,
+                                        const std::function<void(const std::string&)>& load) {
+  DATAPAR_CHECK(group_ != nullptr, "ft::ElasticGroup::take_newest_state: join() first.");
   // The steps as the members have them, not as the record says (Standings: who is newest,
   // decided alike on every rank). No missed vote is applied here: a member behind loads.
   const detail::Standings standings(*group_, Standing{committed_step, 0, -1, 0}, {});

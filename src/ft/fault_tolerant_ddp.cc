@@ -43,7 +43,7 @@ Resharded reshard_zero(ZeroRedundancyOptimizer& zero, ProcessGroup& group, Stand
     mine = {standings.step(me), mine.voted_epoch, -1, 0};
   }
   const int64_t newest = standings.newest();
-  auto has = [&](int r, size_t i) { return standings.step(r) == newest && standings.extra(r, i) == 1; };
+  auto has = [&](int r, size_t i) { return standings.step(r) == newest && standings.kept(r, i) == 1; };
   std::vector<int> source(params.size(), -1);
   for (size_t i = 0; i < params.size(); ++i) {
     for (int r = 0; r < n && source[i] < 0; ++r) {

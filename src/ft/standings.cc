@@ -8,12 +8,12 @@
 namespace datapar::ft::detail {
 namespace {
 
-enum StandingColumn : size_t { kStep, kCommitEpoch, kVotedStep, kVotedEpoch, kExtra };
+enum StandingColumn : size_t { kStep, kCommitEpoch, kVotedStep, kVotedEpoch, kKept };
 
 }  // namespace
 
-Standings::Standings(ProcessGroup& group, const Standing& mine, const std::vector<int64_t>& extra)
-    : size_(group.size()), columns_(kExtra + extra.size()) {
+Standings::Standings(ProcessGroup& group, const Standing& mine, const std::vector<int64_t>& kept)
+    : size_(group.size()), columns_(kKept + kept.size()) {
   // A table summed over the group: each member fills its own row.
   table_.assign(static_cast<size_t>(size_) * columns_, 0);
   int64_t* row = &table_[static_cast<size_t>(group.rank()) * columns_];
@@ -21,7 +21,7 @@ Standings::Standings(ProcessGroup& group, const Standing& mine, const std::vecto
   row[kCommitEpoch] = mine.commit_epoch;
   row[kVotedStep] = mine.voted_step;
   row[kVotedEpoch] = mine.voted_epoch;
-  std::copy(extra.begin(), extra.end(), row + kExtra);
+  std::copy(kept.begin(), kept.end(), row + kKept);
   at::Tensor on_group = metadata_tensor(group, table_);
   group.all_reduce(on_group, ReduceOp::kSum)->synchronize();
   table_ = host_int64s(on_group);
@@ -46,7 +46,7 @@ int64_t Standings::at(int rank, size_t column) const {
   return table_.at(static_cast<size_t>(rank) * columns_ + column);
 }
 
-int64_t Standings::extra(int rank, size_t column) const { return at(rank, kExtra + column); }
+int64_t Standings::kept(int rank, size_t column) const { return at(rank, kKept + column); }
 
 bool Standings::applies_missed_vote(int rank) const { return step(rank) > at(rank, kStep); }
 

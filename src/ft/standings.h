@@ -1,6 +1,6 @@
 // The standings of the members of a new membership epoch (ft::Standing: steps, the epoch of
 // the last commit, a vote whose outcome was missed), exchanged over the epoch's group with
-// a few columns of the caller's each (which state a member keeps, in which layout), and
+// the caller's columns of what each member keeps (which parameters' state, which shards), and
 // what follows from them alike on every member: each one's step once it applied a missed
 // vote, the newest step, the first member at it.
 //
@@ -26,13 +26,14 @@ namespace datapar::ft::detail {
 
 class Standings {
  public:
-  // Collective over the epoch's group: every member's `mine` and `extra` (the same number
-  // of columns on every member). Throws CommError or TimeoutError when a member fails.
-  Standings(ProcessGroup& group, const Standing& mine, const std::vector<int64_t>& extra);
+  // Collective over the epoch's group: every member's `mine` and `kept` (what it keeps, in
+  // the caller's columns: as many on every member). Throws CommError or TimeoutError when a
+  // member fails.
+  Standings(ProcessGroup& group, const Standing& mine, const std::vector<int64_t>& kept);
 
   int size() const { return size_; }
-  // Member `rank`'s extra column `column`.
-  int64_t extra(int rank, size_t column) const;
+  // Column `column` of what member `rank` keeps.
+  int64_t kept(int rank, size_t column) const;
   // Member `rank`'s step once it applied a vote it missed (Note above): its standing's step,
   // or one more.
   int64_t step(int rank) const { return steps_.at(static_cast<size_t>(rank)); }

@@ -48,21 +48,18 @@ std::string not_issued(const std::string& ranks) { return str_cat("rank(s) ", ra
 StallInspector::StallInspector(std::shared_ptr<Store> store, int rank, int size, std::chrono::milliseconds warn_after)
     : store_(std::move(store)), rank_(rank), size_(size), warn_after_ms_(warn_after.count()) {
   DATAPAR_CHECK(store_ != nullptr, "StallInspector: the store is null.");
-  thread_ = std::thread([this] { loop(); });
+  thread_.start([this] { return period(); },
+                [this] {
+                  inspect();
+                  return true;
+                });
 }
 
-StallInspector::~StallInspector() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  wake_.notify_all();
-  thread_.join();
-}
+StallInspector::~StallInspector() = default;  // thread_ stops first
 
 void StallInspector::set_warn_after(std::chrono::milliseconds after) {
   warn_after_ms_ = after.count();
-  wake_.notify_all();
+  thread_.wake();  // a wait of the old period's length may be far too long
 }
 
 void StallInspector::issued(std::shared_ptr<Work> work) {
@@ -105,44 +102,41 @@ std::string StallInspector::store_silence() {
                  "datapar starts) is stopped, hung or cut off from this one");
 }
 
-void StallInspector::loop() {
-  uint64_t published = 0;
-  uint64_t warned = 0;  // the last collective warned about
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
-    const std::chrono::milliseconds warn_after(warn_after_ms_.load());
-    // Often enough that a warning sees fresh counts, rarely enough to cost nothing.
-    const auto period = std::clamp<std::chrono::milliseconds>(warn_after / 4, std::chrono::milliseconds(10),
-                                                               std::chrono::seconds(1));
+std::chrono::milliseconds StallInspector::period() const {
+  return std::clamp<std::chrono::milliseconds>(std::chrono::milliseconds(warn_after_ms_.load()) / 4,
+                                               std::chrono::milliseconds(10), std::chrono::seconds(1));
+}
+
+void StallInspector::inspect() {
+  const std::chrono::milliseconds warn_after(warn_after_ms_.load());
+  uint64_t count = 0;
+  std::optional<Pending> stalled;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
     pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
                                   [](const Pending& p) { return p.work->is_completed(); }),
                    pending_.end());
-    const uint64_t count = issued_;
-    std::optional<Pending> stalled;
-    const Clock::time_point now = Clock::now();
-    if (warn_after.count() > 0 && !pending_.empty() && pending_.front().number > warned &&
-        now - pending_.front().since >= warn_after) {
+    count = issued_;
+    if (warn_after.count() > 0 && !pending_.empty() && pending_.front().number > warned_ &&
+        Clock::now() - pending_.front().since >= warn_after) {
       stalled = pending_.front();
     }
-    lock.unlock();
-    if (stalled) {  // first: a silent store must not hold the warning up
-      std::string message;
-      if (store_silence().empty()) {
-        on_store([&](Store&) { message = stall_message(*stalled, Clock::now() - stalled->since); });
-      }
-      if (message.empty()) {
-        message = str_cat(stalled->work->what(), ", collective ", stalled->number, " of this group, has not completed ",
-                          "after ", whole_seconds(Clock::now() - stalled->since), " s, and ", store_silence(),
-                          ". It fails when the group's timeout ends.");
-      }
-      warn(message);
-      warned = stalled->number;
+  }
+  if (stalled) {  // first: a silent store must not hold the warning up
+    std::string message;
+    if (store_silence().empty()) {
+      on_store([&](Store&) { message = stall_message(*stalled, Clock::now() - stalled->since); });
     }
-    if (count != published) {
-      if (on_store([&](Store& s) { s.set(count_key(rank_), std::to_string(count)); })) published = count;
+    if (message.empty()) {
+      message = str_cat(stalled->work->what(), ", collective ", stalled->number, " of this group, has not completed ",
+                        "after ", whole_seconds(Clock::now() - stalled->since), " s, and ", store_silence(),
+                        ". It fails when the group's timeout ends.");
     }
-    lock.lock();
-    wake_.wait_for(lock, period, [this] { return stopping_; });
+    warn(message);
+    warned_ = stalled->number;
+  }
+  if (count != published_) {
+    if (on_store([&](Store& s) { s.set(count_key(rank_), std::to_string(count)); })) published_ = count;
   }
 }
 

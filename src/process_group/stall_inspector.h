@@ -5,15 +5,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
+#include "datapar/periodic_thread.h"
 #include "datapar/process_group/work.h"
 #include "datapar/rendezvous/store.h"
 
@@ -47,7 +46,11 @@ class StallInspector {
     Clock::time_point since;
   };
 
-  void loop();
+  // How long the thread waits between inspections: often enough that a warning sees fresh
+  // counts, rarely enough to cost nothing.
+  std::chrono::milliseconds period() const;
+  // One inspection: warns about a stalled collective, publishes the count issued.
+  void inspect();
   // The store this inspector reads and writes: a clone of store_ whose calls wait at most
   // a few seconds (Store::clone), made again after a call on it failed; store_ itself when
   // it has none. Throws what the store throws.
@@ -75,11 +78,12 @@ class StallInspector {
   std::optional<Clock::time_point> silent_since_;  // the store's first failed call since it last answered
 
   std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stopping_ = false;
-  uint64_t issued_ = 0;
-  std::deque<Pending> pending_;  // issued, not yet seen completed, oldest first
-  std::thread thread_;           // last: started once the rest is ready
+  uint64_t issued_ = 0;          // guarded by mutex_
+  std::deque<Pending> pending_;  // issued, not yet seen completed, oldest first; guarded by mutex_
+  // The inspecting thread's own:
+  uint64_t published_ = 0;       // the count last published
+  uint64_t warned_ = 0;          // the last collective warned about
+  PeriodicThread thread_;        // last: started once the rest is ready, stopped before it goes
 };
 
 }  // namespace datapar::detail

@@ -18,13 +18,13 @@
 
 namespace datapar::train {
 
-std::string format_epoch_line(const EpochMetrics& m) {
+std::string format_epoch_line(const EpochMetrics& m, bool ranks) {
   char head[256];
   std::snprintf(head, sizeof(head),
                 "epoch %" PRId64 "/%" PRId64 "  loss %.3f  train acc %.3f  test acc %.3f  %.1f s  %.0f samples/s",
                 m.epoch, m.epochs, m.train_loss, m.train_accuracy, m.test_accuracy, m.seconds, m.samples_per_second);
   std::string line = std::string(head) + "  devices " + m.devices + " (" + m.mode;
-  if (m.mode == "ddp" || m.mode == "fsdp") line += ", " + std::to_string(m.world_size) + (m.world_size == 1 ? " rank" : " ranks");
+  if (ranks) line += ", " + std::to_string(m.world_size) + (m.world_size == 1 ? " rank" : " ranks");
   return line + ")";
 }
 

@@ -170,7 +170,7 @@ TEST(FtMembership, ANewMemberGrowsTheJobAtAStepBoundaryAndIsHealedFromAnUpToDate
   EXPECT_EQ(grown.rank_of(b.id()), first[0].rank_of(b.id()));
   EXPECT_EQ(grown.rank_of(newcomer.id()), 2);
   EXPECT_EQ(grown.members[0].committed_step, 7);
-  EXPECT_EQ(grown.members[2].committed_step, 0);  // behind: ElasticGroup::heal sends it the state
+  EXPECT_EQ(grown.members[2].committed_step, 0);  // behind: ElasticGroup::take_newest_state sends it the state
   EXPECT_EQ(second[0].encode(), grown.encode());
 }
 
@@ -270,7 +270,7 @@ TEST(FtMembership, WithoutADeciderAJoinFailsAfterTheQuorumTimeout) {
 // A record whose steps are wrong, as a forged one's are (issue 46; or stale: steps committed
 // since in a forged epoch's group): the members trust the steps they exchange, not the
 // record. Here the record says b is newest, and a is: b takes a's state, a loads nothing.
-TEST(FtElasticGroup, HealTakesTheNewestStateWhateverTheRecordSays) {
+TEST(FtElasticGroup, TakesTheNewestStateWhateverTheRecordSays) {
   const ServedStore store;
   const FtOptions options = fast(2);
   const MakeGroup gloo = [](std::shared_ptr<Store> s, int rank, int size) {
@@ -281,14 +281,14 @@ TEST(FtElasticGroup, HealTakesTheNewestStateWhateverTheRecordSays) {
   forged.number = 1;
   forged.members = {{a.member().id(), 0}, {b.member().id(), 9}};
   PrefixStore("ft/job/", store.connect()).set("epoch/1", forged.encode());
-  const auto join_and_heal = [](ElasticGroup& group, int64_t step, const std::string& state) {
+  const auto join_and_take_newest = [](ElasticGroup& group, int64_t step, const std::string& state) {
     EXPECT_EQ(group.join(step).number, 1);
     std::string loaded = "nothing";
-    const int64_t newest = group.heal(step, [&] { return state; }, [&](const std::string& bytes) { loaded = bytes; });
+    const int64_t newest = group.take_newest_state(step, [&] { return state; }, [&](const std::string& bytes) { loaded = bytes; });
     return std::make_pair(newest, loaded);
   };
-  auto newest = std::async(std::launch::async, [&] { return join_and_heal(a, 7, "a's state at step 7"); });
-  auto behind = std::async(std::launch::async, [&] { return join_and_heal(b, 5, "b's state at step 5"); });
+  auto newest = std::async(std::launch::async, [&] { return join_and_take_newest(a, 7, "a's state at step 7"); });
+  auto behind = std::async(std::launch::async, [&] { return join_and_take_newest(b, 5, "b's state at step 5"); });
   EXPECT_EQ(newest.get(), std::make_pair(int64_t{7}, std::string("nothing")));
   EXPECT_EQ(behind.get(), std::make_pair(int64_t{7}, std::string("a's state at step 7")));
 }

@@ -41,13 +41,13 @@ EpochMetrics sample(int64_t epoch) {
 }
 
 TEST(EpochLine, HasEveryFieldOfTheIssueExample) {
-  EXPECT_EQ(format_epoch_line(sample(3)),
+  EXPECT_EQ(format_epoch_line(sample(3), /*ranks=*/true),
             "epoch 3/10  loss 0.512  train acc 0.812  test acc 0.790  12.3 s  4870 samples/s  devices cpu:0,cpu:1 "
             "(ddp, 2 ranks)");
   EpochMetrics single = sample(1);
   single.mode = "single";
   single.devices = "cpu:0";
-  EXPECT_NE(format_epoch_line(single).find("devices cpu:0 (single)"), std::string::npos);
+  EXPECT_NE(format_epoch_line(single, /*ranks=*/false).find("devices cpu:0 (single)"), std::string::npos);
 }
 
 TEST(MetricsJson, EveryFieldRoundTrips) {

@@ -9,7 +9,7 @@
 // The per-step protocol (ft::FaultTolerantDdp runs it for DDP): train the step with
 // group(); vote(step); apply the update only if the vote says commit; on a CommError or
 // TimeoutError anywhere, or when the vote says so, join() again with the committed step,
-// then heal() from a member at the newest step.
+// then take_newest_state() from a member at the newest step.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -63,8 +63,8 @@ class ElasticGroup {
   // The first rank at the newest step calls `save` and broadcasts its bytes; ranks behind
   // it call `load` with them; ranks at the newest step load nothing. Collective; throws
   // CommError or TimeoutError. Returns the newest step.
-  int64_t heal(int64_t committed_step, const std::function<std::string()>& save,
-               const std::function<void(const std::string&)>& load);
+  int64_t take_newest_state(int64_t committed_step, const std::function<std::string()>& save,
+                            const std::function<void(const std::string&)>& load);
 
   // The vote after a step's collectives, before its update: an all-reduce of whether this
   // rank may commit (ft::Member::may_commit), whether a newcomer waits, and `step`. Throws

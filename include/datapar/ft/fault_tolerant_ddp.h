@@ -146,8 +146,8 @@ class FaultTolerantDdp : public detail::StepProtocol {
       const auto load = [&](const std::string& bytes) {
         step_ = detail::load_training_state(*module_, *optimizer_, bytes);
       };
-      elastic_.heal(step_, save, load);
-      // Members that start together heal nothing: one model from here, whatever their seeds
+      elastic_.take_newest_state(step_, save, load);
+      // Members that start together take nothing: one model from here, whatever their seeds
       // (DDP's broadcast at construction).
       detail::broadcast_parameters(*module_, *elastic_.group(), 0);
     }

@@ -65,7 +65,7 @@
 namespace datapar::ft {
 namespace detail {
 
-// One membership epoch's FSDP, as FsdpKeeper sees it.
+// One membership epoch's FSDP, as FsdpTwoCopies sees it.
 struct FsdpParts {
   std::vector<at::Tensor> shards;  // fsdp.parameters(): one flat shard per unit
   std::vector<int64_t> unit_numels;  // each unit's parameters' elements (unpadded)
@@ -76,17 +76,19 @@ struct FsdpParts {
   std::function<void(torch::optim::Optimizer&, const OptimizerState&)> load_optimizer;
 };
 
-// The non-template part of FaultTolerantFsdp: the previous rank's shard this member keeps,
-// and the state's moves at a membership change.
-class FsdpKeeper {
+// Each shard of FaultTolerantFsdp kept by two members, its owner and the next rank (as
+// ZeroOptions::copies = 2 keeps ZeRO's): the previous rank's shard this member keeps besides
+// its own, and the state's moves at a membership change. The non-template part of
+// FaultTolerantFsdp.
+class FsdpTwoCopies {
  public:
   // Keeps the whole state to start from (a full state dict and a full optimizer state, as
   // FullyShardedDataParallel::load_full_* take them) at step `step`.
-  FsdpKeeper(OptimizerFactory make_optimizer, StateDict model, OptimizerState optimizer);
-  ~FsdpKeeper();
-  FsdpKeeper(FsdpKeeper&&) noexcept;
-  FsdpKeeper(const FsdpKeeper&) = delete;
-  FsdpKeeper& operator=(const FsdpKeeper&) = delete;
+  FsdpTwoCopies(OptimizerFactory make_optimizer, StateDict model, OptimizerState optimizer);
+  ~FsdpTwoCopies();
+  FsdpTwoCopies(FsdpTwoCopies&&) noexcept;
+  FsdpTwoCopies(const FsdpTwoCopies&) = delete;
+  FsdpTwoCopies& operator=(const FsdpTwoCopies&) = delete;
 
   // Collective, after joining epoch `epoch` whose group is `group`: brings `next` (this
   // epoch's FSDP, made over `group`) to the newest step and keeps the previous rank's
@@ -143,7 +145,7 @@ class FaultTolerantFsdp : public detail::StepProtocol {
         make_optimizer_(std::move(make_optimizer)),
         options_(options),
         slices_(slices),
-        keeper_(make_keeper(start)) {
+        copies_(make_copies(start)) {
     DATAPAR_CHECK(slices_ >= 1, "FaultTolerantFsdp: slices is ", slices_, "; give the job's full size.");
     options_.average_by_samples = false;  // the slices are weighed by their rows here
   }
@@ -161,15 +163,15 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   // Bytes of the previous rank's shard this rank keeps besides its own (parameters,
   // gradients, optimizer state).
-  int64_t kept_bytes() const { return keeper_.kept_bytes(); }
+  int64_t kept_bytes() const { return copies_.kept_bytes(); }
   int slices() const { return slices_; }
 
  private:
-  detail::FsdpKeeper make_keeper(const std::optional<Start>& start) {
-    if (start) return detail::FsdpKeeper(make_optimizer_, start->model, start->optimizer);
+  detail::FsdpTwoCopies make_copies(const std::optional<Start>& start) {
+    if (start) return detail::FsdpTwoCopies(make_optimizer_, start->model, start->optimizer);
     const std::shared_ptr<ModuleImpl> model = make_model_();
     const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer_(model->parameters());
-    return detail::FsdpKeeper(make_optimizer_, state_dict(*model), optimizer_state_dict(*optimizer));
+    return detail::FsdpTwoCopies(make_optimizer_, state_dict(*model), optimizer_state_dict(*optimizer));
   }
 
   detail::FsdpParts parts(Fsdp& fsdp, torch::optim::Optimizer& optimizer) {
@@ -203,7 +205,7 @@ class FaultTolerantFsdp : public detail::StepProtocol {
     const detail::FsdpParts next = parts(*fsdp, *optimizer);
     std::optional<detail::FsdpParts> current;
     if (fsdp_) current = parts(*fsdp_, *optimizer_);
-    step_ = keeper_.rebuild(*group, elastic_.epoch().number, standing_, current ? &*current : nullptr, next);
+    step_ = copies_.rebuild(*group, elastic_.epoch().number, standing_, current ? &*current : nullptr, next);
     gradients_.emplace(detail::slice_units(next), next.shards.front().options(), group->rank(), group->size());
     optimizer_ = std::move(optimizer);
     fsdp_ = std::move(fsdp);
@@ -231,13 +233,13 @@ class FaultTolerantFsdp : public detail::StepProtocol {
     }
     if (!first_buffers.empty()) detail::restore_buffers(module, first_buffers);
     std::vector<at::Tensor> shards = fsdp_->parameters();
-    gradients_->reduce(shards, keeper_.kept_gradients());
+    gradients_->reduce(shards, copies_.kept_gradients());
   }
 
   void zero_grad() override { optimizer_->zero_grad(); }
   void apply() override {
     optimizer_->step();
-    keeper_.update();
+    copies_.update();
   }
 
   MakeModel make_model_;
@@ -245,7 +247,7 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   OptimizerFactory make_optimizer_;
   FsdpOptions options_;
   const int slices_;
-  detail::FsdpKeeper keeper_;
+  detail::FsdpTwoCopies copies_;
   std::optional<detail::ShardedSliceGradients> gradients_;  // the current epoch's
   std::shared_ptr<ModuleImpl> model_;
   std::unique_ptr<Fsdp> fsdp_;

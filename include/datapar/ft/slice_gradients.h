@@ -75,7 +75,7 @@ class SliceGradients {
 // For FSDP: the model's parameters whole (FSDP's units gathered, their gradients kept
 // unsharded under no_sync) give each slice's gradient; every member's slice of a round is
 // all-gathered unit by unit, and each member keeps only its shard of it and the previous
-// rank's (FsdpKeeper's). reduce() sums the kept parts in slice order.
+// rank's (FsdpTwoCopies's). reduce() sums the kept parts in slice order.
 class ShardedSliceGradients {
  public:
   // One FSDP unit: its parameters, where each starts in the unit's flat buffer, the flat's

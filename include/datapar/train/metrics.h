@@ -31,14 +31,15 @@ struct EpochMetrics {
   std::string model;               // mlp, lenet, resnet18
   std::string mode;                // single, dp, ddp
   std::string devices;             // e.g. "cpu:0,cpu:1"
-  int64_t world_size = 1;          // ranks (1 outside ddp)
+  int64_t world_size = 1;          // ranks (1 outside ddp and fsdp)
   int64_t batch_size = 0;          // global batch
   double lr = 0;                   // learning rate used (after --scale-lr)
 };
 
 // "epoch 3/10  loss 0.512  train acc 0.812  test acc 0.790  12.3 s  4870 samples/s  devices
-// cpu:0,cpu:1 (ddp, 2 ranks)" with no trailing newline.
-std::string format_epoch_line(const EpochMetrics& m);
+// cpu:0,cpu:1 (ddp, 2 ranks)" with no trailing newline; `ranks`: whether the mode trains on
+// ranks (the line then says how many).
+std::string format_epoch_line(const EpochMetrics& m, bool ranks);
 
 // One JSON object with every field of `m`, no trailing newline. Keys are the field names.
 std::string to_json(const EpochMetrics& m);

@@ -69,7 +69,7 @@ void Report::epoch(int64_t epoch, const EpochTotals& t, std::pair<int64_t, int64
   m.batch_size = plan_.global_batch;
   m.lr = plan_.lr;
   if (print) {
-    std::printf("%s\n", train::format_epoch_line(m).c_str());
+    std::printf("%s\n", train::format_epoch_line(m, has_ranks(plan_.mode)).c_str());
     std::fflush(stdout);
   }
   history_.push_back(m);

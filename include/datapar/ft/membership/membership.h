@@ -33,7 +33,7 @@ class TrainingComplete : public MembershipError {
 struct MembershipEntry {
   std::string id;              // the member's incarnation id: a restarted process is a new one
   int64_t committed_step = 0;  // the steps it had committed when it asked to join (the
-                               // members exchange their own when they meet: ElasticGroup::heal)
+                               // members exchange their own when they meet: ElasticGroup::take_newest_state)
 };
 
 // Membership epoch `number`: its members in rank order, or the decider's verdict that the

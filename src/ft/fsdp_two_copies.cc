@@ -1,4 +1,4 @@
-// FsdpKeeper: the non-template part of FaultTolerantFsdp. See datapar/ft/fault_tolerant_fsdp.h.
+// FsdpTwoCopies: the non-template part of FaultTolerantFsdp. See datapar/ft/fault_tolerant_fsdp.h.
 //
 // Note [An FSDP shard's layout]
 // A unit's parameters are one flat buffer, zero-padded to a multiple of the group's size n;
@@ -43,8 +43,18 @@ using datapar::detail::OptimizerKind;
 using datapar::detail::str_cat;
 using Dict = c10::impl::GenericDict;
 
-// The extra columns of a member's standing: what it keeps, in which layout.
-enum KeptColumn : size_t { kWhole, kLayoutEpoch, kLayoutSize, kLayoutRank };
+// What a member keeps, as the members exchange it in their standings.
+struct Kept {
+  bool whole = false;         // the whole state (it has not trained yet), or
+  int64_t layout_epoch = 0;   // the shards of a layout (Note [An FSDP shard's layout])
+  int64_t layout_size = 0;
+  int64_t layout_rank = -1;
+
+  std::vector<int64_t> columns() const { return {whole ? 1 : 0, layout_epoch, layout_size, layout_rank}; }
+  static Kept of(const Standings& standings, int rank) {
+    return {standings.kept(rank, 0) == 1, standings.kept(rank, 1), standings.kept(rank, 2), standings.kept(rank, 3)};
+  }
+};
 
 template <typename Map>
 typename Map::key_type key_of(const at::Tensor& t) {
@@ -72,7 +82,7 @@ at::Tensor resized(const at::Tensor& flat, int64_t length) {
 
 }  // namespace
 
-struct FsdpKeeper::Impl {
+struct FsdpTwoCopies::Impl {
   OptimizerFactory make_optimizer;
   OptimizerKind kind = OptimizerKind::kOther;
   // Before the first epoch: the whole state.
@@ -100,7 +110,7 @@ struct FsdpKeeper::Impl {
   void keep_previous(ProcessGroup& group, const FsdpParts& next);
 };
 
-FsdpKeeper::FsdpKeeper(OptimizerFactory make_optimizer, StateDict model, OptimizerState optimizer)
+FsdpTwoCopies::FsdpTwoCopies(OptimizerFactory make_optimizer, StateDict model, OptimizerState optimizer)
     : impl_(std::make_unique<Impl>()) {
   DATAPAR_CHECK(make_optimizer != nullptr, "ft::FaultTolerantFsdp: the optimizer factory is empty.");
   impl_->make_optimizer = std::move(make_optimizer);
@@ -108,17 +118,17 @@ FsdpKeeper::FsdpKeeper(OptimizerFactory make_optimizer, StateDict model, Optimiz
   impl_->optimizer = std::move(optimizer);
 }
 
-FsdpKeeper::~FsdpKeeper() = default;
-FsdpKeeper::FsdpKeeper(FsdpKeeper&&) noexcept = default;
+FsdpTwoCopies::~FsdpTwoCopies() = default;
+FsdpTwoCopies::FsdpTwoCopies(FsdpTwoCopies&&) noexcept = default;
 
-FsdpKeeper::Impl::Whole FsdpKeeper::Impl::gather(ProcessGroup& group, const Standings& standings, int64_t layout,
+FsdpTwoCopies::Impl::Whole FsdpTwoCopies::Impl::gather(ProcessGroup& group, const Standings& standings, int64_t layout,
                                                  const FsdpParts* current, const FsdpParts& next) const {
   const int me = group.rank();
   const int64_t newest = standings.newest();
   int size = 0;
   for (int r = 0; r < standings.size(); ++r) {
-    if (standings.step(r) == newest && standings.extra(r, kLayoutEpoch) == layout) {
-      size = static_cast<int>(standings.extra(r, kLayoutSize));
+    if (standings.step(r) == newest && Kept::of(standings, r).layout_epoch == layout) {
+      size = static_cast<int>(Kept::of(standings, r).layout_size);
     }
   }
   // Shard j's keeper: its owner if it is here at the newest step, else the next rank.
@@ -126,8 +136,8 @@ FsdpKeeper::Impl::Whole FsdpKeeper::Impl::gather(ProcessGroup& group, const Stan
   for (int j = 0; j < size; ++j) {
     for (const int rank_in_layout : {j, (j + 1) % size}) {
       for (int r = 0; r < standings.size() && keeper[j] < 0; ++r) {
-        if (standings.step(r) == newest && standings.extra(r, kLayoutEpoch) == layout &&
-            standings.extra(r, kLayoutRank) == rank_in_layout) {
+        if (standings.step(r) == newest && Kept::of(standings, r).layout_epoch == layout &&
+            Kept::of(standings, r).layout_rank == rank_in_layout) {
           keeper[j] = r;
         }
       }
@@ -186,7 +196,7 @@ FsdpKeeper::Impl::Whole FsdpKeeper::Impl::gather(ProcessGroup& group, const Stan
   return whole;
 }
 
-void FsdpKeeper::Impl::fill(const Whole& whole, int n, int rank, const FsdpParts& next) const {
+void FsdpTwoCopies::Impl::fill(const Whole& whole, int n, int rank, const FsdpParts& next) const {
   const torch::NoGradGuard no_grad;
   for (size_t u = 0; u < next.shards.size(); ++u) {
     const int64_t shard = next.shards[u].numel();
@@ -200,7 +210,7 @@ void FsdpKeeper::Impl::fill(const Whole& whole, int n, int rank, const FsdpParts
   }
 }
 
-void FsdpKeeper::Impl::keep_previous(ProcessGroup& group, const FsdpParts& next) {
+void FsdpTwoCopies::Impl::keep_previous(ProcessGroup& group, const FsdpParts& next) {
   const int n = group.size(), rank = group.rank();
   if (n == 1) {  // its own shard is the whole model
     kept.clear();
@@ -259,7 +269,7 @@ void FsdpKeeper::Impl::keep_previous(ProcessGroup& group, const FsdpParts& next)
   kept_gradients = gradients;
 }
 
-int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
+int64_t FsdpTwoCopies::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
                             const FsdpParts& next) {
   Impl& m = *impl_;
   if (m.kind == OptimizerKind::kOther) {
@@ -269,7 +279,7 @@ int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, 
                   datapar::detail::optimizer_kind_name(m.kind), ".");
   }
   const int me = group.rank();
-  const Standings standings(group, mine, {m.whole ? 1 : 0, m.layout_epoch, m.layout_size, m.layout_rank});
+  const Standings standings(group, mine, Kept{m.whole, m.layout_epoch, m.layout_size, m.layout_rank}.columns());
   if (standings.applies_missed_vote(me) && current) {  // Note [A voted step whose outcome a member missed]
     const torch::NoGradGuard no_grad;
     current->optimizer->step();
@@ -283,24 +293,26 @@ int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, 
   std::vector<int64_t> layouts;
   for (int r = 0; r < standings.size(); ++r) {
     if (standings.step(r) != newest) continue;
-    if (standings.extra(r, kWhole) == 1 && whole < 0) whole = r;
-    if (standings.extra(r, kWhole) == 0) layouts.push_back(standings.extra(r, kLayoutEpoch));
+    const Kept kept = Kept::of(standings, r);
+    if (kept.whole && whole < 0) whole = r;
+    if (!kept.whole) layouts.push_back(kept.layout_epoch);
   }
   std::sort(layouts.rbegin(), layouts.rend());
   layouts.erase(std::unique(layouts.begin(), layouts.end()), layouts.end());
   int64_t layout = -1;
   for (int64_t candidate : layouts) {
     int size = 0;
-    std::vector<bool> kept;
+    std::vector<bool> covered;  // each shard of the layout, kept by a member at the newest step
     for (int r = 0; r < standings.size(); ++r) {
-      if (standings.step(r) != newest || standings.extra(r, kLayoutEpoch) != candidate) continue;
-      size = static_cast<int>(standings.extra(r, kLayoutSize));
-      kept.resize(static_cast<size_t>(size), false);
-      const int rank_in_layout = static_cast<int>(standings.extra(r, kLayoutRank));
-      kept[static_cast<size_t>(rank_in_layout)] = true;                         // its own shard
-      if (size > 1) kept[static_cast<size_t>((rank_in_layout + size - 1) % size)] = true;  // the previous rank's
+      const Kept kept = Kept::of(standings, r);
+      if (standings.step(r) != newest || kept.layout_epoch != candidate) continue;
+      size = static_cast<int>(kept.layout_size);
+      covered.resize(static_cast<size_t>(size), false);
+      const int rank_in_layout = static_cast<int>(kept.layout_rank);
+      covered[static_cast<size_t>(rank_in_layout)] = true;                         // its own shard
+      if (size > 1) covered[static_cast<size_t>((rank_in_layout + size - 1) % size)] = true;  // the previous rank's
     }
-    if (std::all_of(kept.begin(), kept.end(), [](bool k) { return k; })) {
+    if (std::all_of(covered.begin(), covered.end(), [](bool k) { return k; })) {
       layout = candidate;
       break;
     }
@@ -356,7 +368,7 @@ int64_t FsdpKeeper::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, 
   return newest;
 }
 
-const at::Tensor& FsdpKeeper::kept_gradients() const { return impl_->kept_gradients; }
+const at::Tensor& FsdpTwoCopies::kept_gradients() const { return impl_->kept_gradients; }
 
 std::vector<ShardedSliceGradients::Unit> slice_units(const FsdpParts& parts) {
   std::map<std::string, at::Tensor> params;
@@ -373,7 +385,7 @@ std::vector<ShardedSliceGradients::Unit> slice_units(const FsdpParts& parts) {
   return units;
 }
 
-int64_t FsdpKeeper::kept_bytes() const {
+int64_t FsdpTwoCopies::kept_bytes() const {
   const Impl& m = *impl_;
   int64_t bytes = m.kept_gradients.defined() ? static_cast<int64_t>(m.kept_gradients.nbytes()) : 0;
   for (const at::Tensor& k : m.kept) {
@@ -385,7 +397,7 @@ int64_t FsdpKeeper::kept_bytes() const {
   return bytes;
 }
 
-void FsdpKeeper::update() {
+void FsdpTwoCopies::update() {
   if (!impl_->kept_optimizer || impl_->kept.empty()) return;
   const torch::NoGradGuard no_grad;
   impl_->kept_optimizer->step();
