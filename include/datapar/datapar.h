@@ -21,6 +21,7 @@
 #include "datapar/distributed.h"
 #include "datapar/environment.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/fsdp/hybrid_groups.h"
 #include "datapar/ft/membership/decider.h"
 #include "datapar/ft/fault_tolerant_ddp.h"
 #include "datapar/ft/fault_tolerant_fsdp.h"

@@ -17,6 +17,10 @@
 // memory as the whole model's gradients, which sharding is meant to avoid. So when a unit
 // issues its reduce-scatter, the one issued before it is awaited and its buffers freed, as
 // PyTorch's FSDP does: each reduction still overlaps the backward of the unit after it.
+// Under HSDP the one before is awaited only up to its reduce-scatter: its flat gradient is
+// freed and the all-reduce of its shard across replicas issued, which overlaps the next
+// unit's backward in turn and is awaited when the unit after that issues its own: at most
+// one flat gradient and two shards in flight.
 #include "fsdp/fsdp_run.h"
 
 #include <ATen/ATen.h>
@@ -43,7 +47,7 @@ void FsdpRun::begin_iteration(int64_t samples) {
   // leaves units mid-iteration.
   for (const auto& unit : units_) unit->abandon_iteration();
   end_queued_ = false;
-  reducing_ = nullptr;
+  reducing_ = replicating_ = nullptr;
   if (!order_.empty()) previous_order_ = std::move(order_);
   order_.clear();
   share_.reset();
@@ -81,7 +85,16 @@ void FsdpRun::entered_backward(FsdpUnit& unit) {
 }
 
 void FsdpRun::reduce_issued(FsdpUnit& unit) {
-  if (reducing_ != nullptr && reducing_ != &unit) reducing_->finish_reduce();
+  if (replicating_ != nullptr && replicating_ != &unit) replicating_->finish_reduce();
+  replicating_ = nullptr;
+  if (reducing_ != nullptr && reducing_ != &unit) {
+    if (options_.replicate_group) {
+      reducing_->reduce_across_replicas();
+      replicating_ = reducing_;
+    } else {
+      reducing_->finish_reduce();
+    }
+  }
   reducing_ = &unit;
 }
 
@@ -97,6 +110,8 @@ std::optional<double> FsdpRun::sample_share() {
     double global = static_cast<double>(samples_);
     if (samples_work_) {
       samples_work_->wait();
+      // HSDP: the shard group's count, summed over the replicas: the job's.
+      if (options_.replicate_group) options_.replicate_group->all_reduce(global_samples_, ReduceOp::kSum)->wait();
       global = global_samples_.item<double>();
     }
     // No sample anywhere: a zero gradient (the sum over no sample), not NaN.
@@ -112,7 +127,7 @@ void FsdpRun::end_of_backward() {
     if (unit->needs_backward()) unit->reduce_gradients();
   }
   for (const auto& unit : units_) unit->finish_backward();
-  reducing_ = nullptr;
+  reducing_ = replicating_ = nullptr;
   end_queued_ = false;
 }
 

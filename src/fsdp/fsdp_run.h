@@ -35,8 +35,8 @@ class FsdpRun {
   void entered_backward(FsdpUnit& unit);
   // Some gradient of the model arrived: the end of this backward must be seen.
   void backward_touched();
-  // A unit issued its reduce-scatter: the one before it completes now (Note [One
-  // reduce-scatter in flight]).
+  // A unit issued its reduce-scatter: the one before it completes now, or under HSDP goes
+  // on to its all-reduce across replicas (Note [One reduce-scatter in flight]).
   void reduce_issued(FsdpUnit& unit);
   // Between the first hook of a backward and its end.
   bool in_backward() const { return end_queued_; }
@@ -58,6 +58,7 @@ class FsdpRun {
   std::vector<FsdpUnit*> order_;           // forward order this iteration
   std::vector<FsdpUnit*> previous_order_;  // and the last one's: what forward prefetches by
   FsdpUnit* reducing_ = nullptr;           // the unit whose reduce-scatter was issued last
+  FsdpUnit* replicating_ = nullptr;        // HSDP: the one before, reducing across replicas
   bool end_queued_ = false;
   bool sync_ = true;
   int64_t samples_ = 0;

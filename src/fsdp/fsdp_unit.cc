@@ -86,7 +86,10 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<at::Tensor> params, std::shared
   }
   group_->broadcast(values, 0)->wait();
   const int64_t shard = padded_ / n;
-  shard_ = values.narrow(0, group_->rank() * shard, shard).clone().requires_grad_(true);
+  at::Tensor mine = values.narrow(0, group_->rank() * shard, shard).clone();
+  // HSDP: the first shard group's (its rank 0 is the job's).
+  if (options_.replicate_group) options_.replicate_group->broadcast(mine, 0)->wait();
+  shard_ = mine.requires_grad_(true);
   full_ = at::empty({padded_}, own.dtype(options_.param_dtype.value_or(first.scalar_type())));
   {
     const at::NoGradGuard no_grad;
@@ -103,7 +106,7 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<at::Tensor> params, std::shared
 FsdpUnit::~FsdpUnit() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
   // Collectives still in flight write into our buffers: let them end first.
-  for (const auto& work : {gather_work_, reduce_work_}) {
+  for (const auto& work : {gather_work_, reduce_work_, replicate_work_}) {
     if (!work) continue;
     try {
       work->wait();
@@ -233,20 +236,30 @@ void FsdpUnit::reduce_gradients() {
     p.mutable_grad() = at::Tensor();
     offset += p.numel();
   }
-  ReduceOp op = ReduceOp::kAvg;
+  reduce_op_ = ReduceOp::kAvg;  // over the shard group, then over the replicas: over the job
   if (const std::optional<double> share = run_->sample_share()) {
-    reduce_input_.mul_(*share);  // Note [Averaging by samples] in reducer.cc
-    op = ReduceOp::kSum;
+    reduce_input_.mul_(*share);  // Note [Averaging by samples] in reducer.cc; the share is the job's
+    reduce_op_ = ReduceOp::kSum;
   }
   reduce_output_ = at::empty({shard_.numel()}, reduce_input_.options());
-  reduce_work_ = group_->reduce_scatter(reduce_output_, reduce_input_.chunk(group_->size()), op);
+  reduce_work_ = group_->reduce_scatter(reduce_output_, reduce_input_.chunk(group_->size()), reduce_op_);
   run_->reduce_issued(*this);
 }
 
-void FsdpUnit::finish_reduce() {
-  if (!reduce_work_) return;
+void FsdpUnit::reduce_across_replicas() {
+  if (!reduce_work_ || !options_.replicate_group) return;
   reduce_work_->wait();
   reduce_work_.reset();
+  reduce_input_ = at::Tensor();  // the flat gradient: only the shard's part goes on
+  replicate_work_ = options_.replicate_group->all_reduce(reduce_output_, reduce_op_);
+}
+
+void FsdpUnit::finish_reduce() {
+  reduce_across_replicas();
+  std::shared_ptr<Work>& last = replicate_work_ ? replicate_work_ : reduce_work_;
+  if (!last) return;
+  last->wait();
+  last.reset();
   at::Tensor grad = reduce_output_.to(shard_.scalar_type());
   if (shard_.grad().defined()) {
     shard_.mutable_grad().add_(grad);  // accumulation, as .grad does
@@ -264,14 +277,15 @@ void FsdpUnit::finish_backward() {
 }
 
 void FsdpUnit::abandon_iteration() {
-  if (reduce_work_) {  // left by a backward that failed: its error was reported there
+  for (std::shared_ptr<Work>* work : {&reduce_work_, &replicate_work_}) {
+    if (!*work) continue;  // left by a backward that failed: its error was reported there
     try {
-      reduce_work_->wait();
+      (*work)->wait();
     } catch (const std::exception&) {
     }
-    reduce_work_.reset();
-    reduce_input_ = reduce_output_ = at::Tensor();
+    work->reset();
   }
+  reduce_input_ = reduce_output_ = at::Tensor();
   reshard();
   used_in_forward_ = in_backward_ = reduced_ = false;
   ready_ = 0;

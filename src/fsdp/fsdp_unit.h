@@ -67,7 +67,11 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
   // Issues the reduce-scatter of the parameters' gradients (zeros where none arrived).
   // Outside sync (no_sync), the gradients stay in the parameters' .grad instead.
   void reduce_gradients();
-  // Waits for it, adds the result to the shard's gradient and frees its buffers.
+  // HSDP: waits for the reduce-scatter and issues the all-reduce of its result across the
+  // replicas (FsdpOptions::replicate_group). Nothing without replicas, or when not issued.
+  void reduce_across_replicas();
+  // Waits for the reduction (across the replicas too, issuing that first if need be), adds
+  // the result to the shard's gradient and frees its buffers.
   void finish_reduce();
   // finish_reduce(), frees the parameters and ends the unit's iteration.
   void finish_backward();
@@ -98,8 +102,11 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
   std::shared_ptr<Work> gather_work_;
   at::Tensor gather_source_;
   std::vector<at::Tensor> gather_parts_;
-  // In flight: the reduce-scatter and its buffers.
+  // In flight: the reduce-scatter, then (HSDP) the all-reduce across replicas, and their
+  // buffers.
   std::shared_ptr<Work> reduce_work_;
+  std::shared_ptr<Work> replicate_work_;
+  ReduceOp reduce_op_ = ReduceOp::kAvg;
   at::Tensor reduce_input_;
   at::Tensor reduce_output_;
 

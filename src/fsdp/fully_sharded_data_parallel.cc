@@ -48,6 +48,8 @@ FsdpCore::FsdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Pr
     : module_(std::move(module)), group_(std::move(group)), options_(options) {
   DATAPAR_CHECK(module_ != nullptr, "FullyShardedDataParallel: the module is null.");
   if (!group_) group_ = default_group();
+  DATAPAR_CHECK(options_.replicate_group != group_, "FullyShardedDataParallel: FsdpOptions::replicate_group is the ",
+                "group it shards over; hybrid sharding replicates across the other shard groups (hybrid_groups()).");
   std::vector<std::shared_ptr<FsdpUnit>> units;
   // The root's own unit: the parameters outside every unit.
   std::vector<at::Tensor> own = unit_parameters(*module_);
@@ -66,6 +68,9 @@ FsdpCore::FsdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Pr
     FsdpUnit& unit = sharded->unit();
     DATAPAR_CHECK(unit.group() == group_, "FullyShardedDataParallel: unit '", item.key(),
                   "' shards over another process group than the root's; make the units and the root with one group.");
+    DATAPAR_CHECK(unit.options().replicate_group == options_.replicate_group, "FullyShardedDataParallel: unit '",
+                  item.key(), "' has another FsdpOptions::replicate_group than the root's; under hybrid sharding give ",
+                  "the units and the root the same one (hybrid_groups().replicate), elsewhere none.");
     unit.set_name(item.key());
     units.push_back(std::shared_ptr<FsdpUnit>(item.value(), &unit));  // alive as long as its module
   }
@@ -73,6 +78,8 @@ FsdpCore::FsdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Pr
   // Every rank starts from rank 0's buffers (the units took rank 0's parameters).
   std::vector<at::Tensor> buffers = module_->buffers();
   if (!buffers.empty() && group_->size() > 1) group_->broadcast_coalesced(buffers, 0)->wait();
+  const std::shared_ptr<ProcessGroup>& replicas = options_.replicate_group;
+  if (!buffers.empty() && replicas && replicas->size() > 1) replicas->broadcast_coalesced(buffers, 0)->wait();
   run_ = std::make_unique<FsdpRun>(group_, options_, std::move(units));
 }
 

@@ -4,9 +4,12 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <memory>
 #include <optional>
 
 namespace datapar {
+
+class ProcessGroup;
 
 struct FsdpOptions {
   // Free a unit's gathered parameters after its forward and gather them again for its
@@ -39,6 +42,15 @@ struct FsdpOptions {
   // batch (dim 0 of forward's first tensor argument), so uneven batches average exactly.
   // Read from the root. Default: the mean over ranks, as PyTorch.
   bool average_by_samples = false;
+
+  // Hybrid sharding (HSDP, PyTorch's HYBRID_SHARD): the ranks that hold the same shard as
+  // this one in the other shard groups (the same local rank on every machine; hybrid_groups()
+  // in datapar/fsdp/hybrid_groups.h makes both). The units shard over their group (one
+  // machine's ranks: gathers and reduce-scatters stay on its fast links) and each gradient
+  // shard is then averaged over this group (one all-reduce of 1/shard-size of the gradient
+  // crosses machines, overlapped with the rest of backward). Give the units and the root the
+  // same. Null: FSDP over the group alone.
+  std::shared_ptr<ProcessGroup> replicate_group;
 };
 
 }  // namespace datapar

@@ -1,0 +1,207 @@
+// Hybrid sharding (HSDP, FsdpOptions::replicate_group) with its ranks as threads of one
+// process (Gloo over loopback): 2 "machines" of 2 ranks, each rank sharding over its
+// machine and replicating across the other; training equals one process training on every
+// rank's batch (as DDP's does), with and without resharding after forward, averaged by
+// samples too; hybrid_groups()'s layout; a root and units that disagree are refused.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/fsdp/hybrid_groups.h"
+#include "datapar/process_group/gloo.h"
+#include "datapar/rendezvous/prefix_store.h"
+#include "datapar/state_dict.h"
+#include "testing/expect_throw.h"
+#include "testing/ports.h"
+
+namespace datapar {
+namespace hybrid_sharding_test {
+
+using namespace std::chrono_literals;
+
+std::mutex g_generator;  // the default generator is not thread-safe
+
+// Two Linear layers (units) and a head (the root's own): 220 + 420 + 105 parameters.
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : blocks(register_module("blocks", torch::nn::Sequential(torch::nn::Linear(10, 20), torch::nn::ReLU(),
+                                                               torch::nn::Linear(20, 20), torch::nn::Tanh()))),
+        head(register_module("head", torch::nn::Linear(20, 5))) {}
+  at::Tensor forward(const at::Tensor& x) { return head->forward(blocks->forward(x)); }
+  torch::nn::Sequential blocks;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Net);
+
+Net net(uint64_t seed) {
+  const std::lock_guard<std::mutex> lock(g_generator);
+  torch::manual_seed(seed);
+  Net model;
+  model->to(at::kDouble);
+  return model;
+}
+
+// Rank r's batch at `step`: 3 + r rows (uneven).
+at::Tensor batch(int r, int step) {
+  return at::sin(at::arange(10 * (3 + r), at::kDouble).view({3 + r, 10}) * (0.1 * (r + 1)) + step);
+}
+
+at::Tensor loss(const at::Tensor& out) { return out.pow(2).mean(); }
+
+void expect_near(const StateDict& got, const StateDict& want, double tolerance, const std::string& where) {
+  ASSERT_EQ(got.keys(), want.keys()) << where;
+  for (const auto& item : want) {
+    EXPECT_TRUE(at::allclose(got[item.key()], item.value(), tolerance, tolerance)) << where << ": " << item.key();
+  }
+}
+
+// Runs fn(rank, groups) on `world` threads, each a rank of a job of machines of
+// `shard_size` ranks, its groups made by hybrid_groups() as Gloo groups over one store.
+void run_hybrid(int world, int shard_size, const std::function<void(int, const HybridGroups&)>& fn) {
+  testing::ThreadJobStore job(30s);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        const std::shared_ptr<Store> store = job.join(rank);
+        int made = 0;  // the groups of the layout so far: each its own store namespace
+        const HybridGroups groups =
+            hybrid_groups(rank, world, shard_size, [&](const std::vector<int>& ranks) -> std::shared_ptr<ProcessGroup> {
+              const std::string prefix = "group/" + std::to_string(made++);
+              const auto me = std::find(ranks.begin(), ranks.end(), rank);
+              if (me == ranks.end()) return nullptr;
+              return new_gloo_process_group(std::make_shared<PrefixStore>(prefix, store),
+                                            static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
+                                            GlooOptions{"127.0.0.1", 30s});
+            });
+        fn(rank, groups);
+        groups.replicate->barrier()->wait();
+        groups.shard->barrier()->wait();  // keeps rank 0's store up until everyone is done
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << rank << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// 5 steps of SGD with momentum at 2 x 2, against one process on the 4 ranks' batches.
+void expect_two_by_two_trains_as_one_process(FsdpOptions options) {
+  constexpr int kWorld = 4, kSteps = 5;
+  Net reference = net(0);
+  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < kSteps; ++step) {
+    reference_sgd.zero_grad();
+    if (options.average_by_samples) {  // the mean over every row of the job
+      std::vector<at::Tensor> rows;
+      for (int r = 0; r < kWorld; ++r) rows.push_back(batch(r, step));
+      loss(reference->forward(at::cat(rows))).backward();
+    } else {  // the mean over ranks of each rank's mean
+      at::Tensor total = at::zeros({}, at::kDouble);
+      for (int r = 0; r < kWorld; ++r) total = total + loss(reference->forward(batch(r, step)));
+      (total / kWorld).backward();
+    }
+    reference_sgd.step();
+  }
+  const StateDict want = state_dict(*reference);
+
+  run_hybrid(kWorld, /*shard_size=*/2, [&](int rank, const HybridGroups& groups) {
+    EXPECT_EQ(groups.shard->size(), 2);
+    EXPECT_EQ(groups.shard->rank(), rank % 2) << "machines of consecutive ranks";
+    EXPECT_EQ(groups.replicate->size(), 2);
+    EXPECT_EQ(groups.replicate->rank(), rank / 2);
+    Net model = net(rank);  // different: every rank starts from rank 0's
+    FsdpOptions mine = options;
+    mine.replicate_group = groups.replicate;
+    EXPECT_EQ(fully_shard_each<torch::nn::LinearImpl>(*model, groups.shard, mine), 2);
+    FullyShardedDataParallel fsdp(model, groups.shard, mine);
+    EXPECT_EQ(fsdp.shard_numel(), 110 + 210 + 53) << "half of each unit: sharded over the machine alone";
+    torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int step = 0; step < kSteps; ++step) {
+      sgd.zero_grad();
+      loss(fsdp.forward(batch(rank, step))).backward();
+      EXPECT_FALSE(fsdp.gathered()) << "after backward";
+      sgd.step();
+    }
+    expect_near(fsdp.full_state_dict(), want, 1e-10, "rank " + std::to_string(rank));
+  });
+}
+
+TEST(HybridSharding, TwoMachinesOfTwoRanksTrainAsOneProcess) { expect_two_by_two_trains_as_one_process({}); }
+
+TEST(HybridSharding, KeepingTheParametersAfterForwardTrainsTheSame) {
+  FsdpOptions options;
+  options.reshard_after_forward = false;
+  options.prefetch = 0;
+  expect_two_by_two_trains_as_one_process(options);
+}
+
+TEST(HybridSharding, AveragingBySamplesIsTheGradientOfTheJobsRows) {
+  FsdpOptions options;
+  options.average_by_samples = true;  // ranks of 3, 4, 5 and 6 rows on two machines
+  expect_two_by_two_trains_as_one_process(options);
+}
+
+TEST(HybridSharding, OneRankPerMachineIsDataParallelOverTheMachines) {
+  // Shards of the whole model (groups of one): the gradient all-reduced across the three.
+  Net reference = net(0);
+  torch::optim::SGD reference_sgd(reference->parameters(), 0.1);
+  at::Tensor total = at::zeros({}, at::kDouble);
+  for (int r = 0; r < 3; ++r) total = total + loss(reference->forward(batch(r, 0)));
+  (total / 3).backward();
+  reference_sgd.step();
+  const StateDict want = state_dict(*reference);
+  run_hybrid(3, /*shard_size=*/1, [&](int rank, const HybridGroups& groups) {
+    FsdpOptions options;
+    options.replicate_group = groups.replicate;
+    Net model = net(rank);
+    FullyShardedDataParallel fsdp(model, groups.shard, options);
+    EXPECT_EQ(fsdp.shard_numel(), 745);
+    torch::optim::SGD sgd(fsdp.parameters(), 0.1);
+    loss(fsdp.forward(batch(rank, 0))).backward();
+    sgd.step();
+    expect_near(fsdp.full_state_dict(), want, 1e-12, "rank " + std::to_string(rank));
+  });
+}
+
+TEST(HybridSharding, RefusesAShardSizeThatDoesNotDivideTheJob) {
+  int made = 0;
+  EXPECT_THROW_MSG(hybrid_groups(0, 4, 3, [&](const std::vector<int>&) {
+    ++made;
+    return std::shared_ptr<ProcessGroup>();
+  }),
+                               InvalidArgumentError, "does not divide the job's 4 ranks");
+  EXPECT_EQ(made, 0) << "refused before any group is made";
+}
+
+TEST(HybridSharding, RefusesUnitsWhoseReplicasAreNotTheRoots) {
+  run_hybrid(2, /*shard_size=*/1, [&](int rank, const HybridGroups& groups) {
+    Net model = net(rank);
+    fully_shard_each<torch::nn::LinearImpl>(*model, groups.shard, FsdpOptions{});  // no replicas
+    FsdpOptions hybrid;
+    hybrid.replicate_group = groups.replicate;
+    EXPECT_THROW_MSG(FullyShardedDataParallel(model, groups.shard, hybrid), InvalidArgumentError,
+                                 "another FsdpOptions::replicate_group than the root's");
+    FsdpOptions itself;
+    itself.replicate_group = groups.shard;
+    EXPECT_THROW_MSG(FullyShardedDataParallel(model, groups.shard, itself), InvalidArgumentError,
+                                 "is the group it shards over");
+  });
+}
+
+}  // namespace hybrid_sharding_test
+}  // namespace datapar
