@@ -363,6 +363,40 @@ TEST(TrainCli, FsdpTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
   EXPECT_TRUE(std::regex_search(flags[0].output, kEpochLine)) << flags[0].output;
 }
 
+// --mode hsdp (issue 47): 2 "machines" of 2 ranks (--shard-size 2) train as DDP on 4 ranks,
+// and its checkpoints (plain SGD's layout) resume as hsdp, or as fsdp on 2 ranks; a shard
+// size that does not divide the job is refused before anything starts.
+TEST(TrainCli, HsdpTrainsLikeDdpAndItsCheckpointsResumeAsFsdp) {
+  const TempDir temp("train_cli_hsdp");
+  const std::string straight = temp.path() + "/straight", hsdp = temp.path() + "/hsdp", fsdp = temp.path() + "/fsdp";
+  const std::string args = kSmall + " --seed 5 --momentum 0.9 --checkpoint-dir ";
+  for (const auto& p : ddp_job(args + straight + " --mode ddp --epochs 3", 4, straight + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  const auto first = ddp_job(args + hsdp + " --mode hsdp --shard-size 2 --epochs 2", 4, hsdp + "/logs");
+  for (const auto& p : first) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(first[0].output.find("hsdp on cpu:0,cpu:1,cpu:2,cpu:3, 4 ranks on gloo, sharded over groups of 2, "
+                                 "replicated 2 times"),
+            std::string::npos)
+      << first[0].output;
+  datapar::detail::make_directories(fsdp);
+  ASSERT_EQ(std::system(("cp " + hsdp + "/checkpoint-epoch-2.pt " + fsdp + "/").c_str()), 0);
+  for (const auto& p : ddp_job(args + hsdp + " --mode hsdp --shard-size 2 --epochs 3 --resume", 4, hsdp + "/logs2")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  expect_same_parameters(straight + "/checkpoint-epoch-3.pt", hsdp + "/checkpoint-epoch-3.pt");
+  expect_same_momentum(straight + "/checkpoint-epoch-3.pt", hsdp + "/checkpoint-epoch-3.pt", 1e-5);
+  const auto as_fsdp = ddp_job(args + fsdp + " --mode fsdp --epochs 3 --resume", 2, fsdp + "/logs");
+  for (const auto& p : as_fsdp) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(as_fsdp[0].output.find("epoch 3/3"), std::string::npos) << as_fsdp[0].output;
+  EXPECT_EQ(as_fsdp[0].output.find("epoch 2/3"), std::string::npos) << "resumed after epoch 2:\n" << as_fsdp[0].output;
+  for (const auto& p : ddp_job(kSmall + " --mode hsdp --shard-size 3 --epochs 1", 2, temp.path() + "/bad")) {
+    EXPECT_EQ(p.exit_code, 2) << p.output;
+    EXPECT_NE(p.output.find("--shard-size 3 does not divide the job's 2 ranks into shard groups"), std::string::npos)
+        << p.output;
+  }
+}
+
 // Issue 46: a newest DCP checkpoint whose .metadata was cut (40 bytes short) is skipped with
 // the reason and moved aside, so that the resumed run writes that epoch again (it failed
 // with "epoch-2 holds a checkpoint already", and so did every retry).
@@ -607,6 +641,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--model resnet18 --mode dp --devices cpu:0,cpu:1 --checkpoint-activations",
                   "--checkpoint-activations: --mode dp copies the model to each device"},
         BadOption{"--mode fsdp --balance auto", "--balance auto: fsdp splits each batch evenly"},
+        BadOption{"--mode ddp --shard-size 2", "--shard-size is hybrid sharding's; --mode ddp has no shard groups"},
         BadOption{"--trace /nonexistent/t.json", "--trace /nonexistent/t.json: the directory /nonexistent does not exist"},
         BadOption{"--mode dp --balance fast", "--balance: \"fast\" is not a balance (\"fast\" is not a share >= 0)"},
         BadOption{"--mode dp --balance 1,,2", "(\"\" is not a share >= 0)"},

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "datapar/cpu_allocator.h"
@@ -126,32 +127,39 @@ void join_job(const TrainPlan& plan) {
   }
 }
 
+// The banner's words for the ranks of a job: how many, on what, sharded how.
+std::string ranks_label(const TrainPlan& plan) {
+  const TrainOptions& o = plan.options;
+  std::string label = ", " + std::to_string(plan.world_size) + " ranks on " + o.backend;
+  if (o.zero) label += ", optimizer state sharded (ZeRO-1)";
+  if (plan.mode == Mode::kHsdp) {
+    label += ", sharded over groups of " + std::to_string(plan.shard_size) + ", replicated " +
+             std::to_string(plan.world_size / plan.shard_size) + " times";
+  }
+  if (is_fully_sharded(plan.mode)) {
+    label += o.reshard ? ", resharded after forward" : ", kept until backward";
+    if (o.mp != "none") label += ", parameters in " + o.mp;
+  }
+  if (o.checkpoint_activations) label += ", activations recomputed";
+  return label;
+}
+
 // Rank 0's first lines: what trains, where, on what.
 void print_banner(const TrainPlan& plan, const Data& data) {
   const TrainOptions& o = plan.options;
-  if (plan.rank == 0) {
-    std::printf("datapar train: %s, %s on %s%s, batch %ld (%ld per %s), lr %g, %ld train / %ld test samples (%s)\n",
-                o.model.c_str(), o.mode.c_str(), plan.devices_label.c_str(),
-                has_ranks(plan.mode)
-                    ? (", " + std::to_string(plan.world_size) + " ranks on " + o.backend +
-                       (o.zero ? ", optimizer state sharded (ZeRO-1)" : "") +
-                       (plan.mode == Mode::kFsdp ? std::string(o.reshard ? ", resharded after forward" : ", kept until backward") +
-                                               (o.mp != "none" ? ", parameters in " + o.mp : "")
-                                         : "") +
-                       (o.checkpoint_activations ? ", activations recomputed" : ""))
-                          .c_str()
-                    : "",
-                (long)plan.global_batch,
-                (long)(plan.mode == Mode::kDataParallel ? (plan.global_batch + plan.parallelism - 1) / plan.parallelism : plan.rank_batch),
-                plan.mode == Mode::kSingle ? "step" : (plan.mode == Mode::kDataParallel ? "device" : "rank"), plan.lr, (long)data.train->size(),
-                (long)data.test->size(), plan.data_dir.empty() ? "synthetic" : plan.data_dir.c_str());
-    std::fflush(stdout);
-  }
-
-  if (plan.rank == 0 && o.balance != "even" && plan.mode != Mode::kSingle) {
+  if (plan.rank != 0) return;
+  const bool dp = plan.mode == Mode::kDataParallel;
+  std::printf("datapar train: %s, %s on %s%s, batch %ld (%ld per %s), lr %g, %ld train / %ld test samples (%s)\n",
+              o.model.c_str(), o.mode.c_str(), plan.devices_label.c_str(),
+              has_ranks(plan.mode) ? ranks_label(plan).c_str() : "", (long)plan.global_batch,
+              (long)(dp ? (plan.global_batch + plan.parallelism - 1) / plan.parallelism : plan.rank_batch),
+              plan.mode == Mode::kSingle ? "step" : (dp ? "device" : "rank"), plan.lr, (long)data.train->size(),
+              (long)data.test->size(), plan.data_dir.empty() ? "synthetic" : plan.data_dir.c_str());
+  if (o.balance != "even" && plan.mode != Mode::kSingle) {
     std::printf("balance: %s\n", o.balance == "auto" ? "auto (shares follow the measured speeds)"
-                                                      : ("fixed shares " + o.balance).c_str());
+                                                    : ("fixed shares " + o.balance).c_str());
   }
+  std::fflush(stdout);
 }
 
 // 4. The model, initialised from the seed: the same on every rank and in every mode.

@@ -1,4 +1,4 @@
-// datapar train: trains a classifier on Fashion-MNIST (or synthetic images) in one of four
+// datapar train: trains a classifier on Fashion-MNIST (or synthetic images) in one of five
 // modes, and reports per-epoch metrics.
 //
 //   single  one device, no parallelism: the reference
@@ -8,6 +8,8 @@
 //           (--zero: the optimizer state sharded, ZeRO-1)
 //   fsdp    FullyShardedDataParallel, one rank per process, each holding a shard of the
 //           parameters, gradients and optimizer state
+//   hsdp    hybrid sharding: fsdp within each group of --shard-size ranks (a machine's),
+//           replicated across the groups (datapar/fsdp/hybrid_groups.h)
 // and, under `datapar launch --fault-tolerant`, ddp or fsdp that goes on when a rank fails.
 //
 // plan_training() checks every option and the environment before anything is loaded or
@@ -34,7 +36,7 @@ struct TrainOptions {
   int64_t batch_size = 256;        // global batch (before --scale-lr)
   double lr = 0.1;                 // plain SGD, as d2l
   double momentum = 0;
-  std::string mode = "single";     // single, dp, ddp, fsdp
+  std::string mode = "single";     // single, dp, ddp, fsdp, hsdp
   std::string devices;             // "" = the mode's default (see plan_training)
   std::string backend;             // ddp only: gloo, nccl, mpi; empty: nccl on CUDA, else default_backend()
   std::string replicas = "shared"; // dp only: shared (CPU replicas share the parameters) or copy
@@ -50,8 +52,9 @@ struct TrainOptions {
   std::string trace;               // Chrome trace of every step, all ranks (rank 0 writes)
   bool zero = false;               // ddp only: optimizer state sharded over the ranks (ZeRO-1)
   bool fault_tolerant = false;     // ddp under datapar launch --fault-tolerant: goes on when a rank fails
-  bool reshard = true;             // fsdp: free each unit's parameters after its forward (ZeRO-3)
-  std::string mp = "none";         // fsdp: mixed precision, the parameters' compute dtype: none, bf16, fp16
+  bool reshard = true;             // fsdp, hsdp: free each unit's parameters after its forward (ZeRO-3)
+  std::string mp = "none";         // fsdp, hsdp: mixed precision, the parameters' compute dtype: none, bf16, fp16
+  int shard_size = 0;              // hsdp: ranks per shard group (0: a machine's, LOCAL_WORLD_SIZE)
   bool checkpoint_activations = false;  // resnet18: recompute each residual block in backward
   std::string balance = "even";    // dp, ddp: even, auto (shares by measured speed), or weights "3,1"
   int64_t limit = 0;               // use only the first N train and N test samples (0: all)
@@ -63,11 +66,13 @@ struct TrainOptions {
 CLI::App* add_train_command(CLI::App& app, TrainOptions& options);
 
 // --mode, parsed once by plan_training: the rest of the trainer compares this, not the flag.
-enum class Mode { kSingle, kDataParallel, kDdp, kFsdp };
-// The flag's spelling: "single", "dp", "ddp", "fsdp".
+enum class Mode { kSingle, kDataParallel, kDdp, kFsdp, kHsdp };
+// The flag's spelling: "single", "dp", "ddp", "fsdp", "hsdp".
 const char* mode_name(Mode mode);
-// One rank per process (ddp, fsdp), joined through a launcher.
-inline bool has_ranks(Mode mode) { return mode == Mode::kDdp || mode == Mode::kFsdp; }
+// The parameters sharded (fsdp, hsdp): --mp and --no-reshard apply.
+inline bool is_fully_sharded(Mode mode) { return mode == Mode::kFsdp || mode == Mode::kHsdp; }
+// One rank per process (ddp, fsdp, hsdp), joined through a launcher.
+inline bool has_ranks(Mode mode) { return mode == Mode::kDdp || is_fully_sharded(mode); }
 
 // The options resolved against the machine and the launcher's environment.
 struct TrainPlan {
@@ -79,6 +84,7 @@ struct TrainPlan {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
+  int shard_size = 0;              // hsdp: ranks per shard group (--shard-size, or a machine's)
   int64_t parallelism = 1;         // devices (dp) or ranks (ddp) sharing a global batch
   int64_t global_batch = 0;        // after --scale-lr
   int64_t rank_batch = 0;          // what this process's loader reads per step

@@ -106,8 +106,9 @@ Mode parse_mode(const std::string& mode) {
   if (mode == "dp") return Mode::kDataParallel;
   if (mode == "ddp") return Mode::kDdp;
   if (mode == "fsdp") return Mode::kFsdp;
+  if (mode == "hsdp") return Mode::kHsdp;
   throw InvalidArgumentError(detail::str_cat("--mode: \"", mode, "\" is not a mode.\n---> HINT: use single (one device), ",
-                                             "dp (DataParallel), ddp or fsdp (one rank per process)."));
+                                             "dp (DataParallel), ddp, fsdp or hsdp (one rank per process)."));
 }
 
 // The flags alone and together, before anything else is looked at.
@@ -121,11 +122,11 @@ void check_flags(const TrainOptions& o, Mode mode) {
                 ": the learning rate must be positive and finite (d2l uses 0.1).");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
   DATAPAR_CHECK(!o.zero || mode == Mode::kDdp, "--zero shards the optimizer over the ranks of a ddp job; --mode ", o.mode,
-                mode == Mode::kFsdp
+                is_fully_sharded(mode)
                     ? " shards it already, with the parameters and gradients."
                     : " has one optimizer.\n---> HINT: add --mode ddp (under datapar launch), or leave out --zero.");
   if (o.fault_tolerant) {
-    DATAPAR_CHECK(has_ranks(mode) && (o.backend.empty() || o.backend == "gloo"),
+    DATAPAR_CHECK((mode == Mode::kDdp || mode == Mode::kFsdp) && (o.backend.empty() || o.backend == "gloo"),
                   "--fault-tolerant trains ddp or fsdp over gloo; --mode ", o.mode,
                   (o.backend.empty() ? "" : " --backend " + o.backend),
                   " is not that.\n---> HINT: use --mode ddp (or fsdp) --backend gloo.");
@@ -136,7 +137,7 @@ void check_flags(const TrainOptions& o, Mode mode) {
   }
   DATAPAR_CHECK(one_of(o.mp, {"none", "bf16", "fp16"}), "--mp: \"", o.mp,
                 "\" is not a precision.\n---> HINT: use none, bf16 or fp16.");
-  DATAPAR_CHECK(mode == Mode::kFsdp || (o.mp == "none" && o.reshard), "--mp and --no-reshard are fully sharded ",
+  DATAPAR_CHECK(is_fully_sharded(mode) || (o.mp == "none" && o.reshard), "--mp and --no-reshard are fully sharded ",
                 "training's; --mode ", o.mode,
                 " keeps whole parameters.\n---> HINT: add --mode fsdp, or leave them out.");
   DATAPAR_CHECK(!o.checkpoint_activations || o.model == "resnet18", "--checkpoint-activations recomputes resnet18's ",
@@ -146,8 +147,10 @@ void check_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(!o.checkpoint_activations || mode != Mode::kDataParallel, "--checkpoint-activations: --mode dp copies the model ",
                 "to each device, and checkpointed blocks cannot be copied.\n---> HINT: use --mode single, ddp or fsdp ",
                 "with it, or leave it out.");
-  DATAPAR_CHECK(mode != Mode::kFsdp || o.balance == "even", "--balance ", o.balance, ": fsdp splits each batch ",
-                "evenly.\n---> HINT: leave out --balance, or use --mode ddp.");
+  DATAPAR_CHECK(!is_fully_sharded(mode) || o.balance == "even", "--balance ", o.balance, ": ", o.mode,
+                " splits each batch evenly.\n---> HINT: leave out --balance, or use --mode ddp.");
+  DATAPAR_CHECK(mode == Mode::kHsdp || o.shard_size == 0, "--shard-size is hybrid sharding's; --mode ", o.mode,
+                " has no shard groups.\n---> HINT: add --mode hsdp, or leave it out.");
   DATAPAR_CHECK(o.batch_size >= 1, "--batch-size ", o.batch_size, ": the batch must hold at least 1 sample.");
   DATAPAR_CHECK(o.limit >= 0, "--limit ", o.limit, ": use 0 (all samples) or a positive count.");
   DATAPAR_CHECK(o.workers >= 0 && o.workers <= kMaxLoaderWorkers, "--workers ", o.workers, ": use 0 .. ",
@@ -211,6 +214,11 @@ void resolve_devices(TrainPlan& plan, const TrainOptions& o, const Environment& 
     plan.devices_label = to_string(job);
     plan.parallelism = plan.world_size;
     plan.options.backend = ddp_backend(o.backend, plan.devices.front(), plan.local_rank, inventory.cuda_count);
+    plan.shard_size = o.shard_size > 0 ? o.shard_size : plan.local_world_size;
+    DATAPAR_CHECK(mode != Mode::kHsdp || (plan.shard_size >= 1 && plan.world_size % plan.shard_size == 0),
+                  "--shard-size ", plan.shard_size, " does not divide the job's ", plan.world_size,
+                  " ranks into shard groups.\n---> HINT: use the ranks of one machine (the default) or a divisor of ",
+                  plan.world_size, ".");
     DATAPAR_CHECK(!o.fault_tolerant || (plan.options.backend == "gloo" && plan.devices.front().is_cpu()),
                   "--fault-tolerant trains on the CPU over gloo; this rank would take ", plan.options.backend, " on ",
                   plan.devices.front().str(), ".\n---> HINT: add --backend gloo --devices cpu.");
@@ -303,6 +311,7 @@ const char* mode_name(Mode mode) {
     case Mode::kDataParallel: return "dp";
     case Mode::kDdp: return "ddp";
     case Mode::kFsdp: return "fsdp";
+    case Mode::kHsdp: return "hsdp";
   }
   return "?";
 }

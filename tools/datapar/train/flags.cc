@@ -21,8 +21,9 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--lr", o.lr, "SGD learning rate (default 0.1)");
   cmd->add_option("--momentum", o.momentum, "SGD momentum (default 0: plain SGD, as d2l)");
   cmd->add_option("--mode", o.mode,
-                  "single, dp (DataParallel), ddp or fsdp (fully sharded: one rank per process, each keeping 1/N of "
-                  "the parameters, gradients and optimizer state; default single)");
+                  "single, dp (DataParallel), ddp, fsdp (fully sharded: one rank per process, each keeping 1/N of "
+                  "the parameters, gradients and optimizer state) or hsdp (hybrid: fsdp within each group of "
+                  "--shard-size ranks, replicated across the groups; default single)");
   cmd->add_option("--devices", o.devices,
                   "single: one device (default cpu:0); dp: the replicas' devices (default every CUDA device, "
                   "else one CPU device per core); ddp: one per local rank (default cuda:LOCAL_RANK or CPU)");
@@ -61,11 +62,16 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
                 "is alive, so the training does not either. Under fsdp (and --zero) each rank's shard is kept by "
                 "the next rank too");
   cmd->add_flag("--reshard,!--no-reshard", o.reshard,
-                "fsdp: free each unit's gathered parameters after its forward and gather them again for backward "
+                "fsdp, hsdp: free each unit's gathered parameters after its forward and gather them again for backward "
                 "(ZeRO-3, the default); --no-reshard keeps them until backward (less traffic, more memory)");
   cmd->add_option("--mp", o.mp,
-                  "fsdp: mixed precision: none (default), bf16 or fp16: parameters gathered and computed in that "
+                  "fsdp, hsdp: mixed precision: none (default), bf16 or fp16: parameters gathered and computed in that "
                   "dtype, gradients reduced in it, float32 shards stepped");
+  cmd->add_option("--shard-size", o.shard_size,
+                  "hsdp: ranks per shard group, consecutive ranks (default: a machine's, the launcher's local world "
+                  "size); gathers and reduce-scatters stay within a group, one all-reduce of 1/N of the gradient "
+                  "crosses groups")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--checkpoint-activations", o.checkpoint_activations,
                 "resnet18: recompute each residual block's activations in backward instead of keeping them");
   cmd->add_option("--balance", o.balance,

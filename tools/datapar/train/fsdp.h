@@ -1,5 +1,6 @@
 // --mode fsdp: FullyShardedDataParallel, one rank per process, each holding a shard of every
-// unit's parameters, gradients and SGD state; --mp computes in bf16 or fp16.
+// unit's parameters, gradients and SGD state; --mp computes in bf16 or fp16. --mode hsdp: the
+// same over the shard groups of a hybrid layout, replicated across them.
 #pragma once
 
 #include <torch/nn/modules/conv.h>
@@ -7,6 +8,7 @@
 
 #include "datapar/autograd/checkpoint_wrapper.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/fsdp/hybrid_groups.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/optim/optimizer_state.h"
 #include "single_device.h"
@@ -52,12 +54,15 @@ template <typename Impl>
 class FsdpMode : public Strategy {
  public:
   // `sgd`: the restored optimizer over the whole model; the SGD over the shards takes its
-  // part of its state, which then goes.
-  FsdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd) : plan_(plan), model_(model) {
-    const FsdpOptions options = fsdp_options(plan.options);
+  // part of its state, which then goes. Over the default group, or (hsdp) `hybrid`'s.
+  FsdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd,
+           const HybridGroups& hybrid = {})
+      : plan_(plan), model_(model) {
+    FsdpOptions options = fsdp_options(plan.options);
+    options.replicate_group = hybrid.replicate;
     const OptimizerState restored = optimizer_state_dict(sgd);
-    shard_units(*model, nullptr, options);
-    fsdp_ = std::make_unique<FullyShardedDataParallel<Impl>>(std::move(model), nullptr, options);
+    shard_units(*model, hybrid.shard, options);
+    fsdp_ = std::make_unique<FullyShardedDataParallel<Impl>>(std::move(model), hybrid.shard, options);
     shards_ = sgd_like(sgd)(fsdp_->parameters());
     fsdp_->load_full_optimizer_state(*shards_, restored);
     sgd.state().clear();

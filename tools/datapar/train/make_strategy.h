@@ -21,6 +21,7 @@ std::unique_ptr<Strategy> make_strategy(const TrainPlan& plan, std::shared_ptr<I
     case Mode::kDataParallel: return std::make_unique<DataParallelMode<Impl>>(plan, std::move(model), sgd);
     case Mode::kDdp: return std::make_unique<DdpMode<Impl>>(plan, std::move(model), sgd);
     case Mode::kFsdp: return std::make_unique<FsdpMode<Impl>>(plan, std::move(model), sgd);
+    case Mode::kHsdp: return std::make_unique<FsdpMode<Impl>>(plan, std::move(model), sgd, hybrid_groups(plan.shard_size));
   }
   return nullptr;
 }
@@ -35,7 +36,8 @@ std::unique_ptr<FaultTolerantStrategy> make_fault_tolerant(const TrainPlan& plan
     case Mode::kDdp: return std::make_unique<FaultTolerantDdpMode<Impl>>(plan, std::move(model), sgd, elastic, step);
     case Mode::kFsdp: return std::make_unique<FaultTolerantFsdpMode<Impl>>(plan, std::move(model), sgd, elastic, step);
     case Mode::kSingle:
-    case Mode::kDataParallel: break;
+    case Mode::kDataParallel:
+    case Mode::kHsdp: break;
   }
   return nullptr;
 }
