@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "datapar/error.h"
+#include "datapar/process_group/metadata.h"
 #include "datapar/state_dict.h"
 #include "datapar/optim/optimizer_state.h"
 #include "dcp/metadata.h"
@@ -137,3 +138,30 @@ void apply_fsdp_optimizer(const State& state, const std::string& prefix, torch::
 }
 
 }  // namespace datapar::dcp::detail
+
+namespace datapar::dcp {
+
+void save(const State& state, const std::string& dir, const HybridGroups& groups) {
+  DATAPAR_CHECK(groups.shard && groups.replicate, "dcp::save: the hybrid groups are not made (hybrid_groups()).");
+  ProcessGroup& replicas = *groups.replicate;
+  std::exception_ptr failed;
+  if (replicas.rank() == 0) {
+    try {
+      save(state, dir, *groups.shard);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  // The first replica's outcome to the others, so that none returns before the checkpoint
+  // is whole, nor believes one was written when it was not.
+  at::Tensor saved = metadata_tensor(replicas, std::vector<int64_t>{failed ? 0 : 1});
+  replicas.broadcast(saved, 0)->wait();
+  if (failed) std::rethrow_exception(failed);
+  if (host_int64s(saved).at(0) != 1) {
+    throw CheckpointError(datapar::detail::str_cat(
+        "dcp::save: the first replica failed to write the checkpoint in ", dir, " (its ranks say why); this replica "
+        "holds the same shards and wrote nothing. The directory is not a checkpoint."));
+  }
+}
+
+}  // namespace datapar::dcp

@@ -2,7 +2,8 @@
 // process (Gloo over loopback): 2 "machines" of 2 ranks, each rank sharding over its
 // machine and replicating across the other; training equals one process training on every
 // rank's batch (as DDP's does), with and without resharding after forward, averaged by
-// samples too; hybrid_groups()'s layout; a root and units that disagree are refused.
+// samples too; hybrid_groups()'s layout; a root and units that disagree are refused; a DCP
+// checkpoint written once, by the first replica, loads into a whole model.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/activation.h>
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -20,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "datapar/dcp/fsdp_state.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/fsdp/hybrid_groups.h"
 #include "datapar/process_group/gloo.h"
@@ -27,6 +30,7 @@
 #include "datapar/state_dict.h"
 #include "testing/expect_throw.h"
 #include "testing/ports.h"
+#include "testing/temp_dir.h"
 
 namespace datapar {
 namespace hybrid_sharding_test {
@@ -176,6 +180,46 @@ TEST(HybridSharding, OneRankPerMachineIsDataParallelOverTheMachines) {
     sgd.step();
     expect_near(fsdp.full_state_dict(), want, 1e-12, "rank " + std::to_string(rank));
   });
+}
+
+TEST(HybridSharding, ADcpCheckpointIsWrittenByTheFirstReplicaAndLoadsWhole) {
+  const testing::TempDir dir("hsdp_dcp");
+  const std::string ck = dir.path() + "/ck";
+  std::mutex mutex;
+  StateDict trained;  // rank 0's full state dict after the step
+  run_hybrid(4, /*shard_size=*/2, [&](int rank, const HybridGroups& groups) {
+    FsdpOptions options;
+    options.replicate_group = groups.replicate;
+    Net model = net(rank);
+    fully_shard_each<torch::nn::LinearImpl>(*model, groups.shard, options);
+    FullyShardedDataParallel fsdp(model, groups.shard, options);
+    torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    loss(fsdp.forward(batch(rank, 0))).backward();
+    sgd.step();
+    dcp::State state;
+    dcp::add_fsdp(state, "model", fsdp);
+    dcp::add_fsdp_optimizer(state, "optim", fsdp, sgd);
+    dcp::save(state, ck, groups);
+    EXPECT_TRUE(dcp::is_checkpoint(ck)) << "complete when save returns, on every rank";
+    const StateDict full = fsdp.full_state_dict();
+    if (rank == 0) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      trained = full;
+    }
+  });
+  int files = 0;
+  for (const char* name : {"/__0_0.distcp", "/__1_0.distcp", "/__2_0.distcp", "/__3_0.distcp"}) {
+    files += std::ifstream(ck + name).good() ? 1 : 0;
+  }
+  EXPECT_EQ(files, 2) << "one file per rank of one shard group";
+  Net whole = net(7);
+  torch::optim::SGD sgd(whole->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  dcp::State state;
+  dcp::add_module(state, "model", *whole);
+  dcp::add_optimizer(state, "optim", sgd, *whole);
+  dcp::load(state, ck);
+  dcp::apply_optimizer(state, "optim", sgd, *whole);
+  expect_near(state_dict(*whole), trained, 0, "the whole model");
 }
 
 TEST(HybridSharding, RefusesAShardSizeThatDoesNotDivideTheJob) {

@@ -13,6 +13,10 @@
 //
 // Loading writes into the shards and the optimizer's state tensors in place. Buffers are
 // whole (the same on every rank), in the dtype they have (FsdpOptions::buffer_dtype's).
+//
+// Hybrid sharding (HSDP): every replica holds the same shards, so the checkpoint is written
+// once, by the first replica's shard group: dcp::save(state, dir, groups) below. It loads as
+// any other, into each shard group alike: dcp::load(state, dir, *groups.shard).
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -22,6 +26,7 @@
 
 #include "datapar/dcp/checkpoint.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/fsdp/hybrid_groups.h"
 
 namespace datapar::dcp {
 namespace detail {
@@ -56,5 +61,11 @@ void apply_fsdp_optimizer(const State& state, const std::string& prefix, const F
                           torch::optim::Optimizer& optimizer) {
   detail::apply_fsdp_optimizer(state, prefix, optimizer, fsdp.shard_ranges(), fsdp.parameters());
 }
+
+// HSDP: saves `state` (this rank's shards) once, over the shard group of the first replica;
+// the other replicas write nothing and wait for it. Collective over the job: returns on
+// every rank once the checkpoint is complete; throws CheckpointError on every rank of a
+// replica group whose first member failed to save (that member throws its own error).
+void save(const State& state, const std::string& dir, const HybridGroups& groups);
 
 }  // namespace datapar::dcp
