@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "datapar/cpu_allocator.h"
@@ -21,14 +23,17 @@
 #include "datapar/distributed.h"
 #include "datapar/error.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
+#include "datapar/fsdp/hybrid_groups.h"
 #include "datapar/ft/fault_tolerant_fsdp.h"
 #include "datapar/models/lenet.h"
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/process_group/metadata.h"
+#include "datapar/rendezvous/job_config.h"
 #include "datapar/optim/optimizer_state.h"
 #include "bench_ft.h"
 #include "bench_line.h"
+#include "link_bytes.h"
 #include "local_job.h"
 
 namespace datapar::tools {
@@ -77,29 +82,84 @@ double largest(ProcessGroup& group, double value) {
   return host_doubles(t)[0];
 }
 
-// The slowest rank's mean step time over `steps` steps; `line` shows them at a terminal.
-template <typename Step>
-double time_steps(BenchLine& line, const std::string& phase, ProcessGroup& group, int steps, const Step& step) {
-  line.phase(phase, steps);
-  group.barrier()->wait();
-  const auto start = Clock::now();
-  for (int i = 0; i < steps; ++i) {
-    step(i);
-    line.step(i + 1);
-  }
-  return largest(group, std::chrono::duration<double>(Clock::now() - start).count() / steps);
+// The sum of every rank's `value`.
+double summed(ProcessGroup& group, double value) {
+  at::Tensor t = metadata_tensor(group, std::vector<double>{value});
+  group.all_reduce(t, ReduceOp::kSum)->synchronize();
+  return host_doubles(t)[0];
 }
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
+// Where this rank runs: whether it reads its machine's link counters (the first local rank),
+// and whether the job spans machines at all.
+struct Placement {
+  bool counts_links = false;
+  bool machines = false;
+};
+
+// One way of training the model that the bench times, and what each round measured of it.
+struct Variant {
+  std::string name;
+  std::function<void(int)> step;
+  std::vector<double> times;  // the slowest rank's mean step time, per round
+  std::vector<double> link;   // bytes the job's machines sent on their links per step, per round
+};
+
+// `steps` steps of `v`: the slowest rank's mean step time and the links' bytes per step
+// (the bench's own barrier and figure, a few bytes, included); `line` shows them.
+void time_steps(BenchLine& line, const std::string& phase, ProcessGroup& group, int steps, const Placement& where,
+                Variant& v) {
+  line.phase(phase, steps);
+  const int64_t sent = where.counts_links ? link_tx_bytes() : 0;
+  group.barrier()->wait();
+  const auto start = Clock::now();
+  for (int i = 0; i < steps; ++i) {
+    v.step(i);
+    line.step(i + 1);
+  }
+  v.times.push_back(largest(group, std::chrono::duration<double>(Clock::now() - start).count() / steps));
+  v.link.push_back(summed(group, where.counts_links ? static_cast<double>(link_tx_bytes() - sent) : 0.0) / steps);
+}
+
+// Warms every variant up, then times them in turn, round after round: drifts of a shared
+// machine hit all alike.
+void time_variants(const BenchFsdpOptions& o, ProcessGroup& group, int steps, const Placement& where,
+                   const std::vector<Variant*>& variants) {
+  BenchLine line(group);
+  line.phase("warm-up", o.warmup);
+  for (int i = 0; i < o.warmup; ++i) {
+    for (Variant* v : variants) v->step(i);
+    line.step(i + 1);
+  }
+  for (int round = 0; round < o.rounds; ++round) {
+    const std::string of = " (round " + std::to_string(round + 1) + "/" + std::to_string(o.rounds) + ")";
+    for (Variant* v : variants) time_steps(line, v->name + of, group, steps, where, *v);
+  }
+  line.clear();
+}
+
 // What run_model measured, as rank 0 prints it.
 struct FsdpFigures {
-  int world = 0, batch = 0, steps = 0, units = 0, prefetch = 0;
-  double ddp = 0, fsdp = 0, tolerant = 0;  // step times; tolerant: 0 without --fault-tolerant
-  Footprint whole, shards;                 // ddp's and fsdp's bytes on this rank
+  int world = 0, batch = 0, steps = 0, units = 0, prefetch = 0, shard_size = 0;
+  double ddp = 0, fsdp = 0, tolerant = 0, hsdp = 0;  // step times; 0: not timed
+  double ddp_link = 0, fsdp_link = 0, hsdp_link = 0;  // links' bytes per step
+  bool machines = false;                    // the ranks span machines: the link figures mean something
+  Footprint whole, shards;                  // ddp's and fsdp's bytes on this rank
   double most_shards = 0, most_tolerant = 0;  // the largest rank's bytes
-  int64_t unit_bytes = 0;                  // the largest unit, gathered
+  int64_t unit_bytes = 0;                   // the largest unit, gathered
 };
+
+void print_hsdp(const FsdpFigures& f) {
+  std::printf("hsdp (shard groups of %d, replicated %d times): step %.2f ms, hsdp/fsdp %.3f\n", f.shard_size,
+              f.world / f.shard_size, f.hsdp * 1e3, f.hsdp / f.fsdp);
+  if (!f.machines) {
+    std::printf("bytes over the machines' links: none (every rank on this machine)\n");
+    return;
+  }
+  std::printf("bytes over the machines' links per step: ddp %.0f, fsdp %.0f, hsdp %.0f: hsdp/fsdp %.3f (1/%d = %.3f)\n",
+              f.ddp_link, f.fsdp_link, f.hsdp_link, f.hsdp_link / f.fsdp_link, f.shard_size, 1.0 / f.shard_size);
+}
 
 void print_figures(const BenchFsdpOptions& o, const FsdpFigures& f) {
   const int world = f.world;
@@ -126,12 +186,19 @@ void print_figures(const BenchFsdpOptions& o, const FsdpFigures& f) {
                 f.tolerant * 1e3, f.tolerant / f.fsdp, mib(static_cast<int64_t>(f.most_tolerant)),
                 f.most_tolerant / static_cast<double>(f.whole.total()), world, std::min(1.0, 2.0 / world));
   }
+  if (f.hsdp > 0) print_hsdp(f);
   std::printf("samples/s: ddp %.0f fsdp %.0f\n", world * f.batch / f.ddp, world * f.batch / f.fsdp);
 }
 
+// The units of the bench's models: each layer with parameters, a residual block whole.
+template <typename Impl>
+void shard_bench_units(Impl& model, const std::shared_ptr<ProcessGroup>& group, const FsdpOptions& options) {
+  fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl>(model, group, options);
+}
+
 template <typename Module>
-int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& group,
-              const std::function<Module()>& make) {
+int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& group, const Placement& where,
+              const HybridGroups* hybrid, const std::function<Module()>& make) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + group.rank());
   std::vector<std::pair<at::Tensor, at::Tensor>> batches;
   for (int i = 0; i < 4; ++i) {
@@ -141,72 +208,75 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
     torch::manual_seed(0);
     return make();
   };
-  Module plain = fresh();
-  DistributedDataParallel ddp(plain.ptr());
-  auto ddp_optimizer = make_optimizer(o.optimizer, ddp.parameters());
-  Module sharded = fresh();
-  FsdpOptions options;
-  options.reshard_after_forward = o.reshard;
-  fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl>(*sharded, nullptr, options);
-  FullyShardedDataParallel fsdp(sharded.ptr(), nullptr, options);
-  auto fsdp_optimizer = make_optimizer(o.optimizer, fsdp.parameters());
-
   auto step = [&](auto& model, torch::optim::Optimizer& optimizer, int i) {
     const auto& [x, y] = batches[i % batches.size()];
     optimizer.zero_grad();
     at::cross_entropy_loss(model.forward(x), y).backward();
     optimizer.step();
   };
-  auto ddp_step = [&](int i) { step(ddp, *ddp_optimizer, i); };
-  auto fsdp_step = [&](int i) { step(fsdp, *fsdp_optimizer, i); };
+  Module plain = fresh();
+  DistributedDataParallel ddp(plain.ptr());
+  auto ddp_optimizer = make_optimizer(o.optimizer, ddp.parameters());
+  Module sharded = fresh();
+  FsdpOptions options;
+  options.reshard_after_forward = o.reshard;
+  shard_bench_units(*sharded, nullptr, options);
+  FullyShardedDataParallel fsdp(sharded.ptr(), nullptr, options);
+  auto fsdp_optimizer = make_optimizer(o.optimizer, fsdp.parameters());
+  Variant ddp_variant{"ddp", [&](int i) { step(ddp, *ddp_optimizer, i); }};
+  Variant fsdp_variant{"fsdp", [&](int i) { step(fsdp, *fsdp_optimizer, i); }};
+  std::vector<Variant*> variants = {&ddp_variant, &fsdp_variant};
+  // --hsdp: the same units sharded within each machine, replicated across them.
+  using Impl = typename Module::ContainedType;
+  std::unique_ptr<FullyShardedDataParallel<Impl>> hsdp;
+  std::unique_ptr<torch::optim::Optimizer> hsdp_optimizer;
+  Variant hsdp_variant{"hsdp", [&](int i) { step(*hsdp, *hsdp_optimizer, i); }};
+  if (hybrid != nullptr) {
+    FsdpOptions hybrid_options = options;
+    hybrid_options.replicate_group = hybrid->replicate;
+    Module replicated = fresh();
+    shard_bench_units(*replicated, hybrid->shard, hybrid_options);
+    hsdp = std::make_unique<FullyShardedDataParallel<Impl>>(replicated.ptr(), hybrid->shard, hybrid_options);
+    hsdp_optimizer = make_optimizer(o.optimizer, hsdp->parameters());
+    variants.push_back(&hsdp_variant);
+  }
   // --fault-tolerant: the same model under ft::FaultTolerantFsdp (each rank's shard kept by
   // the next rank too; every rank's gradient gathered unit by unit, each keeping two shards).
-  using Impl = typename Module::ContainedType;
   std::unique_ptr<FtBenchJob> job;
   std::unique_ptr<ft::FaultTolerantFsdp<Impl>> tolerant;
-  std::function<void(int)> ft_step;
+  Variant ft_variant{"fault-tolerant fsdp", [&](int i) {
+                       const auto& b = batches[i % batches.size()];  // C++17 lambdas cannot capture a binding
+                       const bool committed = tolerant->train_step([&](FullyShardedDataParallel<Impl>& f, const ft::Slice&) {
+                         at::cross_entropy_loss(f.forward(b.first), b.second).backward();
+                         return b.second.size(0);  // each rank its own batch: the slice is this rank's
+                       });
+                       DATAPAR_CHECK(committed, "bench fsdp --fault-tolerant: a step was not committed (a rank failed?).");
+                     }};
   if (o.fault_tolerant) {
     job = std::make_unique<FtBenchJob>(group, "bench-fsdp");
     tolerant = std::make_unique<ft::FaultTolerantFsdp<Impl>>(
-        [&] { return fresh().ptr(); },
-        [](Impl& m, const std::shared_ptr<ProcessGroup>& g, const FsdpOptions& unit_options) {
-          fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl>(m, g, unit_options);
-        },
+        [&] { return fresh().ptr(); }, [](Impl& m, const auto& g, const FsdpOptions& u) { shard_bench_units(m, g, u); },
         [&o](std::vector<at::Tensor> p) { return make_optimizer(o.optimizer, std::move(p)); }, *job->elastic,
         group.size(), options);
-    ft_step = [&](int i) {
-      const auto& batch = batches[i % batches.size()];  // not a structured binding: C++17 lambdas cannot capture one
-      const bool committed = tolerant->train_step([&](FullyShardedDataParallel<Impl>& f, const ft::Slice&) {
-        at::cross_entropy_loss(f.forward(batch.first), batch.second).backward();
-        return batch.second.size(0);  // each rank its own batch: the slice is this rank's
-      });
-      DATAPAR_CHECK(committed, "bench fsdp --fault-tolerant: a step was not committed (did a rank fail?).");
-    };
+    variants.push_back(&ft_variant);
   }
-  BenchLine line(group);
-  line.phase("warm-up", o.warmup);
-  for (int i = 0; i < o.warmup; ++i) {
-    ddp_step(i);
-    fsdp_step(i);
-    if (ft_step) ft_step(i);
-    line.step(i + 1);
-  }
-  std::vector<double> ddp_times, fsdp_times, ft_times;
-  for (int round = 0; round < o.rounds; ++round) {  // in turn: drifts of a shared machine hit all
-    const std::string of = " (round " + std::to_string(round + 1) + "/" + std::to_string(o.rounds) + ")";
-    ddp_times.push_back(time_steps(line, "ddp" + of, group, steps, ddp_step));
-    fsdp_times.push_back(time_steps(line, "fsdp" + of, group, steps, fsdp_step));
-    if (ft_step) ft_times.push_back(time_steps(line, "fault-tolerant fsdp" + of, group, steps, ft_step));
-  }
-  line.clear();
+  time_variants(o, group, steps, where, variants);
   FsdpFigures f;
   f.world = group.size();
   f.batch = batch;
   f.steps = steps;
   f.units = static_cast<int>(fsdp.units());
   f.prefetch = options.prefetch;
-  f.ddp = median(ddp_times);
-  f.fsdp = median(fsdp_times);
+  f.machines = where.machines;
+  f.ddp = median(ddp_variant.times);
+  f.fsdp = median(fsdp_variant.times);
+  f.ddp_link = median(ddp_variant.link);
+  f.fsdp_link = median(fsdp_variant.link);
+  if (hsdp) {
+    f.hsdp = median(hsdp_variant.times);
+    f.hsdp_link = median(hsdp_variant.link);
+    f.shard_size = hybrid->shard->size();
+  }
   // Bytes after a step, gradients still held (zero_grad comes at the next step's start).
   f.whole = footprint(ddp.parameters(), *ddp_optimizer);
   f.shards = footprint(fsdp.parameters(), *fsdp_optimizer);
@@ -215,7 +285,7 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
   if (tolerant) {  // its own shards and the previous rank's, the largest rank
     const Footprint own = footprint(tolerant->fsdp().parameters(), tolerant->optimizer());
     f.most_tolerant = largest(group, static_cast<double>(own.total() + tolerant->kept_bytes()));
-    f.tolerant = median(ft_times);
+    f.tolerant = median(ft_variant.times);
     tolerant->finish();
   }
   if (group.rank() == 0) print_figures(o, f);
@@ -227,21 +297,29 @@ int run_rank(const BenchFsdpOptions& o, const std::string& init, int rank, int w
   tune_cpu_allocator();
   init_process_group(job_backend(o.backend), init, rank, world, kDefaultTimeout);
   ProcessGroup& group = *default_group();
+  const std::optional<ProcessIdentity> id = resolve_job_config().identity();
+  const int local_rank = id && id->local_rank >= 0 ? id->local_rank : rank;
+  const int local_world = id && id->local_world_size >= 1 ? id->local_world_size : world;
+  const Placement where{local_rank == 0, local_world < world};
+  std::optional<HybridGroups> hybrid;
+  if (o.hsdp) hybrid = hybrid_groups(o.shard_size > 0 ? o.shard_size : local_world);
+  const HybridGroups* groups = hybrid ? &*hybrid : nullptr;
   int code = 1;
   if (o.model == "mlp") {
-    code =
-        run_model<models::Mlp>(o, o.batch ? o.batch : 64, o.steps ? o.steps : 100, group, [] { return models::Mlp(); });
+    code = run_model<models::Mlp>(o, o.batch ? o.batch : 64, o.steps ? o.steps : 100, group, where, groups,
+                                  [] { return models::Mlp(); });
   } else if (o.model == "mlp-large") {  // 36.8M parameters: 147 MiB in float32
-    code = run_model<models::Mlp>(o, o.batch ? o.batch : 64, o.steps ? o.steps : 5, group, [] {
+    code = run_model<models::Mlp>(o, o.batch ? o.batch : 64, o.steps ? o.steps : 5, group, where, groups, [] {
       return models::Mlp(std::vector<int64_t>{784, 4096, 4096, 4096, 10});
     });
   } else if (o.model == "lenet") {
-    code = run_model<models::LeNet>(o, o.batch ? o.batch : 128, o.steps ? o.steps : 30, group,
+    code = run_model<models::LeNet>(o, o.batch ? o.batch : 128, o.steps ? o.steps : 30, group, where, groups,
                                     [] { return models::LeNet(); });
   } else {
-    code = run_model<models::ResNet18>(o, o.batch ? o.batch : 32, o.steps ? o.steps : 5, group,
+    code = run_model<models::ResNet18>(o, o.batch ? o.batch : 32, o.steps ? o.steps : 5, group, where, groups,
                                        [] { return models::ResNet18(); });
   }
+  hybrid.reset();
   destroy_process_group();
   return code;
 }

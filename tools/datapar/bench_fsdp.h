@@ -19,12 +19,16 @@ struct BenchFsdpOptions {
   std::string optimizer = "adam";  // adam (lr 1e-3) or sgd (lr 0.01)
   bool reshard = true;             // FsdpOptions::reshard_after_forward
   bool fault_tolerant = false;      // also time ft::FaultTolerantFsdp (gloo)
+  bool hsdp = false;                // also time hybrid sharding (FsdpOptions::replicate_group)
+  int shard_size = 0;               // hsdp: ranks per shard group; 0: a machine's (LOCAL_WORLD_SIZE)
 };
 
 // Each rank, all at once: the model under DDP and under FSDP (each layer with parameters a
-// unit, a residual block whole), timed in alternating rounds. Rank 0 prints the median step
-// times, their ratio, the bytes per rank of each (and of ZeRO-1, computed from DDP's), and
-// last `samples/s: X` (FSDP's).
+// unit, a residual block whole), and HSDP and fault-tolerant FSDP if asked, timed in
+// alternating rounds. Rank 0 prints the median step times, their ratio, the bytes per rank
+// of each (and of ZeRO-1, computed from DDP's), under --hsdp on ranks that span machines the
+// bytes each sends over the machines' links per step (link_bytes.h), and last
+// `samples/s: X` (FSDP's).
 int bench_fsdp(const BenchFsdpOptions& options);
 
 }  // namespace datapar::tools

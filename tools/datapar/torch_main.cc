@@ -107,6 +107,12 @@ CLI::App* add_bench_fsdp(CLI::App& bench, datapar::tools::BenchFsdpOptions& fsdp
   cmd->add_flag("--fault-tolerant", fsdp.fault_tolerant,
                        "Also time FSDP under fault tolerance (ft::FaultTolerantFsdp: each rank's shard kept by the "
                        "next rank too), and report what each rank keeps");
+  cmd->add_flag("--hsdp", fsdp.hsdp,
+                "Also time hybrid sharding: FSDP within each machine, replicated across machines; on ranks that "
+                "span machines, count the bytes each variant sends over the machines' links");
+  cmd->add_option("--shard-size", fsdp.shard_size,
+                  "--hsdp: ranks per shard group (default: a machine's, the launcher's local world size)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", fsdp.threads, "Intra-op threads per process (default 1)")
       ->check(datapar::tools::whole_number<decltype(fsdp.threads)>());
   cmd->add_option("--optimizer", fsdp.optimizer, "adam (lr 1e-3; the default) or sgd (lr 0.01)");
