@@ -29,6 +29,7 @@
 #include "file_system.h"
 #include "testing/dcp_twin.h"
 #include "testing/gloo_ranks.h"
+#include "testing/python.h"
 #include "testing/temp_dir.h"
 
 #ifndef DATAPAR_DCP_PYTHON
@@ -40,26 +41,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// PyTorch 2.15's Python (scripts/setup_torch.sh): Debian's python3-torch (1.13) has no
-// torch.distributed.checkpoint. $DATAPAR_DCP_PYTHON overrides it.
-std::string dcp_python() {
-  const char* chosen = std::getenv("DATAPAR_DCP_PYTHON");
-  return chosen != nullptr && *chosen != '\0' ? chosen : DATAPAR_DCP_PYTHON;
-}
-
-#define DATAPAR_REQUIRE_DCP_PYTHON()                                                                   \
-  do {                                                                                                 \
-    const std::string check = "'" + dcp_python() +                                                     \
-                              "' -c 'import torch, torch.distributed.checkpoint; "                     \
-                              "assert torch.__version__.startswith(\"2.15.\")' >/dev/null 2>&1";       \
-    if (std::system(check.c_str()) != 0) {                                                             \
-      FAIL() << "the DCP interop tests need PyTorch 2.15's Python; " << dcp_python()                   \
-             << " is not one. Run scripts/setup_torch.sh (make test does), or set DATAPAR_DCP_PYTHON"; \
-    }                                                                                                  \
-  } while (0)
+using testing::pytorch215_python;
 
 int interop(const std::string& args) {
-  const std::string command = "'" + dcp_python() + "' '" DATAPAR_SOURCE_DIR "/tests/dcp/dcp_interop.py' " + args;
+  const std::string command = "'" + pytorch215_python() + "' '" DATAPAR_SOURCE_DIR "/tests/dcp/dcp_interop.py' " + args;
   return std::system(command.c_str());
 }
 
@@ -75,7 +60,7 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const std::stri
 // PyTorch saves with 2 ranks (DDP, and FSDP2, whose parameters are row shards); datapar loads
 // on 1, 2 and 3 ranks, and the next Adam step is PyTorch's.
 TEST(DcpPython, DataparLoadsWhatPyTorchSavedOnOneTwoAndThreeRanks) {
-  DATAPAR_REQUIRE_DCP_PYTHON();
+  DATAPAR_REQUIRE_PYTORCH_215();
   const testing::TempDir dir("dcp");
   for (const std::string kind : {"ddp", "fsdp"}) {
     const std::string ck = dir.path() + "/" + kind;
@@ -127,7 +112,7 @@ TEST(DcpPython, DataparLoadsWhatPyTorchSavedOnOneTwoAndThreeRanks) {
 // on 2 (FSDP2: resharded into its row shards) and into one torch.save file
 // (dcp_to_torch_save), and steps on from there.
 TEST(DcpPython, PyTorchLoadsWhatDataparSaved) {
-  DATAPAR_REQUIRE_DCP_PYTHON();
+  DATAPAR_REQUIRE_PYTORCH_215();
   const testing::TempDir dir("dcp");
   const std::string ck = dir.path() + "/ck";
   torch::manual_seed(5);

@@ -2,8 +2,9 @@
 // process (Gloo over loopback): 2 "machines" of 2 ranks, each rank sharding over its
 // machine and replicating across the other; training equals one process training on every
 // rank's batch (as DDP's does), with and without resharding after forward, averaged by
-// samples too; hybrid_groups()'s layout; a root and units that disagree are refused; a DCP
-// checkpoint written once, by the first replica, loads into a whole model.
+// samples too, an MLP and d2l's ResNet-18; hybrid_groups()'s layout; a root and units that
+// disagree are refused; a DCP checkpoint written once, by the first replica, loads into a
+// whole model.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/activation.h>
@@ -13,29 +14,24 @@
 #include <torch/utils.h>
 
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "datapar/dcp/fsdp_state.h"
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/fsdp/hybrid_groups.h"
-#include "datapar/process_group/gloo.h"
-#include "datapar/rendezvous/prefix_store.h"
+#include "datapar/models/resnet18.h"
 #include "datapar/state_dict.h"
 #include "testing/expect_throw.h"
-#include "testing/ports.h"
+#include "testing/hybrid_ranks.h"
 #include "testing/temp_dir.h"
 
 namespace datapar {
 namespace hybrid_sharding_test {
-
-using namespace std::chrono_literals;
 
 std::mutex g_generator;  // the default generator is not thread-safe
 
@@ -73,35 +69,7 @@ void expect_near(const StateDict& got, const StateDict& want, double tolerance, 
   }
 }
 
-// Runs fn(rank, groups) on `world` threads, each a rank of a job of machines of
-// `shard_size` ranks, its groups made by hybrid_groups() as Gloo groups over one store.
-void run_hybrid(int world, int shard_size, const std::function<void(int, const HybridGroups&)>& fn) {
-  testing::ThreadJobStore job(30s);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        const std::shared_ptr<Store> store = job.join(rank);
-        int made = 0;  // the groups of the layout so far: each its own store namespace
-        const HybridGroups groups =
-            hybrid_groups(rank, world, shard_size, [&](const std::vector<int>& ranks) -> std::shared_ptr<ProcessGroup> {
-              const std::string prefix = "group/" + std::to_string(made++);
-              const auto me = std::find(ranks.begin(), ranks.end(), rank);
-              if (me == ranks.end()) return nullptr;
-              return new_gloo_process_group(std::make_shared<PrefixStore>(prefix, store),
-                                            static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
-                                            GlooOptions{"127.0.0.1", 30s});
-            });
-        fn(rank, groups);
-        groups.replicate->barrier()->wait();
-        groups.shard->barrier()->wait();  // keeps rank 0's store up until everyone is done
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << rank << ": " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-}
+using testing::run_hybrid_ranks;
 
 // 5 steps of SGD with momentum at 2 x 2, against one process on the 4 ranks' batches.
 void expect_two_by_two_trains_as_one_process(FsdpOptions options) {
@@ -123,7 +91,7 @@ void expect_two_by_two_trains_as_one_process(FsdpOptions options) {
   }
   const StateDict want = state_dict(*reference);
 
-  run_hybrid(kWorld, /*shard_size=*/2, [&](int rank, const HybridGroups& groups) {
+  run_hybrid_ranks(kWorld, /*shard_size=*/2, [&](int rank, const HybridGroups& groups) {
     EXPECT_EQ(groups.shard->size(), 2);
     EXPECT_EQ(groups.shard->rank(), rank % 2) << "machines of consecutive ranks";
     EXPECT_EQ(groups.replicate->size(), 2);
@@ -160,6 +128,49 @@ TEST(HybridSharding, AveragingBySamplesIsTheGradientOfTheJobsRows) {
   expect_two_by_two_trains_as_one_process(options);
 }
 
+TEST(HybridSharding, ResNet18AtTwoByTwoTrainsAsOneProcess) {
+  // d2l's ResNet-18 (its 8 residual blocks units, the stem and head the root's), float64,
+  // 3 steps of SGD with momentum: BatchNorm normalises each rank's batch on its own, as the
+  // reference does by running each rank's batch separately.
+  constexpr int kWorld = 4, kSteps = 3;
+  auto image = [](int r, int step) {
+    return at::sin(at::arange(2 * 144, at::kDouble).view({2, 1, 12, 12}) * (0.3 + r) + step);
+  };
+  auto make = [](uint64_t seed) {
+    const std::lock_guard<std::mutex> lock(g_generator);
+    torch::manual_seed(seed);
+    models::ResNet18 model(10, 1);
+    model->to(at::kDouble);
+    return model;
+  };
+  models::ResNet18 reference = make(0);
+  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < kSteps; ++step) {
+    reference_sgd.zero_grad();
+    at::Tensor total = at::zeros({}, at::kDouble);
+    for (int r = 0; r < kWorld; ++r) total = total + loss(reference->forward(image(r, step)));
+    (total / kWorld).backward();
+    reference_sgd.step();
+  }
+  run_hybrid_ranks(kWorld, /*shard_size=*/2, [&](int rank, const HybridGroups& groups) {
+    models::ResNet18 model = make(rank);
+    FsdpOptions options;
+    options.replicate_group = groups.replicate;
+    EXPECT_EQ(fully_shard_each<models::ResidualImpl>(*model, groups.shard, options), 8);
+    FullyShardedDataParallel fsdp(model, groups.shard, options);
+    torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    for (int step = 0; step < kSteps; ++step) {
+      sgd.zero_grad();
+      loss(fsdp.forward(image(rank, step))).backward();
+      sgd.step();
+    }
+    const StateDict got = fsdp.full_state_dict();
+    for (const auto& item : reference->named_parameters()) {
+      EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-10, 1e-10)) << "rank " << rank << ": " << item.key();
+    }
+  });
+}
+
 TEST(HybridSharding, OneRankPerMachineIsDataParallelOverTheMachines) {
   // Shards of the whole model (groups of one): the gradient all-reduced across the three.
   Net reference = net(0);
@@ -169,7 +180,7 @@ TEST(HybridSharding, OneRankPerMachineIsDataParallelOverTheMachines) {
   (total / 3).backward();
   reference_sgd.step();
   const StateDict want = state_dict(*reference);
-  run_hybrid(3, /*shard_size=*/1, [&](int rank, const HybridGroups& groups) {
+  run_hybrid_ranks(3, /*shard_size=*/1, [&](int rank, const HybridGroups& groups) {
     FsdpOptions options;
     options.replicate_group = groups.replicate;
     Net model = net(rank);
@@ -187,7 +198,7 @@ TEST(HybridSharding, ADcpCheckpointIsWrittenByTheFirstReplicaAndLoadsWhole) {
   const std::string ck = dir.path() + "/ck";
   std::mutex mutex;
   StateDict trained;  // rank 0's full state dict after the step
-  run_hybrid(4, /*shard_size=*/2, [&](int rank, const HybridGroups& groups) {
+  run_hybrid_ranks(4, /*shard_size=*/2, [&](int rank, const HybridGroups& groups) {
     FsdpOptions options;
     options.replicate_group = groups.replicate;
     Net model = net(rank);
@@ -233,7 +244,7 @@ TEST(HybridSharding, RefusesAShardSizeThatDoesNotDivideTheJob) {
 }
 
 TEST(HybridSharding, RefusesUnitsWhoseReplicasAreNotTheRoots) {
-  run_hybrid(2, /*shard_size=*/1, [&](int rank, const HybridGroups& groups) {
+  run_hybrid_ranks(2, /*shard_size=*/1, [&](int rank, const HybridGroups& groups) {
     Net model = net(rank);
     fully_shard_each<torch::nn::LinearImpl>(*model, groups.shard, FsdpOptions{});  // no replicas
     FsdpOptions hybrid;

@@ -60,4 +60,27 @@ inline int run_python(const std::string& dir, const std::string& name, const std
   return run_python_file(path, args);
 }
 
+#ifdef DATAPAR_DCP_PYTHON
+// PyTorch 2.15's Python (scripts/setup_torch.sh), whichever libtorch datapar is built with:
+// what the tests that compare with torch.distributed.checkpoint or FSDP2 (fully_shard, a
+// device mesh) run; Debian's python3-torch, 1.13, has neither. $DATAPAR_DCP_PYTHON
+// overrides it.
+inline std::string pytorch215_python() {
+  const char* chosen = std::getenv("DATAPAR_DCP_PYTHON");
+  return chosen != nullptr && *chosen != '\0' ? chosen : DATAPAR_DCP_PYTHON;
+}
+
+// A test that compares with PyTorch 2.15 starts with this: it fails, saying why, without it.
+#define DATAPAR_REQUIRE_PYTORCH_215()                                                                      \
+  do {                                                                                                     \
+    const std::string check = "'" + ::datapar::testing::pytorch215_python() +                              \
+                              "' -c 'import torch, torch.distributed.checkpoint; "                         \
+                              "assert torch.__version__.startswith(\"2.15.\")' >/dev/null 2>&1";           \
+    if (std::system(check.c_str()) != 0) {                                                                 \
+      FAIL() << "this test compares with PyTorch 2.15, and " << ::datapar::testing::pytorch215_python()    \
+             << " is not one. Run scripts/setup_torch.sh (make test does), or set DATAPAR_DCP_PYTHON";     \
+    }                                                                                                      \
+  } while (0)
+#endif
+
 }  // namespace datapar::testing
