@@ -15,6 +15,14 @@
 // depend on who is alive), and each keeps two shards of it instead of one. (Before, each
 // rank's reduced shard went to the next by an all-gather per unit: gloo's send and receive,
 // which would move just that, go over TCP even between processes of one machine.)
+//
+// Note [Re-sharding unit by unit]
+// After a membership change each member takes its shard of the new layout from the members
+// that keep the old one's. Each unit is put together whole (its flat parameters and state
+// tensors, broadcast shard by shard from their keepers), cut for the new layout and freed
+// before the next: a member holds its old shards, the previous rank's it kept, its new
+// shards and one unit whole at the most, never the whole model (before, every member put
+// every unit together at once: the memory FSDP exists to avoid, when a job is in trouble).
 #include "datapar/ft/fault_tolerant_fsdp.h"
 
 #include <ATen/ATen.h>
@@ -72,11 +80,12 @@ void set_state(optim::Optimizer& optimizer, const at::Tensor& param, std::unique
   optimizer.state()[key_of<StateMap>(param)] = std::move(s);
 }
 
-// `flat`'s first elements (up to its length or `length`) in a new zero tensor of `length`.
-at::Tensor resized(const at::Tensor& flat, int64_t length) {
+// Elements [begin, begin + length) of `flat` in a new tensor, zeros past its end (another
+// layout's padding).
+at::Tensor part_of(const at::Tensor& flat, int64_t begin, int64_t length) {
   at::Tensor out = at::zeros({length}, flat.options());
-  const int64_t n = std::min(length, flat.numel());
-  out.narrow(0, 0, n).copy_(flat.narrow(0, 0, n));
+  const int64_t n = std::max<int64_t>(0, std::min(length, flat.numel() - begin));
+  if (n > 0) out.narrow(0, 0, n).copy_(flat.narrow(0, begin, n));
   return out;
 }
 
@@ -97,16 +106,21 @@ struct FsdpTwoCopies::Impl {
   std::unique_ptr<optim::Optimizer> kept_optimizer;
   at::Tensor kept_gradients;  // the kept shards' gradients side by side
 
-  // The whole flats of one layout's units, their optimizer state tensors, and the state's
-  // metadata per unit, put together from the members that keep each shard.
-  struct Whole {
-    std::vector<at::Tensor> params;
-    std::vector<std::vector<at::Tensor>> state;
-    std::vector<datapar::detail::ParamStateMeta> meta;
+  // One unit's whole flat in one layout, its optimizer state tensors and the state's
+  // metadata, put together from the members that keep each of its shards.
+  struct UnitWhole {
+    at::Tensor params;
+    std::vector<at::Tensor> state;
+    datapar::detail::ParamStateMeta meta{0, 0, 0};
   };
-  Whole gather(ProcessGroup& group, const Standings& standings, int64_t layout, const FsdpParts* current,
-               const FsdpParts& next) const;
-  void fill(const Whole& whole, int n, int rank, const FsdpParts& next) const;
+  // For each shard of `layout`, the member that gives it: its owner if at the newest step,
+  // else the next rank, which keeps it too.
+  std::vector<int> keepers(const Standings& standings, int64_t layout) const;
+  UnitWhole gather(ProcessGroup& group, const std::vector<int>& keeper, size_t unit, const FsdpParts* current,
+                   const FsdpParts& next) const;
+  // Rank `rank`'s shard of `whole` (unit `unit`) into `next`, the new layout's padding zeros
+  // past the flat (Note [An FSDP shard's layout]).
+  void fill(const UnitWhole& whole, int rank, size_t unit, const FsdpParts& next) const;
   void keep_previous(ProcessGroup& group, const FsdpParts& next);
 };
 
@@ -121,93 +135,83 @@ FsdpTwoCopies::FsdpTwoCopies(OptimizerFactory make_optimizer, StateDict model, O
 FsdpTwoCopies::~FsdpTwoCopies() = default;
 FsdpTwoCopies::FsdpTwoCopies(FsdpTwoCopies&&) noexcept = default;
 
-FsdpTwoCopies::Impl::Whole FsdpTwoCopies::Impl::gather(ProcessGroup& group, const Standings& standings, int64_t layout,
-                                                 const FsdpParts* current, const FsdpParts& next) const {
-  const int me = group.rank();
+std::vector<int> FsdpTwoCopies::Impl::keepers(const Standings& standings, int64_t layout) const {
   const int64_t newest = standings.newest();
   int size = 0;
   for (int r = 0; r < standings.size(); ++r) {
-    if (standings.step(r) == newest && Kept::of(standings, r).layout_epoch == layout) {
-      size = static_cast<int>(Kept::of(standings, r).layout_size);
-    }
+    const Kept kept = Kept::of(standings, r);
+    if (standings.step(r) == newest && kept.layout_epoch == layout) size = static_cast<int>(kept.layout_size);
   }
-  // Shard j's keeper: its owner if it is here at the newest step, else the next rank.
   std::vector<int> keeper(static_cast<size_t>(size), -1);
   for (int j = 0; j < size; ++j) {
     for (const int rank_in_layout : {j, (j + 1) % size}) {
       for (int r = 0; r < standings.size() && keeper[j] < 0; ++r) {
-        if (standings.step(r) == newest && Kept::of(standings, r).layout_epoch == layout &&
-            Kept::of(standings, r).layout_rank == rank_in_layout) {
+        const Kept kept = Kept::of(standings, r);
+        if (standings.step(r) == newest && kept.layout_epoch == layout && kept.layout_rank == rank_in_layout) {
           keeper[j] = r;
         }
       }
     }
   }
-  // Each unit's flat (the same units in every layout: the same model), shard by shard from
-  // its keeper, received in place, with its state.
-  const size_t units = next.unit_numels.size();
-  std::vector<int64_t> shard(units);
-  Whole whole;
-  for (size_t u = 0; u < units; ++u) {
-    shard[u] = (next.unit_numels[u] + size - 1) / size;
-    whole.params.push_back(at::zeros({shard[u] * size}, next.shards[u].options()));
-  }
-  std::vector<at::Tensor> slots;  // (shard j, unit u) at j * units + u
+  return keeper;
+}
+
+FsdpTwoCopies::Impl::UnitWhole FsdpTwoCopies::Impl::gather(ProcessGroup& group, const std::vector<int>& keeper,
+                                                           size_t unit, const FsdpParts* current,
+                                                           const FsdpParts& next) const {
+  const int me = group.rank();
+  const int size = static_cast<int>(keeper.size());
+  // The unit's flat is the same in every layout (the same model), shard by shard from its
+  // keeper, received in place, with its state.
+  const int64_t shard = (next.unit_numels[unit] + size - 1) / size;
+  UnitWhole whole;
+  whole.params = at::zeros({shard * size}, next.shards[unit].options());
+  std::vector<at::Tensor> slots;  // shard j at j
   datapar::detail::ParamStateMoves moves;
   std::vector<const optim::OptimizerParamState*> mine;
   for (int j = 0; j < size; ++j) {
-    for (size_t u = 0; u < units; ++u) {
-      const bool here = me == keeper[j];
-      if (here) {  // its own shard, or the previous rank's it kept
-        const bool own = layout_rank == j;
-        const at::Tensor& source = own ? current->shards.at(u) : kept.at(u);
-        slots.push_back(source.detach());
-        mine.push_back(state_of(own ? *current->optimizer : *kept_optimizer, source));
-      } else {
-        slots.push_back(whole.params[u].narrow(0, j * shard[u], shard[u]));
-        mine.push_back(nullptr);
-      }
-      moves.source.push_back(keeper[j]);
-      moves.state.push_back(true);
-      moves.value.push_back(true);
-      moves.keep.push_back(!here);
+    const bool here = me == keeper[j];
+    if (here) {  // its own shard, or the previous rank's it kept
+      const bool own = layout_rank == j;
+      const at::Tensor& source = own ? current->shards.at(unit) : kept.at(unit);
+      slots.push_back(source.detach());
+      mine.push_back(state_of(own ? *current->optimizer : *kept_optimizer, source));
+    } else {
+      slots.push_back(whole.params.narrow(0, j * shard, shard));
+      mine.push_back(nullptr);
     }
+    moves.source.push_back(keeper[j]);
+    moves.state.push_back(true);
+    moves.value.push_back(true);
+    moves.keep.push_back(!here);
   }
   auto received = datapar::detail::broadcast_param_states(group, kind, slots, moves, [&](size_t i) { return mine[i]; });
-  whole.state.assign(units, {});
-  whole.meta.assign(units, {0, 0, 0});
   for (int j = 0; j < size; ++j) {
-    for (size_t u = 0; u < units; ++u) {
-      const size_t i = static_cast<size_t>(j) * units + u;
-      const bool here = me == keeper[j];
-      if (here) whole.params[u].narrow(0, j * shard[u], shard[u]).copy_(slots[i]);
-      const optim::OptimizerParamState* state = here ? mine[i] : (received.count(i) ? received[i].get() : nullptr);
-      if (state == nullptr) continue;
-      const std::vector<at::Tensor> tensors = datapar::detail::param_state_tensors(kind, *state);
-      if (whole.state[u].empty()) {
-        whole.meta[u] = datapar::detail::param_state_meta(kind, state);
-        for (const at::Tensor& t : tensors) whole.state[u].push_back(at::zeros({shard[u] * size}, t.options()));
-      }
-      for (size_t t = 0; t < tensors.size() && t < whole.state[u].size(); ++t) {
-        whole.state[u][t].narrow(0, j * shard[u], shard[u]).copy_(tensors[t]);
-      }
+    const size_t i = static_cast<size_t>(j);
+    const bool here = me == keeper[j];
+    if (here) whole.params.narrow(0, j * shard, shard).copy_(slots[i]);
+    const optim::OptimizerParamState* state = here ? mine[i] : (received.count(i) ? received[i].get() : nullptr);
+    if (state == nullptr) continue;
+    const std::vector<at::Tensor> tensors = datapar::detail::param_state_tensors(kind, *state);
+    if (whole.state.empty()) {
+      whole.meta = datapar::detail::param_state_meta(kind, state);
+      for (const at::Tensor& t : tensors) whole.state.push_back(at::zeros({shard * size}, t.options()));
+    }
+    for (size_t t = 0; t < tensors.size() && t < whole.state.size(); ++t) {
+      whole.state[t].narrow(0, j * shard, shard).copy_(tensors[t]);
     }
   }
   return whole;
 }
 
-void FsdpTwoCopies::Impl::fill(const Whole& whole, int n, int rank, const FsdpParts& next) const {
+void FsdpTwoCopies::Impl::fill(const UnitWhole& whole, int rank, size_t unit, const FsdpParts& next) const {
   const torch::NoGradGuard no_grad;
-  for (size_t u = 0; u < next.shards.size(); ++u) {
-    const int64_t shard = next.shards[u].numel();
-    next.shards[u].detach().copy_(resized(whole.params[u], shard * n).narrow(0, rank * shard, shard));
-    if (whole.state[u].empty()) continue;
-    std::vector<at::Tensor> tensors;
-    for (const at::Tensor& t : whole.state[u]) {
-      tensors.push_back(resized(t, shard * n).narrow(0, rank * shard, shard).clone());
-    }
-    set_state(*next.optimizer, next.shards[u], datapar::detail::make_param_state(kind, whole.meta[u], tensors));
-  }
+  const int64_t shard = next.shards[unit].numel();
+  next.shards[unit].detach().copy_(part_of(whole.params, rank * shard, shard));
+  if (whole.state.empty()) return;
+  std::vector<at::Tensor> tensors;
+  for (const at::Tensor& t : whole.state) tensors.push_back(part_of(t, rank * shard, shard));
+  set_state(*next.optimizer, next.shards[unit], datapar::detail::make_param_state(kind, whole.meta, tensors));
 }
 
 void FsdpTwoCopies::Impl::keep_previous(ProcessGroup& group, const FsdpParts& next) {
@@ -218,37 +222,32 @@ void FsdpTwoCopies::Impl::keep_previous(ProcessGroup& group, const FsdpParts& ne
     kept_gradients = at::Tensor();
     return;
   }
-  // This rank's shards and their state, side by side, to the next rank; the previous
-  // rank's from it, in the same order (every rank's shards have the same sizes).
-  std::vector<at::Tensor> mine;
+  // Unit by unit, this rank's shard and its state side by side to the next rank, the
+  // previous rank's from it (every rank's shards have the same sizes): a unit's shard in
+  // flight at a time (Note [Re-sharding unit by unit]). The pieces received are views of
+  // what was received, which they keep; only once all arrived does the shard kept before go
+  // (a failure on the way keeps it).
+  std::vector<at::Tensor> shards;
+  std::vector<std::vector<at::Tensor>> states;
   std::vector<datapar::detail::ParamStateMeta> meta;
   for (const at::Tensor& s : next.shards) {
-    mine.push_back(s.detach().reshape({-1}));
+    std::vector<at::Tensor> mine = {s.detach().reshape({-1})};
     const optim::OptimizerParamState* state = state_of(*next.optimizer, s);
     meta.push_back(datapar::detail::param_state_meta(kind, state));
-    if (state == nullptr) continue;
-    for (const at::Tensor& t : datapar::detail::param_state_tensors(kind, *state)) mine.push_back(t.reshape({-1}));
-  }
-  const at::Tensor out = at::cat(mine);
-  const at::Tensor in = at::empty_like(out);
-  auto sent = group.send(out, (rank + 1) % n);
-  auto got = group.recv(in, (rank + n - 1) % n);
-  sent->wait();
-  got->wait();
-  // Received whole: only now does the shard kept before go (a failure above keeps it).
-  std::vector<at::Tensor> shards;
-  int64_t at_ = 0;
-  auto take = [&](const at::Tensor& like) {
-    at::Tensor t = in.narrow(0, at_, like.numel()).clone().view(like.sizes());
-    at_ += like.numel();
-    return t;
-  };
-  std::vector<std::vector<at::Tensor>> states;
-  for (size_t u = 0; u < next.shards.size(); ++u) {
-    shards.push_back(take(next.shards[u]));
+    if (state != nullptr) {
+      for (const at::Tensor& t : datapar::detail::param_state_tensors(kind, *state)) mine.push_back(t.reshape({-1}));
+    }
+    const at::Tensor out = at::cat(mine);
+    const at::Tensor in = at::empty_like(out);
+    auto sent = group.send(out, (rank + 1) % n);
+    auto got = group.recv(in, (rank + n - 1) % n);
+    sent->wait();
+    got->wait();
+    const int64_t numel = s.numel();
+    shards.push_back(in.narrow(0, 0, numel).view(s.sizes()));
     states.emplace_back();
-    for (size_t t = 0; t < datapar::detail::param_state_tensor_count(kind, meta[u]); ++t) {
-      states.back().push_back(take(next.shards[u]));
+    for (size_t t = 0; t < datapar::detail::param_state_tensor_count(kind, meta.back()); ++t) {
+      states.back().push_back(in.narrow(0, numel * static_cast<int64_t>(t + 1), numel).view(s.sizes()));
     }
   }
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(shards);
@@ -258,7 +257,7 @@ void FsdpTwoCopies::Impl::keep_previous(ProcessGroup& group, const FsdpParts& ne
   }
   int64_t total = 0;
   for (const at::Tensor& k : shards) total += k.numel();
-  const at::Tensor gradients = at::zeros({total}, out.options());  // Note [The previous rank's gradient shard]
+  const at::Tensor gradients = at::zeros({total}, shards.front().options());  // Note [The previous rank's gradient shard]
   int64_t offset = 0;
   for (at::Tensor& k : shards) {
     k.mutable_grad() = gradients.narrow(0, offset, k.numel()).view(k.sizes());
@@ -343,8 +342,10 @@ int64_t FsdpTwoCopies::rebuild(ProcessGroup& group, int64_t epoch, Standing& min
     next.load_model(model);
     next.load_optimizer(*next.optimizer, state.at("optimizer").toGenericDict());
   } else {
-    const Impl::Whole gathered = m.gather(group, standings, layout, current, next);
-    m.fill(gathered, group.size(), me, next);
+    // Unit by unit: one unit whole at a time (its parameters and state), not the model
+    // (Note [Re-sharding unit by unit]).
+    const std::vector<int> keeper = m.keepers(standings, layout);
+    for (size_t u = 0; u < next.shards.size(); ++u) m.fill(m.gather(group, keeper, u, current, next), me, u, next);
     if (current) next.optimizer->param_groups()[0].set_options(current->optimizer->param_groups()[0].options().clone());
     // The buffers (BatchNorm's statistics) of the first member at the newest step.
     const int source = standings.first_at_newest();
