@@ -33,39 +33,15 @@
 #include "datapar/state_dict.h"
 #include "datapar/optim/optimizer_state.h"
 #include "testing/expect_throw.h"
+#include "testing/fsdp_net.h"
 #include "testing/gloo_ranks.h"
 
 namespace datapar {
 namespace {
 
-// The default generator is not thread-safe, and constructing a module draws from it.
-std::mutex g_fsdp_generator;
-
-// Two Linear layers in a Sequential (units under fully_shard_each) and a head called
-// directly (the root's own): 220 + 420 + 105 parameters, none a multiple of 3 ranks.
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : blocks(register_module("blocks", torch::nn::Sequential(torch::nn::Linear(10, 20), torch::nn::ReLU(),
-                                                               torch::nn::Linear(20, 20), torch::nn::Tanh()))),
-        head(register_module("head", torch::nn::Linear(20, 5))) {}
-  at::Tensor forward(const at::Tensor& x) { return head->forward(blocks->forward(x)); }
-  torch::nn::Sequential blocks;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(Net);
-
-Net net(uint64_t seed, at::ScalarType dtype = at::kDouble) {
-  const std::lock_guard<std::mutex> lock(g_fsdp_generator);
-  torch::manual_seed(seed);
-  Net model;
-  model->to(dtype);
-  return model;
-}
-
-// Rank r's batch at `step`: 3 + r rows (uneven), the same on every rank's thread.
-at::Tensor batch(int r, int step, at::ScalarType dtype = at::kDouble) {
-  return at::sin(at::arange(10 * (3 + r), at::kDouble).view({3 + r, 10}) * (0.1 * (r + 1)) + step).to(dtype);
-}
+using Net = testing::FsdpNet;
+using testing::fsdp_batch;
+using testing::fsdp_net;
 
 // Averaged per rank, as DDP and FSDP average: the mean over ranks of each rank's mean loss.
 at::Tensor loss(const at::Tensor& out) { return out.pow(2).mean(); }
@@ -95,19 +71,19 @@ void expect_training_equals_one_process(const TrainingCase& setup) {
   constexpr int kSteps = 5;
   const int world = setup.world;
   // One process: the same model (rank 0's), the gradient the mean over ranks of their losses'.
-  Net reference = net(0);
+  Net reference = fsdp_net(0);
   auto reference_optimizer = optimizer(reference->parameters(), setup.adam);
   for (int step = 0; step < kSteps; ++step) {
     reference_optimizer->zero_grad();
     at::Tensor total = at::zeros({}, at::kDouble);
-    for (int r = 0; r < world; ++r) total = total + loss(reference->forward(batch(r, step)));
+    for (int r = 0; r < world; ++r) total = total + loss(reference->forward(fsdp_batch(r, step)));
     (total / world).backward();
     reference_optimizer->step();
   }
   const StateDict want = state_dict(*reference);
 
   testing::run_gloo_ranks(world, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(rank);  // different: FSDP starts every rank from rank 0's
+    Net model = fsdp_net(rank);  // different: FSDP starts every rank from rank 0's
     const auto names = model->named_parameters().keys();
     if (setup.units) EXPECT_EQ(fully_shard_each<torch::nn::LinearImpl>(*model, group, setup.options), 2);
     FullyShardedDataParallel fsdp(model, group, setup.options);
@@ -115,7 +91,7 @@ void expect_training_equals_one_process(const TrainingCase& setup) {
     EXPECT_EQ(fsdp.units(), setup.units ? 3u : 1u);
     EXPECT_FALSE(fsdp.gathered()) << "sharded after construction";
     // The module's own forward, outside fsdp's, finds no parameters: an error, not garbage.
-    EXPECT_ANY_THROW(model->forward(batch(rank, 0)));
+    EXPECT_ANY_THROW(model->forward(fsdp_batch(rank, 0)));
     const int64_t all = setup.units ? padded(220, world) + padded(420, world) + padded(105, world) : padded(745, world);
     EXPECT_EQ(fsdp.shard_numel() * world, all);
     // Between forward and backward: the root's own parameters (and, without resharding, every unit's).
@@ -124,7 +100,7 @@ void expect_training_equals_one_process(const TrainingCase& setup) {
     auto opt = optimizer(fsdp.parameters(), setup.adam);
     for (int step = 0; step < kSteps; ++step) {
       opt->zero_grad();
-      const at::Tensor out = fsdp.forward(batch(rank, step));
+      const at::Tensor out = fsdp.forward(fsdp_batch(rank, step));
       EXPECT_EQ(fsdp.gathered_numel(), between) << "between forward and backward";
       loss(out).backward();
       EXPECT_FALSE(fsdp.gathered()) << "after backward";
@@ -134,7 +110,7 @@ void expect_training_equals_one_process(const TrainingCase& setup) {
     expect_near(fsdp.full_state_dict(), want, 1e-10, "rank " + std::to_string(rank));
     // And the module's own parameters, gathered for an evaluation forward, are the reference's.
     const at::NoGradGuard no_grad;
-    EXPECT_TRUE(at::allclose(fsdp.forward(batch(0, 0)), reference->forward(batch(0, 0)), 1e-10, 1e-10));
+    EXPECT_TRUE(at::allclose(fsdp.forward(fsdp_batch(0, 0)), reference->forward(fsdp_batch(0, 0)), 1e-10, 1e-10));
     EXPECT_FALSE(fsdp.gathered()) << "after an evaluation forward";
   });
 }
@@ -202,7 +178,7 @@ TEST(FullyShardedDataParallel, GathersOnlyTheUnitComputingAndThosePrefetched) {
       };
       torch::nn::Sequential model;
       {
-        const std::lock_guard<std::mutex> lock(g_fsdp_generator);
+        const std::lock_guard<std::mutex> lock(testing::generator_mutex());
         for (int i = 0; i < kLayers; ++i) {
           model->push_back(torch::nn::Linear(16, 16));
           model->push_back(Probe(record));
@@ -230,14 +206,14 @@ TEST(FullyShardedDataParallel, GathersOnlyTheUnitComputingAndThosePrefetched) {
 TEST(FullyShardedDataParallel, AFullStateDictLoadsAtAnotherWorldSize) {
   StateDict saved;
   std::mutex mutex;
-  const at::Tensor x = batch(0, 3);
+  const at::Tensor x = fsdp_batch(0, 3);
   at::Tensor want;
   testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(7);
+    Net model = fsdp_net(7);
     fully_shard_each<torch::nn::LinearImpl>(*model, group);
     FullyShardedDataParallel fsdp(model, group);
     torch::optim::SGD sgd(fsdp.parameters(), 0.1);
-    loss(fsdp.forward(batch(rank, 0))).backward();
+    loss(fsdp.forward(fsdp_batch(rank, 0))).backward();
     sgd.step();
     const StateDict state = fsdp.full_state_dict();
     const at::NoGradGuard no_grad;
@@ -246,11 +222,11 @@ TEST(FullyShardedDataParallel, AFullStateDictLoadsAtAnotherWorldSize) {
     if (rank == 0) saved = state, want = out;
   });
   // The unsharded model loads it: the names are its own.
-  Net plain = net(8);
+  Net plain = fsdp_net(8);
   load_state_dict(*plain, saved);
   EXPECT_TRUE(at::allclose(plain->forward(x), want));
   testing::run_gloo_ranks(3, [&](int, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(9);
+    Net model = fsdp_net(9);
     fully_shard_each<torch::nn::LinearImpl>(*model, group);
     FullyShardedDataParallel fsdp(model, group);
     fsdp.load_full_state_dict(saved);
@@ -271,13 +247,13 @@ TEST(FullyShardedDataParallel, AFullStateDictLoadsAtAnotherWorldSize) {
 // equal those of Adam on the model, and a run at 3 ranks resumes at 2 from the full model and
 // optimizer state as if it had never stopped.
 TEST(FullyShardedDataParallel, AFullOptimizerStateResumesAtAnotherWorldSize) {
-  Net reference = net(0);
+  Net reference = fsdp_net(0);
   torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(0.01));
   auto reference_steps = [&](int from, int to, int world) {
     for (int step = from; step < to; ++step) {
       reference_adam.zero_grad();
       at::Tensor total = at::zeros({}, at::kDouble);
-      for (int r = 0; r < world; ++r) total = total + loss(reference->forward(batch(r, step)));
+      for (int r = 0; r < world; ++r) total = total + loss(reference->forward(fsdp_batch(r, step)));
       (total / world).backward();
       reference_adam.step();
     }
@@ -289,13 +265,13 @@ TEST(FullyShardedDataParallel, AFullOptimizerStateResumesAtAnotherWorldSize) {
   OptimizerState optimizer_state(c10::AnyType::get(), c10::AnyType::get());
   std::mutex mutex;
   testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(rank);
+    Net model = fsdp_net(rank);
     fully_shard_each<torch::nn::LinearImpl>(*model, group);
     FullyShardedDataParallel fsdp(model, group);
     torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(0.01));
     for (int step = 0; step < 2; ++step) {
       adam.zero_grad();
-      loss(fsdp.forward(batch(rank, step))).backward();
+      loss(fsdp.forward(fsdp_batch(rank, step))).backward();
       adam.step();
     }
     const OptimizerState full = fsdp.full_optimizer_state(adam);
@@ -316,7 +292,7 @@ TEST(FullyShardedDataParallel, AFullOptimizerStateResumesAtAnotherWorldSize) {
   reference_steps(2, 5, 2);  // the run goes on at 2 ranks
   const StateDict want = state_dict(*reference);
   testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(10 + rank);
+    Net model = fsdp_net(10 + rank);
     fully_shard_each<torch::nn::LinearImpl>(*model, group);
     FullyShardedDataParallel fsdp(model, group);
     torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(0.5));  // the saved lr replaces it
@@ -324,7 +300,7 @@ TEST(FullyShardedDataParallel, AFullOptimizerStateResumesAtAnotherWorldSize) {
     fsdp.load_full_optimizer_state(adam, optimizer_state);
     for (int step = 2; step < 5; ++step) {
       adam.zero_grad();
-      loss(fsdp.forward(batch(rank, step))).backward();
+      loss(fsdp.forward(fsdp_batch(rank, step))).backward();
       adam.step();
     }
     expect_near(fsdp.full_state_dict(), want, 1e-10, "resumed at 2 ranks");
@@ -338,14 +314,14 @@ TEST(FullyShardedDataParallel, AFullOptimizerStateResumesAtAnotherWorldSize) {
 TEST(FullyShardedDataParallel, AShardedStateDictLoadsOnlyWhereItWasSaved) {
   std::map<int, StateDict> saved;
   std::mutex mutex;
-  const at::Tensor x = batch(1, 2);
+  const at::Tensor x = fsdp_batch(1, 2);
   at::Tensor want;
   testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(3);
+    Net model = fsdp_net(3);
     fully_shard_each<torch::nn::LinearImpl>(*model, group);
     FullyShardedDataParallel fsdp(model, group);
     torch::optim::SGD sgd(fsdp.parameters(), 0.1);
-    loss(fsdp.forward(batch(rank, 0))).backward();
+    loss(fsdp.forward(fsdp_batch(rank, 0))).backward();
     sgd.step();
     const StateDict state = fsdp.sharded_state_dict();
     const at::NoGradGuard no_grad;
@@ -355,7 +331,7 @@ TEST(FullyShardedDataParallel, AShardedStateDictLoadsOnlyWhereItWasSaved) {
     if (rank == 0) want = out;
   });
   testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(4);
+    Net model = fsdp_net(4);
     fully_shard_each<torch::nn::LinearImpl>(*model, group);
     FullyShardedDataParallel fsdp(model, group);
     EXPECT_THROW_MSG(fsdp.load_sharded_state_dict(saved[1 - rank]), InvalidArgumentError,
@@ -365,7 +341,7 @@ TEST(FullyShardedDataParallel, AShardedStateDictLoadsOnlyWhereItWasSaved) {
     EXPECT_TRUE(at::allclose(fsdp.forward(x), want));
   });
   testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(4);
+    Net model = fsdp_net(4);
     fully_shard_each<torch::nn::LinearImpl>(*model, group);
     FullyShardedDataParallel fsdp(model, group);
     EXPECT_THROW_MSG(fsdp.load_sharded_state_dict(saved[std::min(rank, 1)]), InvalidArgumentError,
@@ -374,31 +350,31 @@ TEST(FullyShardedDataParallel, AShardedStateDictLoadsOnlyWhereItWasSaved) {
                      "not a sharded state dict");
   });
   testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(4);  // all one unit: another layout of the same parameters
+    Net model = fsdp_net(4);  // all one unit: another layout of the same parameters
     FullyShardedDataParallel fsdp(model, group);
     EXPECT_THROW_MSG(fsdp.load_sharded_state_dict(saved[rank]), InvalidArgumentError, "another model");
   });
 }
 
 TEST(FullyShardedDataParallel, NoSyncAccumulatesAndTheNextBackwardReducesTheSum) {
-  Net reference = net(0);
+  Net reference = fsdp_net(0);
   for (int micro = 0; micro < 2; ++micro) {
     at::Tensor total = at::zeros({}, at::kDouble);
-    for (int r = 0; r < 2; ++r) total = total + loss(reference->forward(batch(r, micro)));
+    for (int r = 0; r < 2; ++r) total = total + loss(reference->forward(fsdp_batch(r, micro)));
     (total / 2).backward();
   }
   std::vector<at::Tensor> want;
   for (const at::Tensor& p : reference->parameters()) want.push_back(p.grad());
   testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(rank);
+    Net model = fsdp_net(rank);
     fully_shard_each<torch::nn::LinearImpl>(*model, group);
     FullyShardedDataParallel fsdp(model, group);
     {
       auto guard = fsdp.no_sync();
-      loss(fsdp.forward(batch(rank, 0))).backward();
+      loss(fsdp.forward(fsdp_batch(rank, 0))).backward();
       for (const at::Tensor& shard : fsdp.parameters()) EXPECT_FALSE(shard.grad().defined()) << "nothing reduced";
     }
-    loss(fsdp.forward(batch(rank, 1))).backward();
+    loss(fsdp.forward(fsdp_batch(rank, 1))).backward();
     // Each parameter's gradient, gathered from the shards: the full state dict of a model whose
     // "parameters" are the gradients, by swapping the shards' values for their gradients.
     {
@@ -415,19 +391,19 @@ TEST(FullyShardedDataParallel, NoSyncAccumulatesAndTheNextBackwardReducesTheSum)
 
 TEST(FullyShardedDataParallel, ClippingTheShardsEqualsClippingTheModel) {
   for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
-    Net reference = net(0);
+    Net reference = fsdp_net(0);
     at::Tensor total = at::zeros({}, at::kDouble);
-    for (int r = 0; r < 3; ++r) total = total + loss(reference->forward(batch(r, 0)));
+    for (int r = 0; r < 3; ++r) total = total + loss(reference->forward(fsdp_batch(r, 0)));
     (total * 10).backward();  // large enough to clip
     const double want_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.5, norm_type);
     torch::optim::SGD reference_sgd(reference->parameters(), 1.0);
     reference_sgd.step();
     const StateDict want = state_dict(*reference);
     testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-      Net model = net(rank);
+      Net model = fsdp_net(rank);
       fully_shard_each<torch::nn::LinearImpl>(*model, group);
       FullyShardedDataParallel fsdp(model, group);
-      (loss(fsdp.forward(batch(rank, 0))) * 30).backward();  // the mean over 3 ranks of 30 x: 10 x the sum
+      (loss(fsdp.forward(fsdp_batch(rank, 0))) * 30).backward();  // the mean over 3 ranks of 30 x: 10 x the sum
       EXPECT_NEAR(fsdp.clip_grad_norm_(0.5, norm_type), want_norm, 1e-10 * want_norm) << "norm " << norm_type;
       torch::optim::SGD sgd(fsdp.parameters(), 1.0);
       sgd.step();
@@ -438,20 +414,20 @@ TEST(FullyShardedDataParallel, ClippingTheShardsEqualsClippingTheModel) {
 
 TEST(FullyShardedDataParallel, AveragingBySamplesIsTheGradientOfTheGlobalBatch) {
   // Ranks with 3, 4 and 5 rows: the mean over all 12, not the mean of the ranks' means.
-  Net reference = net(0);
+  Net reference = fsdp_net(0);
   torch::optim::SGD reference_sgd(reference->parameters(), 0.1);
-  at::Tensor all = at::cat({batch(0, 0), batch(1, 0), batch(2, 0)});
+  at::Tensor all = at::cat({fsdp_batch(0, 0), fsdp_batch(1, 0), fsdp_batch(2, 0)});
   loss(reference->forward(all)).backward();
   reference_sgd.step();
   const StateDict want = state_dict(*reference);
   testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-    Net model = net(rank);
+    Net model = fsdp_net(rank);
     FsdpOptions options;
     options.average_by_samples = true;
     fully_shard_each<torch::nn::LinearImpl>(*model, group, options);
     FullyShardedDataParallel fsdp(model, group, options);
     torch::optim::SGD sgd(fsdp.parameters(), 0.1);
-    loss(fsdp.forward(batch(rank, 0))).backward();
+    loss(fsdp.forward(fsdp_batch(rank, 0))).backward();
     sgd.step();
     expect_near(fsdp.full_state_dict(), want, 1e-12, "rank " + std::to_string(rank));
   });
@@ -463,7 +439,7 @@ TEST(FullyShardedDataParallel, MixedPrecisionComputesInBfloat16AndStepsFloat32Sh
   std::mutex mutex;
   for (int mixed : {0, 1}) {
     testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
-      Net model = net(0, at::kFloat);
+      Net model = fsdp_net(0, at::kFloat);
       FsdpOptions options;
       if (mixed) options.param_dtype = at::kBFloat16;
       fully_shard_each<torch::nn::LinearImpl>(*model, group, options);
@@ -472,7 +448,7 @@ TEST(FullyShardedDataParallel, MixedPrecisionComputesInBfloat16AndStepsFloat32Sh
       torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       for (int step = 0; step < kSteps; ++step) {
         sgd.zero_grad();
-        const at::Tensor out = fsdp.forward(batch(rank, step, at::kFloat));
+        const at::Tensor out = fsdp.forward(fsdp_batch(rank, step, at::kFloat));
         EXPECT_EQ(out.scalar_type(), mixed ? at::kBFloat16 : at::kFloat);
         loss(out.to(at::kFloat)).backward();
         sgd.step();
@@ -500,7 +476,7 @@ TEST(FullyShardedDataParallel, MixedPrecisionKeepsBatchNormStatisticsInTheBuffer
     testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
       torch::nn::Sequential model;
       {
-        const std::lock_guard<std::mutex> lock(g_fsdp_generator);
+        const std::lock_guard<std::mutex> lock(testing::generator_mutex());
         torch::manual_seed(2);
         model = torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)), torch::nn::BatchNorm2d(4),
                                       torch::nn::ReLU(), torch::nn::Flatten(), torch::nn::Linear(4 * 6 * 6, 3));
@@ -553,7 +529,7 @@ TEST(FullyShardedDataParallel, ActivationCheckpointingInsideUnitsGivesTheSameTra
     testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
       torch::nn::Sequential model;
       {
-        const std::lock_guard<std::mutex> lock(g_fsdp_generator);
+        const std::lock_guard<std::mutex> lock(testing::generator_mutex());
         torch::manual_seed(5);
         model->push_back(CheckpointedBlockImpl(how == 1));
         model->push_back(CheckpointedBlockImpl(how == 1));
@@ -569,7 +545,7 @@ TEST(FullyShardedDataParallel, ActivationCheckpointingInsideUnitsGivesTheSameTra
       torch::optim::SGD sgd(fsdp.parameters(), 0.1);
       for (int step = 0; step < 3; ++step) {
         sgd.zero_grad();
-        loss(fsdp.forward(batch(rank, step))).backward();
+        loss(fsdp.forward(fsdp_batch(rank, step))).backward();
         sgd.step();
       }
       const StateDict state = fsdp.full_state_dict();
@@ -595,7 +571,7 @@ void expect_resnet18_trains_as_one_process(int world, bool adam) {
     return at::sin(at::arange(2 * 144, at::kDouble).view({2, 1, 12, 12}) * (0.3 + r) + step);
   };
   auto make = [](uint64_t seed) {
-    const std::lock_guard<std::mutex> lock(g_fsdp_generator);
+    const std::lock_guard<std::mutex> lock(testing::generator_mutex());
     torch::manual_seed(seed);
     models::ResNet18 model(10, 1);
     model->to(at::kDouble);
@@ -653,7 +629,7 @@ TEST(FullyShardedDataParallel, GathersForTheBackwardOfATupleOfOutputs) {
   const at::Tensor x = at::randn({3, 4});
   TwoHeads plain;
   {
-    const std::lock_guard<std::mutex> lock(g_fsdp_generator);
+    const std::lock_guard<std::mutex> lock(testing::generator_mutex());
     plain = TwoHeads();
   }
   auto [a, b] = plain->forward(x);
@@ -663,7 +639,7 @@ TEST(FullyShardedDataParallel, GathersForTheBackwardOfATupleOfOutputs) {
   testing::run_gloo_ranks(1, [&](int, std::shared_ptr<ProcessGroup> group) {
     TwoHeads model;
     {
-      const std::lock_guard<std::mutex> lock(g_fsdp_generator);
+      const std::lock_guard<std::mutex> lock(testing::generator_mutex());
       model = TwoHeads();
     }
     const at::NoGradGuard copy;

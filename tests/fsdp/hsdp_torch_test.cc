@@ -15,6 +15,7 @@
 #include "datapar/fsdp/fully_sharded_data_parallel.h"
 #include "datapar/fsdp/hybrid_groups.h"
 #include "datapar/state_dict.h"
+#include "testing/fsdp_net.h"
 #include "testing/hybrid_ranks.h"
 #include "testing/python.h"
 #include "testing/temp_dir.h"
@@ -22,31 +23,13 @@
 namespace datapar {
 namespace hsdp_torch_test {
 
-// torch_hsdp_twin.py's Net: two Linear units in a Sequential and a head (the root's).
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : blocks(register_module("blocks", torch::nn::Sequential(torch::nn::Linear(10, 20), torch::nn::ReLU(),
-                                                               torch::nn::Linear(20, 20), torch::nn::Tanh()))),
-        head(register_module("head", torch::nn::Linear(20, 5))) {}
-  at::Tensor forward(const at::Tensor& x) { return head->forward(blocks->forward(x)); }
-  torch::nn::Sequential blocks;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(Net);
-
-// Rank r's batch at `step`, as torch_hsdp_twin.py's batch().
-at::Tensor batch(int r, int step) {
-  const at::Tensor rows = at::arange(10 * (3 + r), at::kDouble).view({3 + r, 10});
-  return at::sin(rows * (0.1 * (r + 1)) + step).to(at::kFloat);
-}
-
 TEST(HsdpAgainstPyTorch, TwoByTwoTrainsAsFullyShardOnATwoByTwoMesh) {
   DATAPAR_REQUIRE_PYTORCH_215();
   constexpr int kSteps = 20;  // torch_hsdp_twin.py's STEPS
   const testing::TempDir dir("hsdp_torch");
   const std::string init = dir.path() + "/init.pt", theirs = dir.path() + "/torch.pt";
   torch::manual_seed(11);
-  Net initial;
+  testing::FsdpNet initial;
   save_state_dict(state_dict(*initial), init);
   const std::string command = "'" + testing::pytorch215_python() + "' '" DATAPAR_SOURCE_DIR
                               "/tests/fsdp/torch_hsdp_twin.py' '" + init + "' '" + theirs + "' '" + dir.path() +
@@ -55,7 +38,7 @@ TEST(HsdpAgainstPyTorch, TwoByTwoTrainsAsFullyShardOnATwoByTwoMesh) {
   const StateDict want = load_state_dict_file(theirs);
 
   testing::run_hybrid_ranks(4, /*shard_size=*/2, [&](int rank, const HybridGroups& groups) {
-    Net model;  // rank 0's values reach every rank when the units are made
+    testing::FsdpNet model;  // rank 0's values reach every rank when the units are made
     if (rank == 0) load_state_dict(*model, load_state_dict_file(init));
     FsdpOptions options;
     options.replicate_group = groups.replicate;
@@ -64,7 +47,7 @@ TEST(HsdpAgainstPyTorch, TwoByTwoTrainsAsFullyShardOnATwoByTwoMesh) {
     torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     for (int step = 0; step < kSteps; ++step) {
       sgd.zero_grad();
-      fsdp.forward(batch(rank, step)).pow(2).mean().backward();
+      fsdp.forward(testing::fsdp_batch(rank, step, at::kFloat)).pow(2).mean().backward();
       sgd.step();
     }
     const StateDict got = fsdp.full_state_dict();

@@ -27,38 +27,16 @@
 #include "datapar/models/resnet18.h"
 #include "datapar/state_dict.h"
 #include "testing/expect_throw.h"
+#include "testing/fsdp_net.h"
 #include "testing/hybrid_ranks.h"
 #include "testing/temp_dir.h"
 
 namespace datapar {
 namespace hybrid_sharding_test {
 
-std::mutex g_generator;  // the default generator is not thread-safe
-
-// Two Linear layers (units) and a head (the root's own): 220 + 420 + 105 parameters.
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : blocks(register_module("blocks", torch::nn::Sequential(torch::nn::Linear(10, 20), torch::nn::ReLU(),
-                                                               torch::nn::Linear(20, 20), torch::nn::Tanh()))),
-        head(register_module("head", torch::nn::Linear(20, 5))) {}
-  at::Tensor forward(const at::Tensor& x) { return head->forward(blocks->forward(x)); }
-  torch::nn::Sequential blocks;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(Net);
-
-Net net(uint64_t seed) {
-  const std::lock_guard<std::mutex> lock(g_generator);
-  torch::manual_seed(seed);
-  Net model;
-  model->to(at::kDouble);
-  return model;
-}
-
-// Rank r's batch at `step`: 3 + r rows (uneven).
-at::Tensor batch(int r, int step) {
-  return at::sin(at::arange(10 * (3 + r), at::kDouble).view({3 + r, 10}) * (0.1 * (r + 1)) + step);
-}
+using Net = testing::FsdpNet;
+using testing::fsdp_batch;
+using testing::fsdp_net;
 
 at::Tensor loss(const at::Tensor& out) { return out.pow(2).mean(); }
 
@@ -74,17 +52,17 @@ using testing::run_hybrid_ranks;
 // 5 steps of SGD with momentum at 2 x 2, against one process on the 4 ranks' batches.
 void expect_two_by_two_trains_as_one_process(FsdpOptions options) {
   constexpr int kWorld = 4, kSteps = 5;
-  Net reference = net(0);
+  Net reference = fsdp_net(0);
   torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   for (int step = 0; step < kSteps; ++step) {
     reference_sgd.zero_grad();
     if (options.average_by_samples) {  // the mean over every row of the job
       std::vector<at::Tensor> rows;
-      for (int r = 0; r < kWorld; ++r) rows.push_back(batch(r, step));
+      for (int r = 0; r < kWorld; ++r) rows.push_back(fsdp_batch(r, step));
       loss(reference->forward(at::cat(rows))).backward();
     } else {  // the mean over ranks of each rank's mean
       at::Tensor total = at::zeros({}, at::kDouble);
-      for (int r = 0; r < kWorld; ++r) total = total + loss(reference->forward(batch(r, step)));
+      for (int r = 0; r < kWorld; ++r) total = total + loss(reference->forward(fsdp_batch(r, step)));
       (total / kWorld).backward();
     }
     reference_sgd.step();
@@ -96,7 +74,7 @@ void expect_two_by_two_trains_as_one_process(FsdpOptions options) {
     EXPECT_EQ(groups.shard->rank(), rank % 2) << "machines of consecutive ranks";
     EXPECT_EQ(groups.replicate->size(), 2);
     EXPECT_EQ(groups.replicate->rank(), rank / 2);
-    Net model = net(rank);  // different: every rank starts from rank 0's
+    Net model = fsdp_net(rank);  // different: every rank starts from rank 0's
     FsdpOptions mine = options;
     mine.replicate_group = groups.replicate;
     EXPECT_EQ(fully_shard_each<torch::nn::LinearImpl>(*model, groups.shard, mine), 2);
@@ -105,7 +83,7 @@ void expect_two_by_two_trains_as_one_process(FsdpOptions options) {
     torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     for (int step = 0; step < kSteps; ++step) {
       sgd.zero_grad();
-      loss(fsdp.forward(batch(rank, step))).backward();
+      loss(fsdp.forward(fsdp_batch(rank, step))).backward();
       EXPECT_FALSE(fsdp.gathered()) << "after backward";
       sgd.step();
     }
@@ -137,7 +115,7 @@ TEST(HybridSharding, ResNet18AtTwoByTwoTrainsAsOneProcess) {
     return at::sin(at::arange(2 * 144, at::kDouble).view({2, 1, 12, 12}) * (0.3 + r) + step);
   };
   auto make = [](uint64_t seed) {
-    const std::lock_guard<std::mutex> lock(g_generator);
+    const std::lock_guard<std::mutex> lock(testing::generator_mutex());
     torch::manual_seed(seed);
     models::ResNet18 model(10, 1);
     model->to(at::kDouble);
@@ -173,21 +151,21 @@ TEST(HybridSharding, ResNet18AtTwoByTwoTrainsAsOneProcess) {
 
 TEST(HybridSharding, OneRankPerMachineIsDataParallelOverTheMachines) {
   // Shards of the whole model (groups of one): the gradient all-reduced across the three.
-  Net reference = net(0);
+  Net reference = fsdp_net(0);
   torch::optim::SGD reference_sgd(reference->parameters(), 0.1);
   at::Tensor total = at::zeros({}, at::kDouble);
-  for (int r = 0; r < 3; ++r) total = total + loss(reference->forward(batch(r, 0)));
+  for (int r = 0; r < 3; ++r) total = total + loss(reference->forward(fsdp_batch(r, 0)));
   (total / 3).backward();
   reference_sgd.step();
   const StateDict want = state_dict(*reference);
   run_hybrid_ranks(3, /*shard_size=*/1, [&](int rank, const HybridGroups& groups) {
     FsdpOptions options;
     options.replicate_group = groups.replicate;
-    Net model = net(rank);
+    Net model = fsdp_net(rank);
     FullyShardedDataParallel fsdp(model, groups.shard, options);
     EXPECT_EQ(fsdp.shard_numel(), 745);
     torch::optim::SGD sgd(fsdp.parameters(), 0.1);
-    loss(fsdp.forward(batch(rank, 0))).backward();
+    loss(fsdp.forward(fsdp_batch(rank, 0))).backward();
     sgd.step();
     expect_near(fsdp.full_state_dict(), want, 1e-12, "rank " + std::to_string(rank));
   });
@@ -201,11 +179,11 @@ TEST(HybridSharding, ADcpCheckpointIsWrittenByTheFirstReplicaAndLoadsWhole) {
   run_hybrid_ranks(4, /*shard_size=*/2, [&](int rank, const HybridGroups& groups) {
     FsdpOptions options;
     options.replicate_group = groups.replicate;
-    Net model = net(rank);
+    Net model = fsdp_net(rank);
     fully_shard_each<torch::nn::LinearImpl>(*model, groups.shard, options);
     FullyShardedDataParallel fsdp(model, groups.shard, options);
     torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    loss(fsdp.forward(batch(rank, 0))).backward();
+    loss(fsdp.forward(fsdp_batch(rank, 0))).backward();
     sgd.step();
     dcp::State state;
     dcp::add_fsdp(state, "model", fsdp);
@@ -223,7 +201,7 @@ TEST(HybridSharding, ADcpCheckpointIsWrittenByTheFirstReplicaAndLoadsWhole) {
     files += std::ifstream(ck + name).good() ? 1 : 0;
   }
   EXPECT_EQ(files, 2) << "one file per rank of one shard group";
-  Net whole = net(7);
+  Net whole = fsdp_net(7);
   torch::optim::SGD sgd(whole->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   dcp::State state;
   dcp::add_module(state, "model", *whole);
@@ -245,7 +223,7 @@ TEST(HybridSharding, RefusesAShardSizeThatDoesNotDivideTheJob) {
 
 TEST(HybridSharding, RefusesUnitsWhoseReplicasAreNotTheRoots) {
   run_hybrid_ranks(2, /*shard_size=*/1, [&](int rank, const HybridGroups& groups) {
-    Net model = net(rank);
+    Net model = fsdp_net(rank);
     fully_shard_each<torch::nn::LinearImpl>(*model, groups.shard, FsdpOptions{});  // no replicas
     FsdpOptions hybrid;
     hybrid.replicate_group = groups.replicate;

@@ -1,5 +1,5 @@
 """PyTorch 2.15's HSDP, fully_shard on a (replicate 2, shard 2) device mesh over gloo, on
-hsdp_torch_test.cc's model, data and initialisation: 4 ranks (processes), 20 steps of SGD
+tests/testing/fsdp_net.h's model and data, hsdp_torch_test.cc's initialisation: 4 ranks (processes), 20 steps of SGD
 with momentum, each Linear of the Sequential a unit and the root the rest. Rank 0 writes the
 full model state dict at the end (torch.save), which the C++ side compares with its own.
 
@@ -18,7 +18,7 @@ from torch.distributed.fsdp import fully_shard
 STEPS = 20
 
 
-class Net(nn.Module):  # hsdp_torch_test.cc's NetImpl, the same names
+class Net(nn.Module):  # tests/testing/fsdp_net.h's FsdpNetImpl, the same names
     def __init__(self):
         super().__init__()
         self.blocks = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 20), nn.Tanh())
