@@ -17,6 +17,7 @@
 #include <map>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "datapar/dcp/checkpoint.h"
@@ -541,6 +542,37 @@ TEST(TrainCli, PyTorchLoadsADcpCheckpointAndGetsItsTestAccuracy) {
         std::to_string(ranks));
     ASSERT_EQ(python.exit_code, 0) << python.output;
     EXPECT_NE(python.output.find(want), std::string::npos) << ranks << " ranks: " << python.output << "\nwant " << want;
+  }
+}
+
+// Issue 47: a DCP checkpoint of hsdp at 2 x 2 loads in PyTorch 2.15 (dcp.load into the MLP's
+// twin on 2 ranks answers the test set as --evaluate does) and resumes as fsdp on 2 ranks and
+// as ddp on 3.
+TEST(TrainCli, AnHsdpDcpCheckpointLoadsInPyTorchAndResumesAsFsdpAndDdp) {
+  const TempDir temp("train_cli_hsdp_dcp");
+  const std::string dir = temp.path() + "/ck", fsdp = temp.path() + "/fsdp", ddp = temp.path() + "/ddp";
+  const std::string args = " train --model mlp --batch-size 48 --lr 0.1 --momentum 0.9 --workers 1 "
+                           "--checkpoint-format dcp --checkpoint-dir ";
+  for (const auto& p : ddp_job(args + dir + " --mode hsdp --shard-size 2 --epochs 2", 4, temp.path() + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  const CliRun evaluated = cli(args + dir + " --evaluate");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(evaluated.output, m, std::regex(R"(test acc \d\.\d{4} \((\d+)/(\d+)\))")))
+      << evaluated.output;
+  const datapar::testing::ProcessResult python = datapar::testing::run_shell(
+      "PYTHONPATH='" DATAPAR_SOURCE_DIR "/python' '" DATAPAR_DCP_PYTHON "' '" DATAPAR_SOURCE_DIR
+      "/tests/dcp/dcp_interop.py' accuracy '" + dir + "/epoch-2' '" DATAPAR_SOURCE_DIR "/data/fashion-mnist' 2");
+  ASSERT_EQ(python.exit_code, 0) << python.output;
+  EXPECT_NE(python.output.find("correct " + m[1].str() + " of " + m[2].str()), std::string::npos) << python.output;
+  for (const auto& [to, mode, ranks] : {std::make_tuple(fsdp, std::string("fsdp"), 2), std::make_tuple(ddp, std::string("ddp"), 3)}) {
+    datapar::detail::make_directories(to);
+    ASSERT_EQ(std::system(("cp -r " + dir + "/epoch-2 " + to + "/").c_str()), 0);
+    const auto resumed = ddp_job(args + to + " --mode " + mode + " --epochs 3 --resume", ranks, to + "/logs");
+    for (const auto& p : resumed) ASSERT_EQ(p.exit_code, 0) << p.output;
+    EXPECT_NE(resumed[0].output.find("epoch 3/3"), std::string::npos) << resumed[0].output;
+    EXPECT_EQ(resumed[0].output.find("epoch 2/3"), std::string::npos) << mode << " resumed after epoch 2:\n"
+                                                                    << resumed[0].output;
   }
 }
 
