@@ -27,14 +27,15 @@ from torch_ddp import make_model  # noqa: E402  the same models as bench/torch_d
 DEFAULTS = {"mlp": (64, 100), "lenet": (128, 30), "resnet18": (32, 5)}  # batch per rank, steps per round
 
 
-def shard_units(model, reshard):
+def shard_units(model, reshard=True, mesh=None):
+    """fully_shard on datapar's units; `mesh`: over a device mesh (a 2-D one: HSDP)."""
     import datapar_models
     blocks = [m for m in model.modules() if isinstance(m, datapar_models.Residual)]
     inside = {id(m) for b in blocks for m in b.modules()}
     for m in model.modules():
         if isinstance(m, datapar_models.Residual) or (isinstance(m, (nn.Linear, nn.Conv2d)) and id(m) not in inside):
-            fully_shard(m, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+            fully_shard(m, reshard_after_forward=reshard, mesh=mesh)
+    fully_shard(model, reshard_after_forward=reshard, mesh=mesh)
     return model
 
 

@@ -18,24 +18,13 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from torch_ddp import make_model  # noqa: E402  the same models as bench/torch_ddp.py
+from torch_fsdp import shard_units  # noqa: E402  the same units as bench/torch_fsdp.py
 
 DEFAULTS = {"mlp": (64, 100), "lenet": (128, 30), "resnet18": (32, 5)}  # batch per rank, steps per round
-
-
-def shard_units(model, mesh):
-    import datapar_models
-    blocks = [m for m in model.modules() if isinstance(m, datapar_models.Residual)]
-    inside = {id(m) for b in blocks for m in b.modules()}
-    for m in model.modules():
-        if isinstance(m, datapar_models.Residual) or (isinstance(m, (nn.Linear, nn.Conv2d)) and id(m) not in inside):
-            fully_shard(m, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
 
 
 def link_tx_bytes():
@@ -81,8 +70,8 @@ def run(args):
 
     variants = {
         "ddp": nn.parallel.DistributedDataParallel(fresh()),
-        "fsdp": shard_units(fresh(), init_device_mesh("cpu", (world,))),
-        "hsdp": shard_units(fresh(), init_device_mesh("cpu", (world // machine_ranks, machine_ranks),
+        "fsdp": shard_units(fresh(), mesh=init_device_mesh("cpu", (world,))),
+        "hsdp": shard_units(fresh(), mesh=init_device_mesh("cpu", (world // machine_ranks, machine_ranks),
                                                       mesh_dim_names=("replicate", "shard"))),
     }
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-3) for k, m in variants.items()}

@@ -567,16 +567,8 @@ std::unique_ptr<torch::optim::Optimizer> resnet_optimizer(std::vector<at::Tensor
 
 void expect_resnet18_trains_as_one_process(int world, bool adam) {
   constexpr int kSteps = 5;
-  auto image = [](int r, int step) {
-    return at::sin(at::arange(2 * 144, at::kDouble).view({2, 1, 12, 12}) * (0.3 + r) + step);
-  };
-  auto make = [](uint64_t seed) {
-    const std::lock_guard<std::mutex> lock(testing::generator_mutex());
-    torch::manual_seed(seed);
-    models::ResNet18 model(10, 1);
-    model->to(at::kDouble);
-    return model;
-  };
+  const auto image = testing::fsdp_images;
+  const auto make = testing::fsdp_resnet18;
   models::ResNet18 reference = make(0);
   auto reference_sgd = resnet_optimizer(reference->parameters(), adam);
   for (int step = 0; step < kSteps; ++step) {

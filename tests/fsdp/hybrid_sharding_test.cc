@@ -111,16 +111,8 @@ TEST(HybridSharding, ResNet18AtTwoByTwoTrainsAsOneProcess) {
   // 3 steps of SGD with momentum: BatchNorm normalises each rank's batch on its own, as the
   // reference does by running each rank's batch separately.
   constexpr int kWorld = 4, kSteps = 3;
-  auto image = [](int r, int step) {
-    return at::sin(at::arange(2 * 144, at::kDouble).view({2, 1, 12, 12}) * (0.3 + r) + step);
-  };
-  auto make = [](uint64_t seed) {
-    const std::lock_guard<std::mutex> lock(testing::generator_mutex());
-    torch::manual_seed(seed);
-    models::ResNet18 model(10, 1);
-    model->to(at::kDouble);
-    return model;
-  };
+  const auto image = testing::fsdp_images;
+  const auto make = testing::fsdp_resnet18;
   models::ResNet18 reference = make(0);
   torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   for (int step = 0; step < kSteps; ++step) {

@@ -38,6 +38,7 @@
 #include "datapar/state_dict.h"
 #include "optim/state_key.h"
 #include "file_system.h"
+#include "testing/ft_job.h"
 #include "testing/temp_dir.h"
 #include "testing/text.h"
 
@@ -54,20 +55,9 @@ constexpr int64_t kBatchesPerEpoch = kSamples / kBatch;
 constexpr int64_t kSteps = 3 * kBatchesPerEpoch;
 constexpr int kSlices = 3;  // the job's full size: each global batch in three, whoever is alive
 
-FtOptions options() {
-  FtOptions o;
-  o.heartbeat_interval = 100ms;
-  o.eviction_timeout = 1000ms;
-  o.settle_time = 300ms;
-  o.quorum_timeout = 15s;
-  o.expected_members = 3;
-  o.min_members = 2;
-  return o;
-}
+FtOptions options() { return testing::three_member_options(); }
 
-std::shared_ptr<TcpStore> connect(uint16_t port) {
-  return std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", port, false, kToken, 5s, ""});
-}
+std::shared_ptr<TcpStore> connect(uint16_t port) { return testing::connect_member(port, kToken); }
 
 // Under FSDP the Linear in `blocks` is a unit, `head` is the root's.
 struct Net : torch::nn::Module {

@@ -31,6 +31,7 @@
 #include "datapar/process_group/gloo.h"
 #include "datapar/rendezvous/tcp_store.h"
 #include "testing/counting_cpu_allocator.h"
+#include "testing/ft_job.h"
 #include "testing/temp_dir.h"
 #include "testing/text.h"
 
@@ -49,20 +50,9 @@ constexpr int64_t kSteps = 8;
 constexpr int64_t kDiesAt = 3;
 constexpr int64_t kUnitBytes = kWidth * (kWidth + 1) * static_cast<int64_t>(sizeof(float));  // weight and bias
 
-FtOptions options() {
-  FtOptions o;
-  o.heartbeat_interval = 100ms;
-  o.eviction_timeout = 1000ms;
-  o.settle_time = 300ms;
-  o.quorum_timeout = 15s;
-  o.expected_members = 3;
-  o.min_members = 2;
-  return o;
-}
+FtOptions options() { return testing::three_member_options(); }
 
-std::shared_ptr<TcpStore> connect(uint16_t port) {
-  return std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", port, false, kToken, 5s, ""});
-}
+std::shared_ptr<TcpStore> connect(uint16_t port) { return testing::connect_member(port, kToken); }
 
 // Eight units, nothing of the root's.
 struct WideNetImpl : torch::nn::Module {
