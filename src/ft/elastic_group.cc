@@ -20,14 +20,17 @@ using datapar::detail::str_cat;
 
 }  // namespace
 
-ElasticGroup::ElasticGroup(std::shared_ptr<Store> store, std::string run, FtOptions options, MakeGroup make_group)
+ElasticGroup::ElasticGroup(std::shared_ptr<Store> store, std::string run, FtOptions options, MakeGroup make_group,
+                           ReplicaSlot slot)
     : store_(std::move(store)), run_(std::move(run)), options_(options), make_group_(std::move(make_group)) {
   DATAPAR_CHECK(store_ != nullptr, "ft::ElasticGroup: the store is null.");
   DATAPAR_CHECK(make_group_ != nullptr, "ft::ElasticGroup: no function makes the epochs' groups.");
-  member_ = std::make_unique<Member>(store_, run_, options_);
+  member_ = std::make_unique<Member>(store_, run_, options_, slot);
   member_->on_broken([this](int64_t epoch) {
     const std::lock_guard<std::mutex> lock(abort_mutex_);
-    if (abortable_ && group_epoch_ == epoch) abortable_->abort();
+    if (!abortable_ || group_epoch_ != epoch) return;
+    abortable_->abort();
+    for (const std::shared_ptr<ProcessGroup>& g : subgroups_) g->abort();
   });
 }
 
@@ -38,10 +41,16 @@ ElasticGroup::~ElasticGroup() {
 }
 
 void ElasticGroup::retire() {
+  std::vector<std::shared_ptr<ProcessGroup>> subgroups;
   {
     const std::lock_guard<std::mutex> lock(abort_mutex_);
     abortable_.reset();
     group_epoch_ = 0;
+    subgroups.swap(subgroups_);
+  }
+  for (std::shared_ptr<ProcessGroup>& g : subgroups) {
+    g->abort();
+    reapers_.emplace_back([group = std::move(g)]() mutable { group.reset(); });
   }
   if (!group_) return;
   group_->abort();
@@ -58,11 +67,22 @@ const Membership& ElasticGroup::join(int64_t committed_step) {
   retire();
   epoch_ = member_->join(committed_step);
   rank_ = epoch_.rank_of(member_->id());
+  group_ = make_epoch_group("", rank_, epoch_.size());
+  const std::lock_guard<std::mutex> lock(abort_mutex_);
+  abortable_ = group_;
+  group_epoch_ = epoch_.number;
+  // Broken while the group was made: the heartbeat thread's callback came too early for it.
+  if (member_->epoch_broken()) group_->abort();
+  return epoch_;
+}
+
+std::shared_ptr<ProcessGroup> ElasticGroup::make_epoch_group(const std::string& prefix, int rank, int size) {
   auto store = std::make_shared<detail::BreakableStore>(
-      std::make_shared<PrefixStore>(str_cat("ft/", run_, "/", epoch_.number, "/"), store_),
+      std::make_shared<PrefixStore>(str_cat("ft/", run_, "/", epoch_.number, "/", prefix), store_),
       [member = member_.get()] { return member->epoch_broken(); });
+  std::shared_ptr<ProcessGroup> group;
   try {
-    group_ = make_group_(std::move(store), rank_, epoch_.size());
+    group = make_group_(std::move(store), rank, size);
   } catch (const std::exception& e) {
     // A backend may wrap the store's error in its own: a broken epoch is a failure of the
     // membership whatever the type (StepProtocol joins the next epoch).
@@ -72,19 +92,31 @@ const Membership& ElasticGroup::join(int64_t committed_step) {
     }
     throw;
   }
-  DATAPAR_CHECK(group_ != nullptr && group_->size() == epoch_.size() && group_->rank() == rank_,
+  DATAPAR_CHECK(group != nullptr && group->size() == size && group->rank() == rank,
                 "ft::ElasticGroup: the function that makes the groups returned no group, or one of the wrong size "
                 "or rank.");
+  return group;
+}
+
+std::shared_ptr<ProcessGroup> ElasticGroup::subgroup(const std::string& name, const std::vector<int>& ranks) {
+  DATAPAR_CHECK(group_ != nullptr, "ft::ElasticGroup::subgroup: join() first.");
+  const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  DATAPAR_CHECK(me != ranks.end(), "ft::ElasticGroup::subgroup: rank ", rank_, " is not among the ranks of \"", name,
+                "\".");
+  std::string prefix = "sub/" + name;
+  for (int r : ranks) prefix += str_cat("-", r);
+  std::shared_ptr<ProcessGroup> group =
+      make_epoch_group(prefix + "/", static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()));
   const std::lock_guard<std::mutex> lock(abort_mutex_);
-  abortable_ = group_;
-  group_epoch_ = epoch_.number;
-  // Broken while the group was made: the heartbeat thread's callback came too early for it.
-  if (member_->epoch_broken()) group_->abort();
-  return epoch_;
+  subgroups_.push_back(group);
+  if (member_->epoch_broken() || group_->aborted()) group->abort();
+  return group;
 }
 
 void ElasticGroup::abort() {
   if (group_) group_->abort();
+  const std::lock_guard<std::mutex> lock(abort_mutex_);
+  for (const std::shared_ptr<ProcessGroup>& g : subgroups_) g->abort();
 }
 
 int64_t ElasticGroup::take_newest_state(int64_t committed_step, const std::function<std::string()>& save,

@@ -26,7 +26,6 @@
 #include "datapar/ft/fault_tolerant_fsdp.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/Dict.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -37,11 +36,10 @@
 #include "datapar/error.h"
 #include "datapar/ft/membership/membership.h"
 #include "datapar/process_group/metadata.h"
+#include "ft/fsdp_state_moves.h"
 #include "ft/standings.h"
 #include "optim/broadcast_param_states.h"
 #include "optim/param_state.h"
-#include "optim/state_key.h"
-#include "serialization/torch_file.h"
 
 namespace datapar::ft::detail {
 namespace {
@@ -49,7 +47,6 @@ namespace {
 namespace optim = torch::optim;
 using datapar::detail::OptimizerKind;
 using datapar::detail::str_cat;
-using Dict = c10::impl::GenericDict;
 
 // What a member keeps, as the members exchange it in their standings.
 struct Kept {
@@ -63,22 +60,6 @@ struct Kept {
     return {standings.kept(rank, 0) == 1, standings.kept(rank, 1), standings.kept(rank, 2), standings.kept(rank, 3)};
   }
 };
-
-template <typename Map>
-typename Map::key_type key_of(const at::Tensor& t) {
-  return datapar::detail::optimizer_state_key<Map>(t);
-}
-
-const optim::OptimizerParamState* state_of(const optim::Optimizer& optimizer, const at::Tensor& param) {
-  using StateMap = std::decay_t<decltype(optimizer.state())>;
-  const auto it = optimizer.state().find(key_of<StateMap>(param));
-  return it == optimizer.state().end() ? nullptr : it->second.get();
-}
-
-void set_state(optim::Optimizer& optimizer, const at::Tensor& param, std::unique_ptr<optim::OptimizerParamState> s) {
-  using StateMap = std::decay_t<decltype(optimizer.state())>;
-  optimizer.state()[key_of<StateMap>(param)] = std::move(s);
-}
 
 // Elements [begin, begin + length) of `flat` in a new tensor, zeros past its end (another
 // layout's padding).
@@ -133,7 +114,6 @@ FsdpTwoCopies::FsdpTwoCopies(OptimizerFactory make_optimizer, StateDict model, O
 }
 
 FsdpTwoCopies::~FsdpTwoCopies() = default;
-FsdpTwoCopies::FsdpTwoCopies(FsdpTwoCopies&&) noexcept = default;
 
 std::vector<int> FsdpTwoCopies::Impl::keepers(const Standings& standings, int64_t layout) const {
   const int64_t newest = standings.newest();
@@ -271,12 +251,7 @@ void FsdpTwoCopies::Impl::keep_previous(ProcessGroup& group, const FsdpParts& ne
 int64_t FsdpTwoCopies::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
                             const FsdpParts& next) {
   Impl& m = *impl_;
-  if (m.kind == OptimizerKind::kOther) {
-    m.kind = datapar::detail::optimizer_kind(*next.optimizer);
-    DATAPAR_CHECK(m.kind != OptimizerKind::kOther, "ft::FaultTolerantFsdp: supports SGD, Adam and AdamW, whose ",
-                  "state it can move between members; the factory made ",
-                  datapar::detail::optimizer_kind_name(m.kind), ".");
-  }
+  if (m.kind == OptimizerKind::kOther) m.kind = movable_kind(*next.optimizer);
   const int me = group.rank();
   const Standings standings(group, mine, Kept{m.whole, m.layout_epoch, m.layout_size, m.layout_rank}.columns());
   if (standings.applies_missed_vote(me) && current) {  // Note [A voted step whose outcome a member missed]
@@ -324,39 +299,14 @@ int64_t FsdpTwoCopies::rebuild(ProcessGroup& group, int64_t epoch, Standing& min
         "two neighbouring ranks, so one failure at a time loses nothing."));
   }
   if (whole >= 0) {
-    std::string bytes;
-    if (me == whole) {
-      Dict model(c10::StringType::get(), c10::TensorType::get());
-      for (const auto& item : m.model) model.insert(item.key(), item.value());
-      Dict state(c10::StringType::get(), c10::AnyType::get());
-      state.insert("model", model);
-      state.insert("optimizer", m.optimizer);
-      bytes = datapar::detail::torch_save_bytes(state);
-    }
-    bytes = datapar::broadcast_bytes(group, whole, bytes);
-    const c10::IValue root = datapar::detail::torch_load_bytes(bytes.data(), bytes.size());
-    DATAPAR_CHECK(root.isGenericDict(), "ft::FaultTolerantFsdp: the state a member sent is not a dict.");
-    const Dict state = root.toGenericDict();
-    StateDict model;
-    for (const auto& e : state.at("model").toGenericDict()) model.insert(e.key().toStringRef(), e.value().toTensor());
-    next.load_model(model);
-    next.load_optimizer(*next.optimizer, state.at("optimizer").toGenericDict());
+    load_whole_state(group, whole, m.model, m.optimizer, next);
   } else {
     // Unit by unit: one unit whole at a time (its parameters and state), not the model
     // (Note [Re-sharding unit by unit]).
     const std::vector<int> keeper = m.keepers(standings, layout);
     for (size_t u = 0; u < next.shards.size(); ++u) m.fill(m.gather(group, keeper, u, current, next), me, u, next);
     if (current) next.optimizer->param_groups()[0].set_options(current->optimizer->param_groups()[0].options().clone());
-    // The buffers (BatchNorm's statistics) of the first member at the newest step.
-    const int source = standings.first_at_newest();
-    std::vector<at::Tensor> buffers;
-    for (const at::Tensor& b : (me == source ? current->module : next.module)->buffers()) buffers.push_back(b.detach());
-    if (!buffers.empty()) group.broadcast_coalesced(buffers, source)->wait();
-    if (me == source) {
-      const std::vector<at::Tensor> into = next.module->buffers();
-      const torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < into.size(); ++i) into[i].copy_(buffers[i]);
-    }
+    take_buffers(group, standings.first_at_newest(), current, next);  // BatchNorm's statistics
   }
   m.keep_previous(group, next);
   m.whole = false;

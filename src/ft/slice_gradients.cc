@@ -151,15 +151,23 @@ void SliceGradients::reduce(ProcessGroup& group) {
 }
 
 ShardedSliceGradients::ShardedSliceGradients(std::vector<Unit> units, const at::TensorOptions& options, int rank,
-                                             int size)
-    : units_(std::move(units)), options_(options), rank_(rank), size_(size) {
-  DATAPAR_CHECK(!units_.empty() && size_ >= 1 && rank_ >= 0 && rank_ < size_, "ShardedSliceGradients: ",
-                units_.size(), " units, rank ", rank_, " of ", size_, ".");
+                                             int size, int shard_size)
+    : units_(std::move(units)),
+      options_(options),
+      rank_(rank),
+      size_(size),
+      shard_size_(shard_size == 0 ? size : shard_size),
+      copies_(shard_size == 0 && size > 1 ? 2 : 1) {
+  DATAPAR_CHECK(!units_.empty() && size_ >= 1 && rank_ >= 0 && rank_ < size_ && shard_size_ >= 1 &&
+                    size_ % shard_size_ == 0,
+                "ShardedSliceGradients: ", units_.size(), " units, rank ", rank_, " of ", size_, ", shards over ",
+                shard_size_, ".");
+  const int n = shard_size_;
   for (const Unit& unit : units_) {
     DATAPAR_CHECK(!unit.params.empty() && unit.offsets.size() == unit.params.size() &&
-                      unit.shard * size_ >= unit.numel && unit.shard * (size_ - 1) < unit.numel + size_,
+                      unit.shard * n >= unit.numel && unit.shard * (n - 1) < unit.numel + n,
                   "ShardedSliceGradients: a unit of ", unit.numel, " elements with shards of ", unit.shard, " over ",
-                  size_, " ranks.");
+                  n, " ranks.");
     for (size_t i = 0; i < unit.params.size(); ++i) {
       DATAPAR_CHECK(unit.offsets[i] >= 0 && unit.offsets[i] + unit.params[i].numel() <= unit.numel,
                     "ShardedSliceGradients: a parameter at ", unit.offsets[i], " of a unit of ", unit.numel,
@@ -174,14 +182,14 @@ void ShardedSliceGradients::begin(int slices) {
   passes_ = 0;
   // Zero: the padding's gradient stays zero. Made once per membership epoch, not per step.
   if (!kept_.defined() || kept_.size(0) != slices) {
-    kept_ = at::zeros({slices, 2 * total_}, options_);
+    kept_ = at::zeros({slices, copies_ * total_}, options_);
   } else {
     kept_.zero_();
   }
   rows_.assign(static_cast<size_t>(slices), 0.0);
-  if (!sum_.defined() || sum_.numel() != 2 * total_) {
-    sum_ = at::zeros({2 * total_}, options_);
-    scaled_ = at::zeros({2 * total_}, options_);
+  if (!sum_.defined() || sum_.numel() != copies_ * total_) {
+    sum_ = at::zeros({copies_ * total_}, options_);
+    scaled_ = at::zeros({copies_ * total_}, options_);
   }
 }
 
@@ -191,7 +199,7 @@ void ShardedSliceGradients::exchange(ProcessGroup& group, int64_t rows) {
   DATAPAR_CHECK(passes_ < most_slices_of(size_, slices_), "ShardedSliceGradients: exchange() once more than the ",
                 most_slices_of(size_, slices_), " passes of a step.");
   DATAPAR_CHECK(rows >= 0 && rows < (int64_t{1} << 24), "ShardedSliceGradients: a slice of ", rows, " rows.");
-  const int previous = (rank_ + size_ - 1) % size_;
+  const int own_index = rank_ % shard_size_, previous = (rank_ + size_ - 1) % size_;
   // Slice trained by member r in this pass, or -1 for a shadow.
   std::vector<int> slice_of(static_cast<size_t>(size_), -1);
   for (int r = 0; r < size_; ++r) {
@@ -221,9 +229,9 @@ void ShardedSliceGradients::exchange(ProcessGroup& group, int64_t rows) {
       const int i = slice_of[r];
       if (i < 0) continue;
       const at::Tensor flat = gathered[r].narrow(0, 0, numel);
-      const at::Tensor own = shard_of(flat, rank_);
+      const at::Tensor own = shard_of(flat, own_index);
       kept_[i].narrow(0, at_, own.numel()).copy_(own);
-      if (size_ > 1) {
+      if (copies_ == 2) {
         const at::Tensor theirs = shard_of(flat, previous);
         kept_[i].narrow(0, total_ + at_, theirs.numel()).copy_(theirs);
       }
@@ -250,7 +258,7 @@ void ShardedSliceGradients::reduce(std::vector<at::Tensor>& own, const at::Tenso
     own[u].mutable_grad() = at::empty({0}, sum_.options()).set_(sum_.storage(), offset, own[u].sizes(), {});
     offset += units_[u].shard;
   }
-  if (previous.defined()) previous.view({-1}).copy_(sum_.narrow(0, total_, total_));
+  if (previous.defined() && copies_ == 2) previous.view({-1}).copy_(sum_.narrow(0, total_, total_));
 }
 
 }  // namespace detail

@@ -55,7 +55,20 @@ constexpr int64_t kBatchesPerEpoch = kSamples / kBatch;
 constexpr int64_t kSteps = 3 * kBatchesPerEpoch;
 constexpr int kSlices = 3;  // the job's full size: each global batch in three, whoever is alive
 
-FtOptions options() { return testing::three_member_options(); }
+// How the members keep the model and the optimizer state. kHsdp: four members in two
+// replica groups of two, each group sharding the model over itself.
+enum class Mode { kDdp, kZero, kFsdp, kHsdp };
+
+int members_of(Mode mode) { return mode == Mode::kHsdp ? 4 : 3; }
+
+FtOptions options(Mode mode = Mode::kDdp) {
+  FtOptions o = testing::three_member_options();
+  if (mode == Mode::kHsdp) {
+    o.expected_members = 4;
+    o.replica_group_size = 2;
+  }
+  return o;
+}
 
 std::shared_ptr<TcpStore> connect(uint16_t port) { return testing::connect_member(port, kToken); }
 
@@ -70,9 +83,6 @@ struct Net : torch::nn::Module {
   torch::nn::Sequential blocks{nullptr};
   torch::nn::Linear head{nullptr};
 };
-
-// How the members keep the model and the optimizer state.
-enum class Mode { kDdp, kZero, kFsdp };
 
 struct Data {
   at::Tensor x, y;
@@ -156,24 +166,28 @@ void train_steps(Trainer& trainer, const Data& data, std::ofstream& log, int64_t
 // A member's life (train_steps); then it writes its final parameters to final-<index>.pt,
 // and the last epoch's rank 0 the optimizer's momentum to momentum.pt. Under kZero,
 // state-<index>.txt says how many bytes of the optimizer state this member keeps, and of
-// how many.
-int member_life(uint16_t port, const std::string& dir, int index, int64_t die_at, bool shared_memory,
+// how many. Under kHsdp it sits in the replica slot of member `seat` (its own index, or
+// the one it replaces).
+int member_life(uint16_t port, const std::string& dir, int index, int seat, int64_t die_at, bool shared_memory,
                 std::chrono::milliseconds pause, Mode mode) {
   std::ofstream log(dir + "/samples-" + std::to_string(index) + ".log");
   const Data data;
-  ElasticGroup elastic(connect(port), "job", options(),
-                       [shared_memory](std::shared_ptr<Store> store, int rank, int size) {
-                         return new_gloo_process_group(std::move(store), rank, size, {"127.0.0.1", 5s, shared_memory});
-                       });
+  const ReplicaSlot slot = mode == Mode::kHsdp ? ReplicaSlot{seat / 2, seat % 2} : ReplicaSlot{};
+  ElasticGroup elastic(
+      connect(port), "job", options(mode),
+      [shared_memory](std::shared_ptr<Store> store, int rank, int size) {
+        return new_gloo_process_group(std::move(store), rank, size, {"127.0.0.1", 5s, shared_memory});
+      },
+      slot);
   const auto make_optimizer = [](std::vector<at::Tensor> params) {
     return std::make_unique<torch::optim::SGD>(params, sgd_options());
   };
-  if (mode == Mode::kFsdp) {
+  if (mode == Mode::kFsdp || mode == Mode::kHsdp) {
     FaultTolerantFsdp<Net> trainer([] { return std::make_shared<Net>(); },
                                    [](Net& net, const std::shared_ptr<ProcessGroup>& group, const FsdpOptions& o) {
                                      fully_shard_each<torch::nn::LinearImpl>(net, group, o);
                                    },
-                                   make_optimizer, elastic, kSlices);
+                                   make_optimizer, elastic, members_of(mode));
     train_steps<FullyShardedDataParallel<Net>>(trainer, data, log, die_at, pause);
     trainer.finish([&](int rank, int) {
       save_state_dict(trainer.fsdp().full_state_dict(), dir + "/final-" + std::to_string(index) + ".pt");
@@ -216,10 +230,10 @@ int member_life(uint16_t port, const std::string& dir, int index, int64_t die_at
 // member_life; a MembershipError (the job cannot go on) is written to error-<index>.txt,
 // and the member exits with 3.
 int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at, bool shared_memory,
-                std::chrono::milliseconds pause, Mode mode) {
+                std::chrono::milliseconds pause, Mode mode, int seat = -1) {
   at::set_num_threads(1);
   try {
-    return member_life(port, dir, index, die_at, shared_memory, pause, mode);
+    return member_life(port, dir, index, seat < 0 ? index : seat, die_at, shared_memory, pause, mode);
   } catch (const MembershipError& e) {
     std::ofstream(dir + "/error-" + std::to_string(index) + ".txt") << e.what();
     return 3;
@@ -280,30 +294,53 @@ bool has_line(const std::string& path, const std::string& prefix) {
   return false;
 }
 
-// Runs a job of three members with `failure`. Checks the samples, the final models and the
-// optimizer's final state.
+// The steps member `index` logged as committed.
+std::vector<int64_t> committed_steps(const std::string& dir, int index) {
+  std::vector<int64_t> steps;
+  std::istringstream lines(testing::read_text(dir + "/samples-" + std::to_string(index) + ".log"));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("epochs", 0) != 0) steps.push_back(std::stoll(line.substr(0, line.find(' '))));
+  }
+  return steps;
+}
+
+// Runs a job of three members (four under kHsdp) with `failure`. Checks the samples, the
+// final models and the optimizer's final state.
 void train_three_members(Failure failure, bool shared_memory, Mode mode = Mode::kDdp) {
   const bool sharded = mode == Mode::kZero;
   testing::TempDir dir;
   const auto server = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kToken, 10s, ""});
   const uint16_t port = server->port();
   const auto pause = failure.kind == Failure::kStop ? 100ms : 60ms;
+  const int first_members = members_of(mode);
   std::vector<pid_t> pids;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < first_members; ++i) {
     const int64_t dies = failure.kind == Failure::kKill && i == failure.victim ? failure.at : -1;
     pids.push_back(datapar::detail::fork_child(
         [&, i, dies] { return member_main(port, dir.path(), i, dies, shared_memory, pause, mode); }, "member"));
   }
-  const Decider decider(connect(port), "job", options());
-  int members = 3;
+  const Decider decider(connect(port), "job", options(mode));
+  int members = first_members;
   const auto deadline = Clock::now() + 90s;
   const size_t victim = static_cast<size_t>(failure.victim);
   if (failure.kind == Failure::kKill) {
     const datapar::detail::ChildExit died = datapar::detail::wait_child(pids[victim], deadline);
     EXPECT_EQ(died.signal, SIGKILL) << "the victim did not die as planned (exit " << died.exit_code << ")";
+    if (mode == Mode::kHsdp) {
+      // The outage: the other replica group trains on alone, three steps at least, before
+      // the replacement comes.
+      const std::string log = dir.path() + "/samples-" + std::to_string(failure.victim < 2 ? 2 : 0) + ".log";
+      while (!has_line(log, std::to_string(failure.at + 3) + " ") && Clock::now() < deadline) {
+        std::this_thread::sleep_for(2ms);
+      }
+      ASSERT_TRUE(has_line(log, std::to_string(failure.at + 3) + " "))
+          << "the other replica group stopped committing steps when a member of this one died";
+    }
+    const int seat = failure.victim;
     pids[victim] = datapar::detail::fork_child(
-        [&] { return member_main(port, dir.path(), 3, -1, shared_memory, pause, mode); }, "replacement");
-    members = 4;
+        [&] { return member_main(port, dir.path(), first_members, -1, shared_memory, pause, mode, seat); },
+        "replacement");
+    members = first_members + 1;
   } else if (failure.kind == Failure::kStop) {
     const std::string log = dir.path() + "/samples-" + std::to_string(failure.victim) + ".log";
     while (!has_line(log, std::to_string(failure.at) + " ") && Clock::now() < deadline) {
@@ -313,10 +350,10 @@ void train_three_members(Failure failure, bool shared_memory, Mode mode = Mode::
     std::this_thread::sleep_for(1500ms);  // past the eviction timeout: the others go on without it
     ::kill(pids[victim], SIGCONT);
   }
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < first_members; ++i) {
     const datapar::detail::ChildExit exit = datapar::detail::wait_child(pids[static_cast<size_t>(i)], deadline);
     const bool replaced = failure.kind == Failure::kKill && i == failure.victim;
-    EXPECT_EQ(exit.exit_code, 0) << "member " << (replaced ? 3 : i) << " (signal " << exit.signal << ")";
+    EXPECT_EQ(exit.exit_code, 0) << "member " << (replaced ? first_members : i) << " (signal " << exit.signal << ")";
   }
   // Every sample of every step, exactly once, over all members' committed steps.
   std::map<int64_t, std::vector<int64_t>> trained;
@@ -355,8 +392,22 @@ void train_three_members(Failure failure, bool shared_memory, Mode mode = Mode::
   EXPECT_LT(relative_difference(momentum, load_state_dict_file(dir.path() + "/reference-momentum.pt")), 1e-5);
   if (failure.kind == Failure::kKill) {
     // The replacement took part: it joined, was healed and trained committed steps.
-    const std::string log = testing::read_text(dir.path() + "/samples-3.log");
+    const std::string log = testing::read_text(dir.path() + "/samples-" + std::to_string(first_members) + ".log");
     EXPECT_NE(log.find('\n'), log.rfind('\n')) << "the replacement committed no step:\n" << log;
+  }
+  if (failure.kind == Failure::kKill && mode == Mode::kHsdp) {
+    // The victim's replica group left the job as a whole while it was gone: its other member
+    // committed none of the steps the other group committed meanwhile (three at least).
+    const std::vector<int64_t> back = committed_steps(dir.path(), first_members);
+    ASSERT_FALSE(back.empty());
+    const int mate = failure.victim ^ 1, other = failure.victim < 2 ? 2 : 0;
+    int64_t outage = 0;
+    for (int64_t step : committed_steps(dir.path(), other)) outage += step >= failure.at && step < back.front();
+    EXPECT_GE(outage, 3) << "steps the other group committed while the victim's was out";
+    for (int64_t step : committed_steps(dir.path(), mate)) {
+      EXPECT_FALSE(step >= failure.at && step < back.front()) << "member " << mate << " committed step " << step
+                                                              << " while its replica group was incomplete";
+    }
   }
   if (failure.kind == Failure::kStop) {
     // The stopped member was evicted, and joined again when it continued.
@@ -421,6 +472,19 @@ TEST(FaultTolerantFsdp, AMemberKilledAtARandomStepIsReplacedAndTheModelIsUnchang
 
 TEST(FaultTolerantFsdp, AStoppedMemberIsEvictedAndRejoinsWhenItContinues) {
   train_three_members({Failure::kStop, 1, 4}, /*shared_memory=*/true, Mode::kFsdp);
+}
+
+// HSDP under fault tolerance: four members in two replica groups of two, each group sharding
+// the model over itself. The same training as one process without failures, and with a
+// member of one group killed: its group leaves the job whole, the other trains on alone
+// (its commits counted during the outage), and the replacement and its group-mate take
+// their shards from the other group's matching members.
+TEST(FaultTolerantHsdp, TwoReplicaGroupsWithoutFailuresTrainAsOneProcess) {
+  train_three_members({}, /*shared_memory=*/true, Mode::kHsdp);
+}
+
+TEST(FaultTolerantHsdp, AMemberKilledTakesItsGroupOutTheOtherGoesOnAndTheModelIsUnchanged) {
+  train_three_members({Failure::kKill, 2, 5}, /*shared_memory=*/false, Mode::kHsdp);
 }
 
 // Two of three members killed at once (in a ring of three any two are neighbours): a shard

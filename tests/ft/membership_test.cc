@@ -72,8 +72,11 @@ bool within(std::chrono::milliseconds limit, Condition condition) {
 TEST(FtMembershipRecord, ReadsBack) {
   Membership e;
   e.number = 4;
-  e.members = {{"a", 5}, {"b", 3}, {"c", 5}, {"d", 3}, {"e", 3}};
+  e.members = {{"a", 5}, {"b", 3}, {"c", 5}, {"d", 3}, {"e", 3, ReplicaSlot{2, 1}}};
   const Membership back = Membership::decode(4, e.encode());
+  EXPECT_EQ(back.members[4].slot.group, 2);
+  EXPECT_EQ(back.members[4].slot.index, 1);
+  EXPECT_EQ(back.members[0].slot.group, -1);
   ASSERT_EQ(back.size(), 5);
   EXPECT_EQ(back.members[3].id, "d");
   EXPECT_EQ(back.rank_of("c"), 2);
@@ -212,6 +215,63 @@ TEST(FtMembership, AtTheMaximumANewcomerWaitsAndNeverFormsAnEpochAlone) {
   EXPECT_FALSE(a.newcomer_waiting()) << "no room: no reason to join again";
   EXPECT_TRUE(a.may_commit());
   EXPECT_TRUE(b.may_commit());
+}
+
+// Replica groups of two (HSDP's): a member lost takes its group out of the job as a whole.
+// The other group forms the next epoch alone; the lost member's group-mate waits in join()
+// (its group is not whole) and grows nothing; a replacement in the lost slot makes the group
+// whole again, the job grows at a step boundary, and the ranks follow group and slot order.
+TEST(FtMembership, InReplicaGroupsAMemberLostTakesItsGroupOutUntilItsSlotIsFilledAgain) {
+  const ServedStore store;
+  FtOptions options = fast(4);
+  options.replica_group_size = 2;
+  const Decider decider(store.connect(), "job", options);
+  std::vector<std::unique_ptr<Member>> members;
+  for (const ReplicaSlot slot : {ReplicaSlot{1, 1}, ReplicaSlot{0, 0}, ReplicaSlot{1, 0}, ReplicaSlot{0, 1}}) {
+    members.push_back(std::make_unique<Member>(store.connect(), "job", options, slot));
+  }
+  const auto rank_of_slot = [](const Membership& e, int group, int index) {
+    for (int r = 0; r < e.size(); ++r) {
+      if (e.members[r].slot.group == group && e.members[r].slot.index == index) return r;
+    }
+    return -1;
+  };
+  const std::vector<Membership> first =
+      join_all({members[0].get(), members[1].get(), members[2].get(), members[3].get()}, {0, 0, 0, 0});
+  ASSERT_EQ(first[0].size(), 4);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(rank_of_slot(first[0], r / 2, r % 2), r) << first[0].encode();
+  EXPECT_EQ(first[0].encode(), first[3].encode());
+
+  members[2].reset();  // group 1, slot 0
+  ASSERT_TRUE(within(options.eviction_timeout + 2s, [&] { return members[1]->epoch_broken(); }));
+  auto waiting = std::async(std::launch::async, [&] { return members[0]->join(6); });  // its group is not whole
+  const std::vector<Membership> second = join_all({members[1].get(), members[3].get()}, {6, 6});
+  EXPECT_EQ(second[0].number, 2);
+  ASSERT_EQ(second[0].size(), 2) << second[0].encode();
+  EXPECT_EQ(rank_of_slot(second[0], 0, 0), 0);
+  EXPECT_EQ(rank_of_slot(second[0], 0, 1), 1);
+  std::this_thread::sleep_for(options.settle_time + 4 * options.heartbeat_interval);
+  EXPECT_FALSE(members[1]->newcomer_waiting()) << "half a group is no reason to join again";
+  EXPECT_TRUE(members[1]->may_commit());
+  EXPECT_EQ(waiting.wait_for(0s), std::future_status::timeout);
+
+  Member replacement(store.connect(), "job", options, ReplicaSlot{1, 0});
+  auto replaced = std::async(std::launch::async, [&] { return replacement.join(0); });
+  ASSERT_TRUE(within(3s, [&] { return members[1]->newcomer_waiting() && members[3]->newcomer_waiting(); }));
+  const std::vector<Membership> third = join_all({members[1].get(), members[3].get()}, {9, 9});
+  const Membership grown = replaced.get();
+  EXPECT_EQ(waiting.get().encode(), grown.encode());
+  EXPECT_EQ(third[0].encode(), grown.encode());
+  EXPECT_EQ(grown.number, 3);
+  ASSERT_EQ(grown.size(), 4);
+  EXPECT_EQ(grown.rank_of(replacement.id()), 2);
+  EXPECT_EQ(grown.rank_of(members[0]->id()), 3);
+  EXPECT_EQ(grown.members[0].committed_step, 9);
+  EXPECT_EQ(grown.members[3].committed_step, 6);  // behind: it takes its shards from slot (0, 1)
+
+  // A member without a slot, or with one outside its group, is refused.
+  EXPECT_THROW_MSG(Member(store.connect(), "job", options), Error, "give each member of a job in replica groups");
+  EXPECT_THROW_MSG(Member(store.connect(), "job", options, ReplicaSlot{0, 2}), Error, "its index below 2");
 }
 
 // Two members join epoch 1 (having finished the training first, if `finished`), then both

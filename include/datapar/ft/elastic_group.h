@@ -42,8 +42,10 @@ struct Vote {
 
 class ElasticGroup {
  public:
-  // `store`: the job's store (the members of one job and its decider share `run`).
-  ElasticGroup(std::shared_ptr<Store> store, std::string run, FtOptions options, MakeGroup make_group);
+  // `store`: the job's store (the members of one job and its decider share `run`). `slot`:
+  // this member's place in its replica group (FtOptions::replica_group_size).
+  ElasticGroup(std::shared_ptr<Store> store, std::string run, FtOptions options, MakeGroup make_group,
+               ReplicaSlot slot = {});
   // Leaves: aborts the group; a collective its backend could not abandon is waited for
   // (at most the group's timeout) by a thread of its own, not by the destructor.
   ~ElasticGroup();
@@ -71,6 +73,11 @@ class ElasticGroup {
   // CommError or TimeoutError when a member failed.
   Vote vote(int64_t step);
 
+  // Collective over `ranks` of the current epoch (this one among them, every one calling it
+  // with the same `name` and `ranks`): a group of those members alone, made as the epoch's
+  // (make_group) and aborted and retired with it (HSDP's shard groups). Throws as join().
+  std::shared_ptr<ProcessGroup> subgroup(const std::string& name, const std::vector<int>& ranks);
+
   // Abandons the current epoch's group (ProcessGroup::abort): after a failed step, so that
   // nothing waits on its collectives in flight. join() does it too.
   void abort();
@@ -84,6 +91,7 @@ class ElasticGroup {
 
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
   const Membership& epoch() const { return epoch_; }
+  const FtOptions& options() const { return options_; }
   int rank() const { return rank_; }
   int size() const { return epoch_.size(); }
   Member& member() { return *member_; }
@@ -91,6 +99,9 @@ class ElasticGroup {
  private:
   // The group of an epoch that ended: aborted, and destroyed on a thread of its own.
   void retire();
+  // make_group_ over the epoch's store under `prefix` (within "ft/<run>/<E>/"), as rank
+  // `rank` of `size`; a broken epoch's failure said as one.
+  std::shared_ptr<ProcessGroup> make_epoch_group(const std::string& prefix, int rank, int size);
 
   std::shared_ptr<Store> store_;
   std::string run_;
@@ -107,6 +118,7 @@ class ElasticGroup {
   std::mutex abort_mutex_;
   int64_t group_epoch_ = 0;                  // guarded by abort_mutex_
   std::shared_ptr<ProcessGroup> abortable_;  // guarded by abort_mutex_
+  std::vector<std::shared_ptr<ProcessGroup>> subgroups_;  // the epoch's; guarded by abort_mutex_
   std::vector<std::thread> reapers_;         // destroy retired groups
 };
 

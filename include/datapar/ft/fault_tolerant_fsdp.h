@@ -76,35 +76,68 @@ struct FsdpParts {
   std::function<void(torch::optim::Optimizer&, const OptimizerState&)> load_optimizer;
 };
 
-// Each shard of FaultTolerantFsdp kept by two members, its owner and the next rank (as
-// ZeroOptions::copies = 2 keeps ZeRO's): the previous rank's shard this member keeps besides
-// its own, and the state's moves at a membership change. The non-template part of
+// How FaultTolerantFsdp keeps its shards so that a member lost loses none, and how they move
+// at a membership change. FsdpTwoCopies or FsdpReplicas: the non-template part of
 // FaultTolerantFsdp.
-class FsdpTwoCopies {
+class FsdpShardKeeper {
+ public:
+  virtual ~FsdpShardKeeper() = default;
+  // Collective, after joining epoch `epoch` whose group is `group`: brings `next` (this
+  // epoch's FSDP, made over its shard group) to the newest step. `current`: the epoch
+  // before's (null before the first). `mine` follows what this member keeps, as
+  // reshard_zero()'s. Returns the newest step. MembershipError when no member keeps some
+  // shard at the newest step.
+  virtual int64_t rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
+                          const FsdpParts& next) = 0;
+  // The kept shards' gradients side by side (as many elements as this rank's shards);
+  // undefined when none is kept.
+  virtual const at::Tensor& kept_gradients() const = 0;
+  // The committed step's update of the kept shards.
+  virtual void update() = 0;
+  // Bytes of the shards kept here besides this member's own: parameters, gradients, state.
+  virtual int64_t kept_bytes() const = 0;
+};
+
+// Each shard kept by two members, its owner and the next rank (as ZeroOptions::copies = 2
+// keeps ZeRO's): the previous rank's shard this member keeps besides its own; at a
+// membership change the model is sharded anew over the new group, unit by unit.
+class FsdpTwoCopies final : public FsdpShardKeeper {
  public:
   // Keeps the whole state to start from (a full state dict and a full optimizer state, as
-  // FullyShardedDataParallel::load_full_* take them) at step `step`.
+  // FullyShardedDataParallel::load_full_* take them).
   FsdpTwoCopies(OptimizerFactory make_optimizer, StateDict model, OptimizerState optimizer);
-  ~FsdpTwoCopies();
-  FsdpTwoCopies(FsdpTwoCopies&&) noexcept;
+  ~FsdpTwoCopies() override;
   FsdpTwoCopies(const FsdpTwoCopies&) = delete;
   FsdpTwoCopies& operator=(const FsdpTwoCopies&) = delete;
 
-  // Collective, after joining epoch `epoch` whose group is `group`: brings `next` (this
-  // epoch's FSDP, made over `group`) to the newest step and keeps the previous rank's
-  // shard of it. `current`: the epoch before's (null before the first). `mine` follows
-  // what this member keeps, as reshard_zero()'s. Returns the newest step.
-  // MembershipError when no member keeps some shard at the newest step.
   int64_t rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
-                  const FsdpParts& next);
+                  const FsdpParts& next) override;
+  const at::Tensor& kept_gradients() const override;
+  void update() override;
+  int64_t kept_bytes() const override;
 
-  // The kept shards' gradients side by side (as many elements as this rank's shards);
-  // undefined in a group of one.
-  const at::Tensor& kept_gradients() const;
-  // The committed step's update of the kept shard.
-  void update();
-  // Bytes of the previous rank's shard kept here: its parameters, gradients and state.
-  int64_t kept_bytes() const;
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// HSDP (FtOptions::replica_group_size): the members come in replica groups of `shard_size`
+// consecutive ranks, each sharding the model over itself; the replicas are the copies. A
+// member keeps only its own shard. At a membership change the layout stays (whole groups
+// come and go): a member behind the newest step takes its shards, unit by unit, from the
+// first member at the newest step with the same index in its group, shard to shard.
+class FsdpReplicas final : public FsdpShardKeeper {
+ public:
+  FsdpReplicas(int shard_size, StateDict model, OptimizerState optimizer);
+  ~FsdpReplicas() override;
+  FsdpReplicas(const FsdpReplicas&) = delete;
+  FsdpReplicas& operator=(const FsdpReplicas&) = delete;
+
+  int64_t rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
+                  const FsdpParts& next) override;
+  const at::Tensor& kept_gradients() const override;
+  void update() override {}
+  int64_t kept_bytes() const override { return 0; }
 
  private:
   struct Impl;
@@ -145,7 +178,8 @@ class FaultTolerantFsdp : public detail::StepProtocol {
         make_optimizer_(std::move(make_optimizer)),
         options_(options),
         slices_(slices),
-        copies_(make_copies(start)) {
+        shard_size_(elastic.options().replica_group_size),
+        keeper_(make_keeper(start)) {
     DATAPAR_CHECK(slices_ >= 1, "FaultTolerantFsdp: slices is ", slices_, "; give the job's full size.");
     options_.average_by_samples = false;  // the slices are weighed by their rows here
   }
@@ -163,15 +197,34 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   // Bytes of the previous rank's shard this rank keeps besides its own (parameters,
   // gradients, optimizer state).
-  int64_t kept_bytes() const { return copies_.kept_bytes(); }
+  int64_t kept_bytes() const { return keeper_->kept_bytes(); }
   int slices() const { return slices_; }
 
  private:
-  detail::FsdpTwoCopies make_copies(const std::optional<Start>& start) {
-    if (start) return detail::FsdpTwoCopies(make_optimizer_, start->model, start->optimizer);
-    const std::shared_ptr<ModuleImpl> model = make_model_();
-    const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer_(model->parameters());
-    return detail::FsdpTwoCopies(make_optimizer_, state_dict(*model), optimizer_state_dict(*optimizer));
+  std::unique_ptr<detail::FsdpShardKeeper> make_keeper(const std::optional<Start>& start) {
+    StateDict model = start ? start->model : StateDict();
+    OptimizerState optimizer = start ? start->optimizer : OptimizerState(c10::AnyType::get(), c10::AnyType::get());
+    if (!start) {
+      const std::shared_ptr<ModuleImpl> fresh = make_model_();
+      model = state_dict(*fresh);
+      optimizer = optimizer_state_dict(*make_optimizer_(fresh->parameters()));
+    }
+    if (shard_size_ > 1) return std::make_unique<detail::FsdpReplicas>(shard_size_, model, optimizer);
+    return std::make_unique<detail::FsdpTwoCopies>(make_optimizer_, model, optimizer);
+  }
+
+  // The group this epoch's units shard over: the epoch's, or this member's replica group's.
+  std::shared_ptr<ProcessGroup> shard_group() {
+    const std::shared_ptr<ProcessGroup>& group = elastic_.group();
+    if (shard_size_ == 1) return group;
+    const int rank = group->rank(), first = rank - rank % shard_size_;
+    DATAPAR_CHECK(group->size() % shard_size_ == 0 &&
+                      elastic_.epoch().members.at(static_cast<size_t>(rank)).slot.index == rank % shard_size_,
+                  "ft::FaultTolerantFsdp: membership epoch ", elastic_.epoch().number, " of ", group->size(),
+                  " members is not whole replica groups of ", shard_size_, " in slot order.");
+    std::vector<int> ranks;
+    for (int r = first; r < first + shard_size_; ++r) ranks.push_back(r);
+    return elastic_.subgroup("shard", ranks);
   }
 
   detail::FsdpParts parts(Fsdp& fsdp, torch::optim::Optimizer& optimizer) {
@@ -198,15 +251,17 @@ class FaultTolerantFsdp : public detail::StepProtocol {
 
   void rebuild() override {
     const std::shared_ptr<ProcessGroup>& group = elastic_.group();
+    const std::shared_ptr<ProcessGroup> shards = shard_group();
     std::shared_ptr<ModuleImpl> model = make_model_();
-    make_units_(*model, group, options_);
-    auto fsdp = std::make_unique<Fsdp>(model, group, options_);
+    make_units_(*model, shards, options_);
+    auto fsdp = std::make_unique<Fsdp>(model, shards, options_);
     std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer_(fsdp->parameters());
     const detail::FsdpParts next = parts(*fsdp, *optimizer);
     std::optional<detail::FsdpParts> current;
     if (fsdp_) current = parts(*fsdp_, *optimizer_);
-    step_ = copies_.rebuild(*group, elastic_.epoch().number, standing_, current ? &*current : nullptr, next);
-    gradients_.emplace(detail::slice_units(next), next.shards.front().options(), group->rank(), group->size());
+    step_ = keeper_->rebuild(*group, elastic_.epoch().number, standing_, current ? &*current : nullptr, next);
+    gradients_.emplace(detail::slice_units(next), next.shards.front().options(), group->rank(), group->size(),
+                       shard_size_ > 1 ? shard_size_ : 0);
     optimizer_ = std::move(optimizer);
     fsdp_ = std::move(fsdp);
     model_ = std::move(model);
@@ -233,13 +288,13 @@ class FaultTolerantFsdp : public detail::StepProtocol {
     }
     if (!first_buffers.empty()) detail::restore_buffers(module, first_buffers);
     std::vector<at::Tensor> shards = fsdp_->parameters();
-    gradients_->reduce(shards, copies_.kept_gradients());
+    gradients_->reduce(shards, keeper_->kept_gradients());
   }
 
   void zero_grad() override { optimizer_->zero_grad(); }
   void apply() override {
     optimizer_->step();
-    copies_.update();
+    keeper_->update();
   }
 
   MakeModel make_model_;
@@ -247,7 +302,8 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   OptimizerFactory make_optimizer_;
   FsdpOptions options_;
   const int slices_;
-  detail::FsdpTwoCopies copies_;
+  const int shard_size_;  // FtOptions::replica_group_size: > 1 for HSDP
+  std::unique_ptr<detail::FsdpShardKeeper> keeper_;
   std::optional<detail::ShardedSliceGradients> gradients_;  // the current epoch's
   std::shared_ptr<ModuleImpl> model_;
   std::unique_ptr<Fsdp> fsdp_;

@@ -88,31 +88,37 @@ class ShardedSliceGradients {
     int64_t shard = 0;
   };
   // The units of one membership epoch's FSDP, over a group of `size`, in shard order;
-  // `options`: the shards' dtype and device.
-  ShardedSliceGradients(std::vector<Unit> units, const at::TensorOptions& options, int rank, int size);
+  // `options`: the shards' dtype and device. `shard_size` 0: the units are sharded over the
+  // whole group, and each member keeps the previous rank's shard too (FsdpTwoCopies);
+  // else over replica groups of `shard_size` consecutive ranks (HSDP), and each member
+  // keeps only the shard of its index in its group (rank % shard_size).
+  ShardedSliceGradients(std::vector<Unit> units, const at::TensorOptions& options, int rank, int size,
+                        int shard_size = 0);
 
   // A step starts: this member trains slices_of(rank, size, slices), in most_slices_of()
   // passes (the last ones shadows when it has fewer).
   void begin(int slices);
   // Collective, after the backward of this member's next pass (`rows`: its slice's; ignored
-  // for a shadow): every member's pass, unit by unit; keeps this rank's shard and the
-  // previous rank's of each slice trained, and releases the parameters' gradients.
+  // for a shadow): every member's pass, unit by unit; keeps this rank's shard (and the
+  // previous rank's) of each slice trained, and releases the parameters' gradients.
   void exchange(ProcessGroup& group, int64_t rows);
   // After every pass: `own[u]`'s .grad (this rank's shard of unit u) becomes the sum over
   // slices, in order, weighted by rows (an alias of a buffer kept here, valid until the
   // next begin()); `previous` (the previous rank's shards side by side, undefined in a
-  // group of one) is set to its part of the sum.
+  // group of one and in replica groups) is set to its part of the sum.
   void reduce(std::vector<at::Tensor>& own, const at::Tensor& previous);
 
  private:
   std::vector<Unit> units_;
   at::TensorOptions options_;
   int rank_ = 0, size_ = 1, slices_ = 1;
+  int shard_size_ = 1;   // ranks the units are sharded over
+  int copies_ = 1;       // 2: the previous rank's shard kept too
   int passes_ = 0;       // passes exchanged since begin()
   int64_t total_ = 0;    // elements of one rank's shards, all units
-  at::Tensor kept_;      // [slices, 2 * total_]: this rank's shards, then the previous rank's
+  at::Tensor kept_;      // [slices, copies_ * total_]: this rank's shards, then the previous rank's
   std::vector<double> rows_;
-  at::Tensor sum_, scaled_;  // [2 * total_]
+  at::Tensor sum_, scaled_;  // [copies_ * total_]
 };
 
 }  // namespace detail

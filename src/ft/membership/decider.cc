@@ -23,6 +23,9 @@ Decider::Decider(std::shared_ptr<Store> store, const std::string& run, FtOptions
   DATAPAR_CHECK(options_.min_members >= 1 && options_.min_members <= options_.max_members,
                 "ft::Decider: the minimum of members is ", options_.min_members, " and the maximum ",
                 options_.max_members, "; use 1 <= minimum <= maximum.");
+  DATAPAR_CHECK(options_.replica_group_size >= 1 && options_.max_members >= options_.replica_group_size,
+                "ft::Decider: replica groups of ", options_.replica_group_size, " members in a job of at most ",
+                options_.max_members, "; the groups need at least one member and must fit in the job.");
   started_ = Clock::now();
   const auto period =
       std::max<std::chrono::milliseconds>(options_.heartbeat_interval / 2, std::chrono::milliseconds(1));
@@ -77,8 +80,13 @@ void Decider::read_joins() {
   read_numbered("joins", "join/", joins_read_, [&](const std::string& key, const std::string& record) {
     std::istringstream fields(record);
     Pending p;
-    if (!(fields >> p.id >> p.step) || p.step < 0) {
-      warn(str_cat("ft: ignoring a malformed join request \"", record, "\" (", key, ")"));
+    const bool read = static_cast<bool>(fields >> p.id >> p.step);
+    if (read && !(fields >> p.slot.group >> p.slot.index)) p.slot = ReplicaSlot{};
+    const int k = options_.replica_group_size;
+    const bool slot_ok = k == 1 ? p.slot.group == -1 : p.slot.group >= 0 && p.slot.index >= 0 && p.slot.index < k;
+    if (!read || p.step < 0 || !slot_ok) {
+      warn(str_cat("ft: ignoring a malformed join request \"", record, "\" (", key, ")",
+                   k > 1 ? str_cat(": the job's members come in replica groups of ", k) : std::string()));
       return;
     }
     const auto now = Clock::now();
@@ -94,7 +102,7 @@ void Decider::read_joins() {
     last_join_ = now;
     auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& q) { return q.id == p.id; });
     if (it != pending_.end()) {
-      it->step = p.step;
+      *it = p;
     } else {
       pending_.push_back(p);
     }
@@ -129,32 +137,56 @@ void Decider::evict(const std::string& id) {
   if (holds(current_, id)) store_->set(str_cat("broken/", current_.number), id);
 }
 
+std::vector<Decider::Pending> Decider::admissible() const {
+  const int k = options_.replica_group_size;
+  if (k == 1) return pending_;
+  // Group by group, the first member to ask for each slot; whole groups only.
+  std::map<int, std::vector<const Pending*>> groups;
+  for (const Pending& p : pending_) {
+    std::vector<const Pending*>& slots = groups[p.slot.group];
+    slots.resize(static_cast<size_t>(k), nullptr);
+    if (slots[static_cast<size_t>(p.slot.index)] == nullptr) slots[static_cast<size_t>(p.slot.index)] = &p;
+  }
+  std::vector<Pending> out;
+  for (const auto& [group, slots] : groups) {
+    if (std::any_of(slots.begin(), slots.end(), [](const Pending* p) { return p == nullptr; })) continue;
+    for (const Pending* p : slots) out.push_back(*p);
+  }
+  return out;
+}
+
 void Decider::decide() {
   if (pending_.empty()) return;
   const auto now = Clock::now();
   auto pending = [&](const std::string& id) {
     return std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.id == id; });
   };
+  const std::vector<Pending> ready_members = admissible();
   bool all_back = true;
   for (const MembershipEntry& m : current_.members) {
     if (evicted_.count(m.id) == 0 && !pending(m.id)) all_back = false;
   }
-  const bool newcomer =
-      std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return !holds(current_, p.id); });
+  const bool newcomer = std::any_of(ready_members.begin(), ready_members.end(),
+                                    [&](const Pending& p) { return !holds(current_, p.id); });
   if (current_.number > 0 && newcomer && !grow_signalled_ && current_.size() < options_.max_members) {
     store_->set(str_cat("grow/", current_.number), std::string("1"));
     grow_signalled_ = true;
   }
-  const int ready = std::min<int>(static_cast<int>(pending_.size()), options_.max_members);
+  const int k = options_.replica_group_size;
+  const int most = options_.max_members / k * k;  // whole groups
+  const int ready = std::min<int>(static_cast<int>(ready_members.size()), most);
   const int need =
       current_.number == 0 ? std::max(options_.min_members, options_.expected_members) : options_.min_members;
-  const bool settled = !newcomer || ready >= options_.max_members || now - last_join_ >= options_.settle_time;
+  const bool settled = !newcomer || ready >= most || now - last_join_ >= options_.settle_time;
   const bool timed_out = now - first_pending_ >= options_.quorum_timeout;
   // Without a member of the last epoch, the state it trained would be lost: newcomers alone
   // never form an epoch (they wait while the job runs at its maximum).
-  const bool continues = current_.number == 0 || std::any_of(pending_.begin(), pending_.end(),
-                                                             [&](const Pending& p) { return holds(current_, p.id); });
-  if (!continues && all_back) {  // every member of the last epoch is gone: so is its state
+  const auto of_last_epoch = [&](const std::vector<Pending>& members) {
+    return current_.number == 0 ||
+           std::any_of(members.begin(), members.end(), [&](const Pending& p) { return holds(current_, p.id); });
+  };
+  const bool continues = of_last_epoch(ready_members);
+  if (!of_last_epoch(pending_) && all_back) {  // every member of the last epoch is gone: so is its state
     Membership stop;
     stop.number = current_.number + 1;
     if (store_->check({"finished"})) {  // because they finished the training
@@ -185,15 +217,19 @@ void Decider::decide() {
   }
   Membership next;
   next.number = current_.number + 1;
-  for (const MembershipEntry& m : current_.members) {  // the last epoch's members keep their order
-    for (const Pending& p : pending_) {
-      if (p.id == m.id) next.members.push_back({p.id, p.step});
+  if (k == 1) {
+    for (const MembershipEntry& m : current_.members) {  // the last epoch's members keep their order
+      for (const Pending& p : ready_members) {
+        if (p.id == m.id) next.members.push_back({p.id, p.step, p.slot});
+      }
     }
+    for (const Pending& p : ready_members) {
+      if (!holds(current_, p.id)) next.members.push_back({p.id, p.step, p.slot});
+    }
+  } else {  // in group and slot order (admissible()'s): a group's ranks are consecutive
+    for (const Pending& p : ready_members) next.members.push_back({p.id, p.step, p.slot});
   }
-  for (const Pending& p : pending_) {
-    if (!holds(current_, p.id)) next.members.push_back({p.id, p.step});
-  }
-  next.members.resize(std::min<size_t>(next.members.size(), static_cast<size_t>(options_.max_members)));
+  next.members.resize(std::min<size_t>(next.members.size(), static_cast<size_t>(most)));
   bool left_out = false;  // a live member of the last epoch that did not join in time
   for (const MembershipEntry& m : current_.members) {
     if (evicted_.count(m.id) == 0 && !holds(next, m.id)) left_out = true;

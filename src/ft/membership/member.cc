@@ -19,9 +19,14 @@ int64_t now_ns() {
 
 }  // namespace
 
-Member::Member(std::shared_ptr<Store> store, const std::string& run, FtOptions options)
-    : options_(options), id_(detail::random_hex(8)), last_beat_ns_(now_ns()) {
+Member::Member(std::shared_ptr<Store> store, const std::string& run, FtOptions options, ReplicaSlot slot)
+    : options_(options), slot_(slot), id_(detail::random_hex(8)), last_beat_ns_(now_ns()) {
   if (id_.empty()) throw Error("ft::Member: cannot read random bytes for this member's id");
+  const int k = options_.replica_group_size;
+  DATAPAR_CHECK(k >= 1 && (k == 1 ? slot_.group == -1 : slot_.group >= 0 && slot_.index >= 0 && slot_.index < k),
+                "ft::Member: replica groups of ", k, " members and the slot (group ", slot_.group, ", index ",
+                slot_.index, "); give each member of a job in replica groups its group and its index below ", k,
+                ", and none without.");
   store_ = std::make_shared<PrefixStore>("ft/" + run + "/", std::move(store));
   heartbeat_ =
       store_->clone(std::max<std::chrono::milliseconds>(options_.heartbeat_interval * 2, std::chrono::seconds(1)));
@@ -83,7 +88,9 @@ Membership Member::join(int64_t committed_step) {
       last = std::max(last, published);
     }
     const int64_t n = store_->add("joins", 1);
-    store_->set(str_cat("join/", n), str_cat(id_, ' ', committed_step));
+    std::string request = str_cat(id_, ' ', committed_step);
+    if (slot_.group >= 0) request += str_cat(' ', slot_.group, ' ', slot_.index);
+    store_->set(str_cat("join/", n), request);
   } catch (const MembershipError&) {
     throw;
   } catch (const std::exception& e) {
@@ -100,8 +107,10 @@ Membership Member::join(int64_t committed_step) {
       throw MembershipError(str_cat("ft: member ", id_, " asked to join at step ", committed_step,
                                     " and no membership epoch took it within the quorum timeout (", patience.count(),
                                     " ms; the last epoch was ", e - 1,
-                                    "). Is the decider running (datapar launch with --fault-tolerant), and is the "
-                                    "job above its maximum of members?"));
+                                    "). Is the decider running (datapar launch with --fault-tolerant), is the "
+                                    "job above its maximum of members",
+                                    slot_.group >= 0 ? ", or did a member of this one's replica group not come back" : "",
+                                    "?"));
     } catch (const MembershipError&) {
       throw;
     } catch (const std::exception& error) {

@@ -15,11 +15,16 @@ int Membership::rank_of(const std::string& id) const {
   return -1;
 }
 
-// One line per member, "<id> <step>", in rank order; or one line "stop <reason>".
+// One line per member, "<id> <step>" (and " <group> <index>" in replica groups), in rank
+// order; or one line "stop <reason>".
 std::string Membership::encode() const {
   if (!stop_reason.empty()) return (complete ? "done " : "stop ") + stop_reason;
   std::string out;
-  for (const MembershipEntry& m : members) out += str_cat(m.id, ' ', m.committed_step, '\n');
+  for (const MembershipEntry& m : members) {
+    out += str_cat(m.id, ' ', m.committed_step);
+    if (m.slot.group >= 0) out += str_cat(' ', m.slot.group, ' ', m.slot.index);
+    out += '\n';
+  }
   return out;
 }
 
@@ -36,7 +41,9 @@ Membership Membership::decode(int64_t number, const std::string& record) {
   while (std::getline(lines, line)) {
     std::istringstream fields(line);
     MembershipEntry m;
-    if (!(fields >> m.id >> m.committed_step) || m.committed_step < 0) {
+    const bool read = static_cast<bool>(fields >> m.id >> m.committed_step);
+    if (read && !(fields >> m.slot.group >> m.slot.index)) m.slot = ReplicaSlot{};  // no groups
+    if (!read || m.committed_step < 0 || m.slot.group < -1 || m.slot.index < 0) {
       throw MembershipError(str_cat("membership epoch ", number, " has a malformed record line \"", line,
                                     "\": the store holds something the decider did not write"));
     }

@@ -18,7 +18,10 @@
 //
 // An epoch forms when every live member of the last one has joined again, with at least
 // min_members, at most max_members (the last epoch's members first, in their old order,
-// then newcomers in join order); newcomers get settle_time for others to follow. A member
+// then newcomers in join order); newcomers get settle_time for others to follow. In a job of
+// replica groups (FtOptions::replica_group_size) an epoch takes whole groups only, in group
+// and slot order: a member whose group is not whole waits, pending, and counts for nothing
+// (no growth, no quorum) until a member for every slot of its group asks to join. A member
 // whose heartbeat stops for eviction_timeout is evicted. Without a quorum within
 // quorum_timeout, the decider publishes a stop (members' join() throws the reason).
 #pragma once
@@ -60,6 +63,7 @@ class Decider {
   struct Pending {
     std::string id;
     int64_t step = 0;
+    ReplicaSlot slot;
   };
   struct Seen {
     int64_t beats = -1;
@@ -77,6 +81,8 @@ class Decider {
   void read_deaths();
   void read_heartbeats();
   void evict(const std::string& id);
+  // The pending members an epoch may take: all, or those of whole replica groups.
+  std::vector<Pending> admissible() const;
   void decide();
   void publish(Membership epoch);
 

@@ -27,13 +27,16 @@ class Member {
   // `run`: the job's name in the store (members and decider of one job share it). Starts
   // the heartbeat. The store's own timeout bounds each call; `store` must be able to clone
   // a connection for the heartbeat thread (TcpStore) or be safe to share between threads.
-  Member(std::shared_ptr<Store> store, const std::string& run, FtOptions options = {});
+  // `slot`: this member's place in its replica group, when the job has them
+  // (FtOptions::replica_group_size > 1).
+  Member(std::shared_ptr<Store> store, const std::string& run, FtOptions options = {}, ReplicaSlot slot = {});
   ~Member();
   Member(const Member&) = delete;
   Member& operator=(const Member&) = delete;
 
   // This process's incarnation id (random; never reused).
   const std::string& id() const { return id_; }
+  const ReplicaSlot& slot() const { return slot_; }
 
   // Asks to be a member of the next epoch, having committed `committed_step`, and waits
   // (at most the quorum timeout) until the decider publishes an epoch that holds it, which
@@ -73,6 +76,7 @@ class Member {
   void beat();
 
   FtOptions options_;
+  ReplicaSlot slot_;
   std::string id_;
   std::shared_ptr<Store> store_;      // the caller's thread
   std::shared_ptr<Store> heartbeat_;  // the heartbeat thread's connection

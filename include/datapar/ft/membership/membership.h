@@ -29,11 +29,20 @@ class TrainingComplete : public MembershipError {
   using MembershipError::MembershipError;
 };
 
+// Where a member sits in a job whose members come in replica groups
+// (FtOptions::replica_group_size): the group, and its place in it (its shard index under
+// HSDP). A restarted process takes the slot of the one it replaces.
+struct ReplicaSlot {
+  int group = -1;  // -1: the job has no replica groups
+  int index = 0;
+};
+
 // One member of a membership epoch, as the decider recorded it.
 struct MembershipEntry {
   std::string id;              // the member's incarnation id: a restarted process is a new one
   int64_t committed_step = 0;  // the steps it had committed when it asked to join (the
                                // members exchange their own when they meet: ElasticGroup::take_newest_state)
+  ReplicaSlot slot;
 };
 
 // Membership epoch `number`: its members in rank order, or the decider's verdict that the

@@ -27,6 +27,11 @@ struct FtOptions {
   int expected_members = 0;
   int min_members = 1;
   int max_members = std::numeric_limits<int>::max();
+  // Members per replica group (HSDP's shard group: ft::FaultTolerantFsdp shards over each
+  // and replicates across them). An epoch takes whole groups only: a group that lost a
+  // member leaves the job as a whole, its other members waiting in join() until a
+  // replacement fills the slot (ReplicaSlot). 1: every member is a group of its own.
+  int replica_group_size = 1;
 };
 
 // The options of a job of `expected` members (every worker of every node) under
