@@ -591,17 +591,19 @@ void expect_same_model(const std::string& expected_path, const std::string& got_
   }
 }
 
-// The killed job runs `mode` (ddp or fsdp), with its optimizer state sharded if `zero`
-// (--zero); the uninterrupted one is plain ddp.
-void a_killed_worker_is_restarted_alone(const std::string& mode, bool zero) {
+// The killed job runs `mode` (ddp, fsdp, or hsdp in shard groups of two), with its
+// optimizer state sharded if `zero` (--zero), on `workers` workers; the uninterrupted one is
+// plain ddp. Rank 1 is killed.
+void a_killed_worker_is_restarted_alone(const std::string& mode, bool zero, int size = 3) {
   constexpr int kEpochs = 4;
-  const auto train = [](const std::string& checkpoints, const std::string& how, bool sharded) {
-    std::vector<std::string> args{"--fault-tolerant", "--nproc-per-node", "3", "--max-restarts", "1",
-                                  "--", bin("datapar"), "train", "--fault-tolerant",
+  const auto train = [size](const std::string& checkpoints, const std::string& how, bool sharded) {
+    std::vector<std::string> args{"--fault-tolerant", "--nproc-per-node", std::to_string(size), "--max-restarts",
+                                  "1", "--", bin("datapar"), "train", "--fault-tolerant",
                                   "--mode", how, "--backend", "gloo", "--model", "lenet", "--epochs",
                                   std::to_string(kEpochs), "--batch-size", "48", "--limit", "6000", "--threads",
                                   "1", "--workers", "1", "--momentum", "0.9", "--checkpoint-dir", checkpoints};
     if (sharded) args.push_back("--zero");
+    if (how == "hsdp") args.insert(args.end(), {"--shard-size", "2"});
     return args;
   };
   const TempDir straight_dir("launch_test");
@@ -616,9 +618,9 @@ void a_killed_worker_is_restarted_alone(const std::string& mode, bool zero) {
   for (const auto deadline = std::chrono::steady_clock::now() + 60s; std::chrono::steady_clock::now() < deadline;
        std::this_thread::sleep_for(5ms)) {
     workers = workers_of(b.pid, 0);
-    if (workers.size() == 3 && latest_epoch(killed_dir.path()) >= 1) break;
+    if (workers.size() == static_cast<size_t>(size) && latest_epoch(killed_dir.path()) >= 1) break;
   }
-  ASSERT_EQ(workers.size(), 3u) << read_text(b.log);
+  ASSERT_EQ(workers.size(), static_cast<size_t>(size)) << read_text(b.log);
   std::mt19937 random(31);
   std::this_thread::sleep_for(std::chrono::milliseconds(random() % 200));
   ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
@@ -629,13 +631,14 @@ void a_killed_worker_is_restarted_alone(const std::string& mode, bool zero) {
   }
   ASSERT_EQ(replacement.count(1), 1u) << "rank 1 was not restarted:\n" << read_text(b.log);
   // The others were not restarted: the same processes run on.
-  EXPECT_EQ(workers_of(b.pid, 0).count(0) + workers_of(b.pid, 0).count(2), 2u) << read_text(b.log);
+  const std::map<int, pid_t> first = workers_of(b.pid, 0);
+  EXPECT_EQ(first.size() - first.count(1), static_cast<size_t>(size - 1)) << read_text(b.log);
   EXPECT_EQ(wait_exit(b.pid, 120s), 0) << read_text(b.log);
   const std::string log = read_text(b.log);
   EXPECT_NE(log.find("restarting it alone (restart 1 of 1); the other workers go on"), std::string::npos) << log;
-  // The replacement took part: the last epoch was trained by three ranks again.
+  // The replacement took part: the last epoch was trained by every rank again.
   EXPECT_NE(log.find("epoch 4/4"), std::string::npos) << log;
-  EXPECT_NE(log.substr(log.find("epoch 4/4")).find("3 ranks"), std::string::npos) << log;
+  EXPECT_NE(log.substr(log.find("epoch 4/4")).find(std::to_string(size) + " ranks"), std::string::npos) << log;
 
   expect_same_model(train::checkpoint_path(straight_dir.path(), kEpochs),
                     train::checkpoint_path(killed_dir.path(), kEpochs));
@@ -662,6 +665,14 @@ TEST(LaunchFaultTolerant, AKilledWorkerOfAShardedJobLosesNoOptimizerState) {
 // two ranks, then three again with the replacement, and the last checkpoint (gathered from
 // the shards) is the uninterrupted ddp run's.
 TEST(LaunchFaultTolerant, AKilledWorkerOfAnFsdpJobLosesNoShard) { a_killed_worker_is_restarted_alone("fsdp", false); }
+
+// Issue 47, --mode hsdp --shard-size 2 on four workers: rank 1 killed takes its replica group
+// (ranks 0 and 1) out of the job; ranks 2 and 3 train on; the restarted rank 1 and rank 0
+// take their shards from ranks 2 and 3, and the last checkpoint is the uninterrupted ddp
+// run's.
+TEST(LaunchFaultTolerant, AKilledWorkerOfAnHsdpJobTakesItsReplicaGroupOutAndBack) {
+  a_killed_worker_is_restarted_alone("hsdp", false, 4);
+}
 
 // The lines "epoch N: test loss X, test accuracy Y" the fault-tolerant DDP example printed,
 // without the count of members.

@@ -238,7 +238,9 @@ class FaultTolerantLauncher {
       TcpStoreOptions server = client;
       server.is_server = true;
       store_ = std::make_shared<TcpStore>(server);
-      decider_ = std::make_unique<ft::Decider>(std::make_shared<TcpStore>(client), ft::kLaunchedRun, ft_options_);
+      ft::FtOptions deciding = ft_options_;
+      deciding.replica_group_size = 0;  // as the workers say (--mode hsdp: their shard groups)
+      decider_ = std::make_unique<ft::Decider>(std::make_shared<TcpStore>(client), ft::kLaunchedRun, deciding);
     }
     nodes_ = std::make_unique<FtNodes>(client, ft::kLaunchedRun, options.node_rank, options.nnodes,
                                        ft_options_.heartbeat_interval, ft_options_.eviction_timeout,

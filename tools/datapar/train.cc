@@ -85,7 +85,9 @@ int train_model_fault_tolerant(const TrainPlan& plan, const Data& data, std::sha
   const TrainOptions& o = plan.options;
   const c10::Device device = plan.devices.front().torch_device();
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum));
-  ft::LaunchedJob job = ft::join_launched_job(resolve_job_config(process_environment()));
+  // --mode hsdp: fault tolerance between replica groups (each a shard group).
+  ft::LaunchedJob job = ft::join_launched_job(resolve_job_config(process_environment()),
+                                              plan.mode == Mode::kHsdp ? plan.shard_size : 1);
   check_same_trajectory(*job.store, "ft/" + ft::kLaunchedRun + "/trajectory", trajectory_flags(plan, data.train->size()));
   // Each epoch's global batches, as a job of the full size cuts its epochs (global_batch()).
   BalancedBatches batches(

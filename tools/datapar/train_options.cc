@@ -126,10 +126,10 @@ void check_flags(const TrainOptions& o, Mode mode) {
                     ? " shards it already, with the parameters and gradients."
                     : " has one optimizer.\n---> HINT: add --mode ddp (under datapar launch), or leave out --zero.");
   if (o.fault_tolerant) {
-    DATAPAR_CHECK((mode == Mode::kDdp || mode == Mode::kFsdp) && (o.backend.empty() || o.backend == "gloo"),
-                  "--fault-tolerant trains ddp or fsdp over gloo; --mode ", o.mode,
+    DATAPAR_CHECK(has_ranks(mode) && (o.backend.empty() || o.backend == "gloo"),
+                  "--fault-tolerant trains ddp, fsdp or hsdp over gloo; --mode ", o.mode,
                   (o.backend.empty() ? "" : " --backend " + o.backend),
-                  " is not that.\n---> HINT: use --mode ddp (or fsdp) --backend gloo.");
+                  " is not that.\n---> HINT: use --mode ddp (or fsdp, hsdp) --backend gloo.");
     DATAPAR_CHECK(o.balance == "even" && !o.evaluate && o.trace.empty() && o.checkpoint_format == "torch" &&
                       o.mp == "none",
                   "--fault-tolerant does not combine with --balance, --evaluate, --trace, --mp or "

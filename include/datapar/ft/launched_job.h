@@ -28,9 +28,11 @@ struct LaunchedJob {
 // Connects to the launcher's store and makes this worker's member, each membership epoch's
 // group a gloo group made as init_process_group makes one for this job (its address, its use
 // of shared memory), with launched_group_timeout. Names the member to the launcher
-// (launched_worker_key). Throws InvalidArgumentError, saying what to do, when this process
-// was not started by `datapar launch --fault-tolerant`, and what TcpStore throws when the
-// store does not answer.
-LaunchedJob join_launched_job(const JobConfig& config = resolve_job_config());
+// (launched_worker_key). `replica_group_size` > 1: the job's members come in replica groups
+// of that many consecutive ranks (HSDP's shard groups, FtOptions::replica_group_size), this
+// worker in the slot of its launcher's RANK, which a restarted worker keeps. Throws
+// InvalidArgumentError, saying what to do, when this process was not started by
+// `datapar launch --fault-tolerant`, and what TcpStore throws when the store does not answer.
+LaunchedJob join_launched_job(const JobConfig& config = resolve_job_config(), int replica_group_size = 1);
 
 }  // namespace datapar::ft

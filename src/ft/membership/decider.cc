@@ -23,7 +23,8 @@ Decider::Decider(std::shared_ptr<Store> store, const std::string& run, FtOptions
   DATAPAR_CHECK(options_.min_members >= 1 && options_.min_members <= options_.max_members,
                 "ft::Decider: the minimum of members is ", options_.min_members, " and the maximum ",
                 options_.max_members, "; use 1 <= minimum <= maximum.");
-  DATAPAR_CHECK(options_.replica_group_size >= 1 && options_.max_members >= options_.replica_group_size,
+  group_size_ = options_.replica_group_size;
+  DATAPAR_CHECK(group_size_ >= 0 && options_.max_members >= group_size_,
                 "ft::Decider: replica groups of ", options_.replica_group_size, " members in a job of at most ",
                 options_.max_members, "; the groups need at least one member and must fit in the job.");
   started_ = Clock::now();
@@ -81,9 +82,12 @@ void Decider::read_joins() {
     std::istringstream fields(record);
     Pending p;
     const bool read = static_cast<bool>(fields >> p.id >> p.step);
-    if (read && !(fields >> p.slot.group >> p.slot.index)) p.slot = ReplicaSlot{};
-    const int k = options_.replica_group_size;
-    const bool slot_ok = k == 1 ? p.slot.group == -1 : p.slot.group >= 0 && p.slot.index >= 0 && p.slot.index < k;
+    int said = 1;  // the members per group the member says
+    if (read && !(fields >> p.slot.group >> p.slot.index >> said)) p.slot = ReplicaSlot{};
+    if (group_size_ == 0 && said >= 1 && said <= options_.max_members) group_size_ = said;  // the first join says
+    const int k = std::max(group_size_, 1);
+    const bool slot_ok = said == k && (k == 1 ? p.slot.group == -1
+                                              : p.slot.group >= 0 && p.slot.index >= 0 && p.slot.index < k);
     if (!read || p.step < 0 || !slot_ok) {
       warn(str_cat("ft: ignoring a malformed join request \"", record, "\" (", key, ")",
                    k > 1 ? str_cat(": the job's members come in replica groups of ", k) : std::string()));
@@ -138,8 +142,8 @@ void Decider::evict(const std::string& id) {
 }
 
 std::vector<Decider::Pending> Decider::admissible() const {
-  const int k = options_.replica_group_size;
-  if (k == 1) return pending_;
+  const int k = group_size_;
+  if (k <= 1) return pending_;
   // Group by group, the first member to ask for each slot; whole groups only.
   std::map<int, std::vector<const Pending*>> groups;
   for (const Pending& p : pending_) {
@@ -172,7 +176,7 @@ void Decider::decide() {
     store_->set(str_cat("grow/", current_.number), std::string("1"));
     grow_signalled_ = true;
   }
-  const int k = options_.replica_group_size;
+  const int k = std::max(group_size_, 1);
   const int most = options_.max_members / k * k;  // whole groups
   const int ready = std::min<int>(static_cast<int>(ready_members.size()), most);
   const int need =

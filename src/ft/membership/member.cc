@@ -89,7 +89,7 @@ Membership Member::join(int64_t committed_step) {
     }
     const int64_t n = store_->add("joins", 1);
     std::string request = str_cat(id_, ' ', committed_step);
-    if (slot_.group >= 0) request += str_cat(' ', slot_.group, ' ', slot_.index);
+    if (slot_.group >= 0) request += str_cat(' ', slot_.group, ' ', slot_.index, ' ', options_.replica_group_size);
     store_->set(str_cat("join/", n), request);
   } catch (const MembershipError&) {
     throw;

@@ -1,5 +1,7 @@
 // --mode fsdp --fault-tolerant: ft::FaultTolerantFsdp, each rank's shard kept by the next
-// rank too, its units, options and checkpoint those of the fsdp mode (fsdp.h).
+// rank too, its units, options and checkpoint those of the fsdp mode (fsdp.h). --mode hsdp:
+// the same over a membership of whole replica groups (the elastic group's), each sharding
+// the model over itself, the replicas the copies.
 #pragma once
 
 #include <torch/optim/sgd.h>

@@ -27,17 +27,18 @@ std::unique_ptr<Strategy> make_strategy(const TrainPlan& plan, std::shared_ptr<I
 }
 
 // Wraps `model` (restored already) and `sgd` at `step` for plan.mode under --fault-tolerant
-// (ddp or fsdp: plan_training refuses the others), over the membership of `elastic`.
+// (ddp, fsdp or hsdp: plan_training refuses the others), over the membership of `elastic`
+// (hsdp: whole replica groups, FtOptions::replica_group_size).
 template <typename Impl>
 std::unique_ptr<FaultTolerantStrategy> make_fault_tolerant(const TrainPlan& plan, std::shared_ptr<Impl> model,
                                                            torch::optim::SGD& sgd, ft::ElasticGroup& elastic,
                                                            int64_t step) {
   switch (plan.mode) {
     case Mode::kDdp: return std::make_unique<FaultTolerantDdpMode<Impl>>(plan, std::move(model), sgd, elastic, step);
-    case Mode::kFsdp: return std::make_unique<FaultTolerantFsdpMode<Impl>>(plan, std::move(model), sgd, elastic, step);
+    case Mode::kFsdp:
+    case Mode::kHsdp: return std::make_unique<FaultTolerantFsdpMode<Impl>>(plan, std::move(model), sgd, elastic, step);
     case Mode::kSingle:
-    case Mode::kDataParallel:
-    case Mode::kHsdp: break;
+    case Mode::kDataParallel: break;
   }
   return nullptr;
 }

@@ -4,7 +4,8 @@
 //
 // Store keys, under "ft/<run>/":
 //   hb/<id>        a member's heartbeat counter (Member's thread adds 1 per interval)
-//   joins, join/N  join requests, numbered: "<id> <committed step>"
+//   joins, join/N  join requests, numbered: "<id> <committed step>", and in replica groups
+//                  " <group> <index> <members per group>"
 //   epoch/<E>      epoch E's record (Membership::encode), written once; epoch: the newest E
 //   broken/<E>     set when a member of E is evicted, or joins again (its step failed): the
 //                  others abort and join again
@@ -94,6 +95,7 @@ class Decider {
   std::vector<Pending> pending_;
   std::map<std::string, Seen> seen_;
   std::set<std::string> evicted_;
+  int group_size_ = 1;  // members per replica group: the options', or the first join's (0: none yet)
   bool grow_signalled_ = false;
   std::chrono::steady_clock::time_point first_pending_, last_join_, started_;
   std::string last_error_;  // the store's last error, said once

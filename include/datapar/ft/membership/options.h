@@ -30,7 +30,8 @@ struct FtOptions {
   // Members per replica group (HSDP's shard group: ft::FaultTolerantFsdp shards over each
   // and replicates across them). An epoch takes whole groups only: a group that lost a
   // member leaves the job as a whole, its other members waiting in join() until a
-  // replacement fills the slot (ReplicaSlot). 1: every member is a group of its own.
+  // replacement fills the slot (ReplicaSlot). 1: every member is a group of its own. 0,
+  // for a decider only (the launcher's): as the members say when they ask to join.
   int replica_group_size = 1;
 };
 
