@@ -7,8 +7,10 @@
 // layout (k never changes). Every replica group at the newest step holds the whole state,
 // so nothing is re-sharded: a member behind (a replacement, or the rest of a group that
 // left) takes each unit's shard and its optimizer state from the first member at the newest
-// step with its index, one unit in flight at a time; members at the newest step copy their
-// own. A group that lost a member waits whole (the decider), so the other groups' members
+// step with its index, one unit in flight at a time, keeping the state as views of what it
+// received; members at the newest step copy their parameters' shards into the new epoch's
+// FSDP and hand it their optimizer state's tensors (not copies: a member that regroups holds
+// its shards twice at most, never its optimizer state). A group that lost a member waits whole (the decider), so the other groups' members
 // keep no copy of anyone else's shard: a member holds its own shards only. Only when every
 // group that kept some index at the newest step is gone is a shard lost: the job stops.
 #include "datapar/ft/fault_tolerant_fsdp.h"
@@ -73,7 +75,11 @@ void FsdpReplicas::Impl::move_unit(ProcessGroup& group, const Standings& standin
     const at::Tensor& own = current->shards.at(unit);
     into.detach().copy_(own);
     const optim::OptimizerParamState* state = state_of(*current->optimizer, own);
-    if (state != nullptr) set_state(*next.optimizer, into, datapar::detail::copy_param_state(kind, *state));
+    if (state != nullptr) {  // the same tensors: the epoch before's goes once this one is made
+      set_state(*next.optimizer, into,
+                datapar::detail::make_param_state(kind, datapar::detail::param_state_meta(kind, state),
+                                                  datapar::detail::param_state_tensors(kind, *state)));
+    }
     if (source[static_cast<size_t>(me % k)] != me) return;
     // To each member behind with this index, the shard and its state side by side.
     const datapar::detail::ParamStateMeta meta = datapar::detail::param_state_meta(kind, state);

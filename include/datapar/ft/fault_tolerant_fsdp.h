@@ -247,7 +247,13 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   }
 
   bool ready() const override { return ready_; }
-  void drop() override { ready_ = false; }  // the shards stay: the next epoch takes them
+  void drop() override {
+    ready_ = false;  // the shards stay: the next epoch takes them
+    if (!fsdp_) return;
+    // A step that failed leaves its slice's unsharded gradients: gone before the next
+    // epoch's model is made.
+    for (at::Tensor& p : fsdp_->module()->parameters()) p.mutable_grad() = at::Tensor();
+  }
 
   void rebuild() override {
     const std::shared_ptr<ProcessGroup>& group = elastic_.group();
