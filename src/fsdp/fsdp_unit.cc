@@ -72,6 +72,14 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<at::Tensor> params, std::shared
                   "dtypes (at::kBFloat16, at::kHalf, at::kFloat), not ", *dtype, ".");
   }
   const int64_t n = group_->size();
+  if (const auto& smaller = options_.reshard_after_forward_group) {
+    DATAPAR_CHECK(options_.reshard_after_forward && smaller != group_ && smaller->size() < n &&
+                      n % smaller->size() == 0,
+                  "FullyShardedDataParallel: FsdpOptions::reshard_after_forward_group has ", smaller->size(),
+                  " ranks and unit '", name_, "' shards over ", n,
+                  "; give a smaller group whose size divides the unit's (the ranks of one machine), with "
+                  "reshard_after_forward on.");
+  }
   padded_ = (numel_ + n - 1) / n * n;
   const at::TensorOptions own = first.options().requires_grad(false);
   // Every rank starts from rank 0's values.
@@ -152,6 +160,14 @@ void FsdpUnit::start_gather() {
   // Through an alias without autograd: no version counter moves (Note [Parameters over a
   // flat buffer]).
   const at::Tensor whole = at::from_blob(storage.data_ptr().get(), {padded_}, full_.options());
+  if (post_forward_part_.defined()) {  // for backward, within the smaller group
+    const std::shared_ptr<ProcessGroup>& smaller = options_.reshard_after_forward_group;
+    gather_parts_ = whole.chunk(smaller->size());
+    gather_source_ = std::move(post_forward_part_);
+    post_forward_part_ = at::Tensor();
+    gather_work_ = smaller->all_gather(gather_parts_, gather_source_);
+    return;
+  }
   gather_parts_ = whole.chunk(group_->size());
   gather_source_ = shard_.detach().to(full_.scalar_type());
   gather_work_ = group_->all_gather(gather_parts_, gather_source_);
@@ -195,7 +211,13 @@ void FsdpUnit::post_forward(const c10::IValue& returned) {
     return;
   }
   used_in_forward_ = true;
-  if (options_.reshard_after_forward && !recomputing) reshard();
+  if (options_.reshard_after_forward && !recomputing) {
+    if (const auto& smaller = options_.reshard_after_forward_group) {
+      const int64_t part = padded_ / smaller->size();
+      post_forward_part_ = full_.detach().narrow(0, smaller->rank() * part, part).clone();
+    }
+    reshard();
+  }
   const std::weak_ptr<FsdpUnit> self = weak_from_this();
   for (at::Tensor& out : outputs) {
     if (!out.defined() || !out.requires_grad()) continue;
@@ -272,6 +294,7 @@ void FsdpUnit::finish_reduce() {
 void FsdpUnit::finish_backward() {
   finish_reduce();
   reshard();
+  post_forward_part_ = at::Tensor();  // a unit whose backward did not run
   used_in_forward_ = in_backward_ = reduced_ = false;
   ready_ = 0;
 }
@@ -287,6 +310,7 @@ void FsdpUnit::abandon_iteration() {
   }
   reduce_input_ = reduce_output_ = at::Tensor();
   reshard();
+  post_forward_part_ = at::Tensor();
   used_in_forward_ = in_backward_ = reduced_ = false;
   ready_ = 0;
 }

@@ -95,6 +95,9 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
   FsdpRun* run_ = nullptr;
   at::Tensor full_;   // flat, padded, in the compute dtype; its storage is empty when resharded
   at::Tensor shard_;  // this rank's part, in the parameters' own dtype: a leaf
+  // Between forward and backward under FsdpOptions::reshard_after_forward_group: this
+  // rank's part of full_ in that group's layout, which backward gathers from.
+  at::Tensor post_forward_part_;
   int64_t numel_ = 0;
   int64_t padded_ = 0;
 

@@ -56,6 +56,7 @@ FsdpCore::FsdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Pr
   if (!own.empty()) {
     FsdpOptions root = options_;
     root.reshard_after_forward = false;  // its parameters are the first backward needs
+    root.reshard_after_forward_group = nullptr;
     units.push_back(std::make_shared<FsdpUnit>("(root)", std::move(own), group_, root));
     units.back()->install_hooks();
     units.back()->cast_buffers(unit_buffers(*module_));

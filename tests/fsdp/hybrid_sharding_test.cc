@@ -100,6 +100,45 @@ TEST(HybridSharding, KeepingTheParametersAfterForwardTrainsTheSame) {
   expect_two_by_two_trains_as_one_process(options);
 }
 
+// FSDP over all four ranks, resharded after forward to each machine's two
+// (FsdpOptions::reshard_after_forward_group, PyTorch's reshard_after_forward=2): backward
+// gathers each unit within its machine from the halves kept after forward; the training is
+// FSDP's to the bit, and one process's.
+TEST(HybridSharding, ReshardingAfterForwardToAMachineTrainsAsFsdpOverTheJob) {
+  constexpr int kWorld = 4, kSteps = 4;
+  std::mutex mutex;
+  std::vector<StateDict> results(2);  // resharded to the whole group, to the machine
+  for (const bool to_machine : {false, true}) {
+    run_hybrid_ranks(kWorld, /*shard_size=*/2,
+                     [&](int rank, const HybridGroups& groups, const std::shared_ptr<ProcessGroup>& whole) {
+                       FsdpOptions options;
+                       if (to_machine) options.reshard_after_forward_group = groups.shard;
+                       Net model = fsdp_net(rank);
+                       fully_shard_each<torch::nn::LinearImpl>(*model, whole, options);
+                       FullyShardedDataParallel fsdp(model, whole, options);
+                       torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+                       for (int step = 0; step < kSteps; ++step) {
+                         sgd.zero_grad();
+                         loss(fsdp.forward(fsdp_batch(rank, step))).backward();
+                         sgd.step();
+                       }
+                       const StateDict full = fsdp.full_state_dict();
+                       if (rank != 0) return;
+                       const std::lock_guard<std::mutex> lock(mutex);
+                       results[to_machine ? 1 : 0] = full;
+                     });
+  }
+  ASSERT_FALSE(results[0].is_empty());
+  expect_near(results[1], results[0], 0, "resharded to the machine");
+  run_hybrid_ranks(2, /*shard_size=*/2, [&](int rank, const HybridGroups& groups) {
+    FsdpOptions options;
+    options.reshard_after_forward_group = groups.shard;  // not smaller than the group
+    Net model = fsdp_net(rank);
+    EXPECT_THROW_MSG(fully_shard_each<torch::nn::LinearImpl>(*model, groups.shard, options), InvalidArgumentError,
+                     "give a smaller group whose size divides the unit's");
+  });
+}
+
 TEST(HybridSharding, AveragingBySamplesIsTheGradientOfTheJobsRows) {
   FsdpOptions options;
   options.average_by_samples = true;  // ranks of 3, 4, 5 and 6 rows on two machines

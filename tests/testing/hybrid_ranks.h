@@ -20,9 +20,11 @@
 
 namespace datapar::testing {
 
-// Runs fn(rank, groups) on `world` threads, machines of `shard_size` consecutive ranks; a
-// rank's exception fails the test, naming it.
-inline void run_hybrid_ranks(int world, int shard_size, const std::function<void(int, const HybridGroups&)>& fn) {
+// Runs fn(rank, groups, whole) on `world` threads, machines of `shard_size` consecutive
+// ranks, `whole` a group of every rank; a rank's exception fails the test, naming it.
+inline void run_hybrid_ranks(
+    int world, int shard_size,
+    const std::function<void(int, const HybridGroups&, const std::shared_ptr<ProcessGroup>&)>& fn) {
   using namespace std::chrono_literals;
   ThreadJobStore job(30s);
   std::vector<std::thread> threads;
@@ -40,7 +42,9 @@ inline void run_hybrid_ranks(int world, int shard_size, const std::function<void
                                             static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
                                             GlooOptions{"127.0.0.1", 30s});
             });
-        fn(rank, groups);
+        const std::shared_ptr<ProcessGroup> whole = new_gloo_process_group(
+            std::make_shared<PrefixStore>("group/whole", store), rank, world, GlooOptions{"127.0.0.1", 30s});
+        fn(rank, groups, whole);
         groups.replicate->barrier()->wait();
         groups.shard->barrier()->wait();  // keeps rank 0's store up until everyone is done
       } catch (const std::exception& e) {
@@ -49,6 +53,12 @@ inline void run_hybrid_ranks(int world, int shard_size, const std::function<void
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// Runs fn(rank, groups) as above.
+inline void run_hybrid_ranks(int world, int shard_size, const std::function<void(int, const HybridGroups&)>& fn) {
+  run_hybrid_ranks(world, shard_size,
+                   [&](int rank, const HybridGroups& groups, const std::shared_ptr<ProcessGroup>&) { fn(rank, groups); });
 }
 
 }  // namespace datapar::testing

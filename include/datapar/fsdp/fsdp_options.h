@@ -17,6 +17,13 @@ struct FsdpOptions {
   // communication, more memory). The root's own parameters are never freed in between: they
   // are the first needed in backward, as in PyTorch's fully_shard.
   bool reshard_after_forward = true;
+  // With reshard_after_forward: after a unit's forward keep its parameters sharded over this
+  // smaller group instead (PyTorch's fully_shard(reshard_after_forward=m)): the ranks of the
+  // unit's group that share a machine, m of them, m dividing the group's size, the same
+  // group on each of them. Between forward and backward each rank holds 1/m of the unit's
+  // parameters rather than 1/n, and backward gathers them within this group (fast links)
+  // rather than over the whole group. Null: reshard to the unit's group.
+  std::shared_ptr<ProcessGroup> reshard_after_forward_group;
 
   // Mixed precision. param_dtype: the dtype the parameters are gathered in and computed
   // with (at::kBFloat16, at::kHalf); the shards, what the optimizer steps, keep the
