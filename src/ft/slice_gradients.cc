@@ -193,9 +193,37 @@ void ShardedSliceGradients::begin(int slices) {
   }
 }
 
-void ShardedSliceGradients::exchange(ProcessGroup& group, int64_t rows) {
+at::Tensor ShardedSliceGradients::gather_pieces(const Unit& unit, const at::Tensor& mine, ProcessGroup& shard_group,
+                                                ProcessGroup& replicate_group) const {
+  const int k = shard_size_, groups = size_ / k, index = rank_ % k;
+  const int64_t numel = unit.numel, begin = std::min<int64_t>(numel, index * unit.shard);
+  const int64_t length = std::min<int64_t>(numel, begin + unit.shard) - begin;
+  std::vector<at::Tensor> local;  // whole, within the replica group (fast links)
+  for (int q = 0; q < k; ++q) local.push_back(q == index ? mine : at::empty_like(mine));
+  if (k > 1) shard_group.all_gather(local, mine)->wait();
+  const at::Tensor pieces = at::zeros({k, unit.shard + 1}, mine.options());
+  for (int q = 0; q < k; ++q) {
+    pieces[q].narrow(0, 0, length).copy_(local[static_cast<size_t>(q)].narrow(0, begin, length));
+    pieces[q][unit.shard] = local[static_cast<size_t>(q)][numel];
+  }
+  std::vector<at::Tensor> across;  // this index's pieces, from every group
+  const int group = rank_ / k;
+  for (int h = 0; h < groups; ++h) across.push_back(h == group ? pieces : at::empty_like(pieces));
+  if (groups > 1) replicate_group.all_gather(across, pieces)->wait();
+  return at::cat(across);  // member r = h * k + q at row r
+}
+
+void ShardedSliceGradients::exchange(ProcessGroup& group, int64_t rows, ProcessGroup* shard_group,
+                                     ProcessGroup* replicate_group) {
   DATAPAR_CHECK(group.rank() == rank_ && group.size() == size_, "ShardedSliceGradients: made for rank ", rank_,
                 " of ", size_, ", the group is rank ", group.rank(), " of ", group.size());
+  const bool by_pieces = shard_group != nullptr && replicate_group != nullptr;
+  DATAPAR_CHECK(!by_pieces || (copies_ == 1 && shard_group->size() == shard_size_ &&
+                               shard_group->rank() == rank_ % shard_size_ &&
+                               replicate_group->size() == size_ / shard_size_ &&
+                               replicate_group->rank() == rank_ / shard_size_),
+                "ShardedSliceGradients: the replica group and the group across replicas do not match rank ", rank_,
+                " of ", size_, " in groups of ", shard_size_, ".");
   DATAPAR_CHECK(passes_ < most_slices_of(size_, slices_), "ShardedSliceGradients: exchange() once more than the ",
                 most_slices_of(size_, slices_), " passes of a step.");
   DATAPAR_CHECK(rows >= 0 && rows < (int64_t{1} << 24), "ShardedSliceGradients: a slice of ", rows, " rows.");
@@ -217,6 +245,17 @@ void ShardedSliceGradients::exchange(ProcessGroup& group, int64_t rows) {
       p.mutable_grad() = at::Tensor();  // released: the unit's next backward makes it anew
     }
     mine[numel] = static_cast<double>(rows);
+    if (by_pieces) {
+      const at::Tensor pieces = gather_pieces(unit, mine, *shard_group, *replicate_group);
+      for (int r = 0; r < size_; ++r) {
+        const int i = slice_of[r];
+        if (i < 0) continue;
+        kept_[i].narrow(0, at_, unit.shard).copy_(pieces[r].narrow(0, 0, unit.shard));
+        if (u == 0) rows_[static_cast<size_t>(i)] = pieces[r][unit.shard].item<double>();
+      }
+      at_ += unit.shard;
+      continue;
+    }
     std::vector<at::Tensor> gathered;
     for (int r = 0; r < size_; ++r) gathered.push_back(r == rank_ ? mine : at::empty_like(mine));
     if (size_ > 1) group.all_gather(gathered, mine)->wait();

@@ -213,18 +213,23 @@ class FaultTolerantFsdp : public detail::StepProtocol {
     return std::make_unique<detail::FsdpTwoCopies>(make_optimizer_, model, optimizer);
   }
 
-  // The group this epoch's units shard over: the epoch's, or this member's replica group's.
-  std::shared_ptr<ProcessGroup> shard_group() {
+  // This epoch's groups: the one its units shard over (the epoch's, or under HSDP this
+  // member's replica group) and, under HSDP, the members of its index in every group.
+  void make_groups() {
     const std::shared_ptr<ProcessGroup>& group = elastic_.group();
-    if (shard_size_ == 1) return group;
-    const int rank = group->rank(), first = rank - rank % shard_size_;
-    DATAPAR_CHECK(group->size() % shard_size_ == 0 &&
-                      elastic_.epoch().members.at(static_cast<size_t>(rank)).slot.index == rank % shard_size_,
+    shard_group_ = group;
+    replicate_group_ = nullptr;
+    if (shard_size_ == 1) return;
+    const int rank = group->rank(), k = shard_size_;
+    DATAPAR_CHECK(group->size() % k == 0 &&
+                      elastic_.epoch().members.at(static_cast<size_t>(rank)).slot.index == rank % k,
                   "ft::FaultTolerantFsdp: membership epoch ", elastic_.epoch().number, " of ", group->size(),
-                  " members is not whole replica groups of ", shard_size_, " in slot order.");
-    std::vector<int> ranks;
-    for (int r = first; r < first + shard_size_; ++r) ranks.push_back(r);
-    return elastic_.subgroup("shard", ranks);
+                  " members is not whole replica groups of ", k, " in slot order.");
+    std::vector<int> shard, replicate;
+    for (int r = rank - rank % k; r < rank - rank % k + k; ++r) shard.push_back(r);
+    for (int r = rank % k; r < group->size(); r += k) replicate.push_back(r);
+    shard_group_ = elastic_.subgroup("shard", shard);
+    replicate_group_ = elastic_.subgroup("replicate", replicate);
   }
 
   detail::FsdpParts parts(Fsdp& fsdp, torch::optim::Optimizer& optimizer) {
@@ -257,10 +262,10 @@ class FaultTolerantFsdp : public detail::StepProtocol {
 
   void rebuild() override {
     const std::shared_ptr<ProcessGroup>& group = elastic_.group();
-    const std::shared_ptr<ProcessGroup> shards = shard_group();
+    make_groups();
     std::shared_ptr<ModuleImpl> model = make_model_();
-    make_units_(*model, shards, options_);
-    auto fsdp = std::make_unique<Fsdp>(model, shards, options_);
+    make_units_(*model, shard_group_, options_);
+    auto fsdp = std::make_unique<Fsdp>(model, shard_group_, options_);
     std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer_(fsdp->parameters());
     const detail::FsdpParts next = parts(*fsdp, *optimizer);
     std::optional<detail::FsdpParts> current;
@@ -288,7 +293,8 @@ class FaultTolerantFsdp : public detail::StepProtocol {
         const bool shadow = mine.first + pass >= mine.last;
         const Slice slice{shadow ? std::min(mine.first, slices_ - 1) : mine.first + pass, slices_, shadow};
         const int64_t rows = train(*fsdp_, slice);
-        gradients_->exchange(group, shadow ? 0 : rows);
+        gradients_->exchange(group, shadow ? 0 : rows, replicate_group_ ? shard_group_.get() : nullptr,
+                             replicate_group_.get());
         if (pass == 0 && passes > 1) first_buffers = detail::copy_buffers(module);
       }
     }
@@ -310,6 +316,7 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   const int slices_;
   const int shard_size_;  // FtOptions::replica_group_size: > 1 for HSDP
   std::unique_ptr<detail::FsdpShardKeeper> keeper_;
+  std::shared_ptr<ProcessGroup> shard_group_, replicate_group_;  // the current epoch's (make_groups)
   std::optional<detail::ShardedSliceGradients> gradients_;  // the current epoch's
   std::shared_ptr<ModuleImpl> model_;
   std::unique_ptr<Fsdp> fsdp_;

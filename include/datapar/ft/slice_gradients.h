@@ -100,8 +100,13 @@ class ShardedSliceGradients {
   void begin(int slices);
   // Collective, after the backward of this member's next pass (`rows`: its slice's; ignored
   // for a shadow): every member's pass, unit by unit; keeps this rank's shard (and the
-  // previous rank's) of each slice trained, and releases the parameters' gradients.
-  void exchange(ProcessGroup& group, int64_t rows);
+  // previous rank's) of each slice trained, and releases the parameters' gradients. In
+  // replica groups, with `shard_group` (this member's replica group) and `replicate_group`
+  // (the members of its index in every group, in group order): each unit's gradients go
+  // whole within the replica group, and across groups only the pieces of each index (a
+  // shard_size-th of the bytes over the links between machines).
+  void exchange(ProcessGroup& group, int64_t rows, ProcessGroup* shard_group = nullptr,
+                ProcessGroup* replicate_group = nullptr);
   // After every pass: `own[u]`'s .grad (this rank's shard of unit u) becomes the sum over
   // slices, in order, weighted by rows (an alias of a buffer kept here, valid until the
   // next begin()); `previous` (the previous rank's shards side by side, undefined in a
@@ -119,6 +124,12 @@ class ShardedSliceGradients {
   at::Tensor kept_;      // [slices, copies_ * total_]: this rank's shards, then the previous rank's
   std::vector<double> rows_;
   at::Tensor sum_, scaled_;  // [copies_ * total_]
+
+  // Of `unit`'s gradient `mine` ([numel + 1], its rows last), every member's piece of this
+  // rank's index ([size, shard + 1], rows last), gathered within the replica group and then
+  // across the groups.
+  at::Tensor gather_pieces(const Unit& unit, const at::Tensor& mine, ProcessGroup& shard_group,
+                           ProcessGroup& replicate_group) const;
 };
 
 }  // namespace detail
