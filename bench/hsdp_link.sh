@@ -5,6 +5,8 @@
 # four ranks and HSDP 2 x 2, with the bytes each sends over the link) and PyTorch's peer,
 # bench/torch_hsdp.py (DDP, fully_shard over the four, fully_shard on a (2, 2) mesh).
 #   bench/hsdp_link.sh BIN_DIR PYTHON [rounds=3] [model=mlp] [rate=1gbit] [delay=0.5ms]
+# DATAPAR_ARGS: more arguments for `datapar bench fsdp` (e.g. --fault-tolerant: the
+# fault-tolerant FSDP and HSDP steps too, with their bytes over the link).
 # Needs root (ip netns, tc). BIN_DIR holds `datapar` (e.g. build-torch2/bin); PYTHON has
 # torch (e.g. ~/.cache/datapar/torch-2.15.0/bin/python3).
 set -euo pipefail
@@ -51,7 +53,7 @@ datapar_side() {  # node 1 first: its ranks wait for node 0's store
     if ((node == 1)); then ns=$b address=$subnet.2; fi
     ip netns exec "$ns" env DATAPAR_GLOO_HOSTNAME="$address" "$bin/datapar" launch --nproc-per-node 2 --nnodes 2 \
       --node-rank "$node" --master-addr "$subnet.1" --master-port "$port" --token hsdp -- \
-      "$bin/datapar" bench fsdp --hsdp --model "$model" --rounds 3 > "$tmp/datapar.$node" 2>&1 &
+      "$bin/datapar" bench fsdp --hsdp --model "$model" --rounds 3 ${DATAPAR_ARGS:-} > "$tmp/datapar.$node" 2>&1 &
     sleep 0.2
   done
   wait

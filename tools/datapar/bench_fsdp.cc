@@ -142,8 +142,8 @@ void time_variants(const BenchFsdpOptions& o, ProcessGroup& group, int steps, co
 // What run_model measured, as rank 0 prints it.
 struct FsdpFigures {
   int world = 0, batch = 0, steps = 0, units = 0, prefetch = 0, shard_size = 0;
-  double ddp = 0, fsdp = 0, tolerant = 0, hsdp = 0;  // step times; 0: not timed
-  double ddp_link = 0, fsdp_link = 0, hsdp_link = 0;  // links' bytes per step
+  double ddp = 0, fsdp = 0, tolerant = 0, hsdp = 0, tolerant_hsdp = 0;  // step times; 0: not timed
+  double ddp_link = 0, fsdp_link = 0, hsdp_link = 0, tolerant_link = 0, tolerant_hsdp_link = 0;  // bytes per step
   bool machines = false;                    // the ranks span machines: the link figures mean something
   Footprint whole, shards;                  // ddp's and fsdp's bytes on this rank
   double most_shards = 0, most_tolerant = 0;  // the largest rank's bytes
@@ -159,6 +159,14 @@ void print_hsdp(const FsdpFigures& f) {
   }
   std::printf("bytes over the machines' links per step: ddp %.0f, fsdp %.0f, hsdp %.0f: hsdp/fsdp %.3f (1/%d = %.3f)\n",
               f.ddp_link, f.fsdp_link, f.hsdp_link, f.hsdp_link / f.fsdp_link, f.shard_size, 1.0 / f.shard_size);
+}
+
+void print_tolerant_hsdp(const FsdpFigures& f) {
+  std::printf("fault-tolerant hsdp (replica groups of %d): step %.2f ms, %.3f of fault-tolerant fsdp's\n",
+              f.shard_size, f.tolerant_hsdp * 1e3, f.tolerant_hsdp / f.tolerant);
+  if (!f.machines) return;
+  std::printf("bytes over the machines' links per step: fault-tolerant fsdp %.0f, hsdp %.0f: %.3f\n",
+              f.tolerant_link, f.tolerant_hsdp_link, f.tolerant_hsdp_link / f.tolerant_link);
 }
 
 void print_figures(const BenchFsdpOptions& o, const FsdpFigures& f) {
@@ -187,6 +195,7 @@ void print_figures(const BenchFsdpOptions& o, const FsdpFigures& f) {
                 f.most_tolerant / static_cast<double>(f.whole.total()), world, std::min(1.0, 2.0 / world));
   }
   if (f.hsdp > 0) print_hsdp(f);
+  if (f.tolerant_hsdp > 0) print_tolerant_hsdp(f);
   std::printf("samples/s: ddp %.0f fsdp %.0f\n", world * f.batch / f.ddp, world * f.batch / f.fsdp);
 }
 
@@ -244,21 +253,35 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
   // the next rank too; every rank's gradient gathered unit by unit, each keeping two shards).
   std::unique_ptr<FtBenchJob> job;
   std::unique_ptr<ft::FaultTolerantFsdp<Impl>> tolerant;
-  Variant ft_variant{"fault-tolerant fsdp", [&](int i) {
-                       const auto& b = batches[i % batches.size()];  // C++17 lambdas cannot capture a binding
-                       const bool committed = tolerant->train_step([&](FullyShardedDataParallel<Impl>& f, const ft::Slice&) {
-                         at::cross_entropy_loss(f.forward(b.first), b.second).backward();
-                         return b.second.size(0);  // each rank its own batch: the slice is this rank's
-                       });
-                       DATAPAR_CHECK(committed, "bench fsdp --fault-tolerant: a step was not committed (a rank failed?).");
-                     }};
+
+  // With --hsdp too: fault tolerance between replica groups (the machines).
+  std::unique_ptr<FtBenchJob> hybrid_job;
+  std::unique_ptr<ft::FaultTolerantFsdp<Impl>> tolerant_hsdp;
+  const auto make_tolerant = [&](FtBenchJob& on) {
+    return std::make_unique<ft::FaultTolerantFsdp<Impl>>(
+        [&] { return fresh().ptr(); }, [](Impl& m, const auto& g, const FsdpOptions& u) { shard_bench_units(m, g, u); },
+        [&o](std::vector<at::Tensor> p) { return make_optimizer(o.optimizer, std::move(p)); }, *on.elastic,
+        group.size(), options);
+  };
+  const auto tolerant_step = [&](ft::FaultTolerantFsdp<Impl>& trainer, int i) {
+    const auto& b = batches[i % batches.size()];
+    const bool committed = trainer.train_step([&](FullyShardedDataParallel<Impl>& f, const ft::Slice&) {
+      at::cross_entropy_loss(f.forward(b.first), b.second).backward();
+      return b.second.size(0);  // each rank its own batch: the slice is this rank's
+    });
+    DATAPAR_CHECK(committed, "bench fsdp --fault-tolerant: a step was not committed (a rank failed?).");
+  };
+  Variant ft_variant{"fault-tolerant fsdp", [&](int i) { tolerant_step(*tolerant, i); }};
+  Variant ft_hsdp_variant{"fault-tolerant hsdp", [&](int i) { tolerant_step(*tolerant_hsdp, i); }};
   if (o.fault_tolerant) {
     job = std::make_unique<FtBenchJob>(group, "bench-fsdp");
-    tolerant = std::make_unique<ft::FaultTolerantFsdp<Impl>>(
-        [&] { return fresh().ptr(); }, [](Impl& m, const auto& g, const FsdpOptions& u) { shard_bench_units(m, g, u); },
-        [&o](std::vector<at::Tensor> p) { return make_optimizer(o.optimizer, std::move(p)); }, *job->elastic,
-        group.size(), options);
+    tolerant = make_tolerant(*job);
     variants.push_back(&ft_variant);
+    if (hybrid != nullptr) {
+      hybrid_job = std::make_unique<FtBenchJob>(group, "bench-hsdp", hybrid->shard->size());
+      tolerant_hsdp = make_tolerant(*hybrid_job);
+      variants.push_back(&ft_hsdp_variant);
+    }
   }
   time_variants(o, group, steps, where, variants);
   FsdpFigures f;
@@ -286,7 +309,13 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
     const Footprint own = footprint(tolerant->fsdp().parameters(), tolerant->optimizer());
     f.most_tolerant = largest(group, static_cast<double>(own.total() + tolerant->kept_bytes()));
     f.tolerant = median(ft_variant.times);
+    f.tolerant_link = median(ft_variant.link);
     tolerant->finish();
+  }
+  if (tolerant_hsdp) {
+    f.tolerant_hsdp = median(ft_hsdp_variant.times);
+    f.tolerant_hsdp_link = median(ft_hsdp_variant.link);
+    tolerant_hsdp->finish();
   }
   if (group.rank() == 0) print_figures(o, f);
   return 0;

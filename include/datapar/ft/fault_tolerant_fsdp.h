@@ -36,13 +36,25 @@
 //   }
 //   trainer.finish();
 //
+// Hybrid sharding (HSDP): over an ElasticGroup whose members come in replica groups
+// (FtOptions::replica_group_size k > 1, each member its ReplicaSlot), each replica group
+// shards the model over its k members and the groups are the copies: fault tolerance between
+// replica groups, as torchft's. A group that loses a member leaves the job whole (the
+// decider takes whole groups only); the others train on without stopping, keeping nothing
+// but their own shards (FsdpReplicas); when the slot is filled again the group comes back and
+// its members take their shards from the first group at the newest step, rank to matching
+// rank, unit by unit (Note [Shards from the matching rank] in src/ft/fsdp_replicas.cc). The
+// slices' gradients go whole within a group and by pieces across groups.
+//
 // Each membership epoch makes its own model (make_model), units (make_units, over the
-// epoch's group) and FSDP root, and an optimizer over its shards (SGD, Adam or AdamW, one
-// group): fsdp() and optimizer() are the current epoch's (use them inside train, before and
-// last). Memory: 2/n of the parameters and optimizer state per rank between steps; while
-// the members regroup, the whole model and optimizer state on each (as a full state dict is);
-// during a step the whole model's gradient of one slice (as no_sync keeps it) and, one unit
-// at a time, every member's gradient of that unit.
+// epoch's group, or under HSDP this member's replica group) and FSDP root, and an optimizer
+// over its shards (SGD, Adam or AdamW, one group): fsdp() and optimizer() are the current
+// epoch's (use them inside train, before and last). Memory: 2/n of the parameters and
+// optimizer state per rank between steps (1/k under HSDP); while the members regroup, at
+// most one unit whole besides (Note [Re-sharding unit by unit]); during a step the whole
+// model's gradient of one slice (as no_sync keeps it) and, one unit at a time, every
+// member's gradient of that unit (under HSDP, its replica group's, and every member's piece
+// of its index).
 #pragma once
 
 #include <ATen/core/Tensor.h>
