@@ -205,6 +205,32 @@ void shard_bench_units(Impl& model, const std::shared_ptr<ProcessGroup>& group, 
   fully_shard_each<torch::nn::LinearImpl, torch::nn::Conv2dImpl, models::ResidualImpl>(model, group, options);
 }
 
+// A fault-tolerant variant of the bench (--fault-tolerant): its membership, trainer and
+// timings. `replica_group_size` > 1: HSDP, fault tolerance between replica groups.
+template <typename Impl>
+struct TolerantVariant {
+  FtBenchJob job;
+  ft::FaultTolerantFsdp<Impl> trainer;
+  Variant variant;
+
+  TolerantVariant(const std::string& name, ProcessGroup& group, int replica_group_size, const BenchFsdpOptions& o,
+                  const FsdpOptions& options, const std::function<std::shared_ptr<Impl>()>& fresh,
+                  const std::vector<std::pair<at::Tensor, at::Tensor>>& batches)
+      : job(group, "bench-" + name, replica_group_size),
+        trainer(
+            fresh, [](Impl& m, const auto& g, const FsdpOptions& u) { shard_bench_units(m, g, u); },
+            [&o](std::vector<at::Tensor> p) { return make_optimizer(o.optimizer, std::move(p)); }, *job.elastic,
+            group.size(), options),
+        variant{"fault-tolerant " + name, [this, &batches](int i) {
+                  const auto& b = batches[i % batches.size()];
+                  const bool committed = trainer.train_step([&](FullyShardedDataParallel<Impl>& f, const ft::Slice&) {
+                    at::cross_entropy_loss(f.forward(b.first), b.second).backward();
+                    return b.second.size(0);  // each rank its own batch: the slice is this rank's
+                  });
+                  DATAPAR_CHECK(committed, "bench fsdp --fault-tolerant: a step was not committed (a rank failed?).");
+                }} {}
+};
+
 template <typename Module>
 int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& group, const Placement& where,
               const HybridGroups* hybrid, const std::function<Module()>& make) {
@@ -250,37 +276,17 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
     variants.push_back(&hsdp_variant);
   }
   // --fault-tolerant: the same model under ft::FaultTolerantFsdp (each rank's shard kept by
-  // the next rank too; every rank's gradient gathered unit by unit, each keeping two shards).
-  std::unique_ptr<FtBenchJob> job;
-  std::unique_ptr<ft::FaultTolerantFsdp<Impl>> tolerant;
-
-  // With --hsdp too: fault tolerance between replica groups (the machines).
-  std::unique_ptr<FtBenchJob> hybrid_job;
-  std::unique_ptr<ft::FaultTolerantFsdp<Impl>> tolerant_hsdp;
-  const auto make_tolerant = [&](FtBenchJob& on) {
-    return std::make_unique<ft::FaultTolerantFsdp<Impl>>(
-        [&] { return fresh().ptr(); }, [](Impl& m, const auto& g, const FsdpOptions& u) { shard_bench_units(m, g, u); },
-        [&o](std::vector<at::Tensor> p) { return make_optimizer(o.optimizer, std::move(p)); }, *on.elastic,
-        group.size(), options);
-  };
-  const auto tolerant_step = [&](ft::FaultTolerantFsdp<Impl>& trainer, int i) {
-    const auto& b = batches[i % batches.size()];
-    const bool committed = trainer.train_step([&](FullyShardedDataParallel<Impl>& f, const ft::Slice&) {
-      at::cross_entropy_loss(f.forward(b.first), b.second).backward();
-      return b.second.size(0);  // each rank its own batch: the slice is this rank's
-    });
-    DATAPAR_CHECK(committed, "bench fsdp --fault-tolerant: a step was not committed (a rank failed?).");
-  };
-  Variant ft_variant{"fault-tolerant fsdp", [&](int i) { tolerant_step(*tolerant, i); }};
-  Variant ft_hsdp_variant{"fault-tolerant hsdp", [&](int i) { tolerant_step(*tolerant_hsdp, i); }};
+  // the next rank too; every rank's gradient gathered unit by unit, each keeping two shards),
+  // and with --hsdp under fault tolerance between replica groups (the machines).
+  const std::function<std::shared_ptr<Impl>()> fresh_impl = [&] { return fresh().ptr(); };
+  std::unique_ptr<TolerantVariant<Impl>> tolerant, tolerant_hsdp;
   if (o.fault_tolerant) {
-    job = std::make_unique<FtBenchJob>(group, "bench-fsdp");
-    tolerant = make_tolerant(*job);
-    variants.push_back(&ft_variant);
+    tolerant = std::make_unique<TolerantVariant<Impl>>("fsdp", group, 1, o, options, fresh_impl, batches);
+    variants.push_back(&tolerant->variant);
     if (hybrid != nullptr) {
-      hybrid_job = std::make_unique<FtBenchJob>(group, "bench-hsdp", hybrid->shard->size());
-      tolerant_hsdp = make_tolerant(*hybrid_job);
-      variants.push_back(&ft_hsdp_variant);
+      tolerant_hsdp = std::make_unique<TolerantVariant<Impl>>("hsdp", group, hybrid->shard->size(), o, options,
+                                                              fresh_impl, batches);
+      variants.push_back(&tolerant_hsdp->variant);
     }
   }
   time_variants(o, group, steps, where, variants);
@@ -306,16 +312,17 @@ int run_model(const BenchFsdpOptions& o, int batch, int steps, ProcessGroup& gro
   f.most_shards = largest(group, static_cast<double>(f.shards.total()));
   f.unit_bytes = fsdp.largest_unit_numel() * static_cast<int64_t>(sizeof(float));
   if (tolerant) {  // its own shards and the previous rank's, the largest rank
-    const Footprint own = footprint(tolerant->fsdp().parameters(), tolerant->optimizer());
-    f.most_tolerant = largest(group, static_cast<double>(own.total() + tolerant->kept_bytes()));
-    f.tolerant = median(ft_variant.times);
-    f.tolerant_link = median(ft_variant.link);
-    tolerant->finish();
+    ft::FaultTolerantFsdp<Impl>& trainer = tolerant->trainer;
+    const Footprint own = footprint(trainer.fsdp().parameters(), trainer.optimizer());
+    f.most_tolerant = largest(group, static_cast<double>(own.total() + trainer.kept_bytes()));
+    f.tolerant = median(tolerant->variant.times);
+    f.tolerant_link = median(tolerant->variant.link);
+    trainer.finish();
   }
   if (tolerant_hsdp) {
-    f.tolerant_hsdp = median(ft_hsdp_variant.times);
-    f.tolerant_hsdp_link = median(ft_hsdp_variant.link);
-    tolerant_hsdp->finish();
+    f.tolerant_hsdp = median(tolerant_hsdp->variant.times);
+    f.tolerant_hsdp_link = median(tolerant_hsdp->variant.link);
+    tolerant_hsdp->trainer.finish();
   }
   if (group.rank() == 0) print_figures(o, f);
   return 0;
