@@ -137,6 +137,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     bucket.view.buffer = bucket.flat;
     bucket.view.offsets = bucket.offsets;
     for (size_t i : bucket.params) bucket.view.parameters.push_back(params_[i]);
+    bucket.view.parameter_indices.assign(bucket.params.begin(), bucket.params.end());
     buckets_.push_back(std::move(bucket));
   }
   buckets_.back().view.is_last = true;

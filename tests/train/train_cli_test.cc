@@ -15,6 +15,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <map>
+#include <algorithm>
 #include <regex>
 #include <string>
 #include <tuple>
@@ -364,6 +365,36 @@ TEST(TrainCli, FsdpTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
   EXPECT_TRUE(std::regex_search(flags[0].output, kEpochLine)) << flags[0].output;
 }
 
+// The loss of `epoch` in a train run's output ("epoch N/M  loss X ..."), or -1.
+double epoch_loss(const std::string& output, int epoch) {
+  const std::regex line("epoch " + std::to_string(epoch) + "/\\d+ +loss ([0-9.]+)");
+  std::smatch m;
+  return std::regex_search(output, m, line) ? std::stod(m[1]) : -1;
+}
+
+// --comm-hook (issue 48): ddp's gradients cast to bf16, or compressed by PowerSGD (rank 1,
+// from the third step): each run learns (its second epoch's loss below its first's), and
+// ends away from plain ddp's parameters (the hook took effect).
+TEST(TrainCli, CommHooksCompressDdpsGradientsAndStillLearn) {
+  const TempDir temp("train_cli_comm_hook");
+  const std::string args = kSmall + " --mode ddp --epochs 2 --seed 5 --momentum 0.9 --checkpoint-dir ";
+  const std::string plain = temp.path() + "/plain";
+  for (const auto& p : ddp_job(args + plain, 2, plain + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
+  for (const std::string hook : {"bf16", "powersgd:1:2"}) {
+    const std::string dir = temp.path() + "/" + hook.substr(0, 4);
+    const auto run = ddp_job(args + dir + " --comm-hook " + hook, 2, dir + "/logs");
+    for (const auto& p : run) ASSERT_EQ(p.exit_code, 0) << p.output;
+    const double first = epoch_loss(run[0].output, 1), second = epoch_loss(run[0].output, 2);
+    EXPECT_GT(first, 0) << run[0].output;
+    EXPECT_LT(second, first) << hook << ":\n" << run[0].output;
+    const auto a = datapar::train::load_checkpoint(plain + "/checkpoint-epoch-2.pt");
+    const auto b = datapar::train::load_checkpoint(dir + "/checkpoint-epoch-2.pt");
+    double most = 0;
+    for (const auto& item : a.model) most = std::max(most, (item.value() - b.model[item.key()]).abs().max().item<double>());
+    EXPECT_GT(most, 1e-6) << hook << ": the parameters are plain ddp's";
+  }
+}
+
 // --mode hsdp (issue 47): 2 "machines" of 2 ranks (--shard-size 2) train as DDP on 4 ranks,
 // and its checkpoints (plain SGD's layout) resume as hsdp, or as fsdp on 2 ranks; a shard
 // size that does not divide the job is refused before anything starts.
@@ -674,6 +705,10 @@ INSTANTIATE_TEST_SUITE_P(
                   "--checkpoint-activations: --mode dp copies the model to each device"},
         BadOption{"--mode fsdp --balance auto", "--balance auto: fsdp splits each batch evenly"},
         BadOption{"--mode ddp --shard-size 2", "--shard-size is hybrid sharding's; --mode ddp has no shard groups"},
+        BadOption{"--comm-hook bf16", "--comm-hook is ddp's reduction of the gradients; --mode single reduces"},
+        BadOption{"--comm-hook zip", "--comm-hook \"zip\" is not a communication hook"},
+        BadOption{"--comm-hook powersgd:0", "PowerSGD takes a rank from 1 to 1024"},
+        BadOption{"--comm-hook powersgd:4:1", "PowerSGD takes a rank from 1 to 1024 and, after it, the steps"},
         BadOption{"--trace /nonexistent/t.json", "--trace /nonexistent/t.json: the directory /nonexistent does not exist"},
         BadOption{"--mode dp --balance fast", "--balance: \"fast\" is not a balance (\"fast\" is not a share >= 0)"},
         BadOption{"--mode dp --balance 1,,2", "(\"\" is not a share >= 0)"},

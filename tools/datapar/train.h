@@ -51,6 +51,7 @@ struct TrainOptions {
   std::string plot;                // PNG of loss and accuracy per epoch
   std::string trace;               // Chrome trace of every step, all ranks (rank 0 writes)
   bool zero = false;               // ddp only: optimizer state sharded over the ranks (ZeRO-1)
+  std::string comm_hook = "allreduce";  // ddp only: allreduce, bf16, fp16, powersgd:RANK[:START]
   bool fault_tolerant = false;     // ddp under datapar launch --fault-tolerant: goes on when a rank fails
   bool reshard = true;             // fsdp, hsdp: free each unit's parameters after its forward (ZeRO-3)
   std::string mp = "none";         // fsdp, hsdp: mixed precision, the parameters' compute dtype: none, bf16, fp16

@@ -19,6 +19,7 @@
 #include "datapar/train/plot.h"
 #include "file_system.h"
 #include "train.h"
+#include "train/comm_hook_flag.h"
 
 namespace datapar::tools {
 
@@ -149,6 +150,10 @@ void check_flags(const TrainOptions& o, Mode mode) {
                 "with it, or leave it out.");
   DATAPAR_CHECK(!is_fully_sharded(mode) || o.balance == "even", "--balance ", o.balance, ": ", o.mode,
                 " splits each batch evenly.\n---> HINT: leave out --balance, or use --mode ddp.");
+  comm_hook_of(o.comm_hook);  // a bad value stops here, before the job starts
+  DATAPAR_CHECK(o.comm_hook == "allreduce" || (mode == Mode::kDdp && !o.fault_tolerant), "--comm-hook is ddp's ",
+                "reduction of the gradients; --mode ", o.mode, o.fault_tolerant ? " --fault-tolerant" : "",
+                " reduces them its own way.\n---> HINT: use --mode ddp without --fault-tolerant, or leave it out.");
   DATAPAR_CHECK(mode == Mode::kHsdp || o.shard_size == 0, "--shard-size is hybrid sharding's; --mode ", o.mode,
                 " has no shard groups.\n---> HINT: add --mode hsdp, or leave it out.");
   DATAPAR_CHECK(o.batch_size >= 1, "--batch-size ", o.batch_size, ": the batch must hold at least 1 sample.");

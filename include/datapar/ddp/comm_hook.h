@@ -22,6 +22,7 @@ struct GradBucket {
   size_t index = 0;           // position in the reduction order; 0 is reduced first
   at::Tensor buffer;          // flat, contiguous; parameters' gradients back to back
   std::vector<at::Tensor> parameters;
+  std::vector<size_t> parameter_indices;  // each one's place among DDP's parameters()
   std::vector<int64_t> offsets;  // where each parameter's gradient starts in `buffer`
   bool is_last = false;       // the last bucket of this backward pass
   at::Tensor scratch;         // for the hook's own use (e.g. a compressed copy), kept between run and finish

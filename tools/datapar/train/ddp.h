@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "datapar/ddp/zero_redundancy_optimizer.h"
+#include "comm_hook_flag.h"
 #include "single_device.h"
 
 namespace datapar::tools {
@@ -45,6 +46,7 @@ class DdpMode : public SingleDevice<Impl> {
     DdpOptions options;
     options.average_by_samples = true;
     ddp_ = std::make_unique<DistributedDataParallel<Impl>>(std::move(model), nullptr, options);
+    if (std::shared_ptr<CommHook> hook = comm_hook_of(plan.options.comm_hook)) ddp_->register_comm_hook(hook);
     if (plan.options.zero) zero_ = make_zero(ddp_->parameters(), sgd, /*copies=*/1);
   }
 

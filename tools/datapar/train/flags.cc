@@ -56,11 +56,17 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
                 "the momentum of its share of the parameters only; checkpoints hold the whole state. With "
                 "--fault-tolerant each share is kept by two ranks, so that one failure loses none");
   cmd->add_flag("--fault-tolerant", o.fault_tolerant,
-                "ddp or fsdp under datapar launch --fault-tolerant: a rank that dies or hangs is left behind and "
-                "the others go on from where they are (each step committed only when every live rank finished it); "
-                "a restarted rank joins and takes the state from a peer. The global batches do not depend on who "
-                "is alive, so the training does not either. Under fsdp (and --zero) each rank's shard is kept by "
-                "the next rank too");
+                "ddp, fsdp or hsdp under datapar launch --fault-tolerant: a rank that dies or hangs is left behind "
+                "and the others go on from where they are (each step committed only when every live rank finished "
+                "it); a restarted rank joins and takes the state from a peer. The global batches do not depend on "
+                "who is alive, so the training does not either. Under fsdp (and --zero) each rank's shard is kept "
+                "by the next rank too; under hsdp a shard group that loses a rank leaves the job as a whole until "
+                "the rank is back, and takes its shards from another group's matching ranks");
+  cmd->add_option("--comm-hook", o.comm_hook,
+                  "ddp: how the gradients cross the network: allreduce (default), bf16 or fp16 (cast for the "
+                  "all-reduce: half the bytes), or powersgd:RANK[:START] (PowerSGD, PyTorch's powerSGD_hook: each "
+                  "layer's gradient sent as two rank-RANK matrices, with error feedback and warm start, after START "
+                  "steps of plain all-reduce, default 1000)");
   cmd->add_flag("--reshard,!--no-reshard", o.reshard,
                 "fsdp, hsdp: free each unit's gathered parameters after its forward and gather them again for backward "
                 "(ZeRO-3, the default); --no-reshard keeps them until backward (less traffic, more memory)");
