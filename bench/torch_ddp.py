@@ -4,7 +4,7 @@ synchronisation, DDP steps, the gradient buckets' all-reduces alone), the slowes
 time per step, each training phase's step parts (median forward, backward, optimizer step)
 and CPU time (the training thread's, the other threads').
 
-    /usr/bin/python3 bench/torch_ddp.py --model mlp --nproc 2 [--gradient-as-bucket-view]
+    /usr/bin/python3 bench/torch_ddp.py --model mlp --nproc 2 [--gradient-as-bucket-view] [--powersgd 4:2]
 """
 import argparse
 import os
@@ -110,6 +110,27 @@ def run(rank, args):
             w.wait()
 
     t_comm = time_steps(args.warmup, args.steps, comm)[0]
+    hook_line = None
+    if args.powersgd:  # PyTorch's powerSGD_hook, as `datapar bench ddp --comm-hook powersgd:RANK:START`
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        approx_rank, start = (int(v) for v in args.powersgd.split(":"))
+        torch.manual_seed(0)
+        hooked = nn.parallel.DistributedDataParallel(make_model(args.model))
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=approx_rank,
+                                       start_powerSGD_iter=start)
+        hooked.register_comm_hook(state, powersgd.powerSGD_hook)
+        hooked_opt = torch.optim.SGD(hooked.parameters(), lr=0.01)
+        hooked_parts = {"forward": [], "backward": [], "optimizer": []}
+        rounds = []
+        for _ in range(2):  # the first round's warmup starts the compression
+            before, iters = state.total_numel_after_compression, state.iter
+            rounds.append(time_steps(args.warmup, args.steps,
+                                     lambda i: train_step(hooked, hooked_opt, hooked_parts, i), hooked_parts)[0])
+        per_step = (state.total_numel_after_compression - before) / (state.iter - iters) * 4
+        whole = sum(p.numel() for p in hooked.parameters()) * 4
+        hook_line = (f"comm hook powersgd:{args.powersgd}: step {rounds[-1] * 1e3:.2f} ms against plain DDP's "
+                     f"{ddp_times[0] * 1e3:.2f} ms ({rounds[-1] / ddp_times[0]:.3f}); gradient bytes each rank "
+                     f"all-reduces per step: {per_step:.0f} against {whole} (1/{whole / per_step:.1f})")
     if rank == 0:
         hidden = max(0.0, min(1.0, 1 - (t_ddp - t_local) / t_comm)) if world > 1 else 0.0
         print(f"torch {torch.__version__} DDP: model {args.model}, backend gloo, {world} process(es) x "
@@ -125,6 +146,8 @@ def run(rank, args):
             print(f"{name} step parts (medians): forward {t[1] * 1e3:.2f} ms, backward {t[2] * 1e3:.2f} ms, "
                   f"optimizer {t[3] * 1e3:.2f} ms; CPU per step: training thread {t[4] * 1e3:.2f} ms, "
                   f"other threads {t[5] * 1e3:.2f} ms")
+        if hook_line:
+            print(hook_line)
         print(f"samples/s: {world * args.batch / t_ddp:.0f}")
     # torch 1.13's gloo group sometimes hangs in its destructor at exit (seen here twice, for
     # 10 minutes, after the results were printed): meet once more, then leave at once.
@@ -144,6 +167,8 @@ def main():
     parser.add_argument("--gradient-as-bucket-view", action="store_true",
                         help="DistributedDataParallel(gradient_as_bucket_view=True): no gradient copies")
     parser.add_argument("--port", type=int, default=0, help="store port (default: a free one)")
+    parser.add_argument("--powersgd", default="", metavar="RANK:START",
+                        help="also time DDP with PyTorch's powerSGD_hook (START at most --warmup), with its bytes")
     args = parser.parse_args()
     batch, steps = DEFAULTS[args.model]
     args.batch = args.batch or batch

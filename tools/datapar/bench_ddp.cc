@@ -26,6 +26,7 @@
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/ft/membership/decider.h"
+#include "datapar/ddp/powersgd_hook.h"
 #include "datapar/ft/fault_tolerant_ddp.h"
 #include "datapar/distributed.h"
 #include "datapar/error.h"
@@ -38,6 +39,7 @@
 #include "datapar/trace.h"
 #include "bench_ft.h"
 #include "bench_line.h"
+#include "train/comm_hook_flag.h"
 #include "local_job.h"
 
 namespace datapar::tools {
@@ -423,10 +425,71 @@ TraceTimes time_trace(const ModelBench<Module>& b, const DdpStep& ddp_step) {
   return out;
 }
 
+struct HookTimes {
+  std::vector<double> ddp, hooked;  // per round, the step (slowest rank's)
+  double ddp_bytes = 0, hooked_bytes = 0;  // gradient bytes each rank all-reduces per step
+};
+
+// 3c. --comm-hook: DDP steps whose gradients go through the hook against plain ones, in
+// alternating rounds, each on a model of its own.
+template <typename Module>
+HookTimes time_comm_hook(const ModelBench<Module>& b) {
+  constexpr int kRounds = 4;
+  const std::shared_ptr<CommHook> hook = comm_hook_of(b.o.comm_hook);
+  DATAPAR_CHECK(hook != nullptr, "bench ddp --comm-hook ", b.o.comm_hook, ": that is plain DDP, already timed.");
+  const auto powersgd = std::dynamic_pointer_cast<PowerSgdHook>(hook);
+  DATAPAR_CHECK(!powersgd || powersgd->options().start_iter <= b.o.warmup, "bench ddp --comm-hook ", b.o.comm_hook,
+                ": PowerSGD starts after ", powersgd ? powersgd->options().start_iter : 0,
+                " steps, and only ", b.o.warmup, " are not timed.\n---> HINT: give START (powersgd:RANK:START) at most "
+                "--warmup.");
+  Module plain_model = b.fresh_model(), hooked_model = b.fresh_model();
+  DistributedDataParallel plain(plain_model.ptr()), hooked(hooked_model.ptr());
+  hooked.register_comm_hook(hook);
+  const std::unique_ptr<torch::optim::Optimizer> plain_optimizer = b.optimizer(plain.parameters());
+  const std::unique_ptr<torch::optim::Optimizer> hooked_optimizer = b.optimizer(hooked.parameters());
+  auto plain_forward = [&](const at::Tensor& x) { return plain.forward(x); };
+  auto hooked_forward = [&](const at::Tensor& x) { return hooked.forward(x); };
+  StepParts parts;
+  HookTimes out;
+  int64_t numel = 0;
+  for (const at::Tensor& p : plain.parameters()) numel += p.numel();
+  const int64_t element = static_cast<int64_t>(plain.parameters().front().element_size());
+  out.ddp_bytes = static_cast<double>(numel * element);
+  out.hooked_bytes = b.o.comm_hook == "bf16" || b.o.comm_hook == "fp16" ? out.ddp_bytes / element * 2 : out.ddp_bytes;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      if ((round + k) % 2 == 0) {
+        out.ddp.push_back(time_steps(b.line, "ddp (against the hook)", b.group, b.o.warmup, b.steps,
+                                     [&](int i) { b.train_step(plain_forward, *plain_optimizer, parts, i); })
+                              .step);
+        continue;
+      }
+      const int64_t before = powersgd ? powersgd->numel_after() : 0, steps_before = powersgd ? powersgd->iterations() : 0;
+      const std::string phase = "ddp with " + b.o.comm_hook;
+      out.hooked.push_back(time_steps(b.line, phase.c_str(), b.group, b.o.warmup, b.steps,
+                                      [&](int i) { b.train_step(hooked_forward, *hooked_optimizer, parts, i); })
+                               .step);
+      if (powersgd && round >= 1) {  // compressed throughout (the warmup of the first round started it)
+        out.hooked_bytes = static_cast<double>((powersgd->numel_after() - before) * element) /
+                           static_cast<double>(powersgd->iterations() - steps_before);
+      }
+    }
+  }
+  return out;
+}
+
+void report_comm_hook(const BenchDdpOptions& o, const HookTimes& h) {
+  const double plain = median(h.ddp), hooked = median(h.hooked);
+  std::printf("comm hook %s, medians of %zu rounds: step %.2f ms against plain DDP's %.2f ms (%.3f); gradient bytes "
+              "each rank all-reduces per step: %.0f against %.0f (1/%.1f)\n",
+              o.comm_hook.c_str(), h.hooked.size(), hooked * 1e3, plain * 1e3, hooked / plain, h.hooked_bytes,
+              h.ddp_bytes, h.ddp_bytes / h.hooked_bytes);
+}
+
 // 6. Rank 0's report.
 template <typename Module>
 void report(const ModelBench<Module>& b, const PhaseTimes& local, const DdpTimes& ddp, const CommTimes& comm,
-            const ZeroTimes& zero, const FtTimes& ft, const TraceTimes& trace) {
+            const ZeroTimes& zero, const FtTimes& ft, const HookTimes& hook, const TraceTimes& trace) {
   const BenchDdpOptions& o = b.o;
   const int world = b.group.size(), batch = b.batch, steps = b.steps;
   const double t_local = local.step, t_ddp = ddp.times.step;
@@ -486,6 +549,7 @@ void report(const ModelBench<Module>& b, const PhaseTimes& local, const DdpTimes
                   ft.zero_state_bytes[1] / std::min(world, 2) / 1e6);
     }
   }
+  if (!o.comm_hook.empty()) report_comm_hook(o, hook);
   std::printf("samples/s: %.0f\n", world * batch / t_ddp);
 }
 
@@ -504,6 +568,8 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   if (o.zero) zero = time_zero(bench, ddp_options);
   FtTimes ft;
   if (o.fault_tolerant) ft = time_fault_tolerance(bench);
+  HookTimes hook;
+  if (!o.comm_hook.empty()) hook = time_comm_hook(bench);
   const CommTimes comm = time_communication_alone(bench, ddp);
   TraceTimes trace;
   if (!o.trace.empty()) {
@@ -511,7 +577,7 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
     StepParts parts;
     trace = time_trace(bench, [&](int i) { bench.train_step(forward, *optimizer, parts, i); });
   }
-  if (group.rank() == 0) report(bench, local, ddp_times, comm, zero, ft, trace);
+  if (group.rank() == 0) report(bench, local, ddp_times, comm, zero, ft, hook, trace);
   return 0;
 }
 

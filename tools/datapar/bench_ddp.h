@@ -19,6 +19,7 @@ struct BenchDdpOptions {
   bool zero = false;          // also time DDP steps under ZeroRedundancyOptimizer, with its state per rank,
                               // its parameters as bucket views and in their own memory by turns
   bool fault_tolerant = false;  // also time ft::FaultTolerantDdp's steps against plain DDP's (gloo), by turns
+  std::string comm_hook;        // also time DDP steps with this hook (datapar train's --comm-hook), by turns
 };
 
 // Each rank, all at once: `steps` local steps with no synchronisation (the ceiling), then

@@ -76,6 +76,10 @@ CLI::App* add_bench_ddp(CLI::App& bench, datapar::tools::BenchDdpOptions& ddp) {
   cmd->add_flag("--zero", ddp.zero,
                       "Also time DDP steps with the optimizer state sharded (ZeroRedundancyOptimizer), and report "
                       "the state each rank holds");
+  cmd->add_option("--comm-hook", ddp.comm_hook,
+                  "Also time DDP steps whose gradients go through this hook (as datapar train's --comm-hook: bf16, "
+                  "fp16, powersgd:RANK[:START], START at most --warmup) against plain ones, by turns, with the "
+                  "gradient bytes each rank sends per step");
   cmd->add_flag("--fault-tolerant", ddp.fault_tolerant,
                       "Also time fault-tolerant DDP steps (ft::FaultTolerantDdp: a vote before each update) against "
                       "plain DDP steps on a group of the same kind (gloo only)");
