@@ -268,6 +268,9 @@ void PowerSgdHook::load_state_dict(const StateDict& state) {
     at::Tensor* slot = what == "error" ? &k.error : what == "p" ? &k.p : what == "q" ? &k.q : nullptr;
     DATAPAR_CHECK(slot != nullptr, "PowerSgdHook::load_state_dict: \"", item.key(),
                   "\" is not a parameter's or bucket's state.");
+    DATAPAR_CHECK(at::isFloatingType(item.value().scalar_type()) && item.value().dim() >= 1 && item.value().dim() <= 2,
+                  "PowerSgdHook::load_state_dict: \"", item.key(), "\" is a ", item.value().scalar_type(), " tensor of ",
+                  item.value().dim(), " dimensions, not a floating-point vector or matrix.");
     *slot = item.value().clone();
   }
   iterations_ = iterations;

@@ -395,6 +395,40 @@ TEST(TrainCli, CommHooksCompressDdpsGradientsAndStillLearn) {
   }
 }
 
+// --comm-hook powersgd: each rank writes its PowerSGD state beside every checkpoint, and a
+// run resumed after epoch 1 ends where 2 epochs straight end; resumed without that state
+// (deleted), it ends elsewhere (the errors matter), saying so; a garbage state file is refused.
+TEST(TrainCli, PowerSgdResumesExactlyFromItsStateBesideTheCheckpoint) {
+  const TempDir temp("train_cli_powersgd_resume");
+  const std::string args = kSmall + " --mode ddp --seed 5 --momentum 0.9 --comm-hook powersgd:1:2 --checkpoint-dir ";
+  const std::string straight = temp.path() + "/straight", resumed = temp.path() + "/resumed",
+                    afresh = temp.path() + "/afresh";
+  for (const auto& p : ddp_job(args + straight + " --epochs 2", 2, straight + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  for (const std::string& dir : {resumed, afresh}) {
+    for (const auto& p : ddp_job(args + dir + " --epochs 1", 2, dir + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
+    EXPECT_TRUE(datapar::detail::exists(dir + "/powersgd-epoch-1-rank-1.pt"));
+  }
+  for (int r = 0; r < 2; ++r) std::remove((afresh + "/powersgd-epoch-1-rank-" + std::to_string(r) + ".pt").c_str());
+  for (const std::string& dir : {resumed, afresh}) {
+    const auto run = ddp_job(args + dir + " --epochs 2 --resume", 2, dir + "/logs2");
+    for (const auto& p : run) ASSERT_EQ(p.exit_code, 0) << p.output;
+    EXPECT_EQ(run[0].output.find("no PowerSGD state") == std::string::npos, dir == resumed) << run[0].output;
+  }
+  expect_same_parameters(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt");
+  const auto a = datapar::train::load_checkpoint(straight + "/checkpoint-epoch-2.pt");
+  const auto b = datapar::train::load_checkpoint(afresh + "/checkpoint-epoch-2.pt");
+  double most = 0;
+  for (const auto& item : a.model) most = std::max(most, (item.value() - b.model[item.key()]).abs().max().item<double>());
+  EXPECT_GT(most, 1e-6) << "the errors PowerSGD kept made no difference";
+  std::ofstream(resumed + "/powersgd-epoch-2-rank-0.pt") << "not a state";
+  const auto bad = ddp_job(args + resumed + " --epochs 3 --resume", 2, resumed + "/logs3");
+  EXPECT_NE(bad[0].exit_code, 0) << bad[0].output;
+  EXPECT_NE(bad[0].output.find("powersgd-epoch-2-rank-0.pt is not PowerSGD's state"), std::string::npos)
+      << bad[0].output;
+}
+
 // --mode hsdp (issue 47): 2 "machines" of 2 ranks (--shard-size 2) train as DDP on 4 ranks,
 // and its checkpoints (plain SGD's layout) resume as hsdp, or as fsdp on 2 ranks; a shard
 // size that does not divide the job is refused before anything starts.

@@ -74,6 +74,7 @@ int train_model(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> m
   if (o.checkpoint_activations) checkpoint_each<models::ResidualImpl>(*model);
   const std::unique_ptr<Strategy> strategy = make_strategy(plan, model, sgd);
   if (o.evaluate) return evaluate_checkpoint(plan, data, *strategy, first_epoch);
+  if (first_epoch > 0) strategy->resumed(first_epoch);
   return train_epochs(plan, data, *strategy, first_epoch);
 }
 

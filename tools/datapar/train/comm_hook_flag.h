@@ -5,8 +5,11 @@
 #include <memory>
 #include <string>
 
+#include <cstdint>
+
 namespace datapar {
 class CommHook;
+class PowerSgdHook;
 }
 
 namespace datapar::tools {
@@ -16,5 +19,14 @@ namespace datapar::tools {
 // otherwise, its start_powerSGD_iter 1000 unless START). InvalidArgumentError, saying what
 // is accepted, for anything else.
 std::shared_ptr<CommHook> comm_hook_of(const std::string& flag);
+
+struct TrainPlan;
+
+// PowerSGD's state is each rank's own (its errors): every rank writes it beside the
+// checkpoint of `epoch` epochs, as powersgd-epoch-<E>-rank-<R>.pt in --checkpoint-dir
+// (written whole or not at all), and a resumed rank reads its own; without one it says so
+// and starts PowerSGD's errors and warm start afresh.
+void save_powersgd_state(const TrainPlan& plan, const PowerSgdHook& hook, int64_t epoch);
+void load_powersgd_state(const TrainPlan& plan, PowerSgdHook& hook, int64_t epoch);
 
 }  // namespace datapar::tools

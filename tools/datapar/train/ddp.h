@@ -4,6 +4,7 @@
 #pragma once
 
 #include "datapar/ddp/distributed_data_parallel.h"
+#include "datapar/ddp/powersgd_hook.h"
 #include <optional>
 
 #include "datapar/ddp/zero_redundancy_optimizer.h"
@@ -46,7 +47,10 @@ class DdpMode : public SingleDevice<Impl> {
     DdpOptions options;
     options.average_by_samples = true;
     ddp_ = std::make_unique<DistributedDataParallel<Impl>>(std::move(model), nullptr, options);
-    if (std::shared_ptr<CommHook> hook = comm_hook_of(plan.options.comm_hook)) ddp_->register_comm_hook(hook);
+    if (std::shared_ptr<CommHook> hook = comm_hook_of(plan.options.comm_hook)) {
+      ddp_->register_comm_hook(hook);
+      powersgd_ = std::dynamic_pointer_cast<PowerSgdHook>(hook);
+    }
     if (plan.options.zero) zero_ = make_zero(ddp_->parameters(), sgd, /*copies=*/1);
   }
 
@@ -72,6 +76,19 @@ class DdpMode : public SingleDevice<Impl> {
   // that the file is the one plain SGD writes; in the dcp format each rank writes its own
   // shard instead, in the names a whole SGD has.
   void save_checkpoint(int64_t epoch) override {
+    save_mode_checkpoint(epoch);
+    if (powersgd_) save_powersgd_state(this->plan_, *powersgd_, epoch);
+  }
+
+  void resumed(int64_t epoch) override {
+    if (powersgd_) load_powersgd_state(this->plan_, *powersgd_, epoch);
+  }
+
+  std::shared_ptr<ProcessGroup> balanced_group() const override { return ddp_->process_group(); }
+  CommunicationStats communication_stats() const override { return ddp_->communication_stats(); }
+
+ private:
+  void save_mode_checkpoint(int64_t epoch) {
     if (!zero_) return SingleDevice<Impl>::save_checkpoint(epoch);
     if (this->plan_.options.checkpoint_format == "dcp") {
       return write_checkpoint(this->plan_, *this->model_, train::make_checkpoint(*this->model_, this->sgd_, epoch),
@@ -81,12 +98,9 @@ class DdpMode : public SingleDevice<Impl> {
     if (whole) write_checkpoint(this->plan_, *this->model_, std::move(*whole));  // rank 0
   }
 
-  std::shared_ptr<ProcessGroup> balanced_group() const override { return ddp_->process_group(); }
-  CommunicationStats communication_stats() const override { return ddp_->communication_stats(); }
-
- private:
   std::unique_ptr<DistributedDataParallel<Impl>> ddp_;
   std::unique_ptr<ZeroRedundancyOptimizer> zero_;
+  std::shared_ptr<PowerSgdHook> powersgd_;  // --comm-hook powersgd: its state goes beside the checkpoints
 };
 
 }  // namespace datapar::tools

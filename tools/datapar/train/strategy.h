@@ -35,6 +35,9 @@ class Strategy {
   virtual CommunicationStats communication_stats() const { return {}; }
   // After step `step` of the run (dp: says when its device balancer moved the split).
   virtual void after_step(int64_t step) {}
+  // Resumed from the checkpoint of `epoch` epochs: the mode's own state beside it (ddp
+  // --comm-hook powersgd: each rank's errors and warm-start matrices).
+  virtual void resumed(int64_t epoch) {}
 };
 
 }  // namespace datapar::tools
