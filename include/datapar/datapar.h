@@ -14,6 +14,7 @@
 #include "datapar/dcp/zero_state.h"
 #include "datapar/ddp/comm_hook.h"
 #include "datapar/ddp/powersgd_hook.h"
+#include "datapar/diloco/diloco.h"
 #include "datapar/ddp/communication_stats.h"
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/ddp/sync_batch_norm.h"

@@ -1,0 +1,85 @@
+// Local SGD and DiLoCo (issue 48): data parallelism that talks every H steps instead of every
+// step, for links too slow for DDP.
+//
+// Each rank trains its own copy of the model with its own (inner) optimizer on its share of
+// the data, with no communication, for `sync_every` steps; then the ranks average their
+// parameters. Local SGD (PyTorch's PeriodicModelAverager, outer "replace") takes the average
+// as the new parameters. DiLoCo (Douillard et al., 2023) treats the difference between the
+// parameters the round started from and the average as a gradient (the pseudo-gradient) and
+// steps an outer optimizer with it: SGD with Nesterov momentum (the paper's lr 0.7, momentum
+// 0.9). Every rank then starts the next round from the same parameters; each keeps its
+// inner optimizer's state.
+//
+//   datapar::DiLoCoOptions options;
+//   options.sync_every = 50;
+//   datapar::DiLoCo diloco(model->parameters(), group, options);  // every rank from rank 0's
+//   for (...) {
+//     inner.zero_grad(); loss(model->forward(x), y).backward(); inner.step();
+//     diloco.step();  // collective every 50th call
+//   }
+//
+// H = 1 with "replace" is DDP's training (an average of the parameters after a step of SGD,
+// with or without momentum, is the step on the averaged gradient), at a parameter's worth
+// of all-reduce per step.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "datapar/process_group/process_group.h"
+#include "datapar/state_dict.h"
+
+namespace datapar {
+
+struct DiLoCoOptions {
+  int64_t sync_every = 50;            // H: inner steps per round
+  std::string outer = "nesterov";     // "nesterov" (DiLoCo) or "replace" (local SGD)
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+};
+
+class DiLoCo {
+ public:
+  // Over `params` (the model's, trained by the inner optimizer). Collective: every rank
+  // starts from rank 0's values.
+  DiLoCo(std::vector<at::Tensor> params, std::shared_ptr<ProcessGroup> group, DiLoCoOptions options = {});
+  // Resumed from `state` (state_dict() of a run), the parameters this rank's own as they were
+  // then (in the middle of a round, each rank's differ): nothing is broadcast.
+  DiLoCo(std::vector<at::Tensor> params, std::shared_ptr<ProcessGroup> group, DiLoCoOptions options,
+         const StateDict& state);
+  ~DiLoCo();
+  DiLoCo(const DiLoCo&) = delete;
+  DiLoCo& operator=(const DiLoCo&) = delete;
+
+  // After each inner step: every sync_every-th call ends the round (sync()). Returns
+  // whether it did.
+  bool step();
+  // Collective: averages the parameters over the group and takes the outer step; every
+  // rank's parameters become the round's result.
+  void sync();
+
+  // Inner steps taken so far, and rounds ended.
+  int64_t inner_steps() const { return inner_steps_; }
+  int64_t rounds() const { return rounds_; }
+
+  // What a resumed run needs besides each rank's model and inner optimizer: the parameters
+  // the round started from, the outer momentum, the counts (the same on every rank).
+  StateDict state_dict() const;
+
+ private:
+  void check_options() const;
+  void load_state_dict(const StateDict& state);
+
+  std::vector<at::Tensor> params_;
+  std::shared_ptr<ProcessGroup> group_;
+  DiLoCoOptions options_;
+  std::vector<at::Tensor> start_;     // the parameters the round started from (the outer parameters)
+  std::vector<at::Tensor> momentum_;  // the outer optimizer's
+  int64_t inner_steps_ = 0, rounds_ = 0;
+};
+
+}  // namespace datapar
