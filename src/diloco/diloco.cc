@@ -43,7 +43,8 @@ DiLoCo::DiLoCo(std::vector<at::Tensor> params, std::shared_ptr<ProcessGroup> gro
 DiLoCo::~DiLoCo() = default;
 
 bool DiLoCo::step() {
-  if (++inner_steps_ % options_.sync_every != 0) return false;
+  ++inner_steps_;
+  if (++since_sync_ < options_.sync_every) return false;
   sync();
   return true;
 }
@@ -71,12 +72,14 @@ void DiLoCo::sync() {
     params_[i].detach().copy_(start_[i]);
   }
   ++rounds_;
+  since_sync_ = 0;
 }
 
 StateDict DiLoCo::state_dict() const {
   StateDict out;
   out.insert("inner_steps", at::tensor(inner_steps_, at::kLong));
   out.insert("rounds", at::tensor(rounds_, at::kLong));
+  out.insert("since_sync", at::tensor(since_sync_, at::kLong));
   for (size_t i = 0; i < params_.size(); ++i) {
     out.insert("start." + std::to_string(i), start_[i]);
     out.insert("momentum." + std::to_string(i), momentum_[i]);
@@ -94,10 +97,13 @@ void DiLoCo::load_state_dict(const StateDict& state) {
                   like.sizes(), " ", like.scalar_type(), ".");
     return *t;
   };
-  const at::Tensor inner = get("inner_steps", at::Tensor()), rounds = get("rounds", at::Tensor());
-  DATAPAR_CHECK(inner.numel() == 1 && rounds.numel() == 1 && inner.scalar_type() == at::kLong &&
-                    rounds.scalar_type() == at::kLong,
-                "DiLoCo::load_state_dict: malformed counts.");
+  std::vector<int64_t> counts;
+  for (const char* key : {"inner_steps", "since_sync", "rounds"}) {
+    const at::Tensor t = get(key, at::Tensor());
+    DATAPAR_CHECK(t.numel() == 1 && t.scalar_type() == at::kLong && t.item<int64_t>() >= 0,
+                  "DiLoCo::load_state_dict: \"", key, "\" is not a count.");
+    counts.push_back(t.item<int64_t>());
+  }
   std::vector<at::Tensor> start, momentum;
   for (size_t i = 0; i < params_.size(); ++i) {
     start.push_back(get("start." + std::to_string(i), params_[i]).clone());
@@ -105,8 +111,9 @@ void DiLoCo::load_state_dict(const StateDict& state) {
   }
   start_ = std::move(start);
   momentum_ = std::move(momentum);
-  inner_steps_ = inner.item<int64_t>();
-  rounds_ = rounds.item<int64_t>();
+  inner_steps_ = counts[0];
+  since_sync_ = counts[1];
+  rounds_ = counts[2];
 }
 
 }  // namespace datapar

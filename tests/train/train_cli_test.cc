@@ -429,6 +429,35 @@ TEST(TrainCli, PowerSgdResumesExactlyFromItsStateBesideTheCheckpoint) {
       << bad[0].output;
 }
 
+// --sync-every (issue 48): local SGD averaging after every step trains as ddp (the average
+// of the steps is the step on the averaged gradient, momentum included); DiLoCo every 3 steps
+// learns, and resumed after epoch 1 (each rank's SGD momentum and DiLoCo's state read back)
+// ends where 2 epochs straight end; flags that cannot go with it are refused.
+TEST(TrainCli, LocalSgdEveryStepIsDdpAndDiLoCoResumesExactly) {
+  const TempDir temp("train_cli_diloco");
+  const std::string args = kSmall + " --mode ddp --seed 5 --momentum 0.9 --checkpoint-dir ";
+  const std::string ddp = temp.path() + "/ddp", local = temp.path() + "/local", straight = temp.path() + "/straight",
+                    resumed = temp.path() + "/resumed";
+  for (const auto& p : ddp_job(args + ddp + " --epochs 2", 2, ddp + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
+  for (const auto& p : ddp_job(args + local + " --epochs 2 --sync-every 1 --outer-optimizer replace", 2, local + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  expect_same_parameters(ddp + "/checkpoint-epoch-2.pt", local + "/checkpoint-epoch-2.pt");
+  const std::string diloco = " --sync-every 3 --outer-lr 0.5";
+  const auto run = ddp_job(args + straight + " --epochs 2" + diloco, 2, straight + "/logs");
+  for (const auto& p : run) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_LT(epoch_loss(run[0].output, 2), epoch_loss(run[0].output, 1)) << run[0].output;
+  for (const auto& p : ddp_job(args + resumed + " --epochs 1" + diloco, 2, resumed + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  EXPECT_TRUE(datapar::detail::exists(resumed + "/diloco-epoch-1-rank-1.pt"));
+  const auto again = ddp_job(args + resumed + " --epochs 2 --resume" + diloco, 2, resumed + "/logs2");
+  for (const auto& p : again) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_EQ(again[0].output.find("no DiLoCo state"), std::string::npos) << again[0].output;
+  expect_same_parameters(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt");
+  expect_same_momentum(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt", 0);
+}
+
 // --mode hsdp (issue 47): 2 "machines" of 2 ranks (--shard-size 2) train as DDP on 4 ranks,
 // and its checkpoints (plain SGD's layout) resume as hsdp, or as fsdp on 2 ranks; a shard
 // size that does not divide the job is refused before anything starts.
@@ -740,6 +769,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--mode fsdp --balance auto", "--balance auto: fsdp splits each batch evenly"},
         BadOption{"--mode ddp --shard-size 2", "--shard-size is hybrid sharding's; --mode ddp has no shard groups"},
         BadOption{"--comm-hook bf16", "--comm-hook is ddp's reduction of the gradients; --mode single reduces"},
+        BadOption{"--sync-every 5", "--sync-every trains each rank alone between averages: --mode ddp without"},
+        BadOption{"--outer-optimizer adam", "--outer-optimizer: \"adam\" is not an outer step"},
+        BadOption{"--outer-lr 0", "--outer-lr 0 --outer-momentum 0.9: use a positive, finite rate"},
         BadOption{"--comm-hook zip", "--comm-hook \"zip\" is not a communication hook"},
         BadOption{"--comm-hook powersgd:0", "PowerSGD takes a rank from 1 to 1024"},
         BadOption{"--comm-hook powersgd:4:1", "PowerSGD takes a rank from 1 to 1024 and, after it, the steps"},

@@ -52,6 +52,10 @@ struct TrainOptions {
   std::string trace;               // Chrome trace of every step, all ranks (rank 0 writes)
   bool zero = false;               // ddp only: optimizer state sharded over the ranks (ZeRO-1)
   std::string comm_hook = "allreduce";  // ddp only: allreduce, bf16, fp16, powersgd:RANK[:START]
+  int64_t sync_every = 0;          // ddp only: local SGD / DiLoCo, the ranks average every N steps (0: DDP)
+  std::string outer_optimizer = "nesterov";  // --sync-every: nesterov (DiLoCo) or replace (local SGD)
+  double outer_lr = 0.7;           // DiLoCo's outer step
+  double outer_momentum = 0.9;
   bool fault_tolerant = false;     // ddp under datapar launch --fault-tolerant: goes on when a rank fails
   bool reshard = true;             // fsdp, hsdp: free each unit's parameters after its forward (ZeRO-3)
   std::string mp = "none";         // fsdp, hsdp: mixed precision, the parameters' compute dtype: none, bf16, fp16

@@ -55,15 +55,17 @@ class DiLoCo {
   DiLoCo(const DiLoCo&) = delete;
   DiLoCo& operator=(const DiLoCo&) = delete;
 
-  // After each inner step: every sync_every-th call ends the round (sync()). Returns
-  // whether it did.
+  // After each inner step: the sync_every-th since the last sync() ends the round (sync()).
+  // Returns whether it did.
   bool step();
   // Collective: averages the parameters over the group and takes the outer step; every
-  // rank's parameters become the round's result.
+  // rank's parameters become the round's result. Called early, it ends the round there
+  // (datapar train ends one with each epoch).
   void sync();
 
-  // Inner steps taken so far, and rounds ended.
+  // Inner steps taken so far, since the last sync, and rounds ended.
   int64_t inner_steps() const { return inner_steps_; }
+  int64_t steps_since_sync() const { return since_sync_; }
   int64_t rounds() const { return rounds_; }
 
   // What a resumed run needs besides each rank's model and inner optimizer: the parameters
@@ -79,7 +81,7 @@ class DiLoCo {
   DiLoCoOptions options_;
   std::vector<at::Tensor> start_;     // the parameters the round started from (the outer parameters)
   std::vector<at::Tensor> momentum_;  // the outer optimizer's
-  int64_t inner_steps_ = 0, rounds_ = 0;
+  int64_t inner_steps_ = 0, since_sync_ = 0, rounds_ = 0;
 };
 
 }  // namespace datapar

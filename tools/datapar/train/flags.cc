@@ -62,6 +62,15 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
                 "who is alive, so the training does not either. Under fsdp (and --zero) each rank's shard is kept "
                 "by the next rank too; under hsdp a shard group that loses a rank leaves the job as a whole until "
                 "the rank is back, and takes its shards from another group's matching ranks");
+  cmd->add_option("--sync-every", o.sync_every,
+                  "ddp: local SGD or DiLoCo: each rank trains alone for N steps, then the ranks average their "
+                  "models and take the outer step (and at each epoch's end); 0 (default): DDP, every step")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--outer-optimizer", o.outer_optimizer,
+                  "--sync-every: nesterov (default, DiLoCo: SGD with Nesterov momentum on the difference the round "
+                  "made) or replace (local SGD: the average is the new model)");
+  cmd->add_option("--outer-lr", o.outer_lr, "--sync-every with nesterov: the outer learning rate (default 0.7)");
+  cmd->add_option("--outer-momentum", o.outer_momentum, "--sync-every with nesterov: its momentum (default 0.9)");
   cmd->add_option("--comm-hook", o.comm_hook,
                   "ddp: how the gradients cross the network: allreduce (default), bf16 or fp16 (cast for the "
                   "all-reduce: half the bytes), or powersgd:RANK[:START] (PowerSGD, PyTorch's powerSGD_hook: each "

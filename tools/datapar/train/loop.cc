@@ -39,6 +39,7 @@ class EpochLoop {
   void run(int64_t first_epoch) {
     for (int64_t epoch = first_epoch; epoch < o_.epochs; ++epoch) {
       const EpochTotals totals = train_epoch(epoch);
+      strategy_.end_of_epoch();
       // Evaluate, exactly over the ranks.
       const auto eval_start = Clock::now();
       std::optional<trace::Span> evaluating;

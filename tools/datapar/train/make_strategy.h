@@ -6,6 +6,7 @@
 
 #include "data_parallel.h"
 #include "ddp.h"
+#include "diloco.h"
 #include "fault_tolerant_ddp.h"
 #include "fault_tolerant_fsdp.h"
 #include "fsdp.h"
@@ -19,7 +20,9 @@ std::unique_ptr<Strategy> make_strategy(const TrainPlan& plan, std::shared_ptr<I
   switch (plan.mode) {
     case Mode::kSingle: return std::make_unique<SingleDevice<Impl>>(plan, std::move(model), sgd);
     case Mode::kDataParallel: return std::make_unique<DataParallelMode<Impl>>(plan, std::move(model), sgd);
-    case Mode::kDdp: return std::make_unique<DdpMode<Impl>>(plan, std::move(model), sgd);
+    case Mode::kDdp:
+      if (plan.options.sync_every > 0) return std::make_unique<DiLoCoMode<Impl>>(plan, std::move(model), sgd);
+      return std::make_unique<DdpMode<Impl>>(plan, std::move(model), sgd);
     case Mode::kFsdp: return std::make_unique<FsdpMode<Impl>>(plan, std::move(model), sgd);
     case Mode::kHsdp: return std::make_unique<FsdpMode<Impl>>(plan, std::move(model), sgd, hybrid_groups(plan.shard_size));
   }

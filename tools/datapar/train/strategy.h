@@ -38,6 +38,9 @@ class Strategy {
   // Resumed from the checkpoint of `epoch` epochs: the mode's own state beside it (ddp
   // --comm-hook powersgd: each rank's errors and warm-start matrices).
   virtual void resumed(int64_t epoch) {}
+  // After an epoch's last step, before its evaluation and checkpoint (ddp --sync-every: the
+  // ranks' models become one).
+  virtual void end_of_epoch() {}
 };
 
 }  // namespace datapar::tools
