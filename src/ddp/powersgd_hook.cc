@@ -169,8 +169,13 @@ std::shared_ptr<Work> PowerSgdHook::run(ProcessGroup& group, GradBucket& bucket)
   std::vector<at::Tensor> parts;
   for (const at::Tensor& t : uncompressed) parts.push_back(t.reshape({-1}));
   for (const Matrix& x : step.matrices) parts.push_back(x.kept->p.reshape({-1}));
-  at::Tensor first = parts.empty() ? at::zeros({0}, step.input.options()) : at::cat(parts);
-  if (first.numel() > 0) group.all_reduce(first, ReduceOp::kSum)->wait();
+  at::Tensor first = at::cat(parts);  // a bucket holds a parameter at least
+  if (step.matrices.empty()) {  // nothing of this bucket pays to compress: one all-reduce, left in flight
+    step.first = first;
+    step.uncompressed = std::move(uncompressed);
+    return group.all_reduce(step.first, ReduceOp::kSum);
+  }
+  group.all_reduce(first, ReduceOp::kSum)->wait();
   int64_t at = 0;
   for (at::Tensor& t : uncompressed) {
     t.copy_(first.narrow(0, at, t.numel()));
@@ -185,7 +190,7 @@ std::shared_ptr<Work> PowerSgdHook::run(ProcessGroup& group, GradBucket& bucket)
     at::matmul_out(x.kept->q, x.m.t(), p);
     qs.push_back(x.kept->q.reshape({-1}));
   }
-  step.qs = qs.empty() ? at::zeros({0}, step.input.options()) : at::cat(qs);
+  step.qs = at::cat(qs);
   return group.all_reduce(step.qs, ReduceOp::kSum);
 }
 
@@ -200,6 +205,11 @@ void PowerSgdHook::finish(GradBucket& bucket) {
   // result (Note [PowerSGD on gradients DDP has scaled]). As PyTorch's, it covers the
   // gradients all-reduced uncompressed too, whose errors sum to zero over the ranks.
   int64_t at = 0;
+  for (at::Tensor& t : step.uncompressed) {  // the bucket's one all-reduce
+    t.copy_(step.first.narrow(0, at, t.numel()));
+    at += t.numel();
+  }
+  at = 0;
   for (Matrix& x : step.matrices) {
     at::Tensor& q = x.kept->q;
     q.copy_(step.qs.narrow(0, at, q.numel()).view(q.sizes()));

@@ -143,6 +143,33 @@ TEST(PowerSgd, ARankOneGradientComesThroughRankOneCompressionWhole) {
   });
 }
 
+// Buckets of one parameter each: the biases (16 and 8 values) are not worth compressing at
+// rate 2, so their buckets go whole in one all-reduce, their gradients DDP's (up to the
+// errors, which sum to zero over the ranks); the weights are compressed.
+TEST(PowerSgd, ABucketWithNothingToCompressIsAllReducedWhole) {
+  testing::run_gloo_ranks(kWorld, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    DdpOptions options;
+    options.bucket_cap_mb = 1e-6;  // every parameter a bucket of its own
+    options.first_bucket_cap_mb = 1e-6;
+    torch::nn::Sequential a = make_model(), b = make_model();
+    DistributedDataParallel plain(a, group, options), compressed(b, group, options);
+    PowerSgdOptions o;
+    o.start_iter = 2;
+    const auto hook = powersgd_hook(o);
+    compressed.register_comm_hook(hook);
+    for (int step = 0; step < 4; ++step) {
+      for (auto* m : {&a, &b}) (*m)->zero_grad();
+      plain.forward(batch(rank, step)).pow(2).mean().backward();
+      compressed.forward(batch(rank, step)).pow(2).mean().backward();
+      const auto pa = a->named_parameters(), pb = b->named_parameters();
+      for (const char* bias : {"0.bias", "1.bias", "2.bias"}) {
+        EXPECT_TRUE(at::allclose(pb[bias].grad(), pa[bias].grad(), 1e-5, 1e-6)) << bias << " step " << step;
+      }
+    }
+    EXPECT_LT(hook->numel_after(), hook->numel_before());
+  });
+}
+
 // A hook made anew from another's state after 3 steps (its error, warm-start matrices,
 // random draws and counts) takes over and the run ends where 6 steps with one hook end, to
 // the bit: the state is all a resumed run needs. (A resumed DDP's first step still fills

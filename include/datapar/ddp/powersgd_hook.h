@@ -88,6 +88,8 @@ class PowerSgdHook : public CommHook {
     at::Tensor input;   // the gradient with the error added (padded to a square, batched)
     at::Tensor before;  // `input` before the reduction (error feedback)
     at::Tensor qs;      // every matrix's Q side by side, in flight
+    at::Tensor first;   // a bucket with nothing compressed: its gradients, in flight
+    std::vector<at::Tensor> uncompressed;  // and where they go back
     std::vector<Matrix> matrices;
     int world = 1;
     bool compressing = false;
