@@ -13,31 +13,9 @@ rounds=${4:-3}
 rate=${5:-1gbit}
 delay=${6:-0.5ms}
 
-id=$$
-a=dpd_a_$id b=dpd_b_$id va=dpda$((id % 100000)) vb=dpdb$((id % 100000))
-subnet=10.233.$((id % 250))
-cleanup() { ip netns del "$a" 2>/dev/null || true; ip netns del "$b" 2>/dev/null || true; }
-trap cleanup EXIT
-ip netns add "$a"
-ip netns add "$b"
-ip link add "$va" type veth peer name "$vb"
-ip link set "$va" netns "$a"
-ip link set "$vb" netns "$b"
-ip -n "$a" addr add "$subnet.1/24" dev "$va"
-ip -n "$b" addr add "$subnet.2/24" dev "$vb"
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "$va" up
-ip -n "$b" link set "$vb" up
-# netem gives the rate and the delay; a kernel without it (sch_netem) gets the rate alone,
-# from a token bucket (tbf), and says so.
-shaped="$rate, $delay each way"
-for end in "$a $va" "$b $vb"; do
-  set -- $end
-  if ! ip netns exec "$1" tc qdisc add dev "$2" root netem rate "$rate" delay "$delay" 2>/dev/null; then
-    ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$rate" burst 256kb latency 100ms
-    shaped="$rate each way (tbf; no delay: this kernel has no netem)"
-  fi
-done
+here=$(cd "$(dirname "$0")" && pwd)
+prefix=dpd
+source "$here/link_namespaces.sh"
 echo "link: $shaped; two namespaces of one rank"
 
 run() {  # node 1 first: its rank waits for node 0's store

@@ -113,20 +113,6 @@ Mode parse_mode(const std::string& mode) {
 }
 
 // The flags alone and together, before anything else is looked at.
-// --sync-every and its outer step.
-void check_sync_every(const TrainOptions& o, Mode mode) {
-  DATAPAR_CHECK(o.outer_optimizer == "nesterov" || o.outer_optimizer == "replace", "--outer-optimizer: \"",
-                o.outer_optimizer, "\" is not an outer step.\n---> HINT: use nesterov (DiLoCo) or replace (local SGD).");
-  DATAPAR_CHECK(o.outer_lr > 0 && std::isfinite(o.outer_lr) && o.outer_momentum >= 0 && o.outer_momentum < 1,
-                "--outer-lr ", o.outer_lr, " --outer-momentum ", o.outer_momentum,
-                ": use a positive, finite rate and a momentum in [0, 1).");
-  if (o.sync_every == 0) return;
-  DATAPAR_CHECK(mode == Mode::kDdp && !o.zero && !o.fault_tolerant && o.comm_hook == "allreduce" &&
-                    o.balance == "even",
-                "--sync-every trains each rank alone between averages: --mode ddp without --zero, --fault-tolerant, "
-                "--comm-hook or --balance; --mode ", o.mode, " is not that.\n---> HINT: use --mode ddp alone with it.");
-}
-
 void check_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(o.backend.empty() || one_of(o.backend, {"gloo", "nccl", "mpi"}), "--backend: \"", o.backend,
                 "\" is not a backend.\n---> HINT: use gloo (CPU), nccl (CUDA) or mpi.");
@@ -164,11 +150,7 @@ void check_flags(const TrainOptions& o, Mode mode) {
                 "with it, or leave it out.");
   DATAPAR_CHECK(!is_fully_sharded(mode) || o.balance == "even", "--balance ", o.balance, ": ", o.mode,
                 " splits each batch evenly.\n---> HINT: leave out --balance, or use --mode ddp.");
-  comm_hook_of(o.comm_hook);  // a bad value stops here, before the job starts
-  check_sync_every(o, mode);
-  DATAPAR_CHECK(o.comm_hook == "allreduce" || (mode == Mode::kDdp && !o.fault_tolerant), "--comm-hook is ddp's ",
-                "reduction of the gradients; --mode ", o.mode, o.fault_tolerant ? " --fault-tolerant" : "",
-                " reduces them its own way.\n---> HINT: use --mode ddp without --fault-tolerant, or leave it out.");
+  check_communication_flags(o, mode);
   DATAPAR_CHECK(mode == Mode::kHsdp || o.shard_size == 0, "--shard-size is hybrid sharding's; --mode ", o.mode,
                 " has no shard groups.\n---> HINT: add --mode hsdp, or leave it out.");
   DATAPAR_CHECK(o.batch_size >= 1, "--batch-size ", o.batch_size, ": the batch must hold at least 1 sample.");

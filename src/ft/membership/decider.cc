@@ -159,6 +159,25 @@ std::vector<Decider::Pending> Decider::admissible() const {
   return out;
 }
 
+Membership Decider::next_epoch(const std::vector<Pending>& ready, int most) const {
+  Membership next;
+  next.number = current_.number + 1;
+  if (group_size_ <= 1) {
+    for (const MembershipEntry& m : current_.members) {  // the last epoch's members keep their order
+      for (const Pending& p : ready) {
+        if (p.id == m.id) next.members.push_back({p.id, p.step, p.slot});
+      }
+    }
+    for (const Pending& p : ready) {
+      if (!holds(current_, p.id)) next.members.push_back({p.id, p.step, p.slot});
+    }
+  } else {  // in group and slot order (admissible()'s): a group's ranks are consecutive
+    for (const Pending& p : ready) next.members.push_back({p.id, p.step, p.slot});
+  }
+  next.members.resize(std::min<size_t>(next.members.size(), static_cast<size_t>(most)));
+  return next;
+}
+
 void Decider::decide() {
   if (pending_.empty()) return;
   const auto now = Clock::now();
@@ -219,21 +238,7 @@ void Decider::decide() {
     }
     return;
   }
-  Membership next;
-  next.number = current_.number + 1;
-  if (k == 1) {
-    for (const MembershipEntry& m : current_.members) {  // the last epoch's members keep their order
-      for (const Pending& p : ready_members) {
-        if (p.id == m.id) next.members.push_back({p.id, p.step, p.slot});
-      }
-    }
-    for (const Pending& p : ready_members) {
-      if (!holds(current_, p.id)) next.members.push_back({p.id, p.step, p.slot});
-    }
-  } else {  // in group and slot order (admissible()'s): a group's ranks are consecutive
-    for (const Pending& p : ready_members) next.members.push_back({p.id, p.step, p.slot});
-  }
-  next.members.resize(std::min<size_t>(next.members.size(), static_cast<size_t>(most)));
+  Membership next = next_epoch(ready_members, most);
   bool left_out = false;  // a live member of the last epoch that did not join in time
   for (const MembershipEntry& m : current_.members) {
     if (evicted_.count(m.id) == 0 && !holds(next, m.id)) left_out = true;

@@ -1,17 +1,15 @@
 // See comm_hook_flag.h.
 #include "comm_hook_flag.h"
 
+#include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <exception>
 #include <sstream>
 
 #include "datapar/ddp/comm_hook.h"
 #include "datapar/ddp/powersgd_hook.h"
 #include "datapar/error.h"
-#include "datapar/state_dict.h"
-#include "file_system.h"
 #include "../train.h"
+#include "rank_state.h"
 
 namespace datapar::tools {
 
@@ -35,37 +33,30 @@ std::shared_ptr<CommHook> comm_hook_of(const std::string& flag) {
   return powersgd_hook(options);
 }
 
-namespace {
-
-std::string powersgd_state_path(const TrainPlan& plan, int64_t epoch) {
-  return plan.options.checkpoint_dir + "/powersgd-epoch-" + std::to_string(epoch) + "-rank-" +
-         std::to_string(plan.rank) + ".pt";
+void check_communication_flags(const TrainOptions& o, Mode mode) {
+  comm_hook_of(o.comm_hook);  // a bad value stops here
+  DATAPAR_CHECK(o.comm_hook == "allreduce" || (mode == Mode::kDdp && !o.fault_tolerant), "--comm-hook is ddp's ",
+                "reduction of the gradients; --mode ", o.mode, o.fault_tolerant ? " --fault-tolerant" : "",
+                " reduces them its own way.\n---> HINT: use --mode ddp without --fault-tolerant, or leave it out.");
+  DATAPAR_CHECK(o.outer_optimizer == "nesterov" || o.outer_optimizer == "replace", "--outer-optimizer: \"",
+                o.outer_optimizer, "\" is not an outer step.\n---> HINT: use nesterov (DiLoCo) or replace (local SGD).");
+  DATAPAR_CHECK(o.outer_lr > 0 && std::isfinite(o.outer_lr) && o.outer_momentum >= 0 && o.outer_momentum < 1,
+                "--outer-lr ", o.outer_lr, " --outer-momentum ", o.outer_momentum,
+                ": use a positive, finite rate and a momentum in [0, 1).");
+  if (o.sync_every == 0) return;
+  DATAPAR_CHECK(mode == Mode::kDdp && !o.zero && !o.fault_tolerant && o.comm_hook == "allreduce" &&
+                    o.balance == "even",
+                "--sync-every trains each rank alone between averages: --mode ddp without --zero, --fault-tolerant, "
+                "--comm-hook or --balance; --mode ", o.mode, " is not that.\n---> HINT: use --mode ddp alone with it.");
 }
 
-}  // namespace
-
 void save_powersgd_state(const TrainPlan& plan, const PowerSgdHook& hook, int64_t epoch) {
-  if (plan.options.checkpoint_dir.empty()) return;
-  const std::string path = powersgd_state_path(plan, epoch), part = path + ".part";
-  save_state_dict(hook.state_dict(), part);
-  DATAPAR_CHECK(std::rename(part.c_str(), path.c_str()) == 0, "datapar train: cannot rename ", part, " to ", path,
-                ".");
+  save_rank_state(plan, "powersgd", epoch, hook.state_dict());
 }
 
 void load_powersgd_state(const TrainPlan& plan, PowerSgdHook& hook, int64_t epoch) {
-  const std::string path = powersgd_state_path(plan, epoch);
-  if (!detail::exists(path)) {
-    std::fprintf(stderr, "datapar train: rank %d: no PowerSGD state beside the checkpoint of epoch %ld (%s): its "
-                 "errors and warm start begin afresh\n", plan.rank, static_cast<long>(epoch), path.c_str());
-    return;
-  }
-  try {
-    hook.load_state_dict(load_state_dict_file(path));
-  } catch (const std::exception& e) {
-    throw InvalidArgumentError("datapar train: " + path + " is not PowerSGD's state (" + e.what() +
-                               ").\n---> HINT: delete it to start PowerSGD's errors afresh, or resume from another "
-                               "checkpoint.");
-  }
+  load_rank_state(plan, "powersgd", epoch, "PowerSGD", "its errors and warm start",
+                  [&](const StateDict& state) { hook.load_state_dict(state); });
 }
 
 }  // namespace datapar::tools

@@ -1,5 +1,5 @@
-// --comm-hook: how --mode ddp's gradients cross the network (datapar/ddp/comm_hook.h,
-// datapar/ddp/powersgd_hook.h).
+// --comm-hook and --sync-every: how --mode ddp's gradients (or models) cross the network
+// (datapar/ddp/comm_hook.h, datapar/ddp/powersgd_hook.h, datapar/diloco/diloco.h).
 #pragma once
 
 #include <memory>
@@ -21,6 +21,11 @@ namespace datapar::tools {
 std::shared_ptr<CommHook> comm_hook_of(const std::string& flag);
 
 struct TrainPlan;
+struct TrainOptions;
+enum class Mode;
+
+// --comm-hook's and --sync-every's checks, before the job starts (InvalidArgumentError).
+void check_communication_flags(const TrainOptions& o, Mode mode);
 
 // PowerSGD's state is each rank's own (its errors): every rank writes it beside the
 // checkpoint of `epoch` epochs, as powersgd-epoch-<E>-rank-<R>.pt in --checkpoint-dir

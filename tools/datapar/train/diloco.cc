@@ -1,23 +1,15 @@
 // See diloco.h.
 #include "diloco.h"
 
-#include <cstdio>
-#include <exception>
 #include <string>
 #include <type_traits>
 
 #include "datapar/error.h"
-#include "datapar/state_dict.h"
-#include "file_system.h"
 #include "optim/state_key.h"
+#include "rank_state.h"
 
 namespace datapar::tools {
 namespace {
-
-std::string diloco_state_path(const TrainPlan& plan, int64_t epoch) {
-  return plan.options.checkpoint_dir + "/diloco-epoch-" + std::to_string(epoch) + "-rank-" +
-         std::to_string(plan.rank) + ".pt";
-}
 
 template <typename Map>
 typename Map::key_type key_of(const at::Tensor& t) {
@@ -45,41 +37,30 @@ void save_diloco_state(const TrainPlan& plan, const DiLoCo& diloco, const torch:
     const auto& s = static_cast<const torch::optim::SGDParamState&>(*it->second);
     if (s.momentum_buffer().defined()) state.insert("inner.momentum." + std::to_string(i), s.momentum_buffer());
   }
-  const std::string path = diloco_state_path(plan, epoch), part = path + ".part";
-  save_state_dict(state, part);
-  DATAPAR_CHECK(std::rename(part.c_str(), path.c_str()) == 0, "datapar train: cannot rename ", part, " to ", path,
-                ".");
+  save_rank_state(plan, "diloco", epoch, state);
 }
 
 std::unique_ptr<DiLoCo> load_diloco_state(const TrainPlan& plan, std::unique_ptr<DiLoCo> diloco,
                                           torch::optim::SGD& sgd, const std::vector<at::Tensor>& params,
                                           int64_t epoch) {
-  const std::string path = diloco_state_path(plan, epoch);
-  if (!detail::exists(path)) {
-    std::fprintf(stderr, "datapar train: rank %d: no DiLoCo state beside the checkpoint of epoch %ld (%s): the outer "
-                 "momentum and this rank's SGD momentum begin afresh\n", plan.rank, static_cast<long>(epoch),
-                 path.c_str());
-    return diloco;
-  }
-  try {
-    const StateDict state = load_state_dict_file(path);
-    auto resumed = std::make_unique<DiLoCo>(params, default_group(), diloco_options(plan.options), state);
-    using StateMap = std::decay_t<decltype(sgd.state())>;
-    for (size_t i = 0; i < params.size(); ++i) {
-      const at::Tensor* buffer = state.find("inner.momentum." + std::to_string(i));
-      if (buffer == nullptr) continue;
-      DATAPAR_CHECK(buffer->sizes() == params[i].sizes() && buffer->scalar_type() == params[i].scalar_type(),
-                    "inner.momentum.", i, " does not fit the model's parameter ", i);
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(buffer->clone().to(params[i].device()));
-      sgd.state()[key_of<StateMap>(params[i])] = std::move(s);
-    }
-    return resumed;
-  } catch (const std::exception& e) {
-    throw InvalidArgumentError("datapar train: " + path + " is not this model's DiLoCo state (" + e.what() +
-                               ").\n---> HINT: delete it to start the outer momentum afresh, or resume from another "
-                               "checkpoint.");
-  }
+  load_rank_state(plan, "diloco", epoch, "DiLoCo", "the outer momentum and this rank's SGD momentum",
+                  [&](const StateDict& state) {
+                    auto resumed = std::make_unique<DiLoCo>(params, default_group(), diloco_options(plan.options),
+                                                            state);
+                    using StateMap = std::decay_t<decltype(sgd.state())>;
+                    for (size_t i = 0; i < params.size(); ++i) {
+                      const at::Tensor* buffer = state.find("inner.momentum." + std::to_string(i));
+                      if (buffer == nullptr) continue;
+                      DATAPAR_CHECK(buffer->sizes() == params[i].sizes() &&
+                                        buffer->scalar_type() == params[i].scalar_type(),
+                                    "inner.momentum.", i, " does not fit the model's parameter ", i);
+                      auto s = std::make_unique<torch::optim::SGDParamState>();
+                      s->momentum_buffer(buffer->clone().to(params[i].device()));
+                      sgd.state()[key_of<StateMap>(params[i])] = std::move(s);
+                    }
+                    diloco = std::move(resumed);
+                  });
+  return diloco;
 }
 
 }  // namespace datapar::tools

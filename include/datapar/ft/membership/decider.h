@@ -84,6 +84,8 @@ class Decider {
   void evict(const std::string& id);
   // The pending members an epoch may take: all, or those of whole replica groups.
   std::vector<Pending> admissible() const;
+  // The epoch after the current one, of `ready` (admissible()'s), `most` members at most.
+  Membership next_epoch(const std::vector<Pending>& ready, int most) const;
   void decide();
   void publish(Membership epoch);
 
