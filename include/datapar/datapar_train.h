@@ -14,6 +14,7 @@
 #include "datapar/models/mlp.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/train/checkpoint.h"
+#include "datapar/train/fsdp_checkpoint.h"
 #include "datapar/train/metrics.h"
 #include "datapar/train/plot.h"
 #include "datapar/train/rng_state.h"

@@ -23,6 +23,9 @@ namespace datapar::detail {
 
 class FsdpRun;
 
+// Whether any unit is alive in this process (for the hint of an uncaught exception).
+bool fsdp_units_alive();
+
 class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
  public:
   // Shards `params` (collective: they take rank 0's values on every rank). `name` is for
@@ -42,6 +45,12 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
 
   const std::string& name() const { return name_; }
   void set_name(std::string name) { name_ = std::move(name); }
+  // Gathered from the root's forward to the unit's backward, as the root's own unit: for a
+  // unit whose forward nothing brackets (a named member sharded in place).
+  void keep_through_forward() {
+    options_.reshard_after_forward = false;
+    options_.reshard_after_forward_group = nullptr;
+  }
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
   const FsdpOptions& options() const { return options_; }
   const std::vector<at::Tensor>& params() const { return params_; }
@@ -52,6 +61,7 @@ class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
 
   // Set by the root (nullptr when it goes): the iteration the unit takes part in.
   void attach(FsdpRun* run) { run_ = run; }
+  bool attached() const { return run_ != nullptr; }
 
   // The module's side.
   void pre_forward();

@@ -62,18 +62,38 @@ FsdpCore::FsdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Pr
     units.back()->cast_buffers(unit_buffers(*module_));
     root_ = units.back().get();
   }
+  // Note [Units sharded in place]
+  // A unit whose wrapper the model calls (a Sequential's element) is gathered when its
+  // wrapper's forward begins. A module sharded in place whose parent calls it directly
+  // (fully_shard(net->fc1)) has no such moment: libtorch modules have no forward hooks. Those
+  // units are gathered with the root's own when its forward begins and kept, as it is, until
+  // their backward has produced their gradients.
   std::unordered_set<const FsdpUnit*> seen;
-  for (const auto& item : module_->named_modules()) {
+  const auto add = [&](const std::string& name, const std::shared_ptr<FsdpUnit>& unit) {
+    DATAPAR_CHECK(unit->group() == group_, "FullyShardedDataParallel: unit '", name,
+                  "' shards over another process group than the root's; make the units and the root with one group.");
+    DATAPAR_CHECK(unit->options().replicate_group == options_.replicate_group, "FullyShardedDataParallel: unit '",
+                  name, "' has another FsdpOptions::replicate_group than the root's; under hybrid sharding give ",
+                  "the units and the root the same one (hybrid_groups().replicate), elsewhere none.");
+    DATAPAR_CHECK(!unit->attached(), "FullyShardedDataParallel: unit '", name, "' belongs to another ",
+                  "FullyShardedDataParallel already; wrap a model in one FullyShardedDataParallel.");
+    unit->set_name(name);
+    units.push_back(unit);
+  };
+  const auto named = module_->named_modules();
+  for (const auto& item : named) {
     const auto* sharded = dynamic_cast<const ShardedModule*>(item.value().get());
     if (sharded == nullptr || !seen.insert(&sharded->unit()).second) continue;
-    FsdpUnit& unit = sharded->unit();
-    DATAPAR_CHECK(unit.group() == group_, "FullyShardedDataParallel: unit '", item.key(),
-                  "' shards over another process group than the root's; make the units and the root with one group.");
-    DATAPAR_CHECK(unit.options().replicate_group == options_.replicate_group, "FullyShardedDataParallel: unit '",
-                  item.key(), "' has another FsdpOptions::replicate_group than the root's; under hybrid sharding give ",
-                  "the units and the root the same one (hybrid_groups().replicate), elsewhere none.");
-    unit.set_name(item.key());
-    units.push_back(std::shared_ptr<FsdpUnit>(item.value(), &unit));  // alive as long as its module
+    add(item.key(), unit_of(*sharded->wrapped()));
+  }
+  for (const auto& item : named) {
+    const std::shared_ptr<FsdpUnit> unit = unit_of(*item.value());
+    if (unit == nullptr || !seen.insert(unit.get()).second) continue;
+    DATAPAR_CHECK(item.value().get() != module_.get(), "FullyShardedDataParallel: the model itself was made a unit ",
+                  "by fully_shard; shard its submodules and let FullyShardedDataParallel be the root.");
+    add(item.key(), unit);
+    unit->keep_through_forward();
+    unbracketed_.push_back(unit.get());
   }
   DATAPAR_CHECK(!units.empty(), "FullyShardedDataParallel: the module has no trainable parameters to shard.");
   // Every rank starts from rank 0's buffers (the units took rank 0's parameters).
@@ -88,11 +108,15 @@ FsdpCore::~FsdpCore() = default;
 
 void FsdpCore::pre_forward(int64_t samples) {
   run_->begin_iteration(samples);
-  if (root_ != nullptr) root_->pre_forward();  // the root's layers may run anywhere in forward
+  // The root's layers and the units sharded in place may run anywhere in forward.
+  for (FsdpUnit* unit : unbracketed_) unit->start_gather();
+  if (root_ != nullptr) root_->pre_forward();
+  for (FsdpUnit* unit : unbracketed_) unit->pre_forward();
 }
 
 void FsdpCore::post_forward(const c10::IValue& outputs) {
   if (root_ != nullptr) root_->post_forward(outputs);
+  for (FsdpUnit* unit : unbracketed_) unit->post_forward(outputs);
 }
 
 at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {

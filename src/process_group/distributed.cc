@@ -17,6 +17,7 @@
 #include "datapar/trace.h"
 #include "process_group/backends.h"
 #include "process_group/exit_order.h"
+#include "uncaught_exception.h"
 #include "trace/recorder.h"
 
 namespace datapar {
@@ -112,6 +113,7 @@ void init_process_group(const std::string& backend, const std::string& init_meth
 
 void init_process_group(const std::string& backend, const std::string& init_method, int rank, int world_size,
                         std::chrono::milliseconds timeout, const JobConfig& config) {
+  detail::exit_on_uncaught_exceptions();
   DATAPAR_CHECK(state() == nullptr, "init_process_group: a default process group exists already (rank ",
                 state() ? state()->rank : -1, "). Call destroy_process_group() first.");
   auto s = std::make_unique<DefaultGroup>();

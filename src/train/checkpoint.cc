@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "datapar/error.h"
+#include "datapar/fsdp/fully_shard.h"
 #include "serialization/atomic_file.h"
 #include "serialization/pickle_limits.h"
 #include "serialization/torch_file.h"
@@ -205,10 +206,22 @@ void check_model(const torch::nn::Module& model, const StateDict& saved, const s
   }
 }
 
+// A sharded model's parameters hold no values between FSDP's forwards: reading or writing
+// them as a plain module's would touch freed memory.
+void check_not_sharded(const torch::nn::Module& model, const char* call, const char* instead) {
+  for (const auto& item : model.named_parameters()) {
+    const std::string unit = datapar::detail::fsdp_unit_holding(item.value());
+    DATAPAR_CHECK(unit.empty(), call, ": ", item.key(), " is sharded by FullyShardedDataParallel (unit '", unit,
+                  "'): between FSDP's forwards the module's parameters hold no values. Go through the FSDP wrapper: ",
+                  instead, " (datapar/train/fsdp_checkpoint.h; collective, every rank).");
+  }
+}
+
 }  // namespace
 
 Checkpoint make_checkpoint(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer, int64_t epoch,
                            Progress progress) {
+  check_not_sharded(model, "make_checkpoint", "train::make_checkpoint(fsdp, optimizer, epoch)");
   Checkpoint c;
   c.model = state_dict(model);
   c.optimizer = optimizer_state_dict(optimizer);
@@ -301,6 +314,7 @@ Checkpoint load_checkpoint(const std::string& path, const c10::Device& device) {
 
 void restore_checkpoint(const Checkpoint& checkpoint, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                         bool restore_rng) {
+  check_not_sharded(model, "restore_checkpoint", "train::restore_checkpoint(checkpoint, fsdp, optimizer)");
   const std::string path = checkpoint.path.empty() ? "checkpoint" : checkpoint.path;
   check_model(model, checkpoint.model, path);
   const IValue optimizer_state = copy_tree(checkpoint.optimizer, std::nullopt, path, "optimizer state");

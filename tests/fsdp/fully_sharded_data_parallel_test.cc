@@ -32,6 +32,7 @@
 #include "datapar/models/resnet18.h"
 #include "datapar/state_dict.h"
 #include "datapar/optim/optimizer_state.h"
+#include "datapar/train/fsdp_checkpoint.h"
 #include "testing/expect_throw.h"
 #include "testing/fsdp_net.h"
 #include "testing/gloo_ranks.h"
@@ -85,7 +86,8 @@ void expect_training_equals_one_process(const TrainingCase& setup) {
   testing::run_gloo_ranks(world, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     Net model = fsdp_net(rank);  // different: FSDP starts every rank from rank 0's
     const auto names = model->named_parameters().keys();
-    if (setup.units) EXPECT_EQ(fully_shard_each<torch::nn::LinearImpl>(*model, group, setup.options), 2);
+    // The Sequential's two Linears are wrapped, the named head sharded in place.
+    if (setup.units) EXPECT_EQ(fully_shard_each<torch::nn::LinearImpl>(*model, group, setup.options), 3);
     FullyShardedDataParallel fsdp(model, group, setup.options);
     EXPECT_EQ(model->named_parameters().keys(), names) << "the units keep the model's names";
     EXPECT_EQ(fsdp.units(), setup.units ? 3u : 1u);
@@ -94,7 +96,8 @@ void expect_training_equals_one_process(const TrainingCase& setup) {
     EXPECT_ANY_THROW(model->forward(fsdp_batch(rank, 0)));
     const int64_t all = setup.units ? padded(220, world) + padded(420, world) + padded(105, world) : padded(745, world);
     EXPECT_EQ(fsdp.shard_numel() * world, all);
-    // Between forward and backward: the root's own parameters (and, without resharding, every unit's).
+    // Between forward and backward: the head's (sharded in place, kept as the root's own are)
+    // or the root's, and without resharding every unit's.
     const int64_t root = setup.units ? padded(105, world) : padded(745, world);
     const int64_t between = setup.options.reshard_after_forward ? root : all;
     auto opt = optimizer(fsdp.parameters(), setup.adam);
@@ -641,6 +644,92 @@ TEST(FullyShardedDataParallel, GathersForTheBackwardOfATupleOfOutputs) {
     auto [c, d] = fsdp.forward(x);
     (c.pow(2).sum() + d.sum()).backward();
     EXPECT_TRUE(at::allclose(fsdp.parameters()[0].grad(), at::cat(want)));
+  });
+}
+
+// A model of one's own with named members, as a PyTorch user writes it (issue 51).
+struct MembersImpl : torch::nn::Module {
+  MembersImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(10, 16))),
+        fc2(register_module("fc2", torch::nn::Linear(16, 16))),
+        fc3(register_module("fc3", torch::nn::Linear(16, 4))),
+        scale(register_parameter("scale", at::ones({4}))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc3(fc2(fc1(x).relu()).tanh()) * scale; }
+  torch::nn::Linear fc1, fc2, fc3;
+  at::Tensor scale;
+};
+TORCH_MODULE(Members);
+
+Members members(uint64_t seed) {
+  const std::lock_guard<std::mutex> lock(testing::generator_mutex());
+  torch::manual_seed(seed);
+  Members model;
+  model->to(at::kDouble);
+  return model;
+}
+
+TEST(FullyShardedDataParallel, UnitsOnNamedMembersTrainAsOneProcess) {
+  constexpr int kSteps = 5, kWorld = 2;
+  Members reference = members(0);
+  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(0.01));
+  for (int step = 0; step < kSteps; ++step) {
+    reference_adam.zero_grad();
+    at::Tensor total = at::zeros({}, at::kDouble);
+    for (int r = 0; r < kWorld; ++r) total = total + loss(reference->forward(fsdp_batch(r, step)));
+    (total / kWorld).backward();
+    reference_adam.step();
+  }
+  const StateDict want = state_dict(*reference);
+  for (const bool by_policy : {false, true}) {
+    testing::run_gloo_ranks(kWorld, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+      Members model = members(rank);
+      if (by_policy) {
+        EXPECT_EQ(fully_shard_each<torch::nn::LinearImpl>(*model, group), 3);
+      } else {
+        fully_shard(model->fc1, group);  // as PyTorch's fully_shard(model.fc1); fc3 stays the root's
+        fully_shard(model->fc2, group);
+        EXPECT_THROW_MSG(fully_shard(model->fc2, group), InvalidArgumentError, "is an FSDP unit already");
+      }
+      FullyShardedDataParallel fsdp(model, group);
+      EXPECT_EQ(fsdp.units(), by_policy ? 4u : 3u);
+      EXPECT_EQ(model->named_parameters().keys(), reference->named_parameters().keys());
+      EXPECT_THROW_MSG(FullyShardedDataParallel(model, group), InvalidArgumentError, "in one FullyShardedDataParallel");
+      torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+      for (int step = 0; step < kSteps; ++step) {
+        adam.zero_grad();
+        loss(fsdp.forward(fsdp_batch(rank, step))).backward();
+        EXPECT_FALSE(fsdp.gathered()) << "after backward";
+        adam.step();
+      }
+      expect_near(fsdp.full_state_dict(), want, 1e-10, "rank " + std::to_string(rank));
+      // A checkpoint goes through FSDP; the module's own way is refused, not a crash.
+      EXPECT_THROW_MSG(train::make_checkpoint(*model, adam, kSteps), InvalidArgumentError,
+                       "scale is sharded by FullyShardedDataParallel");
+      const train::Checkpoint checkpoint = train::make_checkpoint(fsdp, adam, kSteps);
+      expect_near(checkpoint.model, want, 1e-10, "checkpoint");
+      Members resumed = members(rank + 7);
+      if (!by_policy) fully_shard(resumed->fc1, group), fully_shard(resumed->fc2, group);
+      if (by_policy) fully_shard_each<torch::nn::LinearImpl>(*resumed, group);
+      FullyShardedDataParallel again(resumed, group);
+      torch::optim::Adam again_adam(again.parameters(), torch::optim::AdamOptions(0.01));
+      train::restore_checkpoint(checkpoint, again, again_adam, /*restore_rng=*/false);
+      expect_near(again.full_state_dict(), want, 0, "restored");
+      // Adam's moments came back too: one more step of each run ends in the same place.
+      for (auto [wrapper, opt] : {std::pair{&fsdp, &adam}, std::pair{&again, &again_adam}}) {
+        opt->zero_grad();
+        loss(wrapper->forward(fsdp_batch(rank, kSteps))).backward();
+        opt->step();
+      }
+      expect_near(again.full_state_dict(), fsdp.full_state_dict(), 0, "a step after restoring");
+    });
+  }
+}
+
+TEST(FullyShardedDataParallel, ShardingAnOuterModuleBeforeAnInnerOneIsRefused) {
+  testing::run_gloo_ranks(1, [&](int, std::shared_ptr<ProcessGroup> group) {
+    Members model = members(0);
+    fully_shard(model.ptr(), group);  // the whole model first: fc1 is inside it
+    EXPECT_THROW_MSG(fully_shard(model->fc1, group), InvalidArgumentError, "inner modules before the ones around them");
   });
 }
 

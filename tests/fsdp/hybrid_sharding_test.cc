@@ -77,7 +77,7 @@ void expect_two_by_two_trains_as_one_process(FsdpOptions options) {
     Net model = fsdp_net(rank);  // different: every rank starts from rank 0's
     FsdpOptions mine = options;
     mine.replicate_group = groups.replicate;
-    EXPECT_EQ(fully_shard_each<torch::nn::LinearImpl>(*model, groups.shard, mine), 2);
+    EXPECT_EQ(fully_shard_each<torch::nn::LinearImpl>(*model, groups.shard, mine), 3);  // the head in place
     FullyShardedDataParallel fsdp(model, groups.shard, mine);
     EXPECT_EQ(fsdp.shard_numel(), 110 + 210 + 53) << "half of each unit: sharded over the machine alone";
     torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));

@@ -114,6 +114,8 @@ class FsdpCore {
   FsdpOptions options_;
   std::unique_ptr<FsdpRun> run_;
   FsdpUnit* root_ = nullptr;  // the unit of the parameters outside every unit, if any
+  // Units sharded in place whose forward nothing brackets (Note [Units sharded in place]).
+  std::vector<FsdpUnit*> unbracketed_;
 };
 
 }  // namespace detail

@@ -39,7 +39,7 @@ class FaultTolerantFsdpMode : public FaultTolerantStrategy {
   at::Tensor forward(const at::Tensor& x) override { return trainer_.fsdp().forward(x); }
   torch::nn::Module& module() override { return *trainer_.fsdp().module(); }
   std::optional<train::Checkpoint> checkpoint(int64_t epoch) override {
-    train::Checkpoint c = fsdp_checkpoint(trainer_.fsdp(), trainer_.optimizer(), epoch);  // every member takes part
+    train::Checkpoint c = train::make_checkpoint(trainer_.fsdp(), trainer_.optimizer(), epoch);  // every member takes part
     if (trainer_.elastic().rank() != 0) return std::nullopt;
     return c;
   }

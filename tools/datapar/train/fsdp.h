@@ -11,6 +11,7 @@
 #include "datapar/fsdp/hybrid_groups.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/optim/optimizer_state.h"
+#include "datapar/train/fsdp_checkpoint.h"
 #include "single_device.h"
 
 namespace datapar::tools {
@@ -36,20 +37,6 @@ inline FsdpOptions fsdp_options(const TrainOptions& o) {
   return options;
 }
 
-// Collective over `fsdp`'s group: the checkpoint of `epoch` epochs, the whole model and
-// optimizer state (`shards`: the optimizer over fsdp's shards) gathered on every rank, in
-// the layout plain SGD writes.
-template <typename Impl>
-train::Checkpoint fsdp_checkpoint(FullyShardedDataParallel<Impl>& fsdp, torch::optim::Optimizer& shards,
-                                  int64_t epoch) {
-  train::Checkpoint c;
-  c.model = fsdp.full_state_dict();
-  c.optimizer = fsdp.full_optimizer_state(shards);
-  c.epoch = epoch;
-  c.rng = train::get_rng_state();
-  return c;
-}
-
 template <typename Impl>
 class FsdpMode : public Strategy {
  public:
@@ -72,7 +59,7 @@ class FsdpMode : public Strategy {
   void zero_grad() override { shards_->zero_grad(); }
   void step() override { shards_->step(); }
   // The whole model and state, gathered on every rank: the checkpoint plain SGD writes.
-  void save_checkpoint(int64_t epoch) override { write_checkpoint(plan_, *model_, fsdp_checkpoint(*fsdp_, *shards_, epoch)); }
+  void save_checkpoint(int64_t epoch) override { write_checkpoint(plan_, *model_, train::make_checkpoint(*fsdp_, *shards_, epoch)); }
   torch::nn::Module& module() override { return *model_; }
 
  private:
