@@ -1,5 +1,6 @@
-# Installs datapar from BUILD_DIR into a fresh prefix, then configures, builds and runs the
-# consumer project against it with find_package(datapar). Run with cmake -P.
+# Installs datapar from BUILD_DIR into a fresh prefix, then configures (for C++14), builds and
+# runs the consumer project against it with find_package(datapar), alone and as two ranks
+# started by the installed launcher. Run with cmake -P.
 file(REMOVE_RECURSE "${WORK_DIR}")
 
 function(step what)
@@ -18,4 +19,16 @@ step("run" "${WORK_DIR}/build/consumer")
 if(NOT step_output MATCHES "consumer ok")
   message(FATAL_ERROR "consumer test: unexpected output: ${step_output}")
 endif()
+message(STATUS "${step_output}")
+
+if(NOT EXISTS "${WORK_DIR}/prefix/bin/datapar" OR NOT EXISTS "${WORK_DIR}/prefix/bin/datapar-torch")
+  message(FATAL_ERROR "consumer test: the install has no bin/datapar and bin/datapar-torch")
+endif()
+step("launch" "${WORK_DIR}/prefix/bin/datapar" launch --nproc-per-node 2 -- "${WORK_DIR}/build/consumer" ranks)
+foreach(rank 0 1)
+  if(NOT step_output MATCHES "consumer rank ${rank} of 2: bias gradient 1.5")
+    message(FATAL_ERROR "consumer test: rank ${rank} of the launched job did not report:\n${step_output}")
+  endif()
+endforeach()
+step("installed datapar-torch" "${WORK_DIR}/prefix/bin/datapar" devices)
 message(STATUS "${step_output}")
