@@ -132,7 +132,7 @@ fuzz: setup
 test-gpu: build-torch2
 	cd $(TORCH2_BUILD_DIR) && ctest --output-on-failure -j 1 -L gpu
 
-# The source and every dependency but libtorch and CUDA, from Debian's packages (README.md,
+# The source and every dependency but libtorch and CUDA, from Debian's packages (docs/building.md,
 # On a GPU machine).
 bundle: setup
 	bash scripts/make_bundle.sh $(BUILD_DIR)/datapar-bundle.tar.gz

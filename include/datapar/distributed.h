@@ -44,7 +44,7 @@ namespace datapar {
 // and the backend throw.
 // The environment is read once, here (resolve_job_config()), and what it says is passed to
 // the rendezvous, the store and every group of the job (new_group too): DATAPAR_SHM,
-// DATAPAR_MPI_SHM, DATAPAR_GLOO_HOSTNAME, LOCAL_RANK and the rest (README.md,
+// DATAPAR_MPI_SHM, DATAPAR_GLOO_HOSTNAME, LOCAL_RANK and the rest (docs/launching.md,
 // "Environment variables"). The overload with `config` reads no environment.
 void init_process_group(const std::string& backend = "", const std::string& init_method = "env://", int rank = -1,
                         int world_size = -1, std::chrono::milliseconds timeout = kDefaultTimeout);

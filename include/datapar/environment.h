@@ -2,7 +2,7 @@
 // looks a variable up, so that tests (and programs that configure a job some other way)
 // can pass their own. Only public entry points read it (DeviceInventory::detect(),
 // resolve_job_config() in rendezvous/job_config.h); nothing below them calls getenv.
-// Every variable datapar reads is listed once in README.md, "Environment variables".
+// Every variable datapar reads is listed once in docs/launching.md, "Environment variables".
 #pragma once
 
 #include <functional>

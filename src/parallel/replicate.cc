@@ -89,7 +89,7 @@ ReplicaSet::ReplicaSet(std::shared_ptr<torch::nn::Module> master, std::vector<De
   }
   if (copies) detail::pack_back_to_back(master_params_);
   // DataParallel and replicate(), the public entry points here, have no setting for pinning:
-  // read at their boundary (README.md, "Environment variables").
+  // read at their boundary (docs/launching.md, "Environment variables").
   workers_ = DeviceWorkers::for_devices(devices_, pin_cpu_devices(process_environment()));
   refresh();
 }

@@ -100,7 +100,7 @@ TEST(TrainTrace, TwoRanksInOneFileWithBucketsOverlappingBackward) {
     EXPECT_GE(overlapping, 2 * 2) << "rank " << rank;
   }
 
-  // The page README shows how to make: a row per thread of each rank, and each event of
+  // The page docs/training.md shows how to make: a row per thread of each rank, and each event of
   // the steps asked for drawn once (a bar, or a tick for an instant), its step in its tooltip.
   const std::string script = std::string(DATAPAR_SOURCE_DIR) + "/scripts/trace_to_html.py";
   const std::string page = temp.path() + "/run.html", log = temp.path() + "/trace_to_html.log";

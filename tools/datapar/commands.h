@@ -15,7 +15,7 @@ inline constexpr char kTrainSummary[] = "Train a classifier on Fashion-MNIST: on
 inline constexpr char kDevicesSummary[] = "List the devices datapar can use, or check a device list";
 inline constexpr char kBenchSummary[] = "Benchmarks: collectives, ddp";
 inline constexpr char kLaunchSummary[] =
-    "Run PROGRAM as the workers of a data-parallel job (torchrun's environment); see README, Launching";
+    "Run PROGRAM as the workers of a data-parallel job (torchrun's environment); see docs/launching.md";
 
 // Whether `subcommand` needs libtorch, so runs in datapar-torch.
 inline bool needs_torch(std::string_view subcommand) {

@@ -109,7 +109,7 @@ void set_threads(const TrainPlan& plan) {
   } else if (has_ranks(plan.mode)) {
     at::set_num_threads(std::max(1, cores / plan.local_world_size));
   } else if (plan.mode == Mode::kDataParallel && plan.devices.front().is_cpu()) {
-    at::set_num_threads(1);  // the CPU devices' workers have the cores (README, Performance)
+    at::set_num_threads(1);  // the CPU devices' workers have the cores (docs/usage.md, Performance on CPU devices)
   }
   tune_cpu_allocator();
 }

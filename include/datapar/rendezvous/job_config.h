@@ -4,7 +4,7 @@
 // default_backend) call resolve_job_config() once, or take a JobConfig, and pass what it
 // says down as options: nothing below them (stores, process groups, backends) reads the
 // environment. Tests and programs that configure a job some other way resolve one from
-// their own Environment. README.md, "Environment variables", lists every variable.
+// their own Environment. docs/launching.md, "Environment variables", lists every variable.
 //
 // Launchers: datapar launch and torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE),
 // Open MPI's mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE) or Slurm's srun

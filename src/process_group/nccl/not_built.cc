@@ -9,7 +9,7 @@ namespace {
 
 constexpr const char* kNcclNotBuilt =
     "the nccl backend is not available in this build of datapar (it needs libtorch with CUDA and NCCL at build "
-    "time). Use \"gloo\" or \"mpi\" for CPU tensors, or build datapar against a CUDA libtorch (README.md).";
+    "time). Use \"gloo\" or \"mpi\" for CPU tensors, or build datapar against a CUDA libtorch (docs/building.md).";
 
 }  // namespace
 
