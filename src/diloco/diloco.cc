@@ -4,7 +4,10 @@
 #include <ATen/ATen.h>
 #include <torch/utils.h>
 
+#include <algorithm>
+
 #include "datapar/error.h"
+#include "diloco/outer_exchange.h"
 
 namespace datapar {
 
@@ -18,11 +21,22 @@ void DiLoCo::check_options() const {
   DATAPAR_CHECK(options_.outer_lr > 0 && options_.outer_momentum >= 0 && options_.outer_momentum < 1,
                 "DiLoCo: the outer learning rate is ", options_.outer_lr, " and its momentum ", options_.outer_momentum,
                 "; use a positive rate and a momentum in [0, 1).");
+  DATAPAR_CHECK(options_.fragments >= 1 && options_.fragments <= options_.sync_every, "DiLoCo: ", options_.fragments,
+                " fragments for rounds of ", options_.sync_every, " inner steps; each fragment syncs at a step of ",
+                "its own, so use 1 to sync_every fragments.");
+  DATAPAR_CHECK(options_.outer_dtype == "float32" || options_.outer_dtype == "bf16" || options_.outer_dtype == "int8",
+                "DiLoCo: the outer dtype \"", options_.outer_dtype, "\" is not one of float32, bf16 and int8.");
+  for (const at::Tensor& p : params_) {
+    DATAPAR_CHECK(p.scalar_type() == at::kFloat || options_.outer_dtype == "float32",
+                  "DiLoCo: a quantised outer exchange (", options_.outer_dtype, ") takes float32 parameters, not ",
+                  p.scalar_type(), ".");
+  }
 }
 
 DiLoCo::DiLoCo(std::vector<at::Tensor> params, std::shared_ptr<ProcessGroup> group, DiLoCoOptions options)
     : params_(std::move(params)), group_(std::move(group)), options_(std::move(options)) {
   check_options();
+  for (const at::Tensor& p : params_) numel_ += p.numel();
   const torch::NoGradGuard no_grad;
   std::vector<at::Tensor> values;
   for (const at::Tensor& p : params_) values.push_back(p.detach());
@@ -37,6 +51,7 @@ DiLoCo::DiLoCo(std::vector<at::Tensor> params, std::shared_ptr<ProcessGroup> gro
                const StateDict& state)
     : params_(std::move(params)), group_(std::move(group)), options_(std::move(options)) {
   check_options();
+  for (const at::Tensor& p : params_) numel_ += p.numel();
   load_state_dict(state);
 }
 
@@ -44,35 +59,82 @@ DiLoCo::~DiLoCo() = default;
 
 bool DiLoCo::step() {
   ++inner_steps_;
-  if (++since_sync_ < options_.sync_every) return false;
-  sync();
-  return true;
+  ++since_sync_;
+  const int64_t k_count = options_.fragments, h = options_.sync_every;
+  bool synced = false;
+  for (int64_t k = 0; k < k_count; ++k) {
+    if (since_sync_ != h * (k + 1) / k_count) continue;  // fragment k's step of the round
+    sync_range(numel_ * k / k_count, numel_ * (k + 1) / k_count);
+    synced = true;
+  }
+  if (since_sync_ == h) {  // the last fragment's: the round is over
+    since_sync_ = 0;
+    ++rounds_;
+  }
+  return synced;
 }
 
 void DiLoCo::sync() {
-  const torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> flat;
-  for (const at::Tensor& p : params_) flat.push_back(p.detach().reshape({-1}));
-  at::Tensor average = at::cat(flat);
-  group_->all_reduce(average, ReduceOp::kSum)->wait();
-  average.div_(group_->size());
-  int64_t at = 0;
-  const double mu = options_.outer_momentum, lr = options_.outer_lr;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const at::Tensor mine = average.narrow(0, at, params_[i].numel()).view(params_[i].sizes());
-    at += params_[i].numel();
-    if (options_.outer == "replace") {
-      start_[i].copy_(mine);
-    } else {
-      // SGD with Nesterov momentum on the pseudo-gradient, as torch.optim.SGD(nesterov=True).
-      const at::Tensor pseudo = start_[i] - mine;
-      momentum_[i].mul_(mu).add_(pseudo);
-      start_[i].sub_(pseudo.add(momentum_[i], mu), lr);
-    }
-    params_[i].detach().copy_(start_[i]);
-  }
+  sync_range(0, numel_);
   ++rounds_;
   since_sync_ = 0;
+}
+
+namespace {
+
+// Calls piece(i, at, length, offset) for each part of elements [begin, end) of `params` end
+// to end: `length` elements of params[i] from its element `at`, at `offset` of the range.
+template <typename Piece>
+void for_each_piece(const std::vector<at::Tensor>& params, int64_t begin, int64_t end, const Piece& piece) {
+  int64_t first = 0;
+  for (size_t i = 0; i < params.size() && first < end; ++i) {
+    const int64_t last = first + params[i].numel();
+    const int64_t from = std::max(begin, first), to = std::min(end, last);
+    if (from < to) piece(i, from - first, to - from, from - begin);
+    first = last;
+  }
+}
+
+}  // namespace
+
+void DiLoCo::sync_range(int64_t begin, int64_t end) {
+  const torch::NoGradGuard no_grad;
+  const auto flat = [&](const std::vector<at::Tensor>& tensors) {
+    at::Tensor out = at::empty({end - begin}, params_[0].options().requires_grad(false));
+    for_each_piece(tensors, begin, end, [&](size_t i, int64_t at, int64_t length, int64_t offset) {
+      out.narrow(0, offset, length).copy_(tensors[i].detach().reshape({-1}).narrow(0, at, length));
+    });
+    return out;
+  };
+  const at::Tensor start = flat(start_);
+  at::Tensor average;
+  if (options_.outer_dtype == "float32") {
+    average = flat(params_);  // the parameters themselves: exact
+    group_->all_reduce(average, ReduceOp::kSum)->wait();
+    average.div_(group_->size());
+  } else {
+    // The pseudo-gradients, small and alike across ranks, quantise far better than the values.
+    average = start - detail::outer_average(*group_, start - flat(params_), options_.outer_dtype);
+  }
+  at::Tensor updated = start.clone();
+  if (options_.outer == "replace") {
+    updated.copy_(average);
+  } else {
+    // SGD with Nesterov momentum on the pseudo-gradient, as torch.optim.SGD(nesterov=True).
+    const double mu = options_.outer_momentum, lr = options_.outer_lr;
+    const at::Tensor pseudo = start - average;
+    at::Tensor momentum = flat(momentum_);
+    momentum.mul_(mu).add_(pseudo);
+    updated.sub_(pseudo.add(momentum, mu), lr);
+    for_each_piece(momentum_, begin, end, [&](size_t i, int64_t at, int64_t length, int64_t offset) {
+      momentum_[i].view({-1}).narrow(0, at, length).copy_(momentum.narrow(0, offset, length));
+    });
+  }
+  for_each_piece(params_, begin, end, [&](size_t i, int64_t at, int64_t length, int64_t offset) {
+    const at::Tensor part = updated.narrow(0, offset, length);
+    start_[i].view({-1}).narrow(0, at, length).copy_(part);
+    params_[i].detach().view({-1}).narrow(0, at, length).copy_(part);
+  });
 }
 
 StateDict DiLoCo::state_dict() const {

@@ -17,6 +17,7 @@
 #include "datapar/ddp/distributed_data_parallel.h"
 #include "datapar/diloco/diloco.h"
 #include "datapar/state_dict.h"
+#include "diloco/outer_exchange.h"
 #include "testing/expect_throw.h"
 #include "testing/gloo_ranks.h"
 
@@ -135,6 +136,101 @@ TEST(DiLoCo, RoundsEqualTheOuterStepWorkedOutByHand) {
   });
 }
 
+// The parameters end to end, and back.
+at::Tensor flat_values(torch::nn::Sequential& model) {
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& p : model->parameters()) parts.push_back(p.detach().reshape({-1}));
+  return at::cat(parts);
+}
+
+void set_flat(torch::nn::Sequential& model, const at::Tensor& flat) {
+  const torch::NoGradGuard no_grad;
+  int64_t at = 0;
+  for (at::Tensor p : model->parameters()) {
+    p.copy_(flat.narrow(0, at, p.numel()).view(p.sizes()));
+    at += p.numel();
+  }
+}
+
+// Streaming DiLoCo, by hand: 53 parameters end to end in 2 fragments, [0, 26) and [26, 53)
+// (across the first Linear's bias and the second's weight), rounds of 4 steps: fragment 0
+// syncs at steps 2, 6, 10, fragment 1 at 4, 8, 12, each with the outer step on its range
+// alone (its own outer parameters and momentum), the rest of each rank's model its own.
+TEST(StreamingDiLoCo, EachFragmentSyncsAtItsStepWithTheOuterStepWorkedOutByHand) {
+  constexpr int kH = 4, kK = 2, kSteps = 12;
+  std::vector<torch::nn::Sequential> ranks = {make_model(), make_model()};
+  const int64_t n = flat_values(ranks[0]).numel();
+  ASSERT_EQ(n, 53);
+  at::Tensor start = flat_values(ranks[0]), buf = at::zeros_like(start);
+  std::vector<std::unique_ptr<torch::optim::SGD>> inner;
+  for (auto& m : ranks) inner.push_back(std::make_unique<torch::optim::SGD>(m->parameters(), 0.1));
+  std::vector<std::vector<at::Tensor>> want(kWorld);  // each rank's parameters after each step
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < kWorld; ++r) inner_step(ranks[r], *inner[r], r, step);
+    for (int k = 0; k < kK; ++k) {
+      if ((step + 1) % kH != kH * (k + 1) / kK % kH) continue;
+      const int64_t begin = n * k / kK, length = n * (k + 1) / kK - begin;
+      at::Tensor average = at::zeros({length}, at::kDouble);
+      for (int r = 0; r < kWorld; ++r) average += flat_values(ranks[r]).narrow(0, begin, length) / kWorld;
+      const at::Tensor g = start.narrow(0, begin, length) - average;
+      buf.narrow(0, begin, length).mul_(0.9).add_(g);
+      start.narrow(0, begin, length).sub_(0.7 * (g + 0.9 * buf.narrow(0, begin, length)));
+      for (int r = 0; r < kWorld; ++r) {
+        at::Tensor mine = flat_values(ranks[r]);
+        mine.narrow(0, begin, length).copy_(start.narrow(0, begin, length));
+        set_flat(ranks[r], mine);
+      }
+    }
+    for (int r = 0; r < kWorld; ++r) want[r].push_back(flat_values(ranks[r]));
+  }
+  testing::run_gloo_ranks(kWorld, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = make_model();
+    torch::optim::SGD sgd(model->parameters(), 0.1);
+    DiLoCoOptions options;
+    options.sync_every = kH;
+    options.fragments = kK;
+    DiLoCo diloco(model->parameters(), group, options);
+    for (int step = 0; step < kSteps; ++step) {
+      inner_step(model, sgd, rank, step);
+      EXPECT_EQ(diloco.step(), (step + 1) % 2 == 0) << "a fragment every other step";
+      EXPECT_TRUE(at::allclose(flat_values(model), want[rank][step], 1e-12, 1e-12))
+          << "rank " << rank << " step " << step;
+    }
+    EXPECT_EQ(diloco.rounds(), kSteps / kH);
+  });
+}
+
+// The quantised exchange: bf16, the mean of the bf16 values summed in float32 and sent in
+// bf16, to the bit; int8 within its blocks' steps; the same on every rank either way.
+TEST(DiLoCo, TheQuantisedOuterExchangeIsTheMeanInItsDtypeAndTheSameOnEveryRank) {
+  constexpr int kRanks = 3;
+  constexpr int64_t kNumel = 1000;  // not a whole number of 3 x 256 blocks: padded
+  const auto values = [](int rank) {
+    at::Generator g = at::detail::createCPUGenerator(77 + rank);
+    return at::randn({kNumel}, g, at::kFloat) * (rank + 1);
+  };
+  at::Tensor bf16_sum = at::zeros({kNumel}), exact = at::zeros({kNumel});
+  for (int r = 0; r < kRanks; ++r) {
+    bf16_sum += values(r).to(at::kBFloat16).to(at::kFloat);
+    exact += values(r);
+  }
+  const at::Tensor want_bf16 = (bf16_sum / kRanks).to(at::kBFloat16).to(at::kFloat);
+  exact /= kRanks;
+  std::vector<at::Tensor> int8_results(kRanks);
+  testing::run_gloo_ranks(kRanks, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    EXPECT_TRUE(at::equal(detail::outer_average(*group, values(rank), "bf16"), want_bf16)) << "rank " << rank;
+    EXPECT_TRUE(at::allclose(detail::outer_average(*group, values(rank), "float32"), exact, 1e-6, 1e-6));
+    int8_results[rank] = detail::outer_average(*group, values(rank), "int8");
+  });
+  // Each rank's value off by at most half its block's step (its largest / 127 / 2), the mean
+  // once more by half of its own: within 3 / 127 of the largest magnitude here (3 x 4 sigma).
+  const double bound = 3 * 4.5 / 127;
+  EXPECT_LT((int8_results[0] - exact).abs().max().item<double>(), bound);
+  for (int r = 1; r < kRanks; ++r) EXPECT_TRUE(at::equal(int8_results[r], int8_results[0])) << "rank " << r;
+  EXPECT_EQ(detail::outer_average_bytes(kNumel, 2, "float32"), 4000);
+  EXPECT_EQ(detail::outer_average_bytes(kNumel, 2, "int8"), 1024 + 4 * 4);
+}
+
 TEST(DiLoCo, AnotherMadeFromItsStateContinuesTheRun) {
   testing::run_gloo_ranks(kWorld, [&](int rank, std::shared_ptr<ProcessGroup> group) {
     DiLoCoOptions options;
@@ -168,6 +264,14 @@ TEST(DiLoCo, RefusesWhatItCannotDo) {
     o.sync_every = 5;
     o.outer = "adam";
     EXPECT_THROW_MSG(DiLoCo(model->parameters(), group, o), InvalidArgumentError, "\"adam\" is not one of nesterov");
+    o.outer = "nesterov";
+    o.fragments = 6;
+    EXPECT_THROW_MSG(DiLoCo(model->parameters(), group, o), InvalidArgumentError, "use 1 to sync_every fragments");
+    o.fragments = 2;
+    o.outer_dtype = "fp8";
+    EXPECT_THROW_MSG(DiLoCo(model->parameters(), group, o), InvalidArgumentError, "\"fp8\" is not one of float32");
+    o.outer_dtype = "int8";  // the model is float64
+    EXPECT_THROW_MSG(DiLoCo(model->parameters(), group, o), InvalidArgumentError, "takes float32 parameters");
   });
 }
 

@@ -21,6 +21,13 @@
 // H = 1 with "replace" is DDP's training (an average of the parameters after a step of SGD,
 // with or without momentum, is the step on the averaged gradient), at a parameter's worth
 // of all-reduce per step.
+//
+// Streaming DiLoCo (Douillard et al., 2025; torchft's DiLoCo with fragments): with
+// `fragments` K > 1 the parameters (all of them, end to end, in K equal ranges) sync one
+// fragment at a time, each every H steps, fragment k at steps H (k + 1) / K of each round:
+// the bytes of any one step are 1/K of the model's. `outer_dtype` bf16 or int8 sends the
+// pseudo-gradients in 2 or 1 bytes a value (Note [A quantised average] in
+// diloco/outer_exchange.cc); float32 averages the parameters exactly.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,6 +47,8 @@ struct DiLoCoOptions {
   std::string outer = "nesterov";     // "nesterov" (DiLoCo) or "replace" (local SGD)
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
+  int64_t fragments = 1;              // K: ranges of the parameters synced in turn (1..H)
+  std::string outer_dtype = "float32";  // what the exchange sends: float32, bf16 or int8
 };
 
 class DiLoCo {
@@ -55,15 +64,16 @@ class DiLoCo {
   DiLoCo(const DiLoCo&) = delete;
   DiLoCo& operator=(const DiLoCo&) = delete;
 
-  // After each inner step: the sync_every-th since the last sync() ends the round (sync()).
-  // Returns whether it did.
+  // After each inner step: syncs the fragments due at this step (with one fragment, the
+  // sync_every-th step since the last round ends the round: sync()). Returns whether any
+  // synced.
   bool step();
-  // Collective: averages the parameters over the group and takes the outer step; every
-  // rank's parameters become the round's result. Called early, it ends the round there
-  // (datapar train ends one with each epoch).
+  // Collective: averages every parameter over the group and takes the outer step; every
+  // rank's parameters become the round's result. Called early, it ends the round there for
+  // every fragment (datapar train ends one with each epoch).
   void sync();
 
-  // Inner steps taken so far, since the last sync, and rounds ended.
+  // Inner steps taken so far, since the round began, and rounds ended.
   int64_t inner_steps() const { return inner_steps_; }
   int64_t steps_since_sync() const { return since_sync_; }
   int64_t rounds() const { return rounds_; }
@@ -75,12 +85,16 @@ class DiLoCo {
  private:
   void check_options() const;
   void load_state_dict(const StateDict& state);
+  // Averages elements [begin, end) of the parameters (all of them end to end) and takes the
+  // outer step on them.
+  void sync_range(int64_t begin, int64_t end);
 
   std::vector<at::Tensor> params_;
   std::shared_ptr<ProcessGroup> group_;
   DiLoCoOptions options_;
   std::vector<at::Tensor> start_;     // the parameters the round started from (the outer parameters)
   std::vector<at::Tensor> momentum_;  // the outer optimizer's
+  int64_t numel_ = 0;  // of all the parameters
   int64_t inner_steps_ = 0, since_sync_ = 0, rounds_ = 0;
 };
 
