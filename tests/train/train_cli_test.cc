@@ -456,6 +456,12 @@ TEST(TrainCli, LocalSgdEveryStepIsDdpAndDiLoCoResumesExactly) {
   EXPECT_EQ(again[0].output.find("no DiLoCo state"), std::string::npos) << again[0].output;
   expect_same_parameters(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt");
   expect_same_momentum(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt", 0);
+  // Streaming DiLoCo: 2 fragments, the pseudo-gradients in int8; it learns too.
+  const std::string streaming = temp.path() + "/streaming";
+  const auto fragments =
+      ddp_job(args + streaming + " --epochs 2" + diloco + " --fragments 2 --outer-dtype int8", 2, streaming + "/logs");
+  for (const auto& p : fragments) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_LT(epoch_loss(fragments[0].output, 2), epoch_loss(fragments[0].output, 1)) << fragments[0].output;
 }
 
 // --mode hsdp (issue 47): 2 "machines" of 2 ranks (--shard-size 2) train as DDP on 4 ranks,
@@ -772,6 +778,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--sync-every 5", "--sync-every trains each rank alone between averages: --mode ddp without"},
         BadOption{"--outer-optimizer adam", "--outer-optimizer: \"adam\" is not an outer step"},
         BadOption{"--outer-lr 0", "--outer-lr 0 --outer-momentum 0.9: use a positive, finite rate"},
+        BadOption{"--fragments 2", "--fragments and --outer-dtype shape --sync-every's averaging"},
+        BadOption{"--mode ddp --sync-every 2 --fragments 3", "--fragments 3 with --sync-every 2: each fragment syncs"},
+        BadOption{"--outer-dtype fp8", "--outer-dtype: \"fp8\" is not one"},
         BadOption{"--comm-hook zip", "--comm-hook \"zip\" is not a communication hook"},
         BadOption{"--comm-hook powersgd:0", "PowerSGD takes a rank from 1 to 1024"},
         BadOption{"--comm-hook powersgd:4:1", "PowerSGD takes a rank from 1 to 1024 and, after it, the steps"},

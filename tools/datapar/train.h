@@ -56,6 +56,8 @@ struct TrainOptions {
   std::string outer_optimizer = "nesterov";  // --sync-every: nesterov (DiLoCo) or replace (local SGD)
   double outer_lr = 0.7;           // DiLoCo's outer step
   double outer_momentum = 0.9;
+  int64_t fragments = 1;           // --sync-every: Streaming DiLoCo's fragments, synced in turn
+  std::string outer_dtype = "float32";  // --sync-every: what the exchange sends: float32, bf16, int8
   bool fault_tolerant = false;     // ddp under datapar launch --fault-tolerant: goes on when a rank fails
   bool reshard = true;             // fsdp, hsdp: free each unit's parameters after its forward (ZeRO-3)
   std::string mp = "none";         // fsdp, hsdp: mixed precision, the parameters' compute dtype: none, bf16, fp16

@@ -43,6 +43,13 @@ void check_communication_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(o.outer_lr > 0 && std::isfinite(o.outer_lr) && o.outer_momentum >= 0 && o.outer_momentum < 1,
                 "--outer-lr ", o.outer_lr, " --outer-momentum ", o.outer_momentum,
                 ": use a positive, finite rate and a momentum in [0, 1).");
+  DATAPAR_CHECK(o.outer_dtype == "float32" || o.outer_dtype == "bf16" || o.outer_dtype == "int8", "--outer-dtype: \"",
+                o.outer_dtype, "\" is not one.\n---> HINT: use float32, bf16 or int8.");
+  DATAPAR_CHECK(o.fragments >= 1 && (o.sync_every == 0 || o.fragments <= o.sync_every), "--fragments ", o.fragments,
+                " with --sync-every ", o.sync_every, ": each fragment syncs at a step of its own.\n---> HINT: use 1 to ",
+                "--sync-every fragments.");
+  DATAPAR_CHECK(o.sync_every > 0 || (o.fragments == 1 && o.outer_dtype == "float32"),
+                "--fragments and --outer-dtype shape --sync-every's averaging.\n---> HINT: add --sync-every N.");
   if (o.sync_every == 0) return;
   DATAPAR_CHECK(mode == Mode::kDdp && !o.zero && !o.fault_tolerant && o.comm_hook == "allreduce" &&
                     o.balance == "even",

@@ -24,6 +24,8 @@ DiLoCoOptions diloco_options(const TrainOptions& o) {
   d.outer = o.outer_optimizer;
   d.outer_lr = o.outer_lr;
   d.outer_momentum = o.outer_momentum;
+  d.fragments = o.fragments;
+  d.outer_dtype = o.outer_dtype;
   return d;
 }
 

@@ -71,6 +71,12 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
                   "made) or replace (local SGD: the average is the new model)");
   cmd->add_option("--outer-lr", o.outer_lr, "--sync-every with nesterov: the outer learning rate (default 0.7)");
   cmd->add_option("--outer-momentum", o.outer_momentum, "--sync-every with nesterov: its momentum (default 0.9)");
+  cmd->add_option("--fragments", o.fragments,
+                  "--sync-every: Streaming DiLoCo: the model in K equal fragments, each synced every N steps at a "
+                  "step of its own, so any one step sends 1/K of the model (default 1)");
+  cmd->add_option("--outer-dtype", o.outer_dtype,
+                  "--sync-every: what the averaging sends: float32 (default, the parameters exactly), bf16 or int8 "
+                  "(the pseudo-gradients quantised: 2 or 1 bytes a value)");
   cmd->add_option("--comm-hook", o.comm_hook,
                   "ddp: how the gradients cross the network: allreduce (default), bf16 or fp16 (cast for the "
                   "all-reduce: half the bytes), or powersgd:RANK[:START] (PowerSGD, PyTorch's powerSGD_hook: each "
