@@ -2,8 +2,10 @@
 # DDP's step against compressed gradients on a slow link: two "machines" (network namespaces
 # joined by a veth link shaped with tc: a rate, and a delay where netem exists), one rank in
 # each. `datapar bench ddp --comm-hook HOOK` times plain DDP and DDP with the hook by turns
-# and prints the gradient bytes each rank sends per step.
-#   bench/ddp_link.sh BIN_DIR [hook=powersgd:4:3] [model=resnet18] [rounds=3] [rate=1gbit] [delay=0.5ms]
+# and prints the gradient bytes each rank sends per step; hook "none" leaves it out, and
+# DATAPAR_ARGS adds flags (e.g. DATAPAR_ARGS="--sync-every 50 --fragments 4": DiLoCo's rounds
+# against DDP, with the bytes measured on the link).
+#   bench/ddp_link.sh BIN_DIR [hook=powersgd:4:3] [model=resnet18] [rounds=3] [rate=1gbit] [delay=0.5ms] [steps=5]
 # Needs root (ip netns, tc). BIN_DIR holds `datapar` (e.g. build/bin).
 set -euo pipefail
 bin=$1
@@ -12,6 +14,9 @@ model=${3:-resnet18}
 rounds=${4:-3}
 rate=${5:-1gbit}
 delay=${6:-0.5ms}
+steps=${7:-5}
+hook_flag=()
+if [[ $hook != none ]]; then hook_flag=(--comm-hook "$hook"); fi
 
 here=$(cd "$(dirname "$0")" && pwd)
 prefix=dpd
@@ -26,11 +31,12 @@ run() {  # node 1 first: its rank waits for node 0's store
     if ((node == 1)); then ns=$b address=$subnet.2; fi
     ip netns exec "$ns" env DATAPAR_GLOO_HOSTNAME="$address" "$bin/datapar" launch --nproc-per-node 1 --nnodes 2 \
       --node-rank "$node" --master-addr "$subnet.1" --master-port "$port" --token ddplink -- \
-      "$bin/datapar" bench ddp --model "$model" --warmup 3 --steps 5 --comm-hook "$hook" > "$tmp/datapar.$node" 2>&1 &
+      "$bin/datapar" bench ddp --model "$model" --warmup 3 --steps "$steps" "${hook_flag[@]}" ${DATAPAR_ARGS:-} \
+      > "$tmp/datapar.$node" 2>&1 &
     sleep 0.2
   done
   wait
-  sed 's/^\[rank 0\] //' "$tmp/datapar.0" | grep -E "^(datapar bench ddp|ddp step|comm hook)"
+  sed 's/^\[rank 0\] //' "$tmp/datapar.0" | grep -E "^(datapar bench ddp|ddp step|comm hook|DiLoCo|local SGD)"
 }
 
 tmp=$(mktemp -d)

@@ -39,148 +39,13 @@
 #include "datapar/trace.h"
 #include "bench_ft.h"
 #include "bench_line.h"
+#include "bench_model.h"
+#include "bench_slow_link.h"
 #include "train/comm_hook_flag.h"
 #include "local_job.h"
 
 namespace datapar::tools {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-struct Batch {
-  at::Tensor x, y;
-};
-
-// Where the steps of one phase spent their time, per step: the slowest rank's values.
-struct PhaseTimes {
-  double step = 0;                              // wall time
-  double forward = 0, backward = 0, optimizer = 0;  // medians; backward includes DDP's synchronisation
-  double cpu_main = 0, cpu_other = 0;           // CPU time: this thread, the process's other threads
-};
-
-// Per-step durations of a training step's parts, filled in by the step.
-struct StepParts {
-  std::vector<double> forward, backward, optimizer;
-};
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// Waits for the work queued on the group's device: on a GPU, kernels and collectives run
-// after the host has moved on, so a host clock read is only a time once they are done.
-// (Copying one value to the host waits for the current stream, which DDP's collectives
-// join through Work::wait.) On a GPU the step parts (forward, backward, optimizer) time
-// what the host queued, not what the device ran; the step times are exact.
-void synchronize(const ProcessGroup& group) {
-  if (!group.device().is_cpu()) (void)host_doubles(metadata_zeros(group, 1, at::kDouble));
-}
-
-double cpu_seconds(clockid_t clock) {
-  timespec ts{};
-  clock_gettime(clock, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
-// Runs `step` `steps` times after `warmup`; every value is the slowest rank's. `line` shows
-// the phase `phase` at a terminal.
-template <typename Step>
-PhaseTimes time_steps(BenchLine& line, const char* phase, ProcessGroup& group, int warmup, int steps, Step&& step,
-                      StepParts* parts = nullptr) {
-  line.phase(phase, warmup + steps);
-  for (int i = 0; i < warmup; ++i) {
-    step(i);
-    line.step(i + 1);
-  }
-  if (parts) *parts = StepParts{};
-  group.barrier()->wait();
-  synchronize(group);
-  const double thread_start = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
-  const double process_start = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
-  const auto start = Clock::now();
-  for (int i = 0; i < steps; ++i) {
-    step(i);
-    line.step(warmup + i + 1);
-  }
-  synchronize(group);
-  const double elapsed = seconds_since(start);
-  const double thread_cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - thread_start;
-  const double process_cpu = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - process_start;
-  at::Tensor t = metadata_tensor(group, std::vector<double>{elapsed / steps, parts ? median(parts->forward) : 0.0,
-                                                            parts ? median(parts->backward) : 0.0,
-                                                            parts ? median(parts->optimizer) : 0.0, thread_cpu / steps,
-                                                            (process_cpu - thread_cpu) / steps});
-  group.all_reduce(t, ReduceOp::kMax)->synchronize();
-  const std::vector<double> v = host_doubles(t);
-  return {v[0], v[1], v[2], v[3], v[4], v[5]};
-}
-
-// What every phase of one model's benchmark shares: its batches, how to make the model and
-// its optimizer, and the training step.
-template <typename Module>
-struct ModelBench {
-  ModelBench(const BenchDdpOptions& options, int batch, int steps, ProcessGroup& group, std::function<Module()> make)
-      : o(options), batch(batch), steps(steps), group(group), make(std::move(make)) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + group.rank());
-    for (int i = 0; i < 4; ++i) {
-      batches.push_back({at::randn({batch, 1, 28, 28}, gen, at::kFloat).to(group.device()),
-                         at::randint(10, {batch}, gen, at::kLong).to(group.device())});
-    }
-  }
-
-  // The model every phase starts from: the same seed, on the group's device (nccl: cuda:LOCAL_RANK).
-  Module fresh_model() const {
-    torch::manual_seed(0);
-    Module model = make();
-    model->to(group.device());
-    return model;
-  }
-
-  // The optimizer of every phase: SGD (lr 0.01) or Adam (lr 1e-3).
-  std::unique_ptr<torch::optim::Optimizer> optimizer(std::vector<at::Tensor> params) const {
-    if (o.optimizer == "adam") return std::make_unique<torch::optim::Adam>(std::move(params), torch::optim::AdamOptions(1e-3));
-    return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(0.01));
-  }
-
-  // Step i: forward, cross-entropy, backward, optimizer step (`optimizer`: a
-  // torch::optim::Optimizer or a ZeroRedundancyOptimizer), each part timed into `parts`.
-  template <typename Forward, typename Optimizer>
-  void train_step(Forward& forward, Optimizer& optimizer, StepParts& parts, int i) const {
-    const Batch& b = batches[i % batches.size()];
-    trace::set_step(i);
-    optimizer.zero_grad();
-    auto start = Clock::now();
-    at::Tensor out;
-    {
-      const trace::Span span("forward", "step");
-      out = forward(b.x);
-    }
-    parts.forward.push_back(seconds_since(start));
-    start = Clock::now();
-    {
-      const trace::Span span("backward", "step");
-      at::cross_entropy_loss(out, b.y).backward();
-    }
-    parts.backward.push_back(seconds_since(start));
-    start = Clock::now();
-    {
-      const trace::Span span("optimizer step", "step");
-      optimizer.step();
-    }
-    parts.optimizer.push_back(seconds_since(start));
-  }
-
-  const BenchDdpOptions& o;
-  const int batch, steps;
-  ProcessGroup& group;
-  const std::function<Module()> make;
-  std::vector<Batch> batches;
-  mutable BenchLine line{group};  // the live line at a terminal
-};
 
 // 1. The ceiling: the same steps on each rank's own model, with no synchronisation.
 template <typename Module>
@@ -425,71 +290,11 @@ TraceTimes time_trace(const ModelBench<Module>& b, const DdpStep& ddp_step) {
   return out;
 }
 
-struct HookTimes {
-  std::vector<double> ddp, hooked;  // per round, the step (slowest rank's)
-  double ddp_bytes = 0, hooked_bytes = 0;  // gradient bytes each rank all-reduces per step
-};
-
-// 3c. --comm-hook: DDP steps whose gradients go through the hook against plain ones, in
-// alternating rounds, each on a model of its own.
-template <typename Module>
-HookTimes time_comm_hook(const ModelBench<Module>& b) {
-  constexpr int kRounds = 4;
-  const std::shared_ptr<CommHook> hook = comm_hook_of(b.o.comm_hook);
-  DATAPAR_CHECK(hook != nullptr, "bench ddp --comm-hook ", b.o.comm_hook, ": that is plain DDP, already timed.");
-  const auto powersgd = std::dynamic_pointer_cast<PowerSgdHook>(hook);
-  DATAPAR_CHECK(!powersgd || powersgd->options().start_iter <= b.o.warmup, "bench ddp --comm-hook ", b.o.comm_hook,
-                ": PowerSGD starts after ", powersgd ? powersgd->options().start_iter : 0,
-                " steps, and only ", b.o.warmup, " are not timed.\n---> HINT: give START (powersgd:RANK:START) at most "
-                "--warmup.");
-  Module plain_model = b.fresh_model(), hooked_model = b.fresh_model();
-  DistributedDataParallel plain(plain_model.ptr()), hooked(hooked_model.ptr());
-  hooked.register_comm_hook(hook);
-  const std::unique_ptr<torch::optim::Optimizer> plain_optimizer = b.optimizer(plain.parameters());
-  const std::unique_ptr<torch::optim::Optimizer> hooked_optimizer = b.optimizer(hooked.parameters());
-  auto plain_forward = [&](const at::Tensor& x) { return plain.forward(x); };
-  auto hooked_forward = [&](const at::Tensor& x) { return hooked.forward(x); };
-  StepParts parts;
-  HookTimes out;
-  int64_t numel = 0;
-  for (const at::Tensor& p : plain.parameters()) numel += p.numel();
-  const int64_t element = static_cast<int64_t>(plain.parameters().front().element_size());
-  out.ddp_bytes = static_cast<double>(numel * element);
-  out.hooked_bytes = b.o.comm_hook == "bf16" || b.o.comm_hook == "fp16" ? out.ddp_bytes / element * 2 : out.ddp_bytes;
-  for (int round = 0; round < kRounds; ++round) {
-    for (int k = 0; k < 2; ++k) {
-      if ((round + k) % 2 == 0) {
-        out.ddp.push_back(time_steps(b.line, "ddp (against the hook)", b.group, b.o.warmup, b.steps,
-                                     [&](int i) { b.train_step(plain_forward, *plain_optimizer, parts, i); })
-                              .step);
-        continue;
-      }
-      const int64_t before = powersgd ? powersgd->numel_after() : 0, steps_before = powersgd ? powersgd->iterations() : 0;
-      const std::string phase = "ddp with " + b.o.comm_hook;
-      out.hooked.push_back(time_steps(b.line, phase.c_str(), b.group, b.o.warmup, b.steps,
-                                      [&](int i) { b.train_step(hooked_forward, *hooked_optimizer, parts, i); })
-                               .step);
-      if (powersgd && round >= 1) {  // compressed throughout (the warmup of the first round started it)
-        out.hooked_bytes = static_cast<double>((powersgd->numel_after() - before) * element) /
-                           static_cast<double>(powersgd->iterations() - steps_before);
-      }
-    }
-  }
-  return out;
-}
-
-void report_comm_hook(const BenchDdpOptions& o, const HookTimes& h) {
-  const double plain = median(h.ddp), hooked = median(h.hooked);
-  std::printf("comm hook %s, medians of %zu rounds: step %.2f ms against plain DDP's %.2f ms (%.3f); gradient bytes "
-              "each rank all-reduces per step: %.0f against %.0f (1/%.1f)\n",
-              o.comm_hook.c_str(), h.hooked.size(), hooked * 1e3, plain * 1e3, hooked / plain, h.hooked_bytes,
-              h.ddp_bytes, h.ddp_bytes / h.hooked_bytes);
-}
-
 // 6. Rank 0's report.
 template <typename Module>
 void report(const ModelBench<Module>& b, const PhaseTimes& local, const DdpTimes& ddp, const CommTimes& comm,
-            const ZeroTimes& zero, const FtTimes& ft, const HookTimes& hook, const TraceTimes& trace) {
+            const ZeroTimes& zero, const FtTimes& ft, const HookTimes& hook, const DiLoCoTimes& diloco,
+            const TraceTimes& trace) {
   const BenchDdpOptions& o = b.o;
   const int world = b.group.size(), batch = b.batch, steps = b.steps;
   const double t_local = local.step, t_ddp = ddp.times.step;
@@ -550,6 +355,7 @@ void report(const ModelBench<Module>& b, const PhaseTimes& local, const DdpTimes
     }
   }
   if (!o.comm_hook.empty()) report_comm_hook(o, hook);
+  if (o.sync_every > 0) report_diloco(o, diloco);
   std::printf("samples/s: %.0f\n", world * batch / t_ddp);
 }
 
@@ -570,6 +376,8 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
   if (o.fault_tolerant) ft = time_fault_tolerance(bench);
   HookTimes hook;
   if (!o.comm_hook.empty()) hook = time_comm_hook(bench);
+  DiLoCoTimes diloco;
+  if (o.sync_every > 0) diloco = time_diloco(bench);
   const CommTimes comm = time_communication_alone(bench, ddp);
   TraceTimes trace;
   if (!o.trace.empty()) {
@@ -577,7 +385,7 @@ int run_model(const BenchDdpOptions& o, int batch, int steps, ProcessGroup& grou
     StepParts parts;
     trace = time_trace(bench, [&](int i) { bench.train_step(forward, *optimizer, parts, i); });
   }
-  if (group.rank() == 0) report(bench, local, ddp_times, comm, zero, ft, hook, trace);
+  if (group.rank() == 0) report(bench, local, ddp_times, comm, zero, ft, hook, diloco, trace);
   return 0;
 }
 

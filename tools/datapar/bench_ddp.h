@@ -20,6 +20,10 @@ struct BenchDdpOptions {
                               // its parameters as bucket views and in their own memory by turns
   bool fault_tolerant = false;  // also time ft::FaultTolerantDdp's steps against plain DDP's (gloo), by turns
   std::string comm_hook;        // also time DDP steps with this hook (datapar train's --comm-hook), by turns
+  int64_t sync_every = 0;       // also time local SGD / DiLoCo rounds of this many steps against DDP, by turns
+  int64_t fragments = 1;        // --sync-every: Streaming DiLoCo's fragments
+  std::string outer_dtype = "float32";  // --sync-every: the exchange's dtype
+  std::string outer_optimizer = "nesterov";  // --sync-every: nesterov (DiLoCo) or replace (local SGD)
 };
 
 // Each rank, all at once: `steps` local steps with no synchronisation (the ceiling), then

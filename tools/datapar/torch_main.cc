@@ -80,6 +80,15 @@ CLI::App* add_bench_ddp(CLI::App& bench, datapar::tools::BenchDdpOptions& ddp) {
                   "Also time DDP steps whose gradients go through this hook (as datapar train's --comm-hook: bf16, "
                   "fp16, powersgd:RANK[:START], START at most --warmup) against plain ones, by turns, with the "
                   "gradient bytes each rank sends per step");
+  cmd->add_option("--sync-every", ddp.sync_every,
+                  "Also time local SGD / DiLoCo (datapar train's --sync-every) against plain DDP steps, by turns, "
+                  "whole rounds of this many steps, with the bytes each rank sends per step over a round and in its "
+                  "largest step")
+      ->check(datapar::tools::whole_number<decltype(ddp.sync_every)>());
+  cmd->add_option("--fragments", ddp.fragments, "--sync-every: Streaming DiLoCo's fragments (default 1)")
+      ->check(datapar::tools::whole_number<decltype(ddp.fragments)>());
+  cmd->add_option("--outer-dtype", ddp.outer_dtype, "--sync-every: float32 (default), bf16 or int8");
+  cmd->add_option("--outer-optimizer", ddp.outer_optimizer, "--sync-every: nesterov (default, DiLoCo) or replace");
   cmd->add_flag("--fault-tolerant", ddp.fault_tolerant,
                       "Also time fault-tolerant DDP steps (ft::FaultTolerantDdp: a vote before each update) against "
                       "plain DDP steps on a group of the same kind (gloo only)");
