@@ -498,6 +498,40 @@ TEST(TrainCli, HsdpTrainsLikeDdpAndItsCheckpointsResumeAsFsdp) {
   }
 }
 
+// --mode hsdp --sync-every (issue 48): DiLoCo over HSDP, each shard group a replica (FSDP
+// within it, its shards averaged across the groups). Averaging after every step with the
+// outer step "replace" trains as ddp on 4 ranks; DiLoCo every 3 steps resumed after epoch 1
+// (each rank's shards' SGD momentum and DiLoCo state read back) ends where 2 epochs straight
+// end.
+TEST(TrainCli, LocalSgdOverHsdpEveryStepIsDdpAndDiLoCoOverHsdpResumesExactly) {
+  const TempDir temp("train_cli_hsdp_diloco");
+  const std::string ddp = temp.path() + "/ddp", local = temp.path() + "/local", straight = temp.path() + "/straight",
+                    resumed = temp.path() + "/resumed";
+  const std::string args = kSmall + " --seed 5 --momentum 0.9 --checkpoint-dir ";
+  for (const auto& p : ddp_job(args + ddp + " --mode ddp --epochs 2", 4, ddp + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  const std::string hsdp = " --mode hsdp --shard-size 2";
+  for (const auto& p : ddp_job(args + local + hsdp + " --epochs 2 --sync-every 1 --outer-optimizer replace", 4,
+                               local + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  expect_same_parameters(ddp + "/checkpoint-epoch-2.pt", local + "/checkpoint-epoch-2.pt");
+  const std::string diloco = hsdp + " --sync-every 3 --outer-lr 0.5";
+  for (const auto& p : ddp_job(args + straight + " --epochs 2" + diloco, 4, straight + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  for (const auto& p : ddp_job(args + resumed + " --epochs 1" + diloco, 4, resumed + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  EXPECT_TRUE(datapar::detail::exists(resumed + "/diloco-epoch-1-rank-3.pt"));
+  const auto again = ddp_job(args + resumed + " --epochs 2 --resume" + diloco, 4, resumed + "/logs2");
+  for (const auto& p : again) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_EQ(again[0].output.find("no DiLoCo state"), std::string::npos) << again[0].output;
+  expect_same_parameters(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt");
+  expect_same_momentum(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt", 0);
+}
+
 // Issue 46: a newest DCP checkpoint whose .metadata was cut (40 bytes short) is skipped with
 // the reason and moved aside, so that the resumed run writes that epoch again (it failed
 // with "epoch-2 holds a checkpoint already", and so did every retry).
@@ -775,7 +809,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--mode fsdp --balance auto", "--balance auto: fsdp splits each batch evenly"},
         BadOption{"--mode ddp --shard-size 2", "--shard-size is hybrid sharding's; --mode ddp has no shard groups"},
         BadOption{"--comm-hook bf16", "--comm-hook is ddp's reduction of the gradients; --mode single reduces"},
-        BadOption{"--sync-every 5", "--sync-every trains each rank alone between averages: --mode ddp without"},
+        BadOption{"--sync-every 5", "--sync-every trains each replica alone between averages: a rank (--mode ddp"},
+        BadOption{"--mode fsdp --sync-every 5", "(--mode fsdp and --zero shard over the whole job: one replica"},
         BadOption{"--outer-optimizer adam", "--outer-optimizer: \"adam\" is not an outer step"},
         BadOption{"--outer-lr 0", "--outer-lr 0 --outer-momentum 0.9: use a positive, finite rate"},
         BadOption{"--fragments 2", "--fragments and --outer-dtype shape --sync-every's averaging"},

@@ -18,6 +18,16 @@
 //     diloco.step();  // collective every 50th call
 //   }
 //
+// Over hybrid sharding, each shard group is one replica: FSDP within the group (no
+// replicate_group: the inner steps do not talk across groups) and DiLoCo over its shards
+// across the groups' matching ranks:
+//
+//   const HybridGroups groups = hybrid_groups();
+//   fully_shard_each<...>(*model, groups.shard);
+//   FullyShardedDataParallel fsdp(model, groups.shard);
+//   torch::optim::SGD inner(fsdp.parameters(), 0.1);
+//   datapar::DiLoCo diloco(fsdp.parameters(), groups.replicate, options);
+//
 // H = 1 with "replace" is DDP's training (an average of the parameters after a step of SGD,
 // with or without momentum, is the step on the averaged gradient), at a parameter's worth
 // of all-reduce per step.

@@ -51,10 +51,12 @@ void check_communication_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(o.sync_every > 0 || (o.fragments == 1 && o.outer_dtype == "float32"),
                 "--fragments and --outer-dtype shape --sync-every's averaging.\n---> HINT: add --sync-every N.");
   if (o.sync_every == 0) return;
-  DATAPAR_CHECK(mode == Mode::kDdp && !o.zero && !o.fault_tolerant && o.comm_hook == "allreduce" &&
-                    o.balance == "even",
-                "--sync-every trains each rank alone between averages: --mode ddp without --zero, --fault-tolerant, "
-                "--comm-hook or --balance; --mode ", o.mode, " is not that.\n---> HINT: use --mode ddp alone with it.");
+  DATAPAR_CHECK((mode == Mode::kDdp || mode == Mode::kHsdp) && !o.zero && !o.fault_tolerant &&
+                    o.comm_hook == "allreduce" && o.balance == "even",
+                "--sync-every trains each replica alone between averages: a rank (--mode ddp, without --zero, "
+                "--comm-hook or --balance) or a shard group (--mode hsdp), not under --fault-tolerant; --mode ", o.mode,
+                " is not that.\n---> HINT: use --mode ddp, or --mode hsdp to shard within a machine and average "
+                "across machines (--mode fsdp and --zero shard over the whole job: one replica, nothing to average).");
 }
 
 void save_powersgd_state(const TrainPlan& plan, const PowerSgdHook& hook, int64_t epoch) {

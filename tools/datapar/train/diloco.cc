@@ -44,10 +44,10 @@ void save_diloco_state(const TrainPlan& plan, const DiLoCo& diloco, const torch:
 
 std::unique_ptr<DiLoCo> load_diloco_state(const TrainPlan& plan, std::unique_ptr<DiLoCo> diloco,
                                           torch::optim::SGD& sgd, const std::vector<at::Tensor>& params,
-                                          int64_t epoch) {
+                                          const std::shared_ptr<ProcessGroup>& across, int64_t epoch) {
   load_rank_state(plan, "diloco", epoch, "DiLoCo", "the outer momentum and this rank's SGD momentum",
                   [&](const StateDict& state) {
-                    auto resumed = std::make_unique<DiLoCo>(params, default_group(), diloco_options(plan.options),
+                    auto resumed = std::make_unique<DiLoCo>(params, across, diloco_options(plan.options),
                                                             state);
                     using StateMap = std::decay_t<decltype(sgd.state())>;
                     for (size_t i = 0; i < params.size(); ++i) {

@@ -1,16 +1,21 @@
-// --mode ddp --sync-every H: local SGD or DiLoCo (datapar/diloco/diloco.h). Each rank trains
-// its own copy of the model with its own SGD, and every H steps (and at each epoch's end, so
-// that evaluation and checkpoints see one model) the ranks average their parameters and take
-// the outer step. Each rank keeps its own SGD momentum and DiLoCo's state beside every
-// checkpoint (diloco-epoch-E-rank-R.pt), which --resume reads back.
+// --sync-every H: local SGD or DiLoCo (datapar/diloco/diloco.h) over a mode's replicas. Under
+// --mode ddp each rank is a replica: it trains its own copy of the model with its own SGD;
+// under --mode hsdp each shard group is one (FSDP within it, its shards averaged with the
+// other groups' matching ranks). Every H steps (and at each epoch's end, so that evaluation
+// and checkpoints see one model) the replicas average what they train and take the outer
+// step. Each rank keeps its own SGD momentum and DiLoCo's state beside every checkpoint
+// (diloco-epoch-E-rank-R.pt), which --resume reads back.
 #pragma once
 
 #include <torch/optim/sgd.h>
 
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "datapar/diloco/diloco.h"
 #include "datapar/distributed.h"
+#include "fsdp.h"
 #include "single_device.h"
 
 namespace datapar::tools {
@@ -26,31 +31,39 @@ void save_diloco_state(const TrainPlan& plan, const DiLoCo& diloco, const torch:
                        const std::vector<at::Tensor>& params, int64_t epoch);
 std::unique_ptr<DiLoCo> load_diloco_state(const TrainPlan& plan, std::unique_ptr<DiLoCo> diloco,
                                           torch::optim::SGD& sgd, const std::vector<at::Tensor>& params,
-                                          int64_t epoch);
+                                          const std::shared_ptr<ProcessGroup>& across, int64_t epoch);
 
-template <typename Impl>
-class DiLoCoMode : public SingleDevice<Impl> {
+// Inner: a strategy with trained_parameters() and inner_sgd() (SingleDevice, FsdpMode),
+// made from `args`; `across`: the group of the replicas' matching ranks.
+template <typename Inner>
+class DiLoCoMode : public Inner {
  public:
-  DiLoCoMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd)
-      : SingleDevice<Impl>(plan, model, sgd),
-        diloco_(std::make_unique<DiLoCo>(model->parameters(), default_group(), diloco_options(plan.options))) {}
+  template <typename... Args>
+  explicit DiLoCoMode(std::shared_ptr<ProcessGroup> across, Args&&... args)
+      : Inner(std::forward<Args>(args)...),
+        across_(std::move(across)),
+        diloco_(std::make_unique<DiLoCo>(this->trained_parameters(), across_, diloco_options(this->plan_.options))) {}
 
   void step() override {
-    this->sgd_.step();
+    Inner::step();
     diloco_->step();
   }
   void end_of_epoch() override {
+    Inner::end_of_epoch();
     if (diloco_->steps_since_sync() > 0) diloco_->sync();
   }
   void save_checkpoint(int64_t epoch) override {
-    SingleDevice<Impl>::save_checkpoint(epoch);  // rank 0's: every rank's model is the same now
-    save_diloco_state(this->plan_, *diloco_, this->sgd_, this->model_->parameters(), epoch);
+    Inner::save_checkpoint(epoch);  // rank 0's: every replica is the same now
+    save_diloco_state(this->plan_, *diloco_, this->inner_sgd(), this->trained_parameters(), epoch);
   }
   void resumed(int64_t epoch) override {
-    diloco_ = load_diloco_state(this->plan_, std::move(diloco_), this->sgd_, this->model_->parameters(), epoch);
+    Inner::resumed(epoch);
+    diloco_ = load_diloco_state(this->plan_, std::move(diloco_), this->inner_sgd(), this->trained_parameters(),
+                                across_, epoch);
   }
 
  private:
+  std::shared_ptr<ProcessGroup> across_;
   std::unique_ptr<DiLoCo> diloco_;
 };
 

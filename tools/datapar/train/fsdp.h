@@ -62,7 +62,12 @@ class FsdpMode : public Strategy {
   void save_checkpoint(int64_t epoch) override { write_checkpoint(plan_, *model_, train::make_checkpoint(*fsdp_, *shards_, epoch)); }
   torch::nn::Module& module() override { return *model_; }
 
- private:
+  // What the optimizer steps on this rank (its shards), and the optimizer (DiLoCoMode
+  // averages them across the replica groups).
+  std::vector<at::Tensor> trained_parameters() const { return fsdp_->parameters(); }
+  torch::optim::SGD& inner_sgd() { return static_cast<torch::optim::SGD&>(*shards_); }
+
+ protected:
   const TrainPlan& plan_;
   std::shared_ptr<Impl> model_;
   std::unique_ptr<FullyShardedDataParallel<Impl>> fsdp_;

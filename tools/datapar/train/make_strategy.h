@@ -21,10 +21,19 @@ std::unique_ptr<Strategy> make_strategy(const TrainPlan& plan, std::shared_ptr<I
     case Mode::kSingle: return std::make_unique<SingleDevice<Impl>>(plan, std::move(model), sgd);
     case Mode::kDataParallel: return std::make_unique<DataParallelMode<Impl>>(plan, std::move(model), sgd);
     case Mode::kDdp:
-      if (plan.options.sync_every > 0) return std::make_unique<DiLoCoMode<Impl>>(plan, std::move(model), sgd);
+      if (plan.options.sync_every > 0) {  // each rank a replica
+        return std::make_unique<DiLoCoMode<SingleDevice<Impl>>>(default_group(), plan, std::move(model), sgd);
+      }
       return std::make_unique<DdpMode<Impl>>(plan, std::move(model), sgd);
     case Mode::kFsdp: return std::make_unique<FsdpMode<Impl>>(plan, std::move(model), sgd);
-    case Mode::kHsdp: return std::make_unique<FsdpMode<Impl>>(plan, std::move(model), sgd, hybrid_groups(plan.shard_size));
+    case Mode::kHsdp: {
+      const HybridGroups groups = hybrid_groups(plan.shard_size);
+      if (plan.options.sync_every > 0) {  // each shard group a replica: FSDP within it, DiLoCo across
+        return std::make_unique<DiLoCoMode<FsdpMode<Impl>>>(groups.replicate, plan, std::move(model), sgd,
+                                                            HybridGroups{groups.shard, nullptr});
+      }
+      return std::make_unique<FsdpMode<Impl>>(plan, std::move(model), sgd, groups);
+    }
   }
   return nullptr;
 }

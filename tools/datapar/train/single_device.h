@@ -36,6 +36,10 @@ class SingleDevice : public Strategy {
   }
   torch::nn::Module& module() override { return *model_; }
 
+  // What the optimizer steps on this rank, and the optimizer (DiLoCoMode averages them).
+  std::vector<at::Tensor> trained_parameters() const { return model_->parameters(); }
+  torch::optim::SGD& inner_sgd() { return sgd_; }
+
  protected:
   const TrainPlan& plan_;
   std::shared_ptr<Impl> model_;
