@@ -230,6 +230,17 @@ TEST(CheckpointFile, Crc32MatchesZlib) {
   EXPECT_EQ(crc32(nullptr, 0), 0u);
 }
 
+// Recorded from the hand-written CRC-32 it used before zlib's (issue 51), and checked with
+// Python's zlib.crc32: a long buffer, and pieces starting at odd offsets and from a given CRC,
+// as the CRCs of archives written by the previous version were computed.
+TEST(CheckpointFile, Crc32AsRecorded) {
+  std::string data(100003, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 7 + i / 251) & 0xff);
+  EXPECT_EQ(crc32(data.data(), data.size()), 0xeb903f59u);
+  EXPECT_EQ(crc32(data.data() + 5, 1001), 0x0cd48693u);
+  EXPECT_EQ(crc32(data.data() + 3, 13, 0x12345678u), 0x6f1e05a1u);
+}
+
 // Every prefix and many one-byte corruptions of a real data.pkl: the machine throws
 // CheckpointError or returns a value, and never crashes or throws anything else.
 TEST(CheckpointFile, PickleReaderSurvivesTruncationAndCorruption) {
