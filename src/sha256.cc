@@ -1,91 +1,52 @@
-// See sha256.h. Written from FIPS 180-4, sections 4.1.2, 4.2.2, 5.1.1, 6.2.
+// See sha256.h.
 #include "sha256.h"
 
-#include <algorithm>
-#include <cstring>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include "datapar/error.h"
 
 namespace datapar::detail {
 namespace {
 
-constexpr uint32_t kRound[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-
-constexpr uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+[[noreturn]] void failed(const char* what) {
+  char reason[256] = "no reason given";
+  if (const unsigned long code = ERR_get_error()) ERR_error_string_n(code, reason, sizeof(reason));
+  ERR_clear_error();
+  throw Error(str_cat(what, " failed in OpenSSL's libcrypto: ", reason));
+}
 
 }  // namespace
 
-Sha256::Sha256()
-    : state_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+void Sha256::Free::operator()(evp_md_ctx_st* ctx) const { EVP_MD_CTX_free(ctx); }
 
-void Sha256::block(const uint8_t* p) {
-  uint32_t w[64];
-  for (int t = 0; t < 16; ++t) {
-    w[t] = (uint32_t{p[4 * t]} << 24) | (uint32_t{p[4 * t + 1]} << 16) | (uint32_t{p[4 * t + 2]} << 8) | p[4 * t + 3];
-  }
-  for (int t = 16; t < 64; ++t) {
-    const uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
-    const uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
-    w[t] = w[t - 16] + s0 + w[t - 7] + s1;
-  }
-  uint32_t a = state_[0], b = state_[1], c = state_[2], d = state_[3];
-  uint32_t e = state_[4], f = state_[5], g = state_[6], h = state_[7];
-  for (int t = 0; t < 64; ++t) {
-    const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[t] + w[t];
-    const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    h = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
-  }
-  state_[0] += a, state_[1] += b, state_[2] += c, state_[3] += d;
-  state_[4] += e, state_[5] += f, state_[6] += g, state_[7] += h;
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+  if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1) failed("SHA-256");
 }
 
 Sha256& Sha256::update(const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  length_ += size;
-  while (size > 0) {
-    const size_t n = std::min(size, buffer_.size() - buffered_);
-    std::memcpy(buffer_.data() + buffered_, p, n);
-    buffered_ += n, p += n, size -= n;
-    if (buffered_ == buffer_.size()) block(buffer_.data()), buffered_ = 0;
-  }
+  if (EVP_DigestUpdate(ctx_.get(), data, size) != 1) failed("SHA-256");
   return *this;
 }
 
 Sha256Digest Sha256::finish() {
-  const uint64_t bits = length_ * 8;
-  const uint8_t one = 0x80, zero = 0;
-  update(&one, 1);
-  while (buffered_ != 56) update(&zero, 1);
-  uint8_t tail[8];
-  for (int i = 0; i < 8; ++i) tail[i] = static_cast<uint8_t>(bits >> (56 - 8 * i));
-  update(tail, 8);
   Sha256Digest out;
-  for (int i = 0; i < 8; ++i) {
-    for (int j = 0; j < 4; ++j) out[4 * i + j] = static_cast<uint8_t>(state_[i] >> (24 - 8 * j));
-  }
+  if (EVP_DigestFinal_ex(ctx_.get(), out.data(), nullptr) != 1) failed("SHA-256");
   return out;
 }
 
 Sha256Digest sha256(const std::string& data) { return Sha256().update(data).finish(); }
 
 Sha256Digest hmac_sha256(const std::string& key, const std::string& message) {
-  uint8_t block[64] = {};
-  if (key.size() > sizeof(block)) {
-    const Sha256Digest hashed = sha256(key);
-    std::memcpy(block, hashed.data(), hashed.size());
-  } else {
-    std::memcpy(block, key.data(), key.size());
+  Sha256Digest out;
+  unsigned int size = 0;
+  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+            message.size(), out.data(), &size) ||
+      size != out.size()) {
+    failed("HMAC-SHA-256");
   }
-  uint8_t inner_pad[64], outer_pad[64];
-  for (int i = 0; i < 64; ++i) inner_pad[i] = block[i] ^ 0x36, outer_pad[i] = block[i] ^ 0x5c;
-  const Sha256Digest inner = Sha256().update(inner_pad, 64).update(message).finish();
-  return Sha256().update(outer_pad, 64).update(inner.data(), inner.size()).finish();
+  return out;
 }
 
 }  // namespace datapar::detail

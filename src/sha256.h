@@ -1,17 +1,21 @@
-// SHA-256 (FIPS 180-4) and HMAC-SHA-256 (RFC 2104), for the store's handshake (Note
+// SHA-256 and HMAC-SHA-256, by OpenSSL's libcrypto, for the store's handshake (Note
 // [Handshake] in rendezvous/store_handshake.h) and for run ids that must not be written in
-// clear. Small inputs only: a few hundred bytes per call, where speed does not matter.
+// clear.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX, kept out of the callers' includes
 
 namespace datapar::detail {
 
 using Sha256Digest = std::array<uint8_t, 32>;
 
+// Throws Error if libcrypto fails (out of memory).
 class Sha256 {
  public:
   Sha256();
@@ -21,12 +25,10 @@ class Sha256 {
   Sha256Digest finish();
 
  private:
-  void block(const uint8_t* p);
-
-  std::array<uint32_t, 8> state_;
-  std::array<uint8_t, 64> buffer_{};
-  size_t buffered_ = 0;
-  uint64_t length_ = 0;  // bytes given
+  struct Free {
+    void operator()(evp_md_ctx_st* ctx) const;
+  };
+  std::unique_ptr<evp_md_ctx_st, Free> ctx_;
 };
 
 Sha256Digest sha256(const std::string& data);
