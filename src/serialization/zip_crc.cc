@@ -1,11 +1,12 @@
-// crc32 and read_zip_entries. See zip_crc.h. Zip layout: PKWARE's APPNOTE.TXT, sections 4.3.12
-// (central directory header), 4.3.14-4.3.16 (zip64 and plain end of central directory),
-// 4.5.3 (the zip64 extended information extra field).
+// crc32 (zlib's) and read_zip_entries. See zip_crc.h. Zip layout: PKWARE's APPNOTE.TXT,
+// sections 4.3.12 (central directory header), 4.3.14-4.3.16 (zip64 and plain end of central
+// directory), 4.5.3 (the zip64 extended information extra field).
 #include "serialization/zip_crc.h"
 
 #include <algorithm>
-#include <cstring>
 #include <fstream>
+
+#include <zlib.h>
 
 #include "datapar/error.h"
 
@@ -16,22 +17,6 @@ constexpr uint32_t kCentralHeader = 0x02014b50;
 constexpr uint32_t kEndOfDirectory = 0x06054b50;
 constexpr uint32_t kZip64End = 0x06064b50;
 constexpr uint32_t kZip64Locator = 0x07064b50;
-
-// Slicing-by-8 tables: t[k][b] is the CRC of byte b followed by k zero bytes, so eight
-// input bytes are folded in per step instead of one.
-struct Tables {
-  uint32_t t[8][256];
-  Tables() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i) {
-      for (int k = 1; k < 8; ++k) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xff];
-    }
-  }
-};
 
 // Little-endian fields; callers check bounds first.
 uint64_t field(const std::string& s, size_t at, size_t bytes) {
@@ -47,20 +32,14 @@ uint64_t field(const std::string& s, size_t at, size_t bytes) {
 }  // namespace
 
 uint32_t crc32(const void* data, size_t size, uint32_t crc) {
-  static const Tables tables;
-  const auto& t = tables.t;
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  crc = ~crc;
-  for (; size >= 8; size -= 8, p += 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);  // little-endian hosts only, as pickle_writer.cc requires
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= crc;
-    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][hi & 0xff] ^
-          t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+  // zlib's lengths are uInt: a record over 4 GiB goes in pieces.
+  const auto* p = static_cast<const Bytef*>(data);
+  while (size > 0) {
+    const uInt n = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
+    crc = static_cast<uint32_t>(::crc32(crc, p, n));
+    p += n, size -= n;
   }
-  for (; size > 0; --size, ++p) crc = t[0][(crc ^ *p) & 0xff] ^ (crc >> 8);
-  return ~crc;
+  return crc;
 }
 
 namespace {

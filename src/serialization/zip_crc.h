@@ -16,7 +16,7 @@
 
 namespace datapar::detail {
 
-// CRC-32 (ISO-HDLC, as zip and zlib use), continuing from `crc` (0 to start).
+// CRC-32 (ISO-HDLC, as zip uses; zlib's crc32), continuing from `crc` (0 to start).
 uint32_t crc32(const void* data, size_t size, uint32_t crc = 0);
 
 // What the central directory says of one entry.
