@@ -7,9 +7,10 @@
 # datapar/third_party/prefix, every dependency that is neither libtorch nor CUDA, copied from
 # the Debian packages installed here (scripts/setup.sh): Gloo (headers, libgloo.so.0 and the
 # libraries it needs that a plain node lacks), CLI11, nlohmann-json, GoogleTest (headers,
-# static libraries) and zlib (headers, library). Each comes with a relocatable CMake config,
-# so `find_package` works from wherever the bundle is unpacked; the top CMakeLists.txt adds
-# the prefix to CMAKE_PREFIX_PATH when it exists. third_party/MANIFEST names each package and
+# static libraries), zlib and OpenSSL's libcrypto (headers, library). `find_package` finds
+# each from wherever the bundle is unpacked (relocatable CMake configs; CMake's own FindZLIB
+# and FindOpenSSL search the prefix): the top CMakeLists.txt adds the prefix to
+# CMAKE_PREFIX_PATH when it exists. third_party/MANIFEST names each package and
 # version; their copyright files are in third_party/prefix/share/licenses/.
 # Open MPI is left out: optional for datapar, and not needed by the gpu tests.
 #
@@ -24,7 +25,7 @@ arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -dumpmachine)
 die() { echo "make_bundle: $*" >&2; exit 1; }
 
 # What must be installed here; scripts/setup.sh installs all of them.
-for p in libgloo-dev libgloo0 libcli11-dev nlohmann-json3-dev libgtest-dev zlib1g-dev patchelf; do
+for p in libgloo-dev libgloo0 libcli11-dev nlohmann-json3-dev libgtest-dev zlib1g-dev libssl-dev patchelf; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
     die "Debian package $p is missing: run scripts/setup.sh (or apt-get install $p)"
 done
@@ -138,6 +139,18 @@ ln -sf libz.so.1 "$prefix/lib/libz.so"
 record zlib zlib1g-dev "include/zlib.h include/zconf.h"
 record zlib zlib1g "lib/libz.so.1"
 
+# --- OpenSSL's libcrypto (SHA-256 and HMAC for the store's handshake): libssl-dev's headers,
+# the generic ones and the two of this architecture (configuration.h, opensslconf.h) in one
+# include/openssl; libcrypto.so.3 (libssl3's; it needs only libc) and the libcrypto.so link.
+cp -r /usr/include/openssl "$prefix/include/"
+cp "/usr/include/$arch/openssl/"*.h "$prefix/include/openssl/"
+crypto=$(readlink -f "/usr/lib/$arch/libcrypto.so")
+copy_shared "$crypto"
+[[ $(basename "$crypto") == libcrypto.so.3 ]] || ln -sf "$(basename "$crypto")" "$prefix/lib/libcrypto.so.3"
+ln -sf libcrypto.so.3 "$prefix/lib/libcrypto.so"
+record OpenSSL libssl-dev "include/openssl"
+record OpenSSL "$(owner "$crypto")" "lib/libcrypto.so.3"
+
 # Every config must resolve inside the prefix alone (system paths off), wherever it lies.
 check=$stage/find-check
 mkdir -p "$check"
@@ -153,12 +166,14 @@ find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json 3 CONFIG REQUIRED)
 find_package(GTest REQUIRED)
 find_package(ZLIB REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 foreach(t gloo GTest::gtest GTest::gtest_main)
   get_target_property(loc ${t} LOCATION)
   list(APPEND found "${loc}")
 endforeach()
 get_target_property(inc CLI11::CLI11 INTERFACE_INCLUDE_DIRECTORIES)
-list(APPEND found "${inc}" "${ZLIB_INCLUDE_DIRS}" "${ZLIB_LIBRARIES}" "${nlohmann_json_DIR}")
+list(APPEND found "${inc}" "${ZLIB_INCLUDE_DIRS}" "${ZLIB_LIBRARIES}" "${nlohmann_json_DIR}" "${OPENSSL_INCLUDE_DIR}"
+  "${OPENSSL_CRYPTO_LIBRARY}")
 foreach(f IN LISTS found)
   if(NOT f MATCHES "^${BUNDLE_PREFIX}/" OR NOT EXISTS "${f}")
     message(FATAL_ERROR "${f}: not a file of the bundled prefix ${BUNDLE_PREFIX}")

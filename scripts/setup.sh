@@ -11,14 +11,14 @@ set -euo pipefail
 demo_packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-openmp libgloo-dev libgtest-dev
-  libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev libssl-dev
   gnuplot-nox
 )
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-openmp libgloo-dev
   libgtest-dev patchelf debootstrap
-  libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev libssl-dev
   python3-torch python3-venv
   libopenmpi-dev openmpi-bin
   iproute2

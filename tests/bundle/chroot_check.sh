@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 25's "proven here": the offline bundle builds and runs to the end on a machine that
 # has a compiler, CMake, ninja, Python with pip's torch and the CUDA toolkit, but none of
-# datapar's Debian -dev packages (Gloo, GoogleTest, CLI11, nlohmann-json, zlib, Open MPI).
+# datapar's Debian -dev packages (Gloo, GoogleTest, CLI11, nlohmann-json, zlib, OpenSSL,
+# Open MPI).
 #
 #   tests/bundle/chroot_check.sh [BUNDLE]    default: build/datapar-bundle.tar.gz (make bundle)
 #   tests/bundle/chroot_check.sh --prepare   only make the cached chroot
@@ -33,7 +34,7 @@ suite=bookworm
 # second check of the same sources compiles nothing (the bundle is always at /work/datapar).
 chroot_packages=(g++ cmake ninja-build python3 ccache)
 # datapar's Debian -dev packages: none of them may be in the chroot.
-forbidden=(libgloo-dev libgtest-dev googletest libcli11-dev nlohmann-json3-dev zlib1g-dev libopenmpi-dev)
+forbidden=(libgloo-dev libgtest-dev googletest libcli11-dev nlohmann-json3-dev zlib1g-dev libssl-dev libopenmpi-dev)
 # The cached chroot's name changes with its package list, so a changed list makes a new one.
 tag=$(printf '%s\n' "$suite" "${chroot_packages[@]}" | sha256sum | cut -c1-12)
 base_tar=$cache/chroot-$suite-minbase-$tag.tar
