@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "datapar/error.h"
+#include "datapar/process_group/metadata.h"
 #include "diloco/outer_exchange.h"
 
 namespace datapar {
@@ -97,25 +98,77 @@ void for_each_piece(const std::vector<at::Tensor>& params, int64_t begin, int64_
 
 }  // namespace
 
+at::Tensor DiLoCo::flat(const std::vector<at::Tensor>& tensors, int64_t begin, int64_t end) const {
+  at::Tensor out = at::empty({end - begin}, params_[0].options().requires_grad(false));
+  for_each_piece(tensors, begin, end, [&](size_t i, int64_t at, int64_t length, int64_t offset) {
+    out.narrow(0, offset, length).copy_(tensors[i].detach().reshape({-1}).narrow(0, at, length));
+  });
+  return out;
+}
+
 void DiLoCo::sync_range(int64_t begin, int64_t end) {
+  step_range(begin, end, average_range(*group_, begin, end, std::nullopt).parameters);
+}
+
+DiLoCo::Average DiLoCo::average_parameters(ProcessGroup& group, double weight) const {
+  DATAPAR_CHECK(options_.fragments == 1, "DiLoCo::average_parameters: the parameters sync in ", options_.fragments,
+                " fragments; a round's average over another group takes them whole (fragments = 1).");
+  DATAPAR_CHECK(weight >= 0, "DiLoCo::average_parameters: the weight is ", weight, "; use 0 or more.");
+  return average_range(group, 0, numel_, weight);
+}
+
+void DiLoCo::outer_step(const Average& average) {
+  DATAPAR_CHECK(average.parameters.defined() && average.parameters.numel() == numel_,
+                "DiLoCo::outer_step: the average has ", average.parameters.defined() ? average.parameters.numel() : 0,
+                " elements, the parameters ", numel_, "; pass what average_parameters returned.");
+  step_range(0, numel_, average.parameters);
+  ++rounds_;
+  since_sync_ = 0;
+}
+
+DiLoCo::Average DiLoCo::average_range(ProcessGroup& group, int64_t begin, int64_t end,
+                                      std::optional<double> weight) const {
   const torch::NoGradGuard no_grad;
-  const auto flat = [&](const std::vector<at::Tensor>& tensors) {
-    at::Tensor out = at::empty({end - begin}, params_[0].options().requires_grad(false));
-    for_each_piece(tensors, begin, end, [&](size_t i, int64_t at, int64_t length, int64_t offset) {
-      out.narrow(0, offset, length).copy_(tensors[i].detach().reshape({-1}).narrow(0, at, length));
-    });
+  const at::Tensor start = flat(start_, begin, end);
+  Average out;
+  if (!weight) {
+    out.weights = group.size();
+    if (options_.outer_dtype == "float32") {
+      out.parameters = flat(params_, begin, end);  // the parameters themselves: exact
+      group.all_reduce(out.parameters, ReduceOp::kSum)->wait();
+      out.parameters.div_(group.size());
+    } else {
+      // The pseudo-gradients, small and alike across ranks, quantise far better than the values.
+      out.parameters = start - detail::outer_average(group, start - flat(params_, begin, end), options_.outer_dtype);
+    }
     return out;
-  };
-  const at::Tensor start = flat(start_);
-  at::Tensor average;
-  if (options_.outer_dtype == "float32") {
-    average = flat(params_);  // the parameters themselves: exact
-    group_->all_reduce(average, ReduceOp::kSum)->wait();
-    average.div_(group_->size());
-  } else {
-    // The pseudo-gradients, small and alike across ranks, quantise far better than the values.
-    average = start - detail::outer_average(*group_, start - flat(params_), options_.outer_dtype);
   }
+  // Weighted: the weights' sum travels with the values (float32: as one more element), and
+  // each rank's values are scaled by its weight first (0: they count for nothing).
+  if (options_.outer_dtype == "float32") {
+    at::Tensor sum = at::cat({flat(params_, begin, end).mul_(*weight), at::full({1}, *weight, start.options())});
+    group.all_reduce(sum, ReduceOp::kSum)->wait();
+    out.weights = sum[end - begin].item<double>();
+    DATAPAR_CHECK(out.weights > 0, "DiLoCo::average_parameters: every rank's weight is 0; at least one rank must "
+                  "have trained the round.");
+    out.parameters = sum.narrow(0, 0, end - begin).div_(out.weights);
+    return out;
+  }
+  at::Tensor weights = metadata_tensor(group, std::vector<double>{*weight});
+  group.all_reduce(weights, ReduceOp::kSum)->wait();
+  out.weights = host_doubles(weights)[0];
+  DATAPAR_CHECK(out.weights > 0, "DiLoCo::average_parameters: every rank's weight is 0; at least one rank must have "
+                "trained the round.");
+  // outer_average divides by the ranks; the weighted mean divides by the weights' sum.
+  const at::Tensor mean = detail::outer_average(group, (start - flat(params_, begin, end)).mul_(*weight),
+                                                options_.outer_dtype);
+  out.parameters = start - mean.mul_(group.size() / out.weights);
+  return out;
+}
+
+void DiLoCo::step_range(int64_t begin, int64_t end, const at::Tensor& average) {
+  const torch::NoGradGuard no_grad;
+  const at::Tensor start = flat(start_, begin, end);
   at::Tensor updated = start.clone();
   if (options_.outer == "replace") {
     updated.copy_(average);
@@ -123,7 +176,7 @@ void DiLoCo::sync_range(int64_t begin, int64_t end) {
     // SGD with Nesterov momentum on the pseudo-gradient, as torch.optim.SGD(nesterov=True).
     const double mu = options_.outer_momentum, lr = options_.outer_lr;
     const at::Tensor pseudo = start - average;
-    at::Tensor momentum = flat(momentum_);
+    at::Tensor momentum = flat(momentum_, begin, end);
     momentum.mul_(mu).add_(pseudo);
     updated.sub_(pseudo.add(momentum, mu), lr);
     for_each_piece(momentum_, begin, end, [&](size_t i, int64_t at, int64_t length, int64_t offset) {

@@ -9,6 +9,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -229,6 +230,84 @@ TEST(DiLoCo, TheQuantisedOuterExchangeIsTheMeanInItsDtypeAndTheSameOnEveryRank) 
   for (int r = 1; r < kRanks; ++r) EXPECT_TRUE(at::equal(int8_results[r], int8_results[0])) << "rank " << r;
   EXPECT_EQ(detail::outer_average_bytes(kNumel, 2, "float32"), 4000);
   EXPECT_EQ(detail::outer_average_bytes(kNumel, 2, "int8"), 1024 + 4 * 4);
+}
+
+// The halves of sync() that fault tolerance takes apart (ft::FaultTolerantDiLoCo): three
+// ranks train 3 inner steps, rank 2's weight 0 (it joined during the round); the average is
+// ranks 0 and 1's alone, taking it changes nothing, and the outer step with it is the one
+// worked out by hand. Weights that sum to 0 are refused on every rank.
+TEST(DiLoCo, AWeightedAverageCountsOnlyTheRanksThatTrainedAndChangesNothing) {
+  constexpr int kRanks = 3, kH = 3;
+  const auto trained = [](int rank) {
+    torch::nn::Sequential model = make_model();
+    torch::optim::SGD sgd(model->parameters(), 0.1);
+    for (int s = 0; s < kH; ++s) inner_step(model, sgd, rank, s);
+    return flat_values(model);
+  };
+  torch::nn::Sequential untrained = make_model();
+  const at::Tensor start = flat_values(untrained);
+  const at::Tensor average = (trained(0) + trained(1)) / 2;
+  const at::Tensor g = start - average;  // the first round's momentum is g itself
+  const at::Tensor want = start - 0.7 * (g + 0.9 * g);
+  testing::run_gloo_ranks(kRanks, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = make_model();
+    torch::optim::SGD sgd(model->parameters(), 0.1);
+    DiLoCoOptions options;
+    options.sync_every = kH;
+    DiLoCo diloco(model->parameters(), group, options);
+    if (rank < 2) {
+      for (int s = 0; s < kH; ++s) inner_step(model, sgd, rank, s);
+    }
+    const at::Tensor before = flat_values(model);
+    const DiLoCo::Average got = diloco.average_parameters(*group, rank < 2 ? 1.0 : 0.0);
+    EXPECT_EQ(got.weights, 2);
+    EXPECT_TRUE(at::allclose(got.parameters, average, 1e-12, 1e-12)) << "rank " << rank;
+    EXPECT_TRUE(at::equal(flat_values(model), before)) << "the average changed the parameters";
+    EXPECT_EQ(diloco.state_dict()["momentum.0"].abs().sum().item<double>(), 0) << "or the momentum";
+    EXPECT_EQ(diloco.rounds(), 0);
+    diloco.outer_step(got);
+    EXPECT_EQ(diloco.rounds(), 1);
+    EXPECT_TRUE(at::allclose(flat_values(model), want, 1e-12, 1e-12)) << "rank " << rank;
+    EXPECT_THROW_MSG(diloco.average_parameters(*group, 0), InvalidArgumentError, "every rank's weight is 0");
+  });
+}
+
+// The same in bf16 (the weighted pseudo-gradients through the quantised exchange): rank 1's
+// weight 0, the average ranks 0 and 2's within bf16's rounding, the same on every rank.
+TEST(DiLoCo, AWeightedAverageInBf16CountsOnlyTheRanksThatTrained) {
+  constexpr int kRanks = 3, kH = 2;
+  const auto make_float = [] {
+    torch::nn::Sequential model = make_model();
+    model->to(at::kFloat);
+    return model;
+  };
+  const auto train = [](torch::nn::Sequential& model, int rank) {
+    torch::optim::SGD sgd(model->parameters(), 0.1);
+    for (int s = 0; s < kH; ++s) {
+      sgd.zero_grad();
+      model->forward(batch(rank, s).to(at::kFloat)).pow(2).mean().backward();
+      sgd.step();
+    }
+  };
+  torch::nn::Sequential a = make_float(), b = make_float();
+  const at::Tensor start = flat_values(a);
+  train(a, 0);
+  train(b, 2);
+  const at::Tensor average = (flat_values(a) + flat_values(b)) / 2;
+  std::vector<at::Tensor> results(kRanks);
+  testing::run_gloo_ranks(kRanks, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    torch::nn::Sequential model = make_float();
+    DiLoCoOptions options;
+    options.sync_every = kH;
+    options.outer_dtype = "bf16";
+    DiLoCo diloco(model->parameters(), group, options);
+    if (rank != 1) train(model, rank);
+    results[rank] = diloco.average_parameters(*group, rank != 1 ? 1.0 : 0.0).parameters;
+  });
+  // Each pseudo-gradient off by bf16's half step (2^-9 relative), the mean again by as much.
+  const double bound = 3 * std::pow(2.0, -9) * (start - average).abs().max().item<double>() + 1e-7;
+  EXPECT_LT((results[0] - average).abs().max().item<double>(), bound);
+  for (int r = 1; r < kRanks; ++r) EXPECT_TRUE(at::equal(results[r], results[0])) << "rank " << r;
 }
 
 TEST(DiLoCo, AnotherMadeFromItsStateContinuesTheRun) {

@@ -44,6 +44,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,28 @@ class DiLoCo {
   // every fragment (datapar train ends one with each epoch).
   void sync();
 
+  // sync() in two halves, for a caller that must change nothing until every rank has the
+  // round's result and may have to average again over other ranks (fault tolerance:
+  // ft::FaultTolerantDiLoCo). REQUIRES: fragments == 1.
+  //
+  // Collective over `group` (any group of ranks with the same options, not necessarily the
+  // one given at construction): the ranks' parameters averaged, each rank's weighted by
+  // `weight` (1: it trained this round's inner steps; 0: it did not, e.g. it joined during
+  // the round, and counts for nothing). Changes nothing. Throws InvalidArgumentError when the
+  // weights sum to 0, and what the group's collectives throw (CommError, TimeoutError).
+  struct Average {
+    at::Tensor parameters;  // (numel,) every parameter end to end; the same on every rank
+    double weights = 0;     // their sum: how many ranks' inner steps it holds
+  };
+  Average average_parameters(ProcessGroup& group, double weight) const;
+  // Local: the outer step with `average` (from average_parameters): the parameters, the
+  // outer parameters and the momentum become the round's result, and the round ends.
+  void outer_step(const Average& average);
+
+  // The parameters the round started from (the outer parameters); after a round, the
+  // parameters' values.
+  const std::vector<at::Tensor>& outer_parameters() const { return start_; }
+
   // Inner steps taken so far, since the round began, and rounds ended.
   int64_t inner_steps() const { return inner_steps_; }
   int64_t steps_since_sync() const { return since_sync_; }
@@ -98,6 +121,13 @@ class DiLoCo {
   // Averages elements [begin, end) of the parameters (all of them end to end) and takes the
   // outer step on them.
   void sync_range(int64_t begin, int64_t end);
+  // Elements [begin, end) of `tensors` (shaped as the parameters) end to end: (end - begin,).
+  at::Tensor flat(const std::vector<at::Tensor>& tensors, int64_t begin, int64_t end) const;
+  // Elements [begin, end) of the parameters averaged over `group`; with a weight, each
+  // rank's weighted by it (its `weights` the sum), else plainly (its `weights` the ranks).
+  Average average_range(ProcessGroup& group, int64_t begin, int64_t end, std::optional<double> weight) const;
+  // The outer step on elements [begin, end) with their average (average_range's).
+  void step_range(int64_t begin, int64_t end, const at::Tensor& average);
 
   std::vector<at::Tensor> params_;
   std::shared_ptr<ProcessGroup> group_;
