@@ -14,6 +14,7 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
 #include <chrono>
@@ -32,6 +33,7 @@
 #include "datapar/rendezvous/tcp_store.h"
 #include "datapar/state_dict.h"
 #include "file_system.h"
+#include "testing/expect_throw.h"
 #include "testing/ft_job.h"
 #include "testing/gloo_ranks.h"
 #include "testing/temp_dir.h"
@@ -312,6 +314,31 @@ TEST(FaultTolerantDiLoCo, AMemberThatJoinsWhileARoundIsAveragedAgainSitsThatRoun
   ASSERT_FALSE(replacement.trained.empty());
   EXPECT_EQ(replacement.trained.front(), kDieIn + 1) << "it sat the victim's round out";
   EXPECT_EQ(replacement.contributors.at(kDieIn + 1), 3);
+}
+
+// What it cannot do yet or at all, said at construction: Streaming DiLoCo (a round is the
+// protocol's step), and an inner optimizer whose state a joining member cannot take.
+TEST(FaultTolerantDiLoCo, RefusesFragmentsAndAnOptimizerItCannotMove) {
+  Job job;
+  const pid_t pid = datapar::detail::fork_child(
+      [&] {
+        ElasticGroup elastic(connect(job.port), "job", testing::three_member_options(),
+                             [](std::shared_ptr<Store> store, int rank, int size) {
+                               return new_gloo_process_group(std::move(store), rank, size);
+                             });
+        auto net = std::make_shared<Net>();
+        torch::optim::SGD sgd(net->parameters(), inner_options());
+        DiLoCoOptions streaming = diloco_options();
+        streaming.fragments = 2;
+        EXPECT_THROW_MSG(FaultTolerantDiLoCo(net, sgd, elastic, streaming), InvalidArgumentError,
+                         "Streaming DiLoCo is not supported under it yet");
+        torch::optim::RMSprop rmsprop(net->parameters());
+        EXPECT_THROW_MSG(FaultTolerantDiLoCo(net, rmsprop, elastic, diloco_options()), InvalidArgumentError,
+                         "which works for SGD, Adam and AdamW");
+        return ::testing::Test::HasFailure() ? 1 : 0;
+      },
+      "member");
+  EXPECT_EQ(datapar::detail::wait_child(pid, Clock::now() + 30s).exit_code, 0);
 }
 
 }  // namespace
