@@ -26,6 +26,7 @@
 #include "datapar/fsdp/hybrid_groups.h"
 #include "datapar/ft/membership/decider.h"
 #include "datapar/ft/fault_tolerant_ddp.h"
+#include "datapar/ft/fault_tolerant_diloco.h"
 #include "datapar/ft/fault_tolerant_fsdp.h"
 #include "datapar/ft/launched_job.h"
 #include "datapar/error.h"

@@ -38,6 +38,9 @@
 // the bytes of any one step are 1/K of the model's. `outer_dtype` bf16 or int8 sends the
 // pseudo-gradients in 2 or 1 bytes a value (Note [A quantised average] in
 // diloco/outer_exchange.cc); float32 averages the parameters exactly.
+//
+// Under fault tolerance, ft::FaultTolerantDiLoCo (datapar/ft/fault_tolerant_diloco.h) runs
+// the rounds with average_parameters() and outer_step(), sync()'s halves.
 #pragma once
 
 #include <ATen/core/Tensor.h>
