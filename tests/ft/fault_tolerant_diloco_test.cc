@@ -21,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -79,7 +80,7 @@ DiLoCoOptions diloco_options() {
   return o;
 }
 
-torch::optim::SGDOptions inner_options() { return torch::optim::SGDOptions(0.05).momentum(0.9); }
+torch::optim::SGDOptions inner_options(double momentum = 0.9) { return torch::optim::SGDOptions(0.05).momentum(momentum); }
 
 // Inner step `s` of round `round` of rank `rank`: its rows depend on these alone.
 void inner_step(Net& net, torch::optim::SGD& inner, const Data& data, int rank, int64_t round, int s) {
@@ -98,11 +99,14 @@ int64_t now_ms() {
 // itself (SIGKILL) after half the inner steps of round `die_in` (if >= 0). Its log,
 // rounds-<index>.log: "trained R" when it trains round R's inner steps, "committed R C T"
 // when round R is committed with C members' inner steps at T ms (steady clock); its final
-// parameters to final-<index>.pt.
+// parameters to final-<index>.pt. `save`: the first member also writes the job's state at
+// the end (model.pt, outer.pt: DiLoCo's); `resume`: every member starts from it.
 struct Life {
   int64_t rounds = 0;
   int64_t die_in = -1;
   std::chrono::milliseconds pause{0};
+  double inner_momentum = 0.9;
+  bool save = false, resume = false;
 };
 
 int member_main(uint16_t port, const std::string& dir, int index, Life life) {
@@ -114,8 +118,15 @@ int member_main(uint16_t port, const std::string& dir, int index, Life life) {
                          return new_gloo_process_group(std::move(store), rank, size, {"127.0.0.1", 5s, false});
                        });
   auto net = std::make_shared<Net>();
-  torch::optim::SGD inner(net->parameters(), inner_options());
-  FaultTolerantDiLoCo trainer(net, inner, elastic, diloco_options());
+  torch::optim::SGD inner(net->parameters(), inner_options(life.inner_momentum));
+  std::optional<FaultTolerantDiLoCo> storage;
+  if (life.resume) {
+    load_state_dict(*net, load_state_dict_file(dir + "/model.pt"));
+    storage.emplace(net, inner, elastic, diloco_options(), load_state_dict_file(dir + "/outer.pt"));
+  } else {
+    storage.emplace(net, inner, elastic, diloco_options());
+  }
+  FaultTolerantDiLoCo& trainer = *storage;
   while (trainer.round() < life.rounds) {
     const bool committed = trainer.train_round([&](int rank, int) {
       const int64_t round = trainer.round();  // after a join, the round this member took from the others
@@ -130,21 +141,30 @@ int member_main(uint16_t port, const std::string& dir, int index, Life life) {
       log << "committed " << trainer.round() - 1 << ' ' << trainer.contributors() << ' ' << now_ms() << std::endl;
     }
   }
-  trainer.finish();
+  trainer.finish([&](int rank, int) {
+    if (!life.save || rank != 0) return;
+    save_state_dict(trainer.state_dict(), dir + "/outer.pt");
+    save_state_dict(state_dict(*net), dir + "/model.pt");
+  });
   save_state_dict(state_dict(*net), dir + "/final-" + std::to_string(index) + ".pt");
   return 0;
 }
 
 // Plain DiLoCo over three ranks (threads) on the same data: what the members must end with.
 // In a child of its own, as the members are (a process whose threads have started must not fork).
-StateDict plain_diloco(const std::string& dir, int64_t rounds) {
+StateDict plain_diloco(const std::string& dir, int64_t rounds, double inner_momentum = 0.9) {
   const pid_t pid = datapar::detail::fork_child(
       [&] {
         at::set_num_threads(1);
+        std::mutex generator;  // Net's initialisation seeds the default generator, which threads must not share
         testing::run_gloo_ranks(3, [&](int rank, std::shared_ptr<ProcessGroup> group) {
           const Data data;
-          auto net = std::make_shared<Net>();
-          torch::optim::SGD inner(net->parameters(), inner_options());
+          std::shared_ptr<Net> net;
+          {
+            const std::lock_guard<std::mutex> lock(generator);
+            net = std::make_shared<Net>();
+          }
+          torch::optim::SGD inner(net->parameters(), inner_options(inner_momentum));
           DiLoCo diloco(net->parameters(), group, diloco_options());
           for (int64_t round = 0; round < rounds; ++round) {
             for (int s = 0; s < kH; ++s) {
@@ -199,25 +219,47 @@ struct Job {
   uint16_t port = server->port();
 };
 
-TEST(FaultTolerantDiLoCo, ThreeMembersWithoutFailuresTrainAsPlainDiLoCo) {
-  constexpr int64_t kRounds = 5;
-  Job job;
+// Three members living `life` with the store and decider of `job`, their files in `dir`;
+// each must exit 0.
+void run_three(const Job& job, const std::string& dir, const Life& life) {
   std::vector<pid_t> pids;
   for (int i = 0; i < 3; ++i) {
-    pids.push_back(datapar::detail::fork_child(
-        [&, i] { return member_main(job.port, job.dir.path(), i, {kRounds, -1, 0ms}); }, "member"));
+    pids.push_back(datapar::detail::fork_child([&, i] { return member_main(job.port, dir, i, life); }, "member"));
   }
   const Decider decider(connect(job.port), "job", testing::three_member_options());
   const auto deadline = Clock::now() + 60s;
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(datapar::detail::wait_child(pids[static_cast<size_t>(i)], deadline).exit_code, 0) << "member " << i;
   }
+}
+
+TEST(FaultTolerantDiLoCo, ThreeMembersWithoutFailuresTrainAsPlainDiLoCo) {
+  constexpr int64_t kRounds = 5;
+  Job job;
+  run_three(job, job.dir.path(), {kRounds, -1, 0ms});
   const StateDict reference = plain_diloco(job.dir.path(), kRounds);
   for (int i = 0; i < 3; ++i) {
     const Log log = read_log(job.dir.path(), i);
     EXPECT_EQ(log.trained, (std::vector<int64_t>{0, 1, 2, 3, 4})) << "member " << i;
     for (const auto& [round, contributors] : log.contributors) EXPECT_EQ(contributors, 3) << "round " << round;
     const StateDict final_model = load_state_dict_file(job.dir.path() + "/final-" + std::to_string(i) + ".pt");
+    EXPECT_LT(largest_difference(final_model, reference), 1e-6) << "member " << i;
+  }
+}
+
+// A job of three stopped after 3 rounds (its state written at the end, as a checkpoint
+// would hold it) and a job that resumes from it for 2 more: plain DiLoCo's 5 rounds. The
+// inner SGD without momentum: each member's inner state is then none, whichever rank the
+// second job gives it.
+TEST(FaultTolerantDiLoCo, AJobResumedFromItsStateEndsAsAnUninterruptedOne) {
+  Job first, second;
+  const std::string dir = first.dir.path();
+  run_three(first, dir, {3, -1, 0ms, 0.0, /*save=*/true, /*resume=*/false});
+  run_three(second, dir, {5, -1, 0ms, 0.0, /*save=*/false, /*resume=*/true});
+  const StateDict reference = plain_diloco(dir, 5, 0.0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(read_log(dir, i).trained, (std::vector<int64_t>{3, 4})) << "member " << i;
+    const StateDict final_model = load_state_dict_file(dir + "/final-" + std::to_string(i) + ".pt");
     EXPECT_LT(largest_difference(final_model, reference), 1e-6) << "member " << i;
   }
 }
