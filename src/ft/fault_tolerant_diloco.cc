@@ -43,11 +43,14 @@ std::string state_bytes(const StateDict& state) {
 
 StateDict state_from_bytes(const std::string& bytes) {
   const c10::IValue root = datapar::detail::torch_load_bytes(bytes.data(), bytes.size());
-  if (!root.isGenericDict()) throw CheckpointError("ft::FaultTolerantDiLoCo: the DiLoCo state a member sent is not a dict.");
+  if (!root.isGenericDict()) {
+    throw CheckpointError("ft::FaultTolerantDiLoCo: the DiLoCo state a member sent is not a dict.");
+  }
   StateDict state;
   for (const auto& e : root.toGenericDict()) {
     if (!e.key().isString() || !e.value().isTensor()) {
-      throw CheckpointError("ft::FaultTolerantDiLoCo: an entry of the DiLoCo state a member sent is not a named tensor.");
+      throw CheckpointError(
+          "ft::FaultTolerantDiLoCo: an entry of the DiLoCo state a member sent is not a named tensor.");
     }
     state.insert(e.key().toStringRef(), e.value().toTensor());
   }

@@ -80,7 +80,9 @@ DiLoCoOptions diloco_options() {
   return o;
 }
 
-torch::optim::SGDOptions inner_options(double momentum = 0.9) { return torch::optim::SGDOptions(0.05).momentum(momentum); }
+torch::optim::SGDOptions inner_options(double momentum = 0.9) {
+  return torch::optim::SGDOptions(0.05).momentum(momentum);
+}
 
 // Inner step `s` of round `round` of rank `rank`: its rows depend on these alone.
 void inner_step(Net& net, torch::optim::SGD& inner, const Data& data, int rank, int64_t round, int s) {
