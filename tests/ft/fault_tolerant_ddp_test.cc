@@ -72,25 +72,10 @@ FtOptions options(Mode mode = Mode::kDdp) {
 
 std::shared_ptr<TcpStore> connect(uint16_t port) { return testing::connect_member(port, kToken); }
 
-// Under FSDP the Linear in `blocks` is a unit, `head` is the root's.
-struct Net : torch::nn::Module {
-  Net() {
-    torch::manual_seed(7);  // the same initial parameters in every process
-    blocks = register_module("blocks", torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh()));
-    head = register_module("head", torch::nn::Linear(8, 2));
-  }
-  at::Tensor forward(const at::Tensor& x) { return head->forward(blocks->forward(x)); }
-  torch::nn::Sequential blocks{nullptr};
-  torch::nn::Linear head{nullptr};
-};
-
-struct Data {
-  at::Tensor x, y;
-  Data() {
-    at::Generator g = at::detail::createCPUGenerator(11);
-    x = at::randn({kSamples, 6}, g);
-    y = at::randn({kSamples, 2}, g);
-  }
+// The members' model and data (testing/ft_job.h).
+struct Net : testing::FtNet {};
+struct Data : testing::FtData {
+  Data() : testing::FtData(kSamples) {}
 };
 
 // The samples of global batch `step`: defined by the step alone, whoever is alive.

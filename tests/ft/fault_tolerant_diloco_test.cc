@@ -54,24 +54,10 @@ constexpr int64_t kBatch = 8;
 
 std::shared_ptr<TcpStore> connect(uint16_t port) { return testing::connect_member(port, kToken); }
 
-struct Net : torch::nn::Module {
-  Net() {
-    torch::manual_seed(7);  // the same initial parameters in every process
-    blocks = register_module("blocks", torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh()));
-    head = register_module("head", torch::nn::Linear(8, 2));
-  }
-  at::Tensor forward(const at::Tensor& x) { return head->forward(blocks->forward(x)); }
-  torch::nn::Sequential blocks{nullptr};
-  torch::nn::Linear head{nullptr};
-};
-
-struct Data {
-  at::Tensor x, y;
-  Data() {
-    at::Generator g = at::detail::createCPUGenerator(11);
-    x = at::randn({kSamples, 6}, g);
-    y = at::randn({kSamples, 2}, g);
-  }
+// The members' model and data (testing/ft_job.h).
+struct Net : testing::FtNet {};
+struct Data : testing::FtData {
+  Data() : testing::FtData(kSamples) {}
 };
 
 DiLoCoOptions diloco_options() {
