@@ -674,6 +674,71 @@ TEST(LaunchFaultTolerant, AKilledWorkerOfAnHsdpJobTakesItsReplicaGroupOutAndBack
   a_killed_worker_is_restarted_alone("hsdp", false, 4);
 }
 
+// Issue 48, --mode ddp --fault-tolerant --sync-every 5 (ft::FaultTolerantDiLoCo, a round a
+// step) on three workers: rank 1 SIGKILLed in the middle of epoch 2 (most likely in its inner
+// steps) costs its own inner steps only. The two others (the same processes) average the
+// round over themselves and commit rounds on as a membership of two until the replacement
+// joins at a round boundary; the job ends with exit 0, the last checkpoint and DiLoCo's state
+// beside it, and a model that learned.
+TEST(LaunchFaultTolerant, AKilledDiLoCoMemberCostsOnlyItsInnerSteps) {
+  constexpr int kEpochs = 3;
+  const TempDir checkpoints("launch_test"), logs("launch_test");
+  const Background b = start_launch(
+      {"--fault-tolerant", "--nproc-per-node", "3", "--max-restarts", "1", "--", bin("datapar"), "train",
+       "--fault-tolerant", "--mode", "ddp", "--sync-every", "5", "--outer-lr", "0.5", "--backend", "gloo", "--model",
+       "mlp", "--epochs", std::to_string(kEpochs), "--batch-size", "48", "--limit", "12000", "--threads", "1",
+       "--workers", "1", "--momentum", "0", "--checkpoint-dir", checkpoints.path()},
+      logs.path());
+  ASSERT_GT(b.pid, 0);
+  std::map<int, pid_t> workers;
+  for (const auto deadline = std::chrono::steady_clock::now() + 60s; std::chrono::steady_clock::now() < deadline;
+       std::this_thread::sleep_for(5ms)) {
+    workers = workers_of(b.pid, 0);
+    if (workers.size() == 3 && latest_epoch(checkpoints.path()) >= 1) break;
+  }
+  ASSERT_EQ(workers.size(), 3u) << read_text(b.log);
+  ASSERT_EQ(latest_epoch(checkpoints.path()), 1) << "not in epoch 2:\n" << read_text(b.log);
+  std::mt19937 random(48);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50 + random() % 200));
+  ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
+  std::map<int, pid_t> replacement;
+  for (const auto deadline = std::chrono::steady_clock::now() + 30s;
+       replacement.empty() && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(5ms)) {
+    replacement = workers_of(b.pid, 1);
+  }
+  EXPECT_EQ(replacement.count(1), 1u) << "rank 1 was not restarted:\n" << read_text(b.log);
+  // Never a restart of the survivors: ranks 0 and 2 run on as the same processes.
+  const std::map<int, pid_t> first = workers_of(b.pid, 0);
+  EXPECT_EQ(first.count(0) + first.count(2), 2u) << read_text(b.log);
+  EXPECT_EQ(wait_exit(b.pid, 120s), 0) << read_text(b.log);
+  const std::string log = read_text(b.log);
+  EXPECT_NE(log.find("restarting it alone (restart 1 of 1); the other workers go on"), std::string::npos) << log;
+
+  // The survivors committed rounds as two while the victim was away, then with it again.
+  static const std::regex membership(R"(membership epoch \d+: (\d) ranks, training from step (\d+))");
+  std::vector<std::pair<int, long>> memberships;  // (ranks, step)
+  for (std::sregex_iterator m(log.begin(), log.end(), membership), end; m != end; ++m) {
+    memberships.emplace_back(std::stoi((*m)[1]), std::stol((*m)[2]));
+  }
+  const auto two = std::find_if(memberships.begin(), memberships.end(), [](const auto& m) { return m.first == 2; });
+  ASSERT_NE(two, memberships.end()) << "no round was committed by the two survivors:\n" << log;
+  const auto back = std::find_if(two, memberships.end(), [](const auto& m) { return m.first == 3; });
+  if (back != memberships.end()) EXPECT_GT(back->second, two->second) << log;
+
+  // Every epoch reported, the loss falling; the last checkpoint and DiLoCo's state beside it.
+  static const std::regex epoch(R"(epoch (\d+)/3  loss ([0-9.]+))");
+  std::map<int, double> losses;
+  for (std::sregex_iterator m(log.begin(), log.end(), epoch), end; m != end; ++m) {
+    losses[std::stoi((*m)[1])] = std::stod((*m)[2]);
+  }
+  ASSERT_EQ(losses.size(), static_cast<size_t>(kEpochs)) << log;
+  EXPECT_LT(losses[kEpochs], losses[1]) << log;
+  ASSERT_EQ(latest_epoch(checkpoints.path()), kEpochs) << log;
+  const train::Checkpoint last = train::load_checkpoint(train::checkpoint_path(checkpoints.path(), kEpochs));
+  EXPECT_FALSE(last.model.size() == 0) << log;
+  EXPECT_TRUE(datapar::detail::exists(checkpoints.path() + "/ft-diloco-epoch-3.pt")) << log;
+}
+
 // The lines "epoch N: test loss X, test accuracy Y" the fault-tolerant DDP example printed,
 // without the count of members.
 std::vector<std::string> example_epochs(const std::string& output) {

@@ -95,7 +95,8 @@ int train_model_fault_tolerant(const TrainPlan& plan, const Data& data, std::sha
       {data.train->size(), plan.global_batch, plan.world_size, 0, /*shuffle=*/true, static_cast<uint64_t>(o.seed)});
   const int64_t first_epoch = plan.resume ? resume(plan, *model, sgd, device) : 0;
   const std::unique_ptr<FaultTolerantStrategy> strategy =
-      make_fault_tolerant(plan, model, sgd, *job.elastic, first_epoch * batches.num_steps());
+      make_fault_tolerant(plan, model, sgd, *job.elastic, first_epoch * batches.num_steps(),
+                          batches.num_steps());
   return train_fault_tolerant(plan, data, *strategy, *job.elastic, batches, first_epoch);
 }
 

@@ -51,12 +51,16 @@ void check_communication_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(o.sync_every > 0 || (o.fragments == 1 && o.outer_dtype == "float32"),
                 "--fragments and --outer-dtype shape --sync-every's averaging.\n---> HINT: add --sync-every N.");
   if (o.sync_every == 0) return;
-  DATAPAR_CHECK((mode == Mode::kDdp || mode == Mode::kHsdp) && !o.zero && !o.fault_tolerant &&
+  DATAPAR_CHECK((mode == Mode::kDdp || (mode == Mode::kHsdp && !o.fault_tolerant)) && !o.zero &&
                     o.comm_hook == "allreduce" && o.balance == "even",
                 "--sync-every trains each replica alone between averages: a rank (--mode ddp, without --zero, "
-                "--comm-hook or --balance) or a shard group (--mode hsdp), not under --fault-tolerant; --mode ", o.mode,
+                "--comm-hook or --balance; under --fault-tolerant too) or a shard group (--mode hsdp, not under "
+                "--fault-tolerant); --mode ", o.mode, o.fault_tolerant ? " --fault-tolerant" : "",
                 " is not that.\n---> HINT: use --mode ddp, or --mode hsdp to shard within a machine and average "
                 "across machines (--mode fsdp and --zero shard over the whole job: one replica, nothing to average).");
+  DATAPAR_CHECK(!o.fault_tolerant || o.fragments == 1, "--fragments ", o.fragments,
+                " under --fault-tolerant: fault tolerance takes whole DiLoCo rounds; Streaming DiLoCo (--fragments "
+                "above 1) is not supported under it yet.\n---> HINT: leave out --fragments (1, the default).");
 }
 
 void save_powersgd_state(const TrainPlan& plan, const PowerSgdHook& hook, int64_t epoch) {

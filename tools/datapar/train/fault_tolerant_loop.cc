@@ -52,7 +52,7 @@ class FaultTolerantLoop {
   // One fixed slice of the step's global batch: forward and backward; its rows counted in
   // `step_rows` unless it is a shadow slice (trained only to keep the collectives in step).
   int64_t train_slice(const ft::Slice& slice, Rows& step_rows) {
-    const int64_t step = strategy_.committed_steps();
+    const int64_t step = strategy_.training_step();
     if (step / per_epoch_ != batches_epoch_) {
       batches_epoch_ = step / per_epoch_;
       batches_.set_epoch(batches_epoch_);

@@ -29,6 +29,9 @@ class FaultTolerantStrategy {
   // epochs joined (1 in a run without failures or newcomers).
   virtual int64_t committed_steps() const = 0;
   virtual int64_t memberships_joined() const = 0;
+  // The global batch the slice being trained belongs to: committed_steps() but while a
+  // strategy trains several steps in one train_step (a DiLoCo round's inner steps).
+  virtual int64_t training_step() const { return committed_steps(); }
 
   // Forward and backward of one fixed slice of the step's global batch (ft/slice_gradients.h)
   // through forward(); returns its rows. A shadow slice is trained but not counted.

@@ -8,6 +8,7 @@
 #include "ddp.h"
 #include "diloco.h"
 #include "fault_tolerant_ddp.h"
+#include "fault_tolerant_diloco.h"
 #include "fault_tolerant_fsdp.h"
 #include "fsdp.h"
 #include "single_device.h"
@@ -40,13 +41,19 @@ std::unique_ptr<Strategy> make_strategy(const TrainPlan& plan, std::shared_ptr<I
 
 // Wraps `model` (restored already) and `sgd` at `step` for plan.mode under --fault-tolerant
 // (ddp, fsdp or hsdp: plan_training refuses the others), over the membership of `elastic`
-// (hsdp: whole replica groups, FtOptions::replica_group_size).
+// (hsdp: whole replica groups, FtOptions::replica_group_size); `steps_per_epoch`: the global
+// batches of an epoch (--sync-every's rounds end with each epoch).
 template <typename Impl>
 std::unique_ptr<FaultTolerantStrategy> make_fault_tolerant(const TrainPlan& plan, std::shared_ptr<Impl> model,
                                                            torch::optim::SGD& sgd, ft::ElasticGroup& elastic,
-                                                           int64_t step) {
+                                                           int64_t step, int64_t steps_per_epoch) {
   switch (plan.mode) {
-    case Mode::kDdp: return std::make_unique<FaultTolerantDdpMode<Impl>>(plan, std::move(model), sgd, elastic, step);
+    case Mode::kDdp:
+      if (plan.options.sync_every > 0) {  // each member a replica: DiLoCo, a round a step
+        return std::make_unique<FaultTolerantDiLoCoMode<Impl>>(plan, std::move(model), sgd, elastic, step,
+                                                               steps_per_epoch);
+      }
+      return std::make_unique<FaultTolerantDdpMode<Impl>>(plan, std::move(model), sgd, elastic, step);
     case Mode::kFsdp:
     case Mode::kHsdp: return std::make_unique<FaultTolerantFsdpMode<Impl>>(plan, std::move(model), sgd, elastic, step);
     case Mode::kSingle:
