@@ -837,6 +837,46 @@ TEST(LaunchFaultTolerant, AnFsdpJobResumesFromTheLastCheckpointAsAnUninterrupted
   resume_goes_on_as_an_uninterrupted_run("fsdp");
 }
 
+// --mode ddp --fault-tolerant --sync-every: a job stopped after epoch 2 and started again with
+// --resume (the model and DiLoCo's state beside the checkpoint: the outer parameters and
+// momentum, the round) ends as one never stopped, to the bit (--momentum 0: the inner SGD has
+// no state that only rank 0's checkpoint would hold); without DiLoCo's state it refuses.
+TEST(LaunchFaultTolerant, ADiLoCoJobResumesFromTheLastCheckpointAsAnUninterruptedRun) {
+  const auto train = [](const std::string& checkpoints, int epochs, bool resume) {
+    std::vector<std::string> args = {"--fault-tolerant", "--nproc-per-node", "2", "--", bin("datapar"), "train",
+                                     "--fault-tolerant", "--mode", "ddp", "--sync-every", "5", "--outer-lr", "0.5",
+                                     "--backend", "gloo", "--model", "mlp", "--epochs", std::to_string(epochs),
+                                     "--batch-size", "48", "--limit", "2000", "--threads", "1", "--workers", "1",
+                                     "--momentum", "0", "--checkpoint-dir", checkpoints};
+    if (resume) args.push_back("--resume");
+    return args;
+  };
+  const TempDir straight_dir("launch_test"), resumed_dir("launch_test");
+  const ProcessResult straight = launch(train(straight_dir.path(), 3, false));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const ProcessResult first = launch(train(resumed_dir.path(), 2, false));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  ASSERT_TRUE(datapar::detail::exists(resumed_dir.path() + "/ft-diloco-epoch-2.pt")) << first.output;
+  const ProcessResult resumed = launch(train(resumed_dir.path(), 3, true));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from " + train::checkpoint_path(resumed_dir.path(), 2)), std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(resumed.output.find("epoch 2/3"), std::string::npos) << "epoch 2 trained again:\n" << resumed.output;
+  const train::Checkpoint expected = train::load_checkpoint(train::checkpoint_path(straight_dir.path(), 3));
+  const train::Checkpoint got = train::load_checkpoint(train::checkpoint_path(resumed_dir.path(), 3));
+  ASSERT_EQ(got.model.size(), expected.model.size());
+  for (const auto& item : expected.model) {
+    const at::Tensor* other = got.model.find(item.key());
+    ASSERT_NE(other, nullptr) << item.key();
+    EXPECT_TRUE(at::equal(*other, item.value())) << item.key() << " differs from the uninterrupted run";
+  }
+
+  ASSERT_EQ(datapar::detail::remove_tree(straight_dir.path() + "/ft-diloco-epoch-3.pt"), 1);
+  const ProcessResult refused = launch(train(straight_dir.path(), 4, true));
+  EXPECT_NE(refused.output.find("no DiLoCo state beside the checkpoint of epoch 3"), std::string::npos)
+      << refused.output;
+}
+
 // Node 0's launcher serves the store and decides membership: it is the one part whose loss
 // ends a fault-tolerant job (docs/fault_tolerance.md). Another node's launcher says so,
 // stops its workers instead of restarting them, and exits non-zero.

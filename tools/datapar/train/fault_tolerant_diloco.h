@@ -59,12 +59,12 @@ class FaultTolerantDiLoCoMode : public FaultTolerantStrategy {
     }
     const int64_t epoch = step / per_epoch_;
     const std::string path = fault_tolerant_diloco_state_path(plan, epoch);
-    DATAPAR_CHECK(datapar::detail::exists(path), "datapar train: no DiLoCo state beside the checkpoint of epoch ", epoch, " (",
+    DATAPAR_CHECK(datapar::detail::exists(path), "no DiLoCo state beside the checkpoint of epoch ", epoch, " (",
                   path, "): --fault-tolerant --sync-every resumes the outer parameters and momentum from it.",
                   "\n---> HINT: resume from a checkpoint that a --fault-tolerant --sync-every run wrote, or start ",
                   "over without --resume.");
     trainer_ = std::make_unique<Trainer>(model, sgd, elastic, options, load_state_dict_file(path));
-    DATAPAR_CHECK(steps_at(trainer_->round()) == step, "datapar train: ", path, " holds round ", trainer_->round(),
+    DATAPAR_CHECK(steps_at(trainer_->round()) == step, path, " holds round ", trainer_->round(),
                   ", not the end of epoch ", epoch, " in rounds of --sync-every ", sync_every_,
                   ".\n---> HINT: resume with the --sync-every and --batch-size of the run that wrote it.");
   }
