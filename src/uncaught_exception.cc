@@ -10,7 +10,7 @@
 #include <mutex>
 #include <string>
 
-#include "fsdp/fsdp_unit.h"
+#include "fsdp/flat_buffers.h"
 
 namespace datapar::detail {
 namespace {

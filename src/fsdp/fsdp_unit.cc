@@ -21,12 +21,11 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <mutex>
-#include <unordered_map>
 #include <utility>
 
 #include "datapar/distributed.h"
 #include "datapar/error.h"
+#include "fsdp/flat_buffers.h"
 #include "fsdp/fsdp_run.h"
 #include "parallel/ivalue_tensors.h"
 
@@ -35,41 +34,7 @@ namespace {
 
 c10::StorageImpl& storage_of(const at::Tensor& t) { return *t.storage().unsafeGetStorageImpl(); }
 
-// The flat buffers of the units alive in this process, by storage, with their unit's name:
-// a parameter viewing one belongs to that unit (fsdp_unit_holding).
-struct FlatBuffers {
-  std::mutex mutex;
-  std::unordered_map<const c10::StorageImpl*, const FsdpUnit*> units;
-};
-
-FlatBuffers& flat_buffers() {
-  static FlatBuffers* buffers = new FlatBuffers;  // never destroyed: units may outlive static destruction
-  return *buffers;
-}
-
-const FsdpUnit* unit_holding(const at::Tensor& t) {
-  if (!t.defined() || !t.has_storage()) return nullptr;
-  FlatBuffers& buffers = flat_buffers();
-  const std::lock_guard<std::mutex> lock(buffers.mutex);
-  const auto it = buffers.units.find(t.storage().unsafeGetStorageImpl());
-  return it == buffers.units.end() ? nullptr : it->second;
-}
-
 }  // namespace
-
-bool fsdp_units_alive() {
-  FlatBuffers& buffers = flat_buffers();
-  const std::lock_guard<std::mutex> lock(buffers.mutex);
-  return !buffers.units.empty();
-}
-
-std::string fsdp_unit_holding(const at::Tensor& tensor) {
-  const FsdpUnit* unit = unit_holding(tensor);
-  if (unit == nullptr) return "";
-  FlatBuffers& buffers = flat_buffers();
-  const std::lock_guard<std::mutex> lock(buffers.mutex);
-  return unit->name();
-}
 
 // Tells the unit that one of its parameters has its gradient for this backward.
 class FsdpUnit::ReadyHook : public torch::autograd::FunctionPostHook {
@@ -149,20 +114,12 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<at::Tensor> params, std::shared
       offset += p.numel();
     }
   }
-  {
-    FlatBuffers& buffers = flat_buffers();
-    const std::lock_guard<std::mutex> lock(buffers.mutex);
-    buffers.units[&storage_of(full_)] = this;
-  }
+  add_flat_buffer(&storage_of(full_), this);
   reshard();
 }
 
 FsdpUnit::~FsdpUnit() {
-  {
-    FlatBuffers& buffers = flat_buffers();
-    const std::lock_guard<std::mutex> lock(buffers.mutex);
-    buffers.units.erase(&storage_of(full_));
-  }
+  remove_flat_buffer(&storage_of(full_));
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
   // Collectives still in flight write into our buffers: let them end first.
   for (const auto& work : {gather_work_, reduce_work_, replicate_work_}) {

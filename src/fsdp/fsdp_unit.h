@@ -23,9 +23,6 @@ namespace datapar::detail {
 
 class FsdpRun;
 
-// Whether any unit is alive in this process (for the hint of an uncaught exception).
-bool fsdp_units_alive();
-
 class FsdpUnit : public std::enable_shared_from_this<FsdpUnit> {
  public:
   // Shards `params` (collective: they take rank 0's values on every rank). `name` is for
