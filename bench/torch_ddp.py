@@ -5,6 +5,10 @@ time per step, each training phase's step parts (median forward, backward, optim
 and CPU time (the training thread's, the other threads').
 
     /usr/bin/python3 bench/torch_ddp.py --model mlp --nproc 2 [--gradient-as-bucket-view] [--powersgd 4:2]
+
+One rank of a job on several hosts (bench/ddp_link.sh; gloo's interface from GLOO_SOCKET_IFNAME):
+
+    python3 bench/torch_ddp.py --nproc 2 --rank R --master ADDR:PORT ...
 """
 import argparse
 import os
@@ -59,7 +63,7 @@ def time_steps(warmup, steps, step, parts=None):
 
 def run(rank, args):
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=args.nproc)
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=rank, world_size=args.nproc)
     world = args.nproc
     g = torch.Generator().manual_seed(100 + rank)
     batches = [(torch.randn(args.batch, 1, 28, 28, generator=g), torch.randint(10, (args.batch,), generator=g))
@@ -167,17 +171,26 @@ def main():
     parser.add_argument("--gradient-as-bucket-view", action="store_true",
                         help="DistributedDataParallel(gradient_as_bucket_view=True): no gradient copies")
     parser.add_argument("--port", type=int, default=0, help="store port (default: a free one)")
+    parser.add_argument("--rank", type=int, default=-1,
+                        help="run this one rank of --nproc, the store at --master (no processes spawned)")
+    parser.add_argument("--master", default="", metavar="ADDR:PORT", help="rank 0's store, with --rank")
     parser.add_argument("--powersgd", default="", metavar="RANK:START",
                         help="also time DDP with PyTorch's powerSGD_hook (START at most --warmup), with its bytes")
     args = parser.parse_args()
     batch, steps = DEFAULTS[args.model]
     args.batch = args.batch or batch
     args.steps = args.steps or steps
+    if args.rank >= 0:
+        if not args.master:
+            parser.error("--rank needs --master ADDR:PORT")
+        run(args.rank, args)
+        return
     if not args.port:
         import socket
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             args.port = s.getsockname()[1]
+    args.master = f"127.0.0.1:{args.port}"
     mp.spawn(run, args=(args,), nprocs=args.nproc)
 
 
