@@ -45,8 +45,7 @@ std::string dcp_checkpoint_path(const std::string& dir, int64_t epoch) {
   return dir + "/epoch-" + std::to_string(epoch);
 }
 
-void save_dcp_checkpoint(const Checkpoint& c, const torch::nn::Module& module, const std::string& path,
-                         ProcessGroup* group, ZeroRedundancyOptimizer* zero) {
+dcp::State dcp_checkpoint_state(const Checkpoint& c, const torch::nn::Module& module, ZeroRedundancyOptimizer* zero) {
   dcp::State state;
   for (const auto& item : c.model)
     state.put("model." + item.key(), item.value(), {IValue("model"), IValue(item.key())});
@@ -62,6 +61,12 @@ void save_dcp_checkpoint(const Checkpoint& c, const torch::nn::Module& module, c
   for (size_t i = 0; i < c.rng.cuda.size(); ++i) {
     state.put("rng.cuda." + std::to_string(i), c.rng.cuda[i], {IValue("rng"), IValue("cuda"), IValue(int64_t(i))});
   }
+  return state;
+}
+
+void save_dcp_checkpoint(const Checkpoint& c, const torch::nn::Module& module, const std::string& path,
+                         ProcessGroup* group, ZeroRedundancyOptimizer* zero) {
+  const dcp::State state = dcp_checkpoint_state(c, module, zero);
   if (group != nullptr) {
     dcp::save(state, path, *group);
   } else {

@@ -12,7 +12,7 @@
 namespace datapar {
 namespace {
 
-BalancedBatches make(int64_t n, int64_t batch, int64_t world, int64_t rank, uint64_t seed = 5) {
+BalancedBatches make_batches(int64_t n, int64_t batch, int64_t world, int64_t rank, uint64_t seed = 5) {
   return BalancedBatches({n, batch, world, rank, /*shuffle=*/true, seed});
 }
 
@@ -20,7 +20,7 @@ TEST(BalancedBatches, EveryStepIsOneGlobalBatchSplitByTheWeights) {
   const std::vector<double> weights{2, 1, 1};
   std::vector<std::vector<at::Tensor>> of_rank;
   for (int64_t r = 0; r < 3; ++r) {
-    BalancedBatches b = make(100, 32, 3, r);
+    BalancedBatches b = make_batches(100, 32, 3, r);
     b.set_epoch(4);
     ASSERT_EQ(b.num_steps(), 4);  // 32, 32, 32, 4
     of_rank.push_back(b.batches(0, weights));
@@ -31,7 +31,7 @@ TEST(BalancedBatches, EveryStepIsOneGlobalBatchSplitByTheWeights) {
   DistributedSampler sampler(one_rank);
   sampler.set_epoch(4);
   const at::Tensor order = sampler.indices();
-  BalancedBatches any_rank = make(100, 32, 3, 1);
+  BalancedBatches any_rank = make_batches(100, 32, 3, 1);
   any_rank.set_epoch(4);
   std::set<int64_t> seen;
   for (int64_t step = 0; step < 4; ++step) {
@@ -56,7 +56,7 @@ TEST(BalancedBatches, EveryStepIsOneGlobalBatchSplitByTheWeights) {
 
 TEST(BalancedBatches, ATinyLastBatchJoinsTheOneBefore) {
   // 65 samples, batch 32, 2 ranks: the last batch of 1 row cannot feed 2 ranks.
-  BalancedBatches b = make(65, 32, 2, 1);
+  BalancedBatches b = make_batches(65, 32, 2, 1);
   EXPECT_EQ(b.num_steps(), 2);
   EXPECT_EQ(b.global_rows(1), 33);
   EXPECT_EQ(b.rank_rows(1, {3, 1}), (std::vector<int64_t>{24, 9}));  // 1 each, then 31 by largest remainder
@@ -66,7 +66,7 @@ TEST(BalancedBatches, ATinyLastBatchJoinsTheOneBefore) {
 }
 
 TEST(BalancedBatches, TheRestOfAnEpochUnderNewWeights) {
-  BalancedBatches b = make(96, 32, 2, 0);
+  BalancedBatches b = make_batches(96, 32, 2, 0);
   const std::vector<at::Tensor> before = b.batches(0, {1, 1});
   const std::vector<at::Tensor> after = b.batches(1, {3, 1});
   ASSERT_EQ(after.size(), 2u);
@@ -75,10 +75,10 @@ TEST(BalancedBatches, TheRestOfAnEpochUnderNewWeights) {
 }
 
 TEST(BalancedBatches, RejectsWhatCannotGiveEveryRankARow) {
-  EXPECT_THROW_MSG(make(100, 2, 3, 0), InvalidArgumentError, "a global batch of 2 rows cannot give each of 3 ranks");
-  EXPECT_THROW_MSG(make(2, 32, 3, 0), InvalidArgumentError, "2 samples cannot give each of 3 ranks");
-  EXPECT_THROW_MSG(make(100, 32, 2, 2), InvalidArgumentError, "rank 2 is outside [0, 2)");
-  BalancedBatches b = make(100, 32, 2, 0);
+  EXPECT_THROW_MSG(make_batches(100, 2, 3, 0), InvalidArgumentError, "a global batch of 2 rows cannot give each of 3 ranks");
+  EXPECT_THROW_MSG(make_batches(2, 32, 3, 0), InvalidArgumentError, "2 samples cannot give each of 3 ranks");
+  EXPECT_THROW_MSG(make_batches(100, 32, 2, 2), InvalidArgumentError, "rank 2 is outside [0, 2)");
+  BalancedBatches b = make_batches(100, 32, 2, 0);
   EXPECT_THROW_MSG(b.rank_rows(0, {1}), InvalidArgumentError, "1 weights for 2 ranks");
   EXPECT_THROW_MSG(b.batches(5, {1, 1}), InvalidArgumentError, "first step 5 is outside [0, 4]");
 }

@@ -22,6 +22,7 @@
 
 #include "child_process.h"
 #include "datapar/error.h"
+#include "datapar/train/async_checkpoint.h"
 #include "datapar/models/mlp.h"
 #include "serialization/torch_file.h"
 #include "testing/expect_throw.h"
@@ -225,6 +226,65 @@ TEST(Checkpoint, KillDuringSaveLeavesALoadableCheckpoint) {
     if (!temp.empty()) ::unlink(temp.c_str());
   }
   EXPECT_GT(killed_mid_write, 0) << "no kill landed inside a write; the test proved nothing";
+}
+
+// A few Adam steps on random data.
+void adam_steps(Mlp& model, torch::optim::Adam& adam, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    adam.zero_grad();
+    model->forward(at::randn({16, model->parameters().front().size(1)})).pow(2).mean().backward();
+    adam.step();
+  }
+}
+
+// A real SIGKILL while the writer's thread writes a large checkpoint (the training thread
+// goes on meanwhile): the previous checkpoint is the latest that loads, and the partial
+// one is never taken.
+TEST(Checkpoint, AKillDuringABackgroundWriteLeavesThePreviousCheckpoint) {
+  const testing::TempDir temp("async_kill");
+  const std::string& dir = temp.path();
+  int killed_mid_write = 0;
+  for (int round = 0; round < 3; ++round) {
+    const std::string before = checkpoint_path(dir, 2 * round + 1), after = checkpoint_path(dir, 2 * round + 2);
+    const pid_t pid = detail::fork_child(
+        [&] {
+          at::set_num_threads(1);  // no OpenMP pool in a forked child
+          Mlp model(std::vector<int64_t>{1024, 4096, 4096, 10});  // 21 M parameters: 84 MB, 250 MB with Adam's moments
+          torch::optim::Adam adam(model->parameters());
+          save_checkpoint(make_checkpoint(*model, adam, 2 * round + 1), before, 0);
+          adam_steps(model, adam, 1);
+          AsyncCheckpointWriter writer;
+          writer.save(make_checkpoint(*model, adam, 2 * round + 2), after, 0);
+          for (;;) adam_steps(model, adam, 1);  // training goes on until killed
+          return 0;
+        },
+        "async writer");
+    ASSERT_GT(pid, 0);
+    const std::string prefix = "." + after.substr(dir.size() + 1) + ".tmp.";
+    auto temporary = [&] {
+      for (const std::string& name : detail::list_directory(dir)) {
+        if (name.rfind(prefix, 0) == 0) return dir + "/" + name;
+      }
+      return std::string();
+    };
+    std::string partial;
+    struct stat st {};
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (((partial = temporary()).empty() || ::stat(partial.c_str(), &st) != 0 || st.st_size == 0) &&
+           !detail::exists(after) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 5));
+    ::kill(pid, SIGKILL);
+    ASSERT_EQ(detail::wait_child(pid).signal, SIGKILL);
+    const bool mid_write = !detail::exists(after) && !temporary().empty();
+    killed_mid_write += mid_write ? 1 : 0;
+    const LatestCheckpoint last = load_latest_checkpoint(dir, 0);
+    ASSERT_TRUE(last.checkpoint.has_value());
+    EXPECT_EQ(last.checkpoint->epoch, mid_write ? 2 * round + 1 : 2 * round + 2);
+    EXPECT_TRUE(last.damaged.empty()) << last.damaged.front().problem;
+  }
+  EXPECT_GT(killed_mid_write, 0) << "no kill landed inside a background write; the test proved nothing";
 }
 
 // ---- damaged and foreign files: a CheckpointError naming the file and the problem ----

@@ -240,8 +240,9 @@ TEST(TrainCli, ResumeEqualsAnUninterruptedRunSingle) {
   const std::string& resumed = resumed_temp.path();
   const std::string args = kSmall + " --model lenet --seed 3 --checkpoint-dir ";
   ASSERT_EQ(cli(args + straight + " --epochs 4").code, 0);
-  ASSERT_EQ(cli(args + resumed + " --epochs 2 --metrics " + resumed + "/m.jsonl").code, 0);
-  const CliRun r = cli(args + resumed + " --epochs 4 --resume --metrics " + resumed + "/m.jsonl");
+  // The resumed run writes its checkpoints in the background (--checkpoint-async): the same files.
+  ASSERT_EQ(cli(args + resumed + " --epochs 2 --checkpoint-async --metrics " + resumed + "/m.jsonl").code, 0);
+  const CliRun r = cli(args + resumed + " --epochs 4 --resume --checkpoint-async --metrics " + resumed + "/m.jsonl");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("(2 epochs done)"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("epoch 2/4"), std::string::npos) << "resumed runs skip done epochs: " << r.output;
@@ -267,6 +268,27 @@ TEST(TrainCli, ResumeEqualsAnUninterruptedRunDdp) {
   for (const auto& p : results) ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_NE(results[0].output.find("(2 epochs done)"), std::string::npos) << results[0].output;
   expect_same_parameters(straight + "/checkpoint-epoch-4.pt", resumed + "/checkpoint-epoch-4.pt");
+}
+
+// --checkpoint-async: a write that fails in the background stops the run at the next step,
+// or at the end for the last checkpoint, with exit code 1 and the reason; never silently.
+TEST(TrainCli, ABackgroundCheckpointThatFailsIsReportedAtTheNextStepOrAtTheEnd) {
+  const TempDir temp("train_cli_async_failure");
+  const std::string dir = temp.path();
+  // A directory where the file must go: the rename that puts it in place fails.
+  datapar::detail::make_directories(dir + "/checkpoint-epoch-1.pt/in-the-way");
+  const std::string args = kSmall + " --checkpoint-async --checkpoint-dir " + dir;
+  const CliRun next_step = cli(args + " --epochs 3");
+  EXPECT_EQ(next_step.code, 1) << next_step.output;
+  EXPECT_NE(next_step.output.find("the checkpoint " + dir + "/checkpoint-epoch-1.pt was not written (it was being "
+                                  "written in the background)"), std::string::npos) << next_step.output;
+  EXPECT_NE(next_step.output.find("(Is a directory)"), std::string::npos) << next_step.output;
+  EXPECT_EQ(next_step.output.find("epoch 2/3"), std::string::npos) << "reported at epoch 2's first step: "
+                                                                      << next_step.output;
+  const CliRun at_end = cli(args + " --epochs 1");
+  EXPECT_EQ(at_end.code, 1) << at_end.output;
+  EXPECT_NE(at_end.output.find("epoch 1/1"), std::string::npos) << at_end.output;
+  EXPECT_NE(at_end.output.find("checkpoint-epoch-1.pt was not written"), std::string::npos) << at_end.output;
 }
 
 // Issue 27: ranks with checkpoint directories of their own (node-local) that found
@@ -615,7 +637,8 @@ TEST(TrainCli, DcpCheckpointsResumeInAnyModeSkippingIncompleteOnes) {
     ASSERT_EQ(p.exit_code, 0) << p.output;
   }
   const std::string dcp_args = " --checkpoint-format dcp";
-  for (const auto& p : ddp_job(args + dcp_dir + " --mode ddp --epochs 2" + dcp_args, 2, dcp_dir + "/logs")) {
+  // Written in the background (--checkpoint-async: over a group of the writer's own), resumed from.
+  for (const auto& p : ddp_job(args + dcp_dir + " --mode ddp --epochs 2 --checkpoint-async" + dcp_args, 2, dcp_dir + "/logs")) {
     ASSERT_EQ(p.exit_code, 0) << p.output;
   }
   ASSERT_TRUE(datapar::dcp::is_checkpoint(dcp_dir + "/epoch-2"));
@@ -793,6 +816,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--mode dp --devices cpu:0,cpu:1 --balance 1e308,1e308", "the shares add up past the largest number"},
         BadOption{"--mode fast", "--mode: \"fast\" is not a mode"},
         BadOption{"--resume", "--resume needs --checkpoint-dir"},
+        BadOption{"--checkpoint-async", "--checkpoint-async needs --checkpoint-dir"},
         BadOption{"--checkpoint-dir /proc/datapar-checkpoints", "--checkpoint-dir /proc/datapar-checkpoints: cannot make"},
         BadOption{"--checkpoint-dir /etc/hostname", "--checkpoint-dir /etc/hostname: cannot make this directory"},
         BadOption{"--batch-size abc", "batch-size"},

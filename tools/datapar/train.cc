@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <thread>
 
@@ -34,6 +35,7 @@
 #include "datapar/models/resnet18.h"
 #include "datapar/rendezvous/job_config.h"
 #include "datapar/trace.h"
+#include "datapar/train/async_checkpoint.h"
 #include "train/data.h"
 #include "train/fault_tolerant_loop.h"
 #include "train/loop.h"
@@ -184,13 +186,28 @@ int build_and_train(const TrainPlan& plan, const Data& data) {
   return train(resnet);
 }
 
-int run_plan(const TrainPlan& plan) {
+// --checkpoint-async's writer; a dcp one exchanges over a group of its own (the training's
+// collectives run on the main thread meanwhile). Under --fault-tolerant rank 0 of each
+// membership writes torch files: no group.
+std::shared_ptr<train::AsyncCheckpointWriter> make_checkpoint_writer(const TrainPlan& plan) {
+  std::shared_ptr<ProcessGroup> group;
+  if (plan.options.checkpoint_format == "dcp" && is_initialized()) {
+    std::vector<int> ranks(static_cast<size_t>(get_world_size()));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    group = new_group(ranks);
+  }
+  return std::make_shared<train::AsyncCheckpointWriter>(std::move(group));
+}
+
+int run_plan(TrainPlan& plan) {
   const TrainOptions& o = plan.options;
   set_threads(plan);
   join_job(plan);
+  if (o.checkpoint_async) plan.checkpoint_writer = make_checkpoint_writer(plan);
   const Data data = load_data(plan);  // FashionMnist names a missing or damaged file here
   print_banner(plan, data);
   const int code = build_and_train(plan, data);
+  if (plan.checkpoint_writer) plan.checkpoint_writer->wait();  // the last checkpoint written, or its failure
   if (!o.trace.empty()) {
     trace::save(o.trace);  // every rank: rank 0 writes all ranks' events
     if (plan.rank == 0) std::printf("trace: %s\n", o.trace.c_str());

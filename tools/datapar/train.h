@@ -20,11 +20,16 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "datapar/devices.h"
 #include "datapar/rendezvous/init_method.h"
+
+namespace datapar::train {
+class AsyncCheckpointWriter;
+}  // namespace datapar::train
 
 namespace datapar::tools {
 
@@ -44,6 +49,7 @@ struct TrainOptions {
   uint64_t seed = 0;
   std::string checkpoint_dir;      // a checkpoint per epoch (rank 0 writes)
   std::string checkpoint_format = "torch";  // torch: a torch.save file per epoch; dcp: a DCP directory
+  bool checkpoint_async = false;   // checkpoints written in the background (staged first)
   bool resume = false;             // continue from the latest checkpoint in checkpoint_dir
   bool start_over = false;         // resume: start from epoch 1 when no checkpoint is intact
   bool evaluate = false;           // only evaluate the latest checkpoint on the test set
@@ -99,6 +105,9 @@ struct TrainPlan {
   std::string data_dir;            // "" for synthetic data
   std::vector<double> balance_weights;  // --balance W0,W1,...: one share per device (dp) or rank (ddp)
   bool resume = false;             // --resume, or a restart (DATAPAR_RESTART_COUNT > 0)
+  // --checkpoint-async: the writer every checkpoint of the run goes through (made once the
+  // job is joined: a dcp one has a group of its own).
+  std::shared_ptr<train::AsyncCheckpointWriter> checkpoint_writer;
 };
 
 // The directory `--data` defaults to: $DATAPAR_FASHION_MNIST_DIR when set and not empty, else

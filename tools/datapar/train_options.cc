@@ -162,6 +162,8 @@ void check_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(!(o.resume || o.evaluate || o.start_over) || !o.checkpoint_dir.empty(),
                 o.resume ? "--resume" : o.evaluate ? "--evaluate" : "--start-over",
                 " needs --checkpoint-dir: the directory that holds the checkpoints.");
+  DATAPAR_CHECK(!o.checkpoint_async || !o.checkpoint_dir.empty(),
+                "--checkpoint-async needs --checkpoint-dir: the directory the checkpoints are written to.");
 }
 
 // --data and --checkpoint-dir: found (or made) now, not after the rendezvous.

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "datapar/dcp/checkpoint.h"
 #include "datapar/ddp/zero_redundancy_optimizer.h"
 #include "datapar/process_group/process_group.h"
 #include "datapar/train/checkpoint.h"
@@ -29,6 +30,10 @@ std::string dcp_checkpoint_path(const std::string& dir, int64_t epoch);
 // whole optimizer's names (dcp::add_zero_optimizer), in place of checkpoint.optimizer.
 void save_dcp_checkpoint(const Checkpoint& checkpoint, const torch::nn::Module& module, const std::string& path,
                          ProcessGroup* group, ZeroRedundancyOptimizer* zero = nullptr);
+
+// The DCP state save_dcp_checkpoint writes: the checkpoint's tensors as they are (no copy).
+dcp::State dcp_checkpoint_state(const Checkpoint& checkpoint, const torch::nn::Module& module,
+                                ZeroRedundancyOptimizer* zero = nullptr);
 
 // A directory load_latest_dcp_checkpoint passed over, and why.
 struct SkippedCheckpoint {

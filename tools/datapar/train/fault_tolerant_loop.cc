@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "datapar/train/async_checkpoint.h"
 #include "evaluation.h"
 #include "report.h"
 #include "timing.h"
@@ -24,6 +25,7 @@ class FaultTolerantLoop {
     const int64_t total = per_epoch_ * o_.epochs;
     const auto epoch_end = [this](int rank, int size) { end_epoch(rank, size); };
     while (strategy_.committed_steps() < total) {
+      if (plan_.checkpoint_writer) plan_.checkpoint_writer->check();  // a failed background write, reported now
       Rows step_rows;  // this rank's parts of the step
       const bool committed =
           strategy_.train_step([&](const ft::Slice& slice) { return train_slice(slice, step_rows); }, epoch_end);
@@ -111,7 +113,9 @@ class FaultTolerantLoop {
     }
     if (o_.checkpoint_dir.empty()) return;
     checkpoint->progress = {{"seed", static_cast<int64_t>(o_.seed)}};
-    train::save_checkpoint(*checkpoint, train::checkpoint_path(o_.checkpoint_dir, epoch), 0);
+    const std::string path = train::checkpoint_path(o_.checkpoint_dir, epoch);
+    if (plan_.checkpoint_writer) return plan_.checkpoint_writer->save(*checkpoint, path, 0);  // --checkpoint-async
+    train::save_checkpoint(*checkpoint, path, 0);
   }
 
   const TrainPlan& plan_;

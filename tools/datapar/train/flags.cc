@@ -43,6 +43,10 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
                   "torch.distributed.checkpoint, a directory epoch-N per epoch that every rank writes its share "
                   "of, loadable by Python's dcp.load at any world size")
       ->check(CLI::IsMember({"torch", "dcp"}));
+  cmd->add_flag("--checkpoint-async", o.checkpoint_async,
+                "Write the checkpoints in the background: the step that saves only copies the state into host "
+                "memory (reused between saves), a thread writes it while training goes on; one write at a time, "
+                "a failed write reported at the next step and at the end");
   cmd->add_flag("--resume", o.resume,
                 "Continue from the newest intact checkpoint in --checkpoint-dir (damaged ones are reported and "
                 "renamed *.damaged); an error if there is none");

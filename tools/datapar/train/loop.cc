@@ -12,6 +12,7 @@
 #include "datapar/data/loader.h"
 #include "datapar/ddp/rank_balancer.h"
 #include "datapar/trace.h"
+#include "datapar/train/async_checkpoint.h"
 #include "datapar/train/metrics.h"
 #include "evaluation.h"
 #include "report.h"
@@ -116,6 +117,7 @@ class EpochLoop {
       batch = loader_.next();
     }
     if (!batch) return false;
+    if (plan_.checkpoint_writer) plan_.checkpoint_writer->check();  // a failed background write, reported now
     const at::Tensor x = batch->data.to(device_, /*non_blocking=*/true);
     const at::Tensor y = batch->target.to(device_, /*non_blocking=*/true);
     strategy_.zero_grad();

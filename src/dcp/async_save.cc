@@ -1,0 +1,53 @@
+// dcp::AsyncSaver. See datapar/dcp/async_save.h.
+#include "datapar/dcp/async_save.h"
+
+#include <chrono>
+#include <utility>
+
+#include "serialization/background_writer.h"
+#include "serialization/staging_memory.h"
+
+namespace datapar::dcp {
+
+struct AsyncSaver::Impl {
+  std::shared_ptr<ProcessGroup> group;
+  ::datapar::detail::StagingMemory staging;
+  double last_blocked = 0;
+  ::datapar::detail::BackgroundWriter writer;  // last: its thread ends before the rest goes
+};
+
+AsyncSaver::AsyncSaver(std::shared_ptr<ProcessGroup> group) : impl_(std::make_unique<Impl>()) {
+  impl_->group = std::move(group);
+}
+
+AsyncSaver::~AsyncSaver() = default;
+AsyncSaver::AsyncSaver(AsyncSaver&&) noexcept = default;
+AsyncSaver& AsyncSaver::operator=(AsyncSaver&&) noexcept = default;
+
+void AsyncSaver::save(const State& state, const std::string& dir) {
+  const auto start = std::chrono::steady_clock::now();
+  Impl& s = *impl_;
+  s.writer.begin(dir);
+  auto staged = std::make_shared<State>(state);  // the entries' names and values; the tensors next
+  s.staging.begin();
+  for (State::Entry& entry : staged->entries()) {
+    for (Shard& box : entry.boxes) box.local = s.staging.stage(box.local);
+  }
+  std::shared_ptr<ProcessGroup> group = s.group;
+  s.writer.start(dir, [staged, dir, group] {
+    if (group) {
+      dcp::save(*staged, dir, *group);
+    } else {
+      dcp::save(*staged, dir);
+    }
+  });
+  s.last_blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void AsyncSaver::check() { impl_->writer.check(); }
+void AsyncSaver::wait() { impl_->writer.wait(); }
+bool AsyncSaver::in_flight() const { return impl_->writer.busy(); }
+double AsyncSaver::last_blocked_seconds() const { return impl_->last_blocked; }
+int64_t AsyncSaver::staging_bytes() const { return impl_->staging.bytes(); }
+
+}  // namespace datapar::dcp

@@ -1,0 +1,174 @@
+// Checkpoints written in the background (issue 49): the file holds the state at the save,
+// not what training did next; a failed write is reported, once, at the next check, save or
+// wait, or by the destructor; a save while one is in flight waits for it and warns. (A kill
+// during the background write: checkpoint_test.cc, which forks.)
+#include "datapar/train/async_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "datapar/dcp/async_save.h"
+#include "datapar/error.h"
+#include "datapar/models/mlp.h"
+#include "file_system.h"
+#include "testing/captured_warnings.h"
+#include "testing/expect_throw.h"
+#include "testing/gloo_ranks.h"
+#include "testing/temp_dir.h"
+
+namespace datapar::train {
+namespace {
+
+using models::Mlp;
+
+// A few Adam steps on random data: parameters and both moments move at every step.
+void adam_steps(Mlp& model, torch::optim::Adam& adam, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    adam.zero_grad();
+    const int64_t inputs = model->parameters().front().size(1);
+    model->forward(at::randn({16, inputs})).pow(2).mean().backward();
+    adam.step();
+  }
+}
+
+// Every tensor of the checkpoint, deep-copied: what the file must hold.
+Checkpoint copy_of(const Checkpoint& c) {
+  Checkpoint out = c;
+  out.model = StateDict();
+  for (const auto& item : c.model) out.model.insert(item.key(), item.value().clone());
+  out.optimizer = c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get());
+  const auto state = c.optimizer.at("state").toGenericDict();
+  c10::impl::GenericDict state_copy(state.keyType(), state.valueType());
+  for (const auto& entry : state) {
+    c10::impl::GenericDict per(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& kv : entry.value().toGenericDict()) per.insert(kv.key(), kv.value().toTensor().clone());
+    state_copy.insert(entry.key(), per);
+  }
+  out.optimizer.insert("state", state_copy);
+  return out;
+}
+
+void expect_holds(const std::string& path, const Checkpoint& want) {
+  const Checkpoint got = load_checkpoint(path);
+  EXPECT_EQ(got.epoch, want.epoch);
+  for (const auto& item : want.model) EXPECT_TRUE(at::equal(got.model[item.key()], item.value())) << item.key();
+  const auto want_state = want.optimizer.at("state").toGenericDict();
+  const auto got_state = got.optimizer.at("state").toGenericDict();
+  ASSERT_EQ(got_state.size(), want_state.size());
+  for (const auto& entry : want_state) {
+    for (const auto& kv : entry.value().toGenericDict()) {
+      EXPECT_TRUE(at::equal(got_state.at(entry.key()).toGenericDict().at(kv.key()).toTensor(), kv.value().toTensor()))
+          << "parameter " << entry.key().toInt() << ", " << kv.key().toStringRef();
+    }
+  }
+}
+
+TEST(AsyncCheckpoint, TheFileHoldsTheStateAtTheSaveNotWhatTrainingDidNext) {
+  const testing::TempDir temp("async_state");
+  Mlp model(std::vector<int64_t>{8, 256, 256, 4});
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+  adam_steps(model, adam, 3);
+  AsyncCheckpointWriter writer;
+  for (int64_t epoch = 1; epoch <= 3; ++epoch) {  // the staging buffers reused from the second on
+    const Checkpoint now = make_checkpoint(*model, adam, epoch);
+    const Checkpoint want = copy_of(now);
+    writer.save(now, checkpoint_path(temp.path(), epoch), 0);
+    adam_steps(model, adam, 2);  // in place, while the write may still be going on
+    writer.wait();
+    expect_holds(checkpoint_path(temp.path(), epoch), want);
+  }
+  EXPECT_FALSE(writer.in_flight());
+}
+
+TEST(AsyncCheckpoint, OnlyRankZeroWrites) {
+  const testing::TempDir temp("async_rank");
+  Mlp model(std::vector<int64_t>{8, 4});
+  torch::optim::Adam adam(model->parameters());
+  AsyncCheckpointWriter writer;
+  writer.save(make_checkpoint(*model, adam, 1), checkpoint_path(temp.path(), 1), 1);
+  writer.wait();
+  EXPECT_FALSE(detail::exists(checkpoint_path(temp.path(), 1)));
+}
+
+TEST(AsyncCheckpoint, AFailedWriteIsReportedOnceAtTheNextSaveOrWait) {
+  const testing::TempDir temp("async_fail");
+  std::ofstream(temp.path() + "/a-file") << "not a directory";
+  const std::string bad = temp.path() + "/a-file/checkpoint-epoch-1.pt";  // ENOTDIR when written
+  Mlp model(std::vector<int64_t>{8, 4});
+  torch::optim::Adam adam(model->parameters());
+  AsyncCheckpointWriter writer;
+  writer.save(make_checkpoint(*model, adam, 1), bad, 0);  // returns: the write fails later
+  // The next save reports it before staging anything, and is not made.
+  const std::string good = checkpoint_path(temp.path(), 2);
+  EXPECT_THROW_MSG(writer.save(make_checkpoint(*model, adam, 2), good, 0), CheckpointError,
+                            "the checkpoint " + bad + " was not written");
+  EXPECT_FALSE(detail::exists(good));
+  writer.save(make_checkpoint(*model, adam, 2), good, 0);  // reported once: this one goes
+  writer.wait();
+  EXPECT_EQ(load_checkpoint(good).epoch, 2);
+  // A failure found by wait() (at the end of a run).
+  writer.save(make_checkpoint(*model, adam, 3), bad, 0);
+  EXPECT_THROW_MSG(writer.wait(), CheckpointError, "The checkpoint before it is unchanged");
+  writer.wait();
+  writer.check();
+}
+
+TEST(AsyncCheckpoint, AFailureNobodyAskedForIsWarnedAboutWhenTheWriterGoes) {
+  const testing::TempDir temp("async_unreported");
+  std::ofstream(temp.path() + "/a-file") << "not a directory";
+  const std::string bad = temp.path() + "/a-file/checkpoint-epoch-1.pt";
+  Mlp model(std::vector<int64_t>{8, 4});
+  torch::optim::Adam adam(model->parameters());
+  testing::CapturedWarnings warnings;
+  {
+    AsyncCheckpointWriter writer;
+    writer.save(make_checkpoint(*model, adam, 1), bad, 0);
+  }
+  const auto messages = warnings.messages();
+  ASSERT_EQ(messages.size(), 1u);
+  EXPECT_NE(messages[0].find("the checkpoint " + bad + " was not written, and nothing reported it"), std::string::npos)
+      << messages[0];
+}
+
+// Two ranks of one group: rank 1 comes late to the first save, so rank 0's write of it is
+// still in flight (in dcp::save's first exchange) when rank 0 saves again: the second save
+// waits for it, warns, and then stages. Each directory holds the values of its own save.
+TEST(AsyncDcp, ASaveWhileOneIsInFlightWaitsForItWithAWarningAndEachHoldsItsOwnState) {
+  const testing::TempDir temp("async_dcp");
+  testing::CapturedWarnings warnings;
+  std::atomic<bool> first_waited{false};
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    dcp::AsyncSaver saver(group);
+    at::Tensor weights = at::arange(1000, at::kFloat).reshape({10, 100});
+    dcp::State state;
+    state.put("w", dcp::Shard{weights.narrow(0, 5 * rank, 5), {5 * rank, 0}, {10, 100}});
+    state.put("step", c10::IValue(int64_t(1)));
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    saver.save(state, temp.path() + "/one");
+    weights.mul_(-1);  // the next step, in place
+    state.entries()[1].value = int64_t(2);
+    saver.save(state, temp.path() + "/two");
+    if (rank == 0) first_waited = saver.last_blocked_seconds() > 0.2;
+    saver.wait();
+  });
+  EXPECT_TRUE(first_waited) << "rank 0's second save returned before rank 1 came to the first";
+  bool named = false;
+  for (const std::string& m : warnings.messages()) {
+    named = named || m.find("the checkpoint " + temp.path() + "/two waits for the write of " + temp.path() + "/one") !=
+                         std::string::npos;
+  }
+  EXPECT_TRUE(named) << "no warning named the save that waited";
+  const dcp::State one = dcp::load_all(temp.path() + "/one"), two = dcp::load_all(temp.path() + "/two");
+  EXPECT_TRUE(at::equal(one.tensor("w"), at::arange(1000, at::kFloat).reshape({10, 100})));
+  EXPECT_TRUE(at::equal(two.tensor("w"), -at::arange(1000, at::kFloat).reshape({10, 100})));
+  EXPECT_EQ(one.at("step").value.toInt(), 1);
+  EXPECT_EQ(two.at("step").value.toInt(), 2);
+}
+
+}  // namespace
+}  // namespace datapar::train
