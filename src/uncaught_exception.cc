@@ -11,6 +11,7 @@
 #include <string>
 
 #include "fsdp/flat_buffers.h"
+#include "process_group/flight_recorder.h"
 
 namespace datapar::detail {
 namespace {
@@ -22,6 +23,7 @@ std::terminate_handler previous_handler = nullptr;
 bool freed_storage_error(const std::string& what) { return what.find("out of bounds for storage of size 0") != std::string::npos; }
 
 [[noreturn]] void on_terminate() {
+  flight_recorder_on_terminate();  // where each group was, before the process goes
   const std::exception_ptr exception = std::current_exception();
   const char* abort_wanted = std::getenv("DATAPAR_ABORT_ON_UNCAUGHT");
   if (!exception || (abort_wanted != nullptr && std::strcmp(abort_wanted, "1") == 0)) {

@@ -141,6 +141,7 @@ void init_process_group(const std::string& backend, const std::string& init_meth
   std::vector<int> everyone(s->world_size);
   for (int i = 0; i < s->world_size; ++i) everyone[i] = i;
   s->group = s->backend->make(group_store(*s, "group/default"), s->rank, everyone, s->settings);
+  s->group->set_name("default");
   if (!s->store) {
     // The group came first (mpi): its stalls are inspected once the store is there, the one
     // inspector not added by the backend's assembly (process_group/assembly.h).
@@ -176,7 +177,10 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) {
   if (me == ranks.end()) return nullptr;
   const std::string name = "group/" + std::to_string(id);
   // Its stalls inspected through "<name>/stall", as its backend's factory assembles it.
-  return s.backend->make(group_store(s, name), static_cast<int>(me - ranks.begin()), ranks, s.settings);
+  std::shared_ptr<ProcessGroup> group =
+      s.backend->make(group_store(s, name), static_cast<int>(me - ranks.begin()), ranks, s.settings);
+  group->set_name(name);
+  return group;
 }
 
 namespace detail {

@@ -8,7 +8,10 @@
 #include <utility>
 
 #include "datapar/error.h"
+#include "datapar/process_group/flight_recorder.h"
+#include "process_group/flight_recorder.h"
 #include "process_group/stall_inspector.h"
+#include "process_group/tensor_description.h"
 #include "collectives/aborted.h"
 #include "process_group/work_completion.h"
 
@@ -62,15 +65,33 @@ void ProcessGroup::abort() {
   do_abort();
 }
 
-template <typename Start>
-std::shared_ptr<Work> ProcessGroup::start(const std::string& what, Start&& start_operation, bool collective) {
+template <typename Start, typename Tensors>
+std::shared_ptr<Work> ProcessGroup::start(const std::string& what, Start&& start_operation, Tensors&& tensors,
+                                          bool collective) {
   if (aborted()) throw CommError(detail::aborted_message(describe(what)));
+  // The flight recorder's record, and DATAPAR_DISTRIBUTED_DEBUG=DETAIL's check: collectives
+  // only (a point-to-point operation has no number every rank shares).
+  std::shared_ptr<detail::CollectiveRecord> record;
+  if (collective) {
+    std::call_once(recorder_once_, [this] {
+      recorder_ = detail::make_flight_recorder(backend(), rank(), size());
+      if (recorder_ && !name_.empty()) recorder_->set_name(name_);
+    });
+    if (recorder_ || collectives_checked()) {
+      std::string described = tensors();
+      if (collectives_checked()) check_same_call(what, described);
+      if (recorder_) record = recorder_->issue(what, std::move(described));
+    }
+  }
   std::shared_ptr<Work> work;
   try {
     work = start_operation();
   } catch (...) {
-    std::rethrow_exception(detail::as_datapar_error(describe(what), std::current_exception()));
+    const std::exception_ptr error = detail::as_datapar_error(describe(what), std::current_exception());
+    if (record) record->end(false, "not started");
+    std::rethrow_exception(error);
   }
+  if (record) detail::WorkCompletion::attach(*work, std::move(record));
   // The group's own timeout error names who is missing: a waiter gives it time to come first.
   detail::WorkCompletion::limit(*work, timeout_ + std::min(timeout_, kWaitGrace));
   if (collective && stall_inspector_) stall_inspector_->issued(work);
@@ -102,6 +123,11 @@ void ProcessGroup::inspect_stalls(std::shared_ptr<Store> store, std::chrono::mil
 
 std::string ProcessGroup::ranks_behind() const {
   return stall_inspector_ ? stall_inspector_->ranks_behind() : "";
+}
+
+void ProcessGroup::set_name(const std::string& name) {
+  name_ = name;
+  if (recorder_) recorder_->set_name(name);
 }
 
 void ProcessGroup::set_stall_warning(std::chrono::milliseconds warn_after) {
@@ -144,14 +170,16 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op) {
   check_tensor(tensor, "all_reduce");
   check_avg(op, tensor, "all_reduce");
   const std::string what = str_cat("all_reduce(", to_string(op), ")");
-  return start(what, [&] { return do_all_reduce(what, std::move(tensor), op); });
+  return start(what, [&] { return do_all_reduce(what, std::move(tensor), op); },
+               [&] { return detail::describe_tensor(tensor); });
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(at::Tensor tensor, int root) {
   check_tensor(tensor, "broadcast");
   check_root(root, size(), "broadcast");
   const std::string what = str_cat("broadcast(root ", root, ")");
-  return start(what, [&] { return do_broadcast(what, std::move(tensor), root); });
+  return start(what, [&] { return do_broadcast(what, std::move(tensor), root); },
+               [&] { return detail::describe_tensor(tensor); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp op) {
@@ -159,14 +187,16 @@ std::shared_ptr<Work> ProcessGroup::reduce(at::Tensor tensor, int root, ReduceOp
   check_root(root, size(), "reduce");
   check_avg(op, tensor, "reduce");
   const std::string what = str_cat("reduce(", to_string(op), ", root ", root, ")");
-  return start(what, [&] { return do_reduce(what, std::move(tensor), root, op); });
+  return start(what, [&] { return do_reduce(what, std::move(tensor), root, op); },
+               [&] { return detail::describe_tensor(tensor); });
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather(std::vector<at::Tensor> outputs, at::Tensor input) {
   check_tensor(input, "all_gather");
   check_list(outputs, input, "all_gather", "outputs");
   const std::string what = "all_gather";
-  return start(what, [&] { return do_all_gather(what, std::move(outputs), std::move(input)); });
+  return start(what, [&] { return do_all_gather(what, std::move(outputs), std::move(input)); },
+               [&] { return detail::describe_tensor(input); });
 }
 
 std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) {
@@ -178,7 +208,8 @@ std::shared_ptr<Work> ProcessGroup::gather(std::vector<at::Tensor> outputs, at::
     outputs.clear();
   }
   const std::string what = str_cat("gather(root ", root, ")");
-  return start(what, [&] { return do_gather(what, std::move(outputs), std::move(input), root); });
+  return start(what, [&] { return do_gather(what, std::move(outputs), std::move(input), root); },
+               [&] { return detail::describe_tensor(input); });
 }
 
 std::shared_ptr<Work> ProcessGroup::scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) {
@@ -190,7 +221,8 @@ std::shared_ptr<Work> ProcessGroup::scatter(at::Tensor output, std::vector<at::T
     inputs.clear();
   }
   const std::string what = str_cat("scatter(root ", root, ")");
-  return start(what, [&] { return do_scatter(what, std::move(output), std::move(inputs), root); });
+  return start(what, [&] { return do_scatter(what, std::move(output), std::move(inputs), root); },
+               [&] { return detail::describe_tensor(output); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) {
@@ -198,7 +230,8 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(at::Tensor output, std::vecto
   check_list(inputs, output, "reduce_scatter", "inputs");
   check_avg(op, output, "reduce_scatter");
   const std::string what = str_cat("reduce_scatter(", to_string(op), ")");
-  return start(what, [&] { return do_reduce_scatter(what, std::move(output), std::move(inputs), op); });
+  return start(what, [&] { return do_reduce_scatter(what, std::move(output), std::move(inputs), op); },
+               [&] { return detail::describe_tensor(output); });
 }
 
 std::shared_ptr<Work> ProcessGroup::all_to_all_single(at::Tensor output, at::Tensor input) {
@@ -210,12 +243,13 @@ std::shared_ptr<Work> ProcessGroup::all_to_all_single(at::Tensor output, at::Ten
   DATAPAR_CHECK(input.dim() >= 1 && input.size(0) % size() == 0, "all_to_all_single: dim 0 of the input (",
                 input.dim() ? input.size(0) : 0, ") must split into ", size(), " equal chunks.");
   const std::string what = "all_to_all_single";
-  return start(what, [&] { return do_all_to_all_single(what, std::move(output), std::move(input)); });
+  return start(what, [&] { return do_all_to_all_single(what, std::move(output), std::move(input)); },
+               [&] { return detail::describe_tensor(input); });
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier() {
   const std::string what = "barrier";
-  return start(what, [&] { return do_barrier(what); });
+  return start(what, [&] { return do_barrier(what); }, [] { return std::string(); });
 }
 
 std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(std::vector<at::Tensor> tensors, ReduceOp op) {
@@ -224,28 +258,32 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(std::vector<at::Tensor>
     check_avg(op, t, "all_reduce_coalesced", /*plural=*/true);
   }
   const std::string what = str_cat("all_reduce_coalesced(", to_string(op), ", ", tensors.size(), " tensors)");
-  return start(what, [&] { return do_all_reduce_coalesced(what, std::move(tensors), op); });
+  return start(what, [&] { return do_all_reduce_coalesced(what, std::move(tensors), op); },
+               [&] { return detail::describe_tensors(tensors); });
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast_coalesced(std::vector<at::Tensor> tensors, int root) {
   for (const at::Tensor& t : tensors) check_tensor(t, "broadcast_coalesced");
   check_root(root, size(), "broadcast_coalesced");
   const std::string what = str_cat("broadcast_coalesced(root ", root, ", ", tensors.size(), " tensors)");
-  return start(what, [&] { return do_broadcast_coalesced(what, std::move(tensors), root); });
+  return start(what, [&] { return do_broadcast_coalesced(what, std::move(tensors), root); },
+               [&] { return detail::describe_tensors(tensors); });
 }
 
 std::shared_ptr<Work> ProcessGroup::send(at::Tensor tensor, int dst, int tag) {
   check_tensor(tensor, "send");
   check_peer(dst, rank(), size(), tag, "send");
   const std::string what = str_cat("send(to ", dst, ", tag ", tag, ")");
-  return start(what, [&] { return do_send(what, std::move(tensor), dst, tag); }, /*collective=*/false);
+  return start(what, [&] { return do_send(what, std::move(tensor), dst, tag); },
+               [&] { return detail::describe_tensor(tensor); }, /*collective=*/false);
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(at::Tensor tensor, int src, int tag) {
   check_tensor(tensor, "recv");
   check_peer(src, rank(), size(), tag, "recv");
   const std::string what = str_cat("recv(from ", src, ", tag ", tag, ")");
-  return start(what, [&] { return do_recv(what, std::move(tensor), src, tag); }, /*collective=*/false);
+  return start(what, [&] { return do_recv(what, std::move(tensor), src, tag); },
+               [&] { return detail::describe_tensor(tensor); }, /*collective=*/false);
 }
 
 }  // namespace datapar

@@ -5,9 +5,26 @@
 
 #include "datapar/error.h"
 #include "process_group/collective_failure.h"
+#include "process_group/flight_recorder.h"
 #include "process_group/work_completion.h"
 
 namespace datapar {
+namespace detail {
+namespace {
+
+// A failed collective's reason, for its record.
+std::string reason(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
+}  // namespace
+}  // namespace detail
 
 void Work::wait(std::chrono::milliseconds timeout) {
   if (!is_completed() && wait_on_stream(/*hand_out=*/true)) return;
@@ -18,6 +35,7 @@ void Work::synchronize(std::chrono::milliseconds timeout) {
   if (!is_completed()) (void)wait_on_stream(/*hand_out=*/false);
   if (done_.wait_for(timeout) != std::future_status::ready) {
     detail::note_collective_failure();
+    detail::flight_recorder_on_failure(what_ + ": not finished after its timeout");
     throw TimeoutError(detail::str_cat(what_, ": not finished after ", std::chrono::duration<double>(timeout).count(),
                                        " s. Did every process issue the same collectives in the same order?"));
   }
@@ -26,6 +44,28 @@ void Work::synchronize(std::chrono::milliseconds timeout) {
 }
 
 bool Work::is_completed() const { return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+
+void Work::note_end(const std::exception_ptr& error) {
+  std::shared_ptr<detail::CollectiveRecord> record;
+  {
+    const std::lock_guard<std::mutex> lock(record_mutex_);
+    ended_ = true;
+    end_error_ = error;
+    record = record_;
+  }
+  if (record) record->end(!error, error ? detail::reason(error) : "");
+}
+
+void Work::attach(std::shared_ptr<detail::CollectiveRecord> record) {
+  std::exception_ptr error;
+  {
+    const std::lock_guard<std::mutex> lock(record_mutex_);
+    record_ = record;
+    if (!ended_) return;
+    error = end_error_;
+  }
+  record->end(!error, error ? detail::reason(error) : "");
+}
 
 namespace detail {
 namespace {
@@ -44,7 +84,9 @@ bool collective_failed() { return failed().load(); }
 void WorkCompletion::fail(Work& work, std::exception_ptr error) {
   note_collective_failure();
   work.fail(as_datapar_error(work.what(), std::move(error)));
+  flight_recorder_on_failure(work.what());
 }
+
 
 std::exception_ptr as_datapar_error(const std::string& what, std::exception_ptr error) {
   try {

@@ -16,6 +16,8 @@ class WorkCompletion {
   static void limit(Work& work, std::chrono::milliseconds timeout) { work.timeout_ = timeout; }
   // Fails `work` with `error` as users see errors (as_datapar_error).
   static void fail(Work& work, std::exception_ptr error);
+  // The flight recorder's record of the collective `work` runs.
+  static void attach(Work& work, std::shared_ptr<CollectiveRecord> record) { work.attach(std::move(record)); }
 };
 
 // An error as a process group's caller sees it: datapar's errors as they are; anything an

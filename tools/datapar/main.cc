@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
   app.add_subcommand("devices", datapar::tools::kDevicesSummary);
   app.add_subcommand("train", datapar::tools::kTrainSummary);
   app.add_subcommand("bench", datapar::tools::kBenchSummary);
+  app.add_subcommand("analyze", datapar::tools::kAnalyzeSummary);
 
   datapar::tools::LaunchOptions launch_options;
   double grace_s = 5;

@@ -14,6 +14,7 @@
 #include "cli_numbers.h"
 #include "commands.h"
 #include "datapar/devices.h"
+#include "datapar/process_group/flight_recorder.h"
 #include "datapar/error.h"
 #include "train.h"
 
@@ -144,6 +145,10 @@ int main(int argc, char** argv) {
   auto* devices = app.add_subcommand("devices", datapar::tools::kDevicesSummary);
   devices->add_option("--devices", spec, "A device list to check, e.g. cpu:0,cpu:1 or cuda:0,cuda:3 or cuda");
 
+  std::string dumps;
+  auto* analyze = app.add_subcommand("analyze", datapar::tools::kAnalyzeSummary);
+  analyze->add_option("dir", dumps, "The directory of the dumps (DATAPAR_FLIGHT_RECORDER_DIR)")->required();
+
   auto* bench = app.add_subcommand("bench", datapar::tools::kBenchSummary);
   bench->require_subcommand(1);
   datapar::tools::BenchCollectivesOptions collectives;
@@ -166,6 +171,10 @@ int main(int argc, char** argv) {
   if (*train) return datapar::tools::train(train_options);
   try {
     if (*devices) return list_devices(spec);
+    if (*analyze) {
+      std::cout << datapar::analyze_flight_records(dumps) << "\n";
+      return 0;
+    }
     if (*bench_ddp) return datapar::tools::bench_ddp(ddp);
     if (*bench_fsdp) return datapar::tools::bench_fsdp(fsdp);
     if (*bench_collectives) {

@@ -34,6 +34,7 @@
 namespace datapar {
 namespace detail {
 class StallInspector;
+class FlightRecorder;
 }  // namespace detail
 
 // What Work::wait() waits beyond its group's timeout by default (at most; no longer than
@@ -156,6 +157,10 @@ class ProcessGroup {
   // Changes the wait before a warning (zero: none). REQUIRES: inspect_stalls() was called.
   void set_stall_warning(std::chrono::milliseconds warn_after);
 
+  // The group's name in flight recorder dumps (flight_recorder.h), the same on every rank:
+  // init_process_group's is "default", new_group's "group/<N>".
+  void set_name(const std::string& name);
+
  protected:
   ProcessGroup(int rank, int size, std::chrono::milliseconds timeout);
 
@@ -201,8 +206,14 @@ class ProcessGroup {
  private:
   // Runs a backend's do_* under the one error translation (see do_all_reduce), and shows
   // a collective's Work to the stall inspector.
-  template <typename Start>
-  std::shared_ptr<Work> start(const std::string& what, Start&& start_operation, bool collective = true);
+  // `tensors` describes the operation's tensors (tensor_description.h), for the flight
+  // recorder and DETAIL's check; called only when one of them is on.
+  template <typename Start, typename Tensors>
+  std::shared_ptr<Work> start(const std::string& what, Start&& start_operation, Tensors&& tensors,
+                              bool collective = true);
+  // DATAPAR_DISTRIBUTED_DEBUG=DETAIL: every rank's call, compared before the collective runs
+  // (src/process_group/collective_check.cc); throws InvalidArgumentError naming each call.
+  void check_same_call(const std::string& what, const std::string& tensors);
 
   void check_tensor(const at::Tensor& tensor, const char* what) const;
   void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* what,
@@ -218,6 +229,11 @@ class ProcessGroup {
   std::vector<std::weak_ptr<Work>> in_flight_;
   size_t prune_at_ = 64;
   std::shared_ptr<detail::StallInspector> stall_inspector_;  // null: not inspected
+  // The flight recorder's ring of this group's collectives; made at the first collective
+  // (null: off).
+  std::once_flag recorder_once_;
+  std::shared_ptr<detail::FlightRecorder> recorder_;
+  std::string name_;
 };
 
 }  // namespace datapar

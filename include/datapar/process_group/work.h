@@ -12,11 +12,13 @@
 #include <exception>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace datapar {
 namespace detail {
 class WorkCompletion;
+struct CollectiveRecord;
 }  // namespace detail
 
 class Work {
@@ -71,11 +73,20 @@ class Work {
   // The first outcome counts: an abort (ProcessGroup::abort) may fail a Work that its
   // backend completes later.
   void finish() {
-    if (!settled_.exchange(true)) promise_.set_value();
+    if (!settled_.exchange(true)) {
+      note_end(nullptr);
+      promise_.set_value();
+    }
   }
   void fail(std::exception_ptr error) {
-    if (!settled_.exchange(true)) promise_.set_exception(std::move(error));
+    if (!settled_.exchange(true)) {
+      note_end(error);
+      promise_.set_exception(std::move(error));
+    }
   }
+  // Tells the flight recorder's record of this collective, if it has one, how it ended.
+  void note_end(const std::exception_ptr& error);
+  void attach(std::shared_ptr<detail::CollectiveRecord> record);
 
   std::string what_;
   // Its group's timeout plus kWaitGrace, set as the group hands it out; a year for a Work
@@ -84,6 +95,12 @@ class Work {
   std::promise<void> promise_;
   std::atomic<bool> settled_{false};
   std::shared_future<void> done_;
+  // The flight recorder's (flight_recorder.h), attached after the backend made the Work,
+  // which may end first: the end is kept until then.
+  std::mutex record_mutex_;
+  std::shared_ptr<detail::CollectiveRecord> record_;
+  bool ended_ = false;
+  std::exception_ptr end_error_;
 };
 
 }  // namespace datapar

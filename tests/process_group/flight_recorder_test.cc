@@ -1,0 +1,230 @@
+// The flight recorder and DETAIL's check (issue 49), with ranks as threads of one Gloo group:
+// seeded faults (a rank that skips a collective, calls all_gather where the others call
+// all_reduce, another size, another dtype, or sleeps past the timeout) are named by the
+// analysis of the dumps, collective and rank; under DATAPAR_DISTRIBUTED_DEBUG=DETAIL the
+// mismatches fail at once on every rank, with both calls named.
+#include "datapar/process_group/flight_recorder.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "child_process.h"
+#include "datapar/error.h"
+#include "file_system.h"
+#include "testing/gloo_ranks.h"
+#include "testing/processes.h"
+#include "testing/temp_dir.h"
+
+namespace datapar {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Two ranks as threads of a child process (Gloo ends a process whose peer sends bytes that do
+// not fit, in std::terminate: the recorder dumps first): three all_reduces of float32[8] each,
+// then collective #4: `fault` on rank 1, an all_reduce of float32[8] on rank 0. Errors
+// (timeouts, mismatches) are caught; at the end every group's records are dumped, and the
+// parent analyses what the child left.
+// `dump_at_end` false: the dump is the one the first failure wrote.
+std::string analysis_of(const std::function<void(ProcessGroup&)>& fault, const std::string& dir,
+                        bool dump_at_end = true) {
+  const pid_t pid = detail::fork_child(
+      [&] {
+        enable_flight_recorder(2000, dir);
+        std::atomic<int> done{0};
+        testing::run_gloo_ranks_with_options(
+            2, [](int) { return GlooOptions{"127.0.0.1", 1500ms, false}; },
+            [&](int rank, std::shared_ptr<ProcessGroup> group) {
+              for (int i = 0; i < 3; ++i) group->all_reduce(at::ones({8}))->wait();
+              try {
+                if (rank == 1) {
+                  fault(*group);
+                } else {
+                  group->all_reduce(at::ones({8}))->wait();
+                }
+              } catch (const Error&) {
+                // a timeout or a broken pair: what the analysis is for
+              }
+              ++done;  // both groups alive until the dump
+              while (done.load() < 2) std::this_thread::sleep_for(1ms);
+              if (rank == 0 && dump_at_end) dump_flight_recorder("the test");
+              ++done;
+              while (done.load() < 4) std::this_thread::sleep_for(1ms);
+            },
+            /*meet_at_end=*/false);
+        return 0;
+      },
+      "flight recorder test");
+  detail::wait_child(pid);
+  return analyze_flight_records(dir);
+}
+
+TEST(FlightRecorder, NamesARankThatCalledAnotherCollective) {
+  const testing::TempDir temp("fr_other_op");
+  const std::string said = analysis_of(
+      [](ProcessGroup& g) {
+        std::vector<at::Tensor> out{at::empty({8}), at::empty({8})};
+        g.all_gather(out, at::ones({8}))->wait();
+      },
+      temp.path());
+  EXPECT_NE(said.find("the ranks part at collective #4"), std::string::npos) << said;
+  EXPECT_NE(said.find("rank 0 called all_reduce(sum) on float32[8]"), std::string::npos) << said;
+  EXPECT_NE(said.find("rank 1 called all_gather on float32[8]"), std::string::npos) << said;
+}
+
+TEST(FlightRecorder, NamesARankThatSkippedACollective) {
+  // Rank 1 skips #4 (a broadcast on every other rank) and goes on to #5, a barrier.
+  const testing::TempDir temp("fr_skip");
+  const std::string said = analysis_of([](ProcessGroup& g) { g.barrier()->wait(); }, temp.path());
+  EXPECT_NE(said.find("the ranks part at collective #4"), std::string::npos) << said;
+  EXPECT_NE(said.find("rank 0 called all_reduce(sum) on float32[8]; rank 1 called barrier"), std::string::npos)
+      << said;
+}
+
+TEST(FlightRecorder, NamesARankThatCalledWithAnotherSize) {
+  const testing::TempDir temp("fr_size");
+  const std::string said = analysis_of([](ProcessGroup& g) { g.all_reduce(at::ones({16}))->wait(); }, temp.path());
+  EXPECT_NE(said.find("the ranks part at collective #4"), std::string::npos) << said;
+  EXPECT_NE(said.find("rank 1 called all_reduce(sum) on float32[16]"), std::string::npos) << said;
+}
+
+TEST(FlightRecorder, NamesARankThatCalledWithAnotherDtype) {
+  const testing::TempDir temp("fr_dtype");
+  const std::string said =
+      analysis_of([](ProcessGroup& g) { g.all_reduce(at::ones({8}, at::kDouble))->wait(); }, temp.path());
+  EXPECT_NE(said.find("the ranks part at collective #4"), std::string::npos) << said;
+  EXPECT_NE(said.find("rank 1 called all_reduce(sum) on float64[8]"), std::string::npos) << said;
+}
+
+TEST(FlightRecorder, NamesARankAsleepAndTheCollectiveTheOthersWaitIn) {
+  const testing::TempDir temp("fr_asleep");
+  const std::string said = analysis_of(
+      [](ProcessGroup& g) {
+        std::this_thread::sleep_for(5s);  // well past the others' timeout (1.5 s)
+        g.all_reduce(at::ones({8}))->wait();
+      },
+      temp.path(), /*dump_at_end=*/false);
+  EXPECT_NE(said.find("rank 1 has not issued it (all_reduce(sum) on float32[8], which rank 0 issued)"),
+            std::string::npos) << said;
+  EXPECT_NE(said.find("rank 1's last is #3 all_reduce(sum) on float32[8], completed"), std::string::npos) << said;
+}
+
+TEST(FlightRecorder, AJobWithoutFaultsIsSaidToAgree) {
+  const testing::TempDir temp("fr_fine");
+  const std::string said = analysis_of([](ProcessGroup& g) { g.all_reduce(at::ones({8}))->wait(); }, temp.path());
+  EXPECT_NE(said.find("every rank issued the same 4 collectives (#1 to #4); the last, all_reduce(sum) on "
+                      "float32[8], completed on every rank."),
+            std::string::npos) << said;
+}
+
+TEST(FlightRecorder, TheRingKeepsTheLastEntriesAndADirectoryWithoutDumpsIsAnError) {
+  const testing::TempDir temp("fr_ring");
+  enable_flight_recorder(5, temp.path());
+  std::atomic<int> done{0};
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    for (int i = 0; i < 12; ++i) group->all_reduce(at::ones({2}))->wait();
+    ++done;
+    while (done.load() < 2) std::this_thread::sleep_for(1ms);
+    if (rank == 0) dump_flight_recorder("the test");
+    ++done;
+    while (done.load() < 4) std::this_thread::sleep_for(1ms);
+  });
+  enable_flight_recorder(0);
+  const std::string said = analyze_flight_records(temp.path());
+  // 12 all_reduces: the last 5 kept.
+  EXPECT_NE(said.find("every rank issued the same 5 collectives (#8 to #12); the last, all_reduce(sum) on "
+                      "float32[2], completed"),
+            std::string::npos) << said;
+  const testing::TempDir empty("fr_empty");
+  EXPECT_THROW(analyze_flight_records(empty.path()), InvalidArgumentError);
+  std::ofstream(empty.path() + "/flight-recorder-rank-0.json") << "{\"format\": 3";
+  EXPECT_THROW(analyze_flight_records(empty.path()), InvalidArgumentError);
+}
+
+TEST(FlightRecorder, SigusrOneDumpsAndDataparAnalyzeSaysItOnTheCommandLine) {
+  const testing::TempDir temp("fr_signal");
+  enable_flight_recorder(100, temp.path());
+  std::atomic<int> done{0};
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    group->all_reduce(at::ones({3}))->wait();
+    ++done;
+    while (done.load() < 2) std::this_thread::sleep_for(1ms);
+    if (rank == 0) {
+      ::raise(SIGUSR1);
+      const auto deadline = std::chrono::steady_clock::now() + 20s;
+      while (detail::list_directory(temp.path()).empty() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+    ++done;
+    while (done.load() < 4) std::this_thread::sleep_for(1ms);
+  });
+  enable_flight_recorder(0);
+  const std::string cli = std::string(DATAPAR_BIN_DIR) + "/datapar analyze ";
+  const testing::ProcessResult said = testing::run_shell(cli + temp.path());
+  EXPECT_EQ(said.exit_code, 0) << said.output;
+  EXPECT_NE(said.output.find("every rank issued the same collective, #1, all_reduce(sum) on float32[3], completed "
+                             "on every rank."),
+            std::string::npos) << said.output;
+  const testing::TempDir empty("fr_no_dumps");
+  const testing::ProcessResult nothing = testing::run_shell(cli + empty.path());
+  EXPECT_EQ(nothing.exit_code, 2) << nothing.output;
+  EXPECT_NE(nothing.output.find("no flight recorder dump (flight-recorder-rank-*.json) here"), std::string::npos)
+      << nothing.output;
+}
+
+// DATAPAR_DISTRIBUTED_DEBUG=DETAIL: each mismatch fails on both ranks at once (not after the
+// timeout), naming both calls.
+void expect_detail_error(const std::function<void(ProcessGroup&)>& fault, const std::string& rank1_call) {
+  check_collectives(true);
+  std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
+  testing::run_gloo_ranks_with_options(
+      2, [](int) { return GlooOptions{"127.0.0.1", 20s, false}; },
+      [&](int rank, std::shared_ptr<ProcessGroup> group) {
+        group->all_reduce(at::ones({8}))->wait();
+        try {
+          if (rank == 1) {
+            fault(*group);
+          } else {
+            group->all_reduce(at::ones({8}))->wait();
+          }
+        } catch (const InvalidArgumentError& e) {
+          errors[rank] = e.what();
+        }
+      });
+  check_collectives(false);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "not at once: the group's timeout is 20 s";
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(errors[rank].find("rank 0 called all_reduce(sum) on float32[8]; rank 1 called " + rank1_call),
+              std::string::npos) << "rank " << rank << ": " << errors[rank];
+  }
+}
+
+TEST(CheckedCollectives, AnotherOperationFailsAtOnceNamingBothCalls) {
+  expect_detail_error(
+      [](ProcessGroup& g) {
+        std::vector<at::Tensor> out{at::empty({8}), at::empty({8})};
+        g.all_gather(out, at::ones({8}))->wait();
+      },
+      "all_gather on float32[8]");
+}
+
+TEST(CheckedCollectives, AnotherSizeFailsAtOnceNamingBothCalls) {
+  expect_detail_error([](ProcessGroup& g) { g.all_reduce(at::ones({16}))->wait(); }, "all_reduce(sum) on float32[16]");
+}
+
+TEST(CheckedCollectives, AnotherDtypeFailsAtOnceNamingBothCalls) {
+  expect_detail_error([](ProcessGroup& g) { g.all_reduce(at::ones({8}, at::kInt))->wait(); },
+                      "all_reduce(sum) on int32[8]");
+}
+
+}  // namespace
+}  // namespace datapar
