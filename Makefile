@@ -111,7 +111,7 @@ build-asan: setup
 
 test-asan: build-asan
 	rm -rf $(ASAN_BUILD_DIR)/gtest-results
-	cd $(ASAN_BUILD_DIR) && $(ASAN_ENV) ctest --output-on-failure -j 2
+	cd $(ASAN_BUILD_DIR) && $(ASAN_ENV) ctest --output-on-failure -j 3
 
 # ThreadSanitizer over the threaded parts (tests/CMakeLists.txt: datapar_thread_tests).
 build-tsan: setup

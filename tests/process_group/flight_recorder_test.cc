@@ -18,6 +18,7 @@
 #include "child_process.h"
 #include "datapar/error.h"
 #include "file_system.h"
+#include "testing/ddp_scenarios.h"
 #include "testing/gloo_ranks.h"
 #include "testing/processes.h"
 #include "testing/temp_dir.h"
@@ -224,6 +225,30 @@ TEST(CheckedCollectives, AnotherSizeFailsAtOnceNamingBothCalls) {
 TEST(CheckedCollectives, AnotherDtypeFailsAtOnceNamingBothCalls) {
   expect_detail_error([](ProcessGroup& g) { g.all_reduce(at::ones({8}, at::kInt))->wait(); },
                       "all_reduce(sum) on int32[8]");
+}
+
+// The crash of issue 49: rank 0 counted its test set with an all_reduce while rank 1 went on
+// into DDP's next step, whose backward all-reduces a bucket: the bytes crossed, and a rank
+// read them as its own (once as bucket metadata: vector::_M_range_check). Under DETAIL it is
+// this error, on both ranks, before any byte moves.
+TEST(CheckedCollectives, EvaluationOnOneRankBesideDdpsForwardIsNamedInsteadOfACrash) {
+  check_collectives(true);
+  std::vector<std::string> errors(2);
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    torch::manual_seed(0);
+    DistributedDataParallel ddp(std::make_shared<testing::ProbeNetImpl>(), group);
+    try {
+      if (rank == 0) group->all_reduce(at::zeros({2}, at::kDouble))->wait();  // test counts
+      ddp.forward(at::randn({4, 20}), true).sum().backward();
+    } catch (const InvalidArgumentError& e) {
+      errors[rank] = e.what();
+    }
+  }, /*shared_memory=*/true);
+  check_collectives(false);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(errors[rank].find("rank 0 called all_reduce(sum) on float64[2]; rank 1 called all_reduce(sum) on float32["),
+              std::string::npos) << "rank " << rank << ": " << errors[rank];
+  }
 }
 
 }  // namespace
