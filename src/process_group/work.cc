@@ -31,7 +31,25 @@ void Work::wait(std::chrono::milliseconds timeout) {
   synchronize(timeout);
 }
 
+namespace {
+
+thread_local std::chrono::nanoseconds blocked_on_this_thread{0};
+
+// Adds the time from its making to its end to this thread's blocked time.
+class BlockedTime {
+ public:
+  ~BlockedTime() { blocked_on_this_thread += std::chrono::steady_clock::now() - start_; }
+
+ private:
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
+std::chrono::nanoseconds Work::time_blocked_on_this_thread() { return blocked_on_this_thread; }
+
 void Work::synchronize(std::chrono::milliseconds timeout) {
+  const BlockedTime blocked;
   if (!is_completed()) (void)wait_on_stream(/*hand_out=*/false);
   if (done_.wait_for(timeout) != std::future_status::ready) {
     detail::note_collective_failure();

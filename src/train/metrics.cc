@@ -25,7 +25,14 @@ std::string format_epoch_line(const EpochMetrics& m, bool ranks) {
                 m.epoch, m.epochs, m.train_loss, m.train_accuracy, m.test_accuracy, m.seconds, m.samples_per_second);
   std::string line = std::string(head) + "  devices " + m.devices + " (" + m.mode;
   if (ranks) line += ", " + std::to_string(m.world_size) + (m.world_size == 1 ? " rank" : " ranks");
-  return line + ")";
+  line += ")";
+  if (m.straggler >= 0 && m.straggler < static_cast<int64_t>(m.straggler_scores.size())) {
+    char straggler[96];
+    std::snprintf(straggler, sizeof(straggler), "  straggler: rank %" PRId64 " (%.2fx the others' work per step)",
+                  m.straggler, m.straggler_scores[static_cast<size_t>(m.straggler)]);
+    line += straggler;
+  }
+  return line;
 }
 
 namespace {
@@ -49,7 +56,9 @@ nlohmann::json to_object(const EpochMetrics& m) {
                         {"devices", m.devices},
                         {"world_size", m.world_size},
                         {"batch_size", m.batch_size},
-                        {"lr", m.lr}};
+                        {"lr", m.lr},
+                        {"straggler_scores", m.straggler_scores},
+                        {"straggler", m.straggler}};
 }
 
 template <typename T>
@@ -85,6 +94,8 @@ EpochMetrics from_json(const std::string& line) {
     read_field(j, "world_size", m.world_size);
     read_field(j, "batch_size", m.batch_size);
     read_field(j, "lr", m.lr);
+    read_field(j, "straggler_scores", m.straggler_scores);
+    read_field(j, "straggler", m.straggler);
   } catch (const nlohmann::json::exception& e) {
     throw InvalidArgumentError(std::string("metrics: cannot read line \"") + line + "\": " + e.what());
   }

@@ -23,6 +23,7 @@
 
 #include "datapar/dcp/checkpoint.h"
 #include "datapar/train/checkpoint.h"
+#include "datapar/train/metrics.h"
 #include "datapar/train/plot.h"
 #include "testing/idx.h"
 #include "testing/ports.h"
@@ -289,6 +290,32 @@ TEST(TrainCli, ABackgroundCheckpointThatFailsIsReportedAtTheNextStepOrAtTheEnd) 
   EXPECT_EQ(at_end.code, 1) << at_end.output;
   EXPECT_NE(at_end.output.find("epoch 1/1"), std::string::npos) << at_end.output;
   EXPECT_NE(at_end.output.find("checkpoint-epoch-1.pt was not written"), std::string::npos) << at_end.output;
+}
+
+// Issue 49: a rank slowed to 1.5x (a sleep per step, --slow-step) is named by the epoch line
+// and the metrics file; in the same job without it, none is. An epoch is 12 steps (the 6000
+// synthetic samples, batch 512).
+TEST(TrainCli, ARankSlowedToOneAndAHalfTimesIsNamedAndNoneWithout) {
+  const TempDir temp("train_cli_stragglers");
+  const std::string args = " train --mode ddp --model lenet --data synthetic --limit 10240 --batch-size 512 "
+                           "--lr 0.1 --workers 1 --epochs 1 --metrics ";
+  const auto even = ddp_job(args + temp.path() + "/even.jsonl", 2, temp.path() + "/even");
+  for (const auto& p : even) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_EQ(even[0].output.find("straggler"), std::string::npos) << even[0].output;
+  const datapar::train::EpochMetrics m = datapar::train::from_json(
+      datapar::testing::read_text(temp.path() + "/even.jsonl"));
+  ASSERT_EQ(m.straggler_scores.size(), 2u);
+  EXPECT_EQ(m.straggler, -1);
+  // Half a step more on rank 1: its work per step 1.5x the other's.
+  const double steps = static_cast<double>((m.train_samples + 511) / 512);
+  const double half_step_ms = m.seconds / steps / 2 * 1e3;
+  const auto slowed = ddp_job(args + temp.path() + "/slowed.jsonl", 2, temp.path() + "/slowed",
+                              {"", "--slow-step " + std::to_string(half_step_ms)});
+  for (const auto& p : slowed) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(slowed[0].output.find("straggler: rank 1 ("), std::string::npos) << slowed[0].output;
+  const datapar::train::EpochMetrics n = datapar::train::from_json(
+      datapar::testing::read_text(temp.path() + "/slowed.jsonl"));
+  EXPECT_EQ(n.straggler, 1);
 }
 
 // Issue 27: ranks with checkpoint directories of their own (node-local) that found

@@ -73,6 +73,7 @@ struct TrainOptions {
   int64_t limit = 0;               // use only the first N train and N test samples (0: all)
   int64_t workers = 2;             // loader threads
   int threads = 0;                 // intra-op threads per process (0: cores / local ranks)
+  double step_delay_ms = 0;        // --slow-step: each step of this process sleeps this long
 };
 
 // Adds `train` and its flags to `app`; the flags write into `options`.

@@ -47,6 +47,9 @@ class Work {
 
   // Whether the operation has finished (successfully or not). Never blocks.
   bool is_completed() const;
+  // How long the calling thread has been blocked in wait() and synchronize() so far, over
+  // every Work: the time it spent waiting for other ranks (stragglers.h reads it per step).
+  static std::chrono::nanoseconds time_blocked_on_this_thread();
 
   const std::string& what() const { return what_; }
 

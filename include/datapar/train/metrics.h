@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace datapar::train {
 
@@ -34,11 +35,16 @@ struct EpochMetrics {
   int64_t world_size = 1;          // ranks (1 outside ddp and fsdp)
   int64_t batch_size = 0;          // global batch
   double lr = 0;                   // learning rate used (after --scale-lr)
+  // Ranks on CPU devices: each rank's work per step over the median of the others' (the last
+  // steps of the epoch, stragglers.h), and the rank named a straggler, or -1.
+  std::vector<double> straggler_scores;
+  int64_t straggler = -1;
 };
 
 // "epoch 3/10  loss 0.512  train acc 0.812  test acc 0.790  12.3 s  4870 samples/s  devices
 // cpu:0,cpu:1 (ddp, 2 ranks)" with no trailing newline; `ranks`: whether the mode trains on
-// ranks (the line then says how many).
+// ranks (the line then says how many). A straggler adds "  straggler: rank 1 (1.52x the
+// others' work per step)".
 std::string format_epoch_line(const EpochMetrics& m, bool ranks);
 
 // One JSON object with every field of `m`, no trailing newline. Keys are the field names.

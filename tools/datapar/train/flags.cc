@@ -109,6 +109,10 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--limit", o.limit, "Use only the first N train and N test samples (default 0: all)");
   cmd->add_option("--workers", o.workers, "Data loader threads per process (default 2)");
   cmd->add_option("--threads", o.threads, "Intra-op threads per process (default: cores / local ranks)");
+  cmd->add_option("--slow-step", o.step_delay_ms,
+                  "Make this process a straggler: each step sleeps this many milliseconds (to see the epoch "
+                  "line name it; give it to one rank)")
+      ->check(CLI::Range(0.0, 1e6));
   return cmd;
 }
 

@@ -5,15 +5,18 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "datapar/data/balanced_batches.h"
 #include "datapar/data/distributed_sampler.h"
 #include "datapar/data/loader.h"
 #include "datapar/ddp/rank_balancer.h"
+#include "datapar/distributed.h"
 #include "datapar/trace.h"
 #include "datapar/train/async_checkpoint.h"
 #include "datapar/train/metrics.h"
+#include "datapar/train/stragglers.h"
 #include "evaluation.h"
 #include "report.h"
 #include "timing.h"
@@ -30,6 +33,9 @@ class EpochLoop {
     // ddp --balance auto or W0,W1,...: each global batch split by the ranks' measured speed
     // (rank_balancer.h) or by the given shares; the loader restarts from the next step
     // whenever measured shares change.
+    if (has_ranks(plan.mode) && plan.world_size > 1 && device_.is_cpu()) {
+      stragglers_ = std::make_unique<train::StragglerMeter>();
+    }
     if (plan.mode == Mode::kDdp && o_.balance != "even") {
       if (o_.balance == "auto") rank_balancer_ = std::make_unique<RankBalancer>(strategy.balanced_group());
       balanced_ = std::make_unique<BalancedBatches>(BalancedBatchesOptions{
@@ -105,7 +111,13 @@ class EpochLoop {
     const std::vector<double> times = reduce(
         std::vector<double>{seconds_since(start), (data_wait_ + loader_.stats().wait).count() / 1e9}, ReduceOp::kMax);
     bar_.clear();
-    return {sums[0], sums[1], sums[2], times[0], times[1]};
+    EpochTotals totals{sums[0], sums[1], sums[2], times[0], times[1]};
+    if (stragglers_) {
+      const train::StragglerReport r = stragglers_->report(*default_group());
+      totals.straggler_scores = r.scores;
+      totals.straggler = r.straggler;
+    }
+    return totals;
   }
 
   // The next batch: forward, backward, step. False at the epoch's end.
@@ -118,6 +130,8 @@ class EpochLoop {
     }
     if (!batch) return false;
     if (plan_.checkpoint_writer) plan_.checkpoint_writer->check();  // a failed background write, reported now
+    const auto step_start = Clock::now();
+    const auto waited_before = Work::time_blocked_on_this_thread();
     const at::Tensor x = batch->data.to(device_, /*non_blocking=*/true);
     const at::Tensor y = batch->target.to(device_, /*non_blocking=*/true);
     strategy_.zero_grad();
@@ -138,6 +152,11 @@ class EpochLoop {
       strategy_.step();
     }
     strategy_.after_step(step_);
+    if (o_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o_.step_delay_ms));
+    if (stragglers_) {
+      const auto waited = Work::time_blocked_on_this_thread() - waited_before;
+      stragglers_->step(seconds_since(step_start), waited.count() / 1e9);
+    }
     ++step_;
     loss_sum_.add_(loss.detach().to(at::kDouble), static_cast<double>(x.size(0)));
     correct_.add_(logits.argmax(1).eq(y).sum());
@@ -168,6 +187,9 @@ class EpochLoop {
   DataLoader loader_;
   std::unique_ptr<RankBalancer> rank_balancer_;
   std::unique_ptr<BalancedBatches> balanced_;
+  // Ranks on CPU devices: who the others wait for, from the time each rank's training thread
+  // is blocked in collectives (on a GPU, nccl's waits do not block the host).
+  std::unique_ptr<train::StragglerMeter> stragglers_;
   int64_t step_ = 0;  // of the run
   // The epoch's, so far:
   at::Tensor loss_sum_, correct_;

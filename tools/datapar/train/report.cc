@@ -68,6 +68,8 @@ void Report::epoch(int64_t epoch, const EpochTotals& t, std::pair<int64_t, int64
   m.world_size = plan_.world_size;
   m.batch_size = plan_.global_batch;
   m.lr = plan_.lr;
+  m.straggler_scores = t.straggler_scores;
+  m.straggler = t.straggler;
   if (print) {
     std::printf("%s\n", train::format_epoch_line(m, has_ranks(plan_.mode)).c_str());
     std::fflush(stdout);

@@ -17,6 +17,8 @@ namespace datapar::tools {
 struct EpochTotals {
   double loss_sum = 0, correct = 0, rows = 0;  // loss x rows, right answers, rows
   double seconds = 0, data_wait_seconds = 0;   // as long as its slowest rank
+  std::vector<double> straggler_scores;         // ranks on CPU devices (train/stragglers.h)
+  int straggler = -1;
 };
 
 // Rank 0's account of the run: an epoch line per epoch, the metrics file (a resumed
