@@ -10,13 +10,16 @@ at::Tensor StagingMemory::stage(const at::Tensor& t) {
   if (!t.defined()) return t;
   const c10::AutoGradMode no_grad(false);
   if (next_ == buffers_.size()) buffers_.emplace_back();
-  at::Tensor& buffer = buffers_[next_++];
+  Buffer& slot = buffers_[next_++];
+  at::Tensor& buffer = slot.tensor;
+  // (Pinned-ness kept here: asking a tensor is_pinned() may start CUDA on a machine without it.)
   const bool fits = buffer.defined() && buffer.sizes() == t.sizes() && buffer.scalar_type() == t.scalar_type() &&
-                    buffer.is_pinned() == t.is_cuda();
+                    slot.pinned == t.is_cuda();
   if (!fits) {
     at::TensorOptions options = at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU);
     if (t.is_cuda()) options = options.pinned_memory(true);  // copies from the card at full speed
     buffer = at::empty(t.sizes(), options);
+    slot.pinned = t.is_cuda();
   }
   buffer.copy_(t.detach());
   return buffer;
@@ -46,7 +49,9 @@ c10::IValue StagingMemory::stage(const c10::IValue& v) {
 
 int64_t StagingMemory::bytes() const {
   int64_t total = 0;
-  for (const at::Tensor& b : buffers_) total += b.defined() ? b.numel() * static_cast<int64_t>(b.element_size()) : 0;
+  for (const Buffer& b : buffers_) {
+    total += b.tensor.defined() ? b.tensor.numel() * static_cast<int64_t>(b.tensor.element_size()) : 0;
+  }
   return total;
 }
 

@@ -30,7 +30,11 @@ class StagingMemory {
   int64_t bytes() const;
 
  private:
-  std::vector<at::Tensor> buffers_;
+  struct Buffer {
+    at::Tensor tensor;
+    bool pinned = false;
+  };
+  std::vector<Buffer> buffers_;
   size_t next_ = 0;
 };
 
