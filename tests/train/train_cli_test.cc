@@ -292,6 +292,34 @@ TEST(TrainCli, ABackgroundCheckpointThatFailsIsReportedAtTheNextStepOrAtTheEnd) 
   EXPECT_NE(at_end.output.find("checkpoint-epoch-1.pt was not written"), std::string::npos) << at_end.output;
 }
 
+// `datapar analyze DIR` on two ranks' flight recorder dumps (the format flight_recorder.cc
+// writes) that part at collective #2; and on a directory without dumps, exit code 2.
+TEST(TrainCli, DataparAnalyzeSaysWhereTheRanksOfADumpedJobPart) {
+  const TempDir temp("train_cli_analyze");
+  const auto dump = [&](int rank, const std::string& second) {
+    std::ofstream(temp.path() + "/flight-recorder-rank-" + std::to_string(rank) + ".json")
+        << R"J({"format":"datapar.flight_recorder/1","rank":")J" << rank
+        << R"J(","pid":1,"reason":"SIGUSR1","dumped_ns":5000000000,"groups":[{"name":"default","backend":"gloo",)J"
+        << R"J("rank":)J" << rank << R"J(,"size":2,"capacity":2000,"entries":[)J"
+        << R"J({"seq":1,"op":"all_reduce(sum)","tensors":"float32[8]","issued_ns":1000000000,"state":"completed",)J"
+        << R"J("ended_ns":1100000000},{"seq":2,"op":")J" << second
+        << R"J(","tensors":"float32[8]","issued_ns":1200000000,"state":"pending"}]}]})J";
+  };
+  dump(0, "all_reduce(sum)");
+  dump(1, "all_gather");
+  const CliRun said = cli("analyze " + temp.path());
+  EXPECT_EQ(said.code, 0) << said.output;
+  EXPECT_NE(said.output.find("Group \"default\" (gloo, 2 ranks): the ranks part at collective #2. They called "
+                             "different collectives there: rank 0 called all_reduce(sum) on float32[8]; rank 1 called "
+                             "all_gather on float32[8]."),
+            std::string::npos) << said.output;
+  const TempDir empty("train_cli_analyze_empty");
+  const CliRun nothing = cli("analyze " + empty.path());
+  EXPECT_EQ(nothing.code, 2) << nothing.output;
+  EXPECT_NE(nothing.output.find("no flight recorder dump (flight-recorder-rank-*.json) here"), std::string::npos)
+      << nothing.output;
+}
+
 // Issue 49: a rank slowed to 1.5x (a sleep per step, --slow-step) is named by the epoch line
 // and the metrics file; in the same job without it, none is. An epoch is 12 steps (the 6000
 // synthetic samples, batch 512).
