@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "rank_times.h"
 #include "datapar/dcp/async_save.h"
 #include "datapar/dcp/checkpoint.h"
 #include "datapar/models/mlp.h"
@@ -30,20 +31,11 @@
 
 namespace {
 
+using datapar::bench::median;
+using datapar::bench::slowest;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-double slowest(datapar::ProcessGroup& group, double seconds) {
-  at::Tensor t = at::full({1}, seconds, at::kDouble);
-  group.all_reduce(t, datapar::ReduceOp::kMax)->wait();
-  return t.item<double>();
-}
 
 // The model of the run and a batch for it: ResNet-18 (d2l's, Fashion-MNIST's 1x28x28, batch
 // 32) or an MLP of 143 M parameters (572 MB; 1.7 GB with Adam's moments, batch 8).

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "rank_times.h"
 #include "datapar/dcp/checkpoint.h"
 #include "datapar/models/resnet18.h"
 #include "datapar/process_group/gloo.h"
@@ -24,19 +25,9 @@
 
 namespace {
 
+using datapar::bench::median;
+using datapar::bench::slowest;
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-// The slowest rank's seconds.
-double slowest(datapar::ProcessGroup& group, double seconds) {
-  at::Tensor t = at::full({1}, seconds, at::kDouble);
-  group.all_reduce(t, datapar::ReduceOp::kMax)->wait();
-  return t.item<double>();
-}
 
 int rank_main(int rank, int ranks, const std::string& dir, int rounds) {
   using namespace std::chrono_literals;

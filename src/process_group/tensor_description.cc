@@ -4,9 +4,7 @@
 #include <sstream>
 
 namespace datapar::detail {
-namespace {
 
-// PyTorch's names (torch.float32), which users read in their programs.
 const char* dtype_name(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "float32";
@@ -22,8 +20,6 @@ const char* dtype_name(at::ScalarType t) {
     default: return c10::toString(t);
   }
 }
-
-}  // namespace
 
 std::string describe_tensor(const at::Tensor& t) {
   if (!t.defined()) return "undefined";

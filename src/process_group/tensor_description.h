@@ -9,6 +9,9 @@
 
 namespace datapar::detail {
 
+// "float32", "int64": the names PyTorch users know (torch.float32).
+const char* dtype_name(at::ScalarType t);
+
 std::string describe_tensor(const at::Tensor& t);
 // The tensors of a list: "D[S] xN" when all alike, else each in turn.
 std::string describe_tensors(const std::vector<at::Tensor>& tensors);

@@ -17,6 +17,7 @@
 
 #include "datapar/error.h"
 #include "datapar/fsdp/fully_shard.h"
+#include "process_group/tensor_description.h"
 #include "serialization/atomic_file.h"
 #include "serialization/pickle_limits.h"
 #include "serialization/torch_file.h"
@@ -150,22 +151,7 @@ IValue copy_tree(const IValue& root, const std::optional<c10::Device>& device, c
   }
 }
 
-// "float32", "int64": the names PyTorch users know (torch.float32).
-std::string dtype_name(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    default: return c10::toString(type);
-  }
-}
+using ::datapar::detail::dtype_name;
 
 // ---- restoring ----
 
