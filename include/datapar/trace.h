@@ -42,6 +42,10 @@ void set_step(int64_t step) noexcept;
 // Names the calling thread's row in the timeline ("main", "gloo collectives").
 void name_thread(const std::string& name);
 
+// A moment on the calling thread's row, named `text` ("stragglers: 0.99, 1.52; rank 1"):
+// something the program found out, at the time it did. `category` must outlive the trace.
+void mark(const std::string& text, const char* category) noexcept;
+
 // An event on the calling thread from construction to destruction. `name` and `category`
 // must outlive the recording (string literals).
 class Span {

@@ -196,6 +196,21 @@ void name_thread(const std::string& name) {
   r.threads[detail::t_buffer->row] = name;
 }
 
+void mark(const std::string& text, const char* category) noexcept {
+  if (!enabled()) return;
+  try {
+    detail::Event e;
+    e.text = text;
+    e.category = category;
+    e.phase = 'i';
+    e.at = Clock::now();
+    e.thread = UINT32_MAX;
+    e.step = detail::recorder().step.load(std::memory_order_relaxed);
+    detail::append(std::move(e));
+  } catch (...) {
+  }
+}
+
 Span::Span(const char* name, const char* category) noexcept : name_(name), category_(category), on_(enabled()) {
   if (on_) start_ = Clock::now();
 }

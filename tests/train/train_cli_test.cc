@@ -320,8 +320,8 @@ TEST(TrainCli, DataparAnalyzeSaysWhereTheRanksOfADumpedJobPart) {
       << nothing.output;
 }
 
-// Issue 49: a rank slowed to 1.5x (a sleep per step, --slow-step) is named by the epoch line
-// and the metrics file; in the same job without it, none is. An epoch is 12 steps (the 6000
+// Issue 49: a rank slowed to 1.5x (a sleep per step, --slow-step) is named by the epoch line,
+// the metrics file and the trace; in the same job without it, none is. An epoch is 12 steps (the 6000
 // synthetic samples, batch 512).
 TEST(TrainCli, ARankSlowedToOneAndAHalfTimesIsNamedAndNoneWithout) {
   const TempDir temp("train_cli_stragglers");
@@ -337,13 +337,16 @@ TEST(TrainCli, ARankSlowedToOneAndAHalfTimesIsNamedAndNoneWithout) {
   // Half a step more on rank 1: its work per step 1.5x the other's.
   const double steps = static_cast<double>((m.train_samples + 511) / 512);
   const double half_step_ms = m.seconds / steps / 2 * 1e3;
-  const auto slowed = ddp_job(args + temp.path() + "/slowed.jsonl", 2, temp.path() + "/slowed",
-                              {"", "--slow-step " + std::to_string(half_step_ms)});
+  const auto slowed = ddp_job(args + temp.path() + "/slowed.jsonl --trace " + temp.path() + "/slowed.trace.json", 2,
+                              temp.path() + "/slowed", {"", "--slow-step " + std::to_string(half_step_ms)});
   for (const auto& p : slowed) ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_NE(slowed[0].output.find("straggler: rank 1 ("), std::string::npos) << slowed[0].output;
   const datapar::train::EpochMetrics n = datapar::train::from_json(
       datapar::testing::read_text(temp.path() + "/slowed.jsonl"));
   EXPECT_EQ(n.straggler, 1);
+  // And on the timeline, at the epoch's end, on every rank's row.
+  const std::string trace = datapar::testing::read_text(temp.path() + "/slowed.trace.json");
+  EXPECT_EQ(datapar::testing::count(trace, "; straggler: rank 1\""), 2) << trace.substr(0, 2000);
 }
 
 // Issue 27: ranks with checkpoint directories of their own (node-local) that found

@@ -116,6 +116,12 @@ class EpochLoop {
       const train::StragglerReport r = stragglers_->report(*default_group());
       totals.straggler_scores = r.scores;
       totals.straggler = r.straggler;
+      if (trace::enabled()) {  // on the timeline too, at the epoch's end
+        std::string text = "straggler scores:";
+        for (double s : r.scores) text += " " + std::to_string(s).substr(0, 5);
+        if (r.straggler >= 0) text += "; straggler: rank " + std::to_string(r.straggler);
+        trace::mark(text, "stragglers");
+      }
     }
     return totals;
   }
