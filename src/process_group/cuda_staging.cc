@@ -16,6 +16,7 @@
 // theirs in that order: one on CPU tensors only (DDP's metadata) goes straight to it while no
 // staged operation waits its turn on the staging thread, and behind them otherwise.
 #include "process_group/cuda_staging.h"
+#include "process_group/flight_recorder.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -132,7 +133,9 @@ class CudaStagingGroup final : public ProcessGroup {
   explicit CudaStagingGroup(std::shared_ptr<ProcessGroup> host)
       : ProcessGroup(host->rank(), host->size(), host->timeout()),
         host_(std::move(host)),
-        staging_(host_->backend() + " CUDA staging") {}
+        staging_(host_->backend() + " CUDA staging") {
+    detail::mark_internal(host_);  // this group records its collectives, not the host group too
+  }
 
   std::string backend() const override { return host_->backend(); }
   bool takes_cuda_tensors() const override { return true; }

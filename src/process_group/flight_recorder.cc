@@ -174,6 +174,38 @@ std::shared_ptr<FlightRecorder> make_flight_recorder(const std::string& backend,
   return recorder;
 }
 
+namespace {
+
+struct InternalGroups {
+  std::mutex mutex;
+  std::vector<std::pair<const ProcessGroup*, std::weak_ptr<ProcessGroup>>> groups;
+};
+
+InternalGroups& internal_groups() {
+  static InternalGroups* g = new InternalGroups;
+  return *g;
+}
+
+}  // namespace
+
+void mark_internal(const std::shared_ptr<ProcessGroup>& group) {
+  if (!group) return;
+  InternalGroups& g = internal_groups();
+  const std::lock_guard<std::mutex> lock(g.mutex);
+  g.groups.erase(std::remove_if(g.groups.begin(), g.groups.end(), [](const auto& e) { return e.second.expired(); }),
+                 g.groups.end());
+  g.groups.emplace_back(group.get(), group);
+}
+
+bool is_internal(const ProcessGroup* group) {
+  InternalGroups& g = internal_groups();
+  const std::lock_guard<std::mutex> lock(g.mutex);
+  for (const auto& [raw, weak] : g.groups) {
+    if (raw == group && !weak.expired()) return true;
+  }
+  return false;
+}
+
 void flight_recorder_on_failure(const std::string& what) {
   Settings& s = settings();
   {

@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+namespace datapar {
+class ProcessGroup;
+}  // namespace datapar
+
 namespace datapar::detail {
 
 // One collective as the recorder keeps it; its Work says how it ended (Work::finish/fail).
@@ -53,6 +57,13 @@ class FlightRecorder {
 // A recorder for a new group of `backend`, registered for dumps; null when the recorder is
 // off (DATAPAR_FLIGHT_RECORDER unset or 0, and enable_flight_recorder not called).
 std::shared_ptr<FlightRecorder> make_flight_recorder(const std::string& backend, int rank, int size);
+
+// `group` makes its operations on behalf of another group (the CUDA staging group's host
+// group, the shared-memory group's transports), which records and checks them: it keeps no
+// records and makes no DETAIL check of its own. (Recorded twice, one Work would carry two
+// records, and the inner group's would shadow the one the user's group is known by.)
+void mark_internal(const std::shared_ptr<ProcessGroup>& group);
+bool is_internal(const ProcessGroup* group);
 
 // A collective failed or timed out: the first time, every group's records are dumped.
 void flight_recorder_on_failure(const std::string& what);

@@ -74,12 +74,14 @@ std::shared_ptr<Work> ProcessGroup::start(const std::string& what, Start&& start
   std::shared_ptr<detail::CollectiveRecord> record;
   if (collective) {
     std::call_once(recorder_once_, [this] {
+      if (detail::is_internal(this)) return;  // the group it works for records
       recorder_ = detail::make_flight_recorder(backend(), rank(), size());
       if (recorder_ && !name_.empty()) recorder_->set_name(name_);
     });
-    if (recorder_ || collectives_checked()) {
+    const bool checked = collectives_checked() && !detail::is_internal(this);
+    if (recorder_ || checked) {
       std::string described = tensors();
-      if (collectives_checked()) check_same_call(what, described);
+      if (checked) check_same_call(what, described);
       if (recorder_) record = recorder_->issue(what, std::move(described));
     }
   }

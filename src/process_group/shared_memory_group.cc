@@ -16,6 +16,7 @@
 // When machines run unequal numbers, one leader per machine carries it all: (1) all-reduce
 // within the machine, (2) the leaders all-reduce, (3) each leader broadcasts to its machine.
 #include "process_group/shared_memory_group.h"
+#include "process_group/flight_recorder.h"
 
 #include <ATen/ATen.h>
 
@@ -53,7 +54,11 @@ class SharedMemoryGroup final : public ProcessGroup {
         two_levels_(two_levels),
         leaders_(std::move(leaders)),
         columns_(columns),
-        backend_(transport_->backend()) {}
+        backend_(transport_->backend()) {
+    // This group records its collectives; the transports it makes them over do not.
+    detail::mark_internal(transport_);
+    detail::mark_internal(leaders_);
+  }
 
   std::string backend() const override { return backend_; }
 
