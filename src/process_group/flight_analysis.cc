@@ -76,15 +76,77 @@ std::string last_of(int rank, const RankRecords& r) {
   return text + " " + seconds_before(e.ended_ns, r.dumped_ns);
 }
 
+// Where the ranks part at `seq`: the calls that differ there, and the ranks that have not issued it.
+std::string parting(const Group& g, int64_t seq, const std::vector<std::pair<std::string, std::vector<int>>>& by_call,
+                    const std::vector<int>& absent) {
+  std::string text = str_cat("the ranks part at collective #", seq, ". ");
+  if (by_call.size() > 1) {
+    text += "They called different collectives there: ";
+    size_t i = 0;
+    for (const auto& [call, ranks] : by_call) {
+      text += str_cat(i++ ? "; " : "", ranks_text(ranks), " called ", call);
+    }
+    text += ". Each collective must be called by every rank with the same operation, dtype and sizes, in the "
+            "same order: find where the program takes another path";
+    // The fewest ranks that agree are the likely odd ones out, when they are fewer than the rest.
+    const auto fewest = std::min_element(by_call.begin(), by_call.end(), [](const auto& a, const auto& b) {
+      return a.second.size() < b.second.size();
+    });
+    const size_t as_few = std::count_if(by_call.begin(), by_call.end(), [&](const auto& c) {
+      return c.second.size() == fewest->second.size();
+    });
+    text += as_few == 1 ? " on " + ranks_text(fewest->second) + "." : ".";
+  }
+  if (!absent.empty()) {
+    if (by_call.size() > 1) text += " ";
+    const auto& [call, waiting] = by_call.front();
+    text += str_cat(ranks_text(absent), absent.size() == 1 ? " has" : " have", " not issued it",
+                    by_call.size() == 1 ? str_cat(" (", call, ", which ", ranks_text(waiting), " issued)") : "",
+                    ": ");
+    for (size_t i = 0; i < absent.size(); ++i) text += (i ? "; " : "") + last_of(absent[i], g.ranks.at(absent[i]));
+    text += ". A rank that is slow, asleep or stuck outside the collectives, or one that skipped a collective, "
+            "keeps the others waiting.";
+  }
+  return text;
+}
+
+// No rank parts from the others in [first, last]: where each rank is at the last.
+std::string agreement(const Group& g, int64_t first, int64_t last) {
+  std::vector<int> completed, pending, failed;
+  std::string error;
+  Entry last_entry;
+  for (const auto& [rank, r] : g.ranks) {
+    const Entry* e = find(r, last);
+    last_entry = *e;
+    if (e->state == "completed") completed.push_back(rank);
+    if (e->state == "pending") pending.push_back(rank);
+    if (e->state == "failed") {
+      failed.push_back(rank);
+      if (error.empty()) error = e->error;
+    }
+  }
+  const int64_t count = last - first + 1;
+  std::string text = count == 1 ? str_cat("every rank issued the same collective, #", last, ", ", last_entry.call(), ", ")
+                                : str_cat("every rank issued the same ", count, " collectives (#", first, " to #", last,
+                                          "); the last, ", last_entry.call(), ", ");
+  if (pending.empty() && failed.empty()) return text + "completed on every rank.";
+  std::vector<std::string> parts;
+  if (!completed.empty()) parts.push_back("completed on " + ranks_text(completed));
+  if (!pending.empty()) parts.push_back("is pending on " + ranks_text(pending));
+  if (!failed.empty()) parts.push_back("failed on " + ranks_text(failed) + " (" + error + ")");
+  for (size_t i = 0; i < parts.size(); ++i) text += (i ? ", " : "") + parts[i];
+  return text + ".";
+}
+
 std::string analyze_group(const std::string& name, const Group& g) {
-  std::string head = str_cat("Group \"", name, "\" (", g.backend, ", ", g.size, " ranks): ");
+  const std::string head = str_cat("Group \"", name, "\" (", g.backend, ", ", g.size, " ranks): ");
   std::vector<int> missing;
   for (int r = 0; r < g.size; ++r) {
     if (g.ranks.count(r) == 0) missing.push_back(r);
   }
   std::string missing_text;
   if (!missing.empty()) {
-    missing_text = str_cat(" ", ranks_text(missing), missing.size() == 1 ? " left" : " left", " no dump (",
+    missing_text = str_cat(" ", ranks_text(missing), " left no dump (",
                            "hung or gone: send it SIGUSR1 to have it write one).");
   }
   // The numbers every rank still holds: from the newest oldest to the newest newest.
@@ -112,62 +174,10 @@ std::string analyze_group(const std::string& name, const Group& g) {
       }
     }
     if (absent.empty() && by_call.size() <= 1) continue;
-    std::string text = head + str_cat("the ranks part at collective #", seq, ". ");
-    if (by_call.size() > 1) {
-      text += "They called different collectives there: ";
-      size_t i = 0;
-      for (const auto& [call, ranks] : by_call) {
-        text += str_cat(i++ ? "; " : "", ranks_text(ranks), " called ", call);
-      }
-      text += ". Each collective must be called by every rank with the same operation, dtype and sizes, in the "
-              "same order: find where the program takes another path";
-      // The fewest ranks that agree are the likely odd ones out, when they are fewer than the rest.
-      const auto fewest = std::min_element(by_call.begin(), by_call.end(), [](const auto& a, const auto& b) {
-        return a.second.size() < b.second.size();
-      });
-      const size_t as_few = std::count_if(by_call.begin(), by_call.end(), [&](const auto& c) {
-        return c.second.size() == fewest->second.size();
-      });
-      text += as_few == 1 ? " on " + ranks_text(fewest->second) + "." : ".";
-    }
-    if (!absent.empty()) {
-      if (by_call.size() > 1) text += " ";
-      const auto& [call, waiting] = by_call.front();
-      text += str_cat(ranks_text(absent), absent.size() == 1 ? " has" : " have", " not issued it",
-                      by_call.size() == 1 ? str_cat(" (", call, ", which ", ranks_text(waiting), " issued)") : "",
-                      ": ");
-      for (size_t i = 0; i < absent.size(); ++i) text += (i ? "; " : "") + last_of(absent[i], g.ranks.at(absent[i]));
-      text += ". A rank that is slow, asleep or stuck outside the collectives, or one that skipped a collective, "
-              "keeps the others waiting.";
-    }
-    return text + missing_text;
+    return head + parting(g, seq, by_call, absent) + missing_text;
   }
-  // No rank parts from the others.
   if (last == 0) return head + "no collective recorded." + missing_text;
-  std::vector<int> completed, pending, failed;
-  std::string error;
-  Entry last_entry;
-  for (const auto& [rank, r] : g.ranks) {
-    const Entry* e = find(r, last);
-    last_entry = *e;
-    if (e->state == "completed") completed.push_back(rank);
-    if (e->state == "pending") pending.push_back(rank);
-    if (e->state == "failed") {
-      failed.push_back(rank);
-      if (error.empty()) error = e->error;
-    }
-  }
-  const int64_t count = last - first + 1;
-  std::string text = head + (count == 1 ? str_cat("every rank issued the same collective, #", last, ", ", last_entry.call(), ", ")
-                                        : str_cat("every rank issued the same ", count, " collectives (#", first, " to #",
-                                                  last, "); the last, ", last_entry.call(), ", "));
-  if (pending.empty() && failed.empty()) return text + "completed on every rank." + missing_text;
-  std::vector<std::string> parts;
-  if (!completed.empty()) parts.push_back("completed on " + ranks_text(completed));
-  if (!pending.empty()) parts.push_back("is pending on " + ranks_text(pending));
-  if (!failed.empty()) parts.push_back("failed on " + ranks_text(failed) + " (" + error + ")");
-  for (size_t i = 0; i < parts.size(); ++i) text += (i ? ", " : "") + parts[i];
-  return text + "." + missing_text;
+  return head + agreement(g, first, last) + missing_text;
 }
 
 }  // namespace
