@@ -99,14 +99,15 @@ test-debian: build
 test-torch2: build-torch2
 	$(TORCH2_BUILD_DIR)/bin/datapar --version
 	rm -rf $(TORCH2_BUILD_DIR)/gtest-results
-	cd $(TORCH2_BUILD_DIR) && bash $(CURDIR)/scripts/with_cpu_load.sh ctest --output-on-failure -j 2
+	cd $(TORCH2_BUILD_DIR) && bash $(CURDIR)/scripts/with_cpu_load.sh ctest --output-on-failure -j 3
 
 # Debian's libtorch under clang with AddressSanitizer + UndefinedBehaviorSanitizer: the whole
 # suite, and each fuzz target (fuzz/) for FUZZ_SECONDS under libFuzzer.
 build-asan: setup
 	bash scripts/setup_torch.sh $(TORCH_VERSION) >/dev/null
 	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja $(CMAKE_FLAGS) \
-	  -DDATAPAR_SANITIZE=address,undefined -DDATAPAR_FUZZ=ON -DDATAPAR_FUZZ_SECONDS=$(FUZZ_SECONDS)
+	  -DDATAPAR_SANITIZE=address,undefined -DDATAPAR_FUZZ=ON -DDATAPAR_FUZZ_SECONDS=$(FUZZ_SECONDS) \
+	  -DDATAPAR_BUILD_BENCH=OFF
 	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
 
 test-asan: build-asan
