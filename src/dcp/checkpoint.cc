@@ -13,12 +13,14 @@
 // 2.3 GiB). What a load allocates is bounded by what the checkpoint names once:
 //   - the tensors: at most the bytes of their chunks (check_sizes), and no two byte ranges
 //     of a file overlap, so each byte is read at most once;
-//   - while one item is read: its bytes, its archive's record and the tensor made of it,
-//     three times the largest item, freed before the next;
+//   - while one item is read: the tensor made of it (none when it is read into its box,
+//     Note [A chunk read into its box]), at most the largest item, freed before the next:
+//     its archive is read record by record, never whole (it was, and then copied twice:
+//     three times the largest item);
 //   - the objects (non-tensor items) and .metadata: their pickles, at most 64 bytes per
 //     byte of them (pickle_limits.h) plus one 64 MiB allowance that every item of the load
 //     shares (before, each item had its own: a thousand small items could each take it).
-// So at most: the tensors' bytes + 3 x the largest item + 64 x the bytes of .metadata and
+// So at most: the tensors' bytes + the largest item + 64 x the bytes of .metadata and
 // of the objects + 64 MiB (+ 64 MiB for .metadata). Dcp.ALoadCostsAtMost... measures it.
 #include "datapar/dcp/checkpoint.h"
 
@@ -204,8 +206,9 @@ class DataFiles {
   DataFiles(const DataFiles&) = delete;
   DataFiles& operator=(const DataFiles&) = delete;
 
-  // The bytes of `info`, after checking that the file holds them.
-  std::string read(const detail::StorageInfo& info) {
+  // The item at `info`, after checking that the file holds its bytes: its archive read
+  // record by record, each storage into the tensor `place` gives or a new one.
+  IValue load(const detail::StorageInfo& info, const datapar::detail::StoragePlace& place) {
     const std::string what = "data file " + info.relative_path;
     if (info.relative_path != current_) {
       close_current();
@@ -216,9 +219,13 @@ class DataFiles {
       throw CheckpointError(str_cat(what, " has ", size_, " bytes, but the metadata puts an entry at ", info.offset,
                                     "..", info.offset + info.length, " (a truncated copy?)"));
     }
-    std::string out(static_cast<size_t>(info.length), '\0');
-    read_at(fd_, info.offset, out.data(), info.length, what);
-    return out;
+    const int fd = fd_;
+    return datapar::detail::torch_load_archive(
+        static_cast<uint64_t>(info.length),
+        [&](uint64_t offset, char* out, uint64_t n) {
+          read_at(fd, info.offset + static_cast<int64_t>(offset), out, static_cast<int64_t>(n), what);
+        },
+        place, &allowance);
   }
 
  private:
@@ -234,10 +241,10 @@ class DataFiles {
   int64_t size_ = 0;
 };
 
-IValue read_item(DataFiles& files, const detail::StorageInfo& info, const std::string& name) {
-  const std::string bytes = files.read(info);
+IValue read_item(DataFiles& files, const detail::StorageInfo& info, const std::string& name,
+                 const datapar::detail::StoragePlace& place = nullptr) {
   try {
-    return datapar::detail::torch_load_bytes(bytes.data(), bytes.size(), &files.allowance);
+    return files.load(info, place);
   } catch (const CheckpointError& e) {
     throw CheckpointError(str_cat(name, " at ", info.relative_path, ":", info.offset, ": ", e.what()));
   }
@@ -291,7 +298,25 @@ void load_entry(State::Entry& e, const detail::Entry& saved, DataFiles& files) {
         std::none_of(e.boxes.begin(), e.boxes.end(), [&](const Shard& box) { return meets(chunk, box); })) {
       continue;
     }
-    const IValue item = read_item(files, saved.storage[c], e.name);
+    // Note [A chunk read into its box]: a chunk that is the whole of the one box it meets
+    // (a DDP tensor, an FSDP shard saved at the same world size), of the box's dtype and
+    // contiguous on the CPU, is read straight into the box's memory: one read, no copy.
+    Shard* whole = nullptr;
+    const auto boxes_met = std::count_if(e.boxes.begin(), e.boxes.end(), [&](const Shard& box) { return meets(chunk, box); });
+    for (Shard& box : e.boxes) {
+      if (boxes_met == 1 && meets(chunk, box) && box.offsets == chunk.offsets &&
+          box.local.sizes() == c10::IntArrayRef(chunk.sizes) && box.local.scalar_type() == saved.dtype &&
+          box.local.device().is_cpu() && box.local.is_contiguous()) {
+        whole = &box;
+      }
+    }
+    bool placed = false;
+    const auto place = [&](const std::string&, at::ScalarType dtype, int64_t numel) {
+      if (whole == nullptr || placed || dtype != saved.dtype || numel != whole->local.numel()) return at::Tensor();
+      placed = true;
+      return whole->local.detach().view({-1});
+    };
+    const IValue item = read_item(files, saved.storage[c], e.name, place);
     if (!item.isTensor() || item.toTensor().sizes() != c10::IntArrayRef(chunk.sizes) ||
         item.toTensor().scalar_type() != saved.dtype) {
       throw CheckpointError(str_cat(e.name, "'s chunk at ", c10::IntArrayRef(chunk.offsets), " should be a ",
@@ -300,8 +325,13 @@ void load_entry(State::Entry& e, const detail::Entry& saved, DataFiles& files) {
                                     item.isTensor() ? str_cat(item.toTensor().scalar_type(), item.toTensor().sizes())
                                                     : datapar::detail::python_type_name(item)));
     }
+    const at::Tensor& read = item.toTensor();
+    if (placed && read.data_ptr() == whole->local.data_ptr() && read.strides() == whole->local.strides()) continue;
+    // Placed, but the archive's tensor views its storage another way (a transposed one):
+    // its elements, taken out of the box's memory before they are put back in order.
+    const at::Tensor saved_chunk = placed ? read.clone() : read;
     for (Shard& box : e.boxes) {
-      if (meets(chunk, box)) copy_overlap(chunk, item.toTensor(), box.local, box.offsets);
+      if (meets(chunk, box)) copy_overlap(chunk, saved_chunk, box.local, box.offsets);
     }
   }
 }
@@ -537,11 +567,11 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
       for (size_t box = 0; box < items; ++box) {
         const IValue item =
             e.kind == State::Kind::kValue ? e.value : IValue(e.boxes[box].local.detach().cpu().contiguous());
-        const std::string bytes = datapar::detail::torch_save_bytes(item);
-        file.write(bytes.data(), bytes.size());
-        written.push_back(
-            Written{static_cast<int64_t>(i), static_cast<int64_t>(box), offset, static_cast<int64_t>(bytes.size())});
-        offset += static_cast<int64_t>(bytes.size());
+        // Streamed into the file: a tensor's bytes are written from its own memory.
+        const auto length = static_cast<int64_t>(
+            datapar::detail::torch_save_to(item, [&file](const void* data, size_t size) { return file.write(data, size); }));
+        written.push_back(Written{static_cast<int64_t>(i), static_cast<int64_t>(box), offset, length});
+        offset += length;
       }
     }
     file.commit();

@@ -29,8 +29,8 @@ using nlohmann::json;
 
 struct Entry {
   int64_t seq = 0;
-  std::string op, tensors, state, error;
-  int64_t issued_ns = 0, ended_ns = 0;
+  std::string op, tensors, state, error, site;
+  int64_t issued_ns = 0, started_ns = 0, ended_ns = 0;
   std::string call() const { return tensors.empty() ? op : op + " on " + tensors; }
 };
 
@@ -70,8 +70,16 @@ std::string seconds_before(int64_t then_ns, int64_t now_ns) {
 std::string last_of(int rank, const RankRecords& r) {
   if (r.entries.empty()) return str_cat("rank ", rank, " has issued no collective on it");
   const Entry& e = r.entries.back();
-  std::string text = str_cat("rank ", rank, "'s last is #", e.seq, " ", e.call(), ", ", e.state);
-  if (e.state == "pending") return text + " since " + seconds_before(e.issued_ns, r.dumped_ns);
+  std::string text = str_cat("rank ", rank, "'s last is #", e.seq, " ", e.call(),
+                             e.site.empty() ? "" : " (" + e.site + ")", ", ", e.state);
+  if (e.state == "pending") {
+    text += " since " + seconds_before(e.issued_ns, r.dumped_ns);
+    // Issued long before it ran: the group's earlier work held it back.
+    if (e.started_ns != 0 && e.started_ns - e.issued_ns >= 100'000'000) {
+      text += str_cat(" (running from ", seconds_before(e.started_ns, r.dumped_ns), ")");
+    }
+    return text;
+  }
   if (e.state == "failed") return text + " (" + e.error + ")";
   return text + " " + seconds_before(e.ended_ns, r.dumped_ns);
 }
@@ -216,7 +224,9 @@ std::string analyze_flight_records(const std::string& dir) {
           entry.tensors = e.at("tensors").get<std::string>();
           entry.state = e.at("state").get<std::string>();
           entry.issued_ns = e.at("issued_ns").get<int64_t>();
+          entry.started_ns = e.value("started_ns", int64_t(0));
           entry.ended_ns = e.value("ended_ns", int64_t(0));
+          entry.site = e.value("site", "");
           entry.error = e.value("error", "");
           r.entries.push_back(std::move(entry));
         }

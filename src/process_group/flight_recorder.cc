@@ -119,10 +119,11 @@ FlightRecorder::FlightRecorder(size_t capacity, std::string backend, int rank, i
   name_ = str_cat(backend_, " group of ", size_);
 }
 
-std::shared_ptr<CollectiveRecord> FlightRecorder::issue(std::string op, std::string tensors) {
+std::shared_ptr<CollectiveRecord> FlightRecorder::issue(std::string op, std::string tensors, std::string site) {
   auto record = std::make_shared<CollectiveRecord>();
   record->op = std::move(op);
   record->tensors = std::move(tensors);
+  record->site = std::move(site);
   record->issued_ns = now_ns();
   const std::lock_guard<std::mutex> lock(mutex_);
   record->seq = ++seq_;
@@ -152,6 +153,8 @@ std::string FlightRecorder::to_json() const {
       json e = {{"seq", r.seq}, {"op", r.op}, {"tensors", r.tensors}, {"issued_ns", r.issued_ns},
                 {"state", state == CollectiveRecord::kPending ? "pending"
                           : state == CollectiveRecord::kCompleted ? "completed" : "failed"}};
+      if (!r.site.empty()) e["site"] = r.site;
+      if (const int64_t started = r.started_ns.load(); started != 0) e["started_ns"] = started;
       if (state != CollectiveRecord::kPending) e["ended_ns"] = r.ended_ns.load();
       if (state == CollectiveRecord::kFailed) e["error"] = r.error;
       entries.push_back(std::move(e));

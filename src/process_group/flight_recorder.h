@@ -22,8 +22,9 @@ struct CollectiveRecord {
   int64_t seq = 0;          // the group's count of collectives, from 1
   std::string op;           // "all_reduce(sum)"
   std::string tensors;      // "float32[1024]", "float32[512] x2", ...
-  std::string site;         // what the thread was doing (its trace span), where known
+  std::string site;         // who issued it, where known: "bucket 3" (trace::detail::CollectiveLabel)
   int64_t issued_ns = 0;    // system clock
+  std::atomic<int64_t> started_ns{0};  // when the backend began to run it; 0: not (yet) known
   std::atomic<int64_t> ended_ns{0};
   std::atomic<int> state{kPending};
   std::string error;        // written before state becomes kFailed
@@ -37,7 +38,7 @@ class FlightRecorder {
   FlightRecorder(size_t capacity, std::string backend, int rank, int size);
 
   // A collective issued now: its record, kept in the ring (the oldest dropped).
-  std::shared_ptr<CollectiveRecord> issue(std::string op, std::string tensors);
+  std::shared_ptr<CollectiveRecord> issue(std::string op, std::string tensors, std::string site = "");
   // The group's name in dumps, the same on every rank ("default", "group/3").
   void set_name(std::string name);
   // The group and its records, oldest first, as a JSON object's text.

@@ -54,6 +54,7 @@ void OrderedRunner::loop() {
     lock.unlock();
     const trace::Clock::time_point started = entry.queued.on ? trace::Clock::now() : trace::Clock::time_point{};
     std::exception_ptr error;
+    WorkCompletion::start(*entry.work);
     try {
       entry.op();
       if (entry.queued.on) trace::detail::record_collective(entry.queued, trace_name(entry.work->what()), started, trace::Clock::now());

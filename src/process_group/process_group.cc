@@ -14,6 +14,7 @@
 #include "process_group/tensor_description.h"
 #include "collectives/aborted.h"
 #include "process_group/work_completion.h"
+#include "trace/recorder.h"
 
 namespace datapar {
 
@@ -82,7 +83,7 @@ std::shared_ptr<Work> ProcessGroup::start(const std::string& what, Start&& start
     if (recorder_ || checked) {
       std::string described = tensors();
       if (checked) check_same_call(what, described);
-      if (recorder_) record = recorder_->issue(what, std::move(described));
+      if (recorder_) record = recorder_->issue(what, std::move(described), trace::detail::collective_site());
     }
   }
   std::shared_ptr<Work> work;

@@ -63,6 +63,18 @@ void Work::synchronize(std::chrono::milliseconds timeout) {
 
 bool Work::is_completed() const { return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
 
+void Work::note_start() {
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  std::shared_ptr<detail::CollectiveRecord> record;
+  {
+    const std::lock_guard<std::mutex> lock(record_mutex_);
+    started_ns_ = now;
+    record = record_;
+  }
+  if (record) record->started_ns.store(now);
+}
+
 void Work::note_end(const std::exception_ptr& error) {
   std::shared_ptr<detail::CollectiveRecord> record;
   {
@@ -79,6 +91,7 @@ void Work::attach(std::shared_ptr<detail::CollectiveRecord> record) {
   {
     const std::lock_guard<std::mutex> lock(record_mutex_);
     record_ = record;
+    if (started_ns_ != 0) record->started_ns.store(started_ns_);
     if (!ended_) return;
     error = end_error_;
   }

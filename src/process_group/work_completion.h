@@ -11,6 +11,8 @@ namespace datapar::detail {
 
 class WorkCompletion {
  public:
+  // The backend begins to run `work` (for the flight recorder's start time).
+  static void start(Work& work) { work.note_start(); }
   static void finish(Work& work) { work.finish(); }
   // What wait() and synchronize() wait at most when given no timeout.
   static void limit(Work& work, std::chrono::milliseconds timeout) { work.timeout_ = timeout; }

@@ -485,7 +485,9 @@ class Machine {
            storage.numel(), " elements");
     }
     charge(kPickleTensorCost);
-    return at::empty({0}, storage.options()).set_(storage.storage(), offset, sizes, strides);
+    // `offset` counts from the storage tensor's first element, which need not be its storage's
+    // (a storage read into the caller's tensor, torch_load_archive).
+    return at::empty({0}, storage.options()).set_(storage.storage(), storage.storage_offset() + offset, sizes, strides);
   }
 
   Item call(const std::string& fn, std::vector<Item> args) {

@@ -85,11 +85,10 @@ class Writer {
                   original.layout(), original.is_quantized() ? " quantized" : "", " tensor; save a dense one (to_dense()).");
     at::Tensor t = original.detach();
     if (!t.device().is_cpu()) t = t.cpu();
-    // A view shares a larger storage; save only its own elements.
-    if (!t.is_contiguous() || t.storage_offset() != 0 ||
-        t.storage().nbytes() != static_cast<size_t>(t.numel()) * t.element_size()) {
-      t = t.clone(at::MemoryFormat::Contiguous);
-    }
+    // A view shares a larger storage; save only its own elements. A contiguous view's are
+    // the bytes from its data_ptr() on, which the archive's record takes as they are (an FSDP
+    // shard of a flat buffer: no copy); another is copied in order first.
+    if (!t.is_contiguous()) t = t.clone(at::MemoryFormat::Contiguous);
     const std::string key = std::to_string(storages_->size());
     storages_->push_back(t);
 

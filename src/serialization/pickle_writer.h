@@ -22,7 +22,8 @@ namespace datapar::detail {
 // Serializes `root`: None, bool, int, double, string, tensor, and dicts (str, int, bool or
 // double keys), lists and tuples of them, nested at most kMaxPickleDepth levels
 // (pickle_limits.h; what read_pickle reads back). Storage n is storages[n]: a contiguous CPU
-// tensor that owns exactly its bytes; write it to the archive as "data/<n>". Throws
+// tensor (perhaps a view) whose numel() elements from data_ptr() are the storage's bytes;
+// write them to the archive as "data/<n>". Throws
 // InvalidArgumentError for anything else (a sparse tensor, an object, a future) and for
 // deeper nesting, which includes a dict or list inside itself.
 std::string write_pickle(const c10::IValue& root, std::vector<at::Tensor>* storages);

@@ -6,6 +6,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -106,6 +107,21 @@ std::string torch_save_bytes(const c10::IValue& root) {
     write_archive(writer, pickle, storages);
   }
   return out;
+}
+
+uint64_t torch_save_to(const c10::IValue& root, const std::function<size_t(const void* data, size_t size)>& write) {
+  std::vector<at::Tensor> storages;
+  const std::string pickle = write_pickle(root, &storages);
+  uint64_t written = 0;
+  {
+    PyTorchStreamWriter writer([&](const void* data, size_t size) {
+      const size_t n = write(data, size);
+      written += n;
+      return n;
+    });
+    write_archive(writer, pickle, storages);
+  }
+  return written;
 }
 
 bool torch_file_is_intact(const std::string& path) noexcept {
@@ -223,6 +239,84 @@ c10::IValue torch_load_bytes(const char* data, size_t size, PickleAllowance* all
   } catch (const c10::Error& e) {
     throw CheckpointError(str_cat("a damaged torch.save archive (", reader_message(e), ")"));
   }
+}
+
+c10::IValue torch_load_archive(uint64_t size, const ArchiveRead& read, const StoragePlace& place,
+                               PickleAllowance* allowance) {
+  const auto bytes_at = [&](uint64_t offset, uint64_t n) {
+    if (offset > size || n > size - offset) {
+      throw CheckpointError(str_cat("a damaged torch.save archive (", size, " bytes, but something in it points at ",
+                                    offset, "..", offset + n, ")"));
+    }
+    std::string out(n, '\0');
+    if (n > 0) read(offset, out.data(), n);
+    return out;
+  };
+  std::string head = bytes_at(0, std::min<uint64_t>(4, size));
+  if (head != "PK\x03\x04") {
+    throw CheckpointError(str_cat("not a torch.save archive (", size, " bytes that do not start like a zip)"));
+  }
+  const auto entries = read_zip_entries(size, bytes_at);
+  // Where record `name`'s bytes lie, after checking its entry and local header.
+  const auto locate = [&](const std::string& name) {
+    const auto entry = entries.find(name);
+    if (entry == entries.end()) {
+      throw CheckpointError(str_cat("a damaged torch.save archive (record ", name, " is not in its zip directory)"));
+    }
+    if (entry->second.method != 0) {
+      throw CheckpointError(str_cat("record ", name, " is compressed (zip method ", entry->second.method,
+                                    "): not an archive torch.save wrote"));
+    }
+    const uint64_t offset = zip_data_offset(entry->second, bytes_at(entry->second.header_offset, 30));
+    if (offset > size || entry->second.size > size - offset) {
+      throw CheckpointError(str_cat("record ", name, " claims ", entry->second.size, " bytes at ", offset,
+                                    ", past the end of its archive (", size, " bytes): a damaged archive"));
+    }
+    return std::make_pair(offset, entry->second);
+  };
+  const auto check = [](const std::string& name, const ZipEntry& entry, const void* data, size_t n) {
+    if (crc32(data, n) != entry.crc) {
+      throw CheckpointError(str_cat("record ", name, " is damaged (its CRC-32 does not match: a changed bit on disk ",
+                                    "or in a copy?). Load an earlier checkpoint"));
+    }
+  };
+  const auto small_record = [&](const std::string& name) {
+    const auto [offset, entry] = locate(name);
+    std::string data = bytes_at(offset, entry.size);
+    check(name, entry, data.data(), data.size());
+    return data;
+  };
+  if (entries.count("byteorder") != 0) {
+    const std::string order = small_record("byteorder");
+    if (order != "little") {
+      throw CheckpointError(str_cat("the archive was written on a \"", order, "\"-endian machine; datapar reads little-endian files"));
+    }
+  }
+  const std::string pickle = small_record("data.pkl");
+  const StorageLoader load = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
+    const std::string name = "data/" + key;
+    const auto [offset, entry] = locate(name);
+    const size_t element = c10::elementSize(dtype);
+    if (numel < 0 || static_cast<uint64_t>(numel) > std::numeric_limits<size_t>::max() / element ||
+        static_cast<uint64_t>(numel) * element != entry.size) {
+      throw CheckpointError(str_cat("storage ", key, " should hold ", numel, " ", c10::toString(dtype), " elements but record ",
+                                    name, " has ", entry.size, " bytes"));
+    }
+    at::Tensor storage = place ? place(key, dtype, numel) : at::Tensor();
+    if (!storage.defined()) storage = at::empty({numel}, at::TensorOptions().dtype(dtype));
+    if (storage.scalar_type() != dtype || storage.numel() != numel || !storage.is_contiguous() ||
+        !storage.device().is_cpu()) {
+      throw InvalidArgumentError(str_cat("torch_load_archive: storage ", key, " was placed in a ", storage.scalar_type(),
+                                         " tensor of ", storage.numel(), " elements on ", storage.device(),
+                                         "; it needs a contiguous CPU ", c10::toString(dtype), " tensor of ", numel));
+    }
+    if (entry.size > 0) {
+      read(offset, static_cast<char*>(storage.data_ptr()), entry.size);
+      check(name, entry, storage.data_ptr(), entry.size);
+    }
+    return storage;
+  };
+  return read_pickle(pickle.data(), pickle.size(), load, nullptr, allowance);
 }
 
 }  // namespace datapar::detail

@@ -15,6 +15,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "serialization/pickle_limits.h"
@@ -40,10 +41,31 @@ c10::IValue torch_load(const std::string& path, uint32_t* digest = nullptr);
 // reads them from an io.BytesIO).
 std::string torch_save_bytes(const c10::IValue& root);
 
+// torch_save through `write(data, size)`, which returns the bytes it took (fewer: a failure
+// the caller keeps for itself): the bytes of the file torch_save would write, streamed, with
+// no copy of a tensor's. Returns their number.
+uint64_t torch_save_to(const c10::IValue& root, const std::function<size_t(const void* data, size_t size)>& write);
+
 // torch_load of an archive held in memory, data[0, size), with the same checks. Throws
 // CheckpointError without a file name (the caller says where the bytes came from).
 // `allowance`: the pickle memory allowance shared with other reads (pickle_limits.h).
 c10::IValue torch_load_bytes(const char* data, size_t size, PickleAllowance* allowance = nullptr);
+
+// Where torch_load_archive reads a storage: `place(key, dtype, numel)` returns a contiguous
+// CPU tensor of that dtype and element count, the caller's own memory to read the record
+// into, or an undefined tensor for a new one.
+using StoragePlace = std::function<at::Tensor(const std::string& key, at::ScalarType dtype, int64_t numel)>;
+
+// Reads `n` bytes of an archive, from `offset` within it, into `out` (whole, or throws).
+using ArchiveRead = std::function<void(uint64_t offset, char* out, uint64_t n)>;
+
+// torch_load of an archive of `size` bytes read through `read` (a torch.distributed.checkpoint
+// item: a byte range of a data file), record by record: the zip directory, data.pkl, then each
+// storage straight into the tensor `place` gives it (no copy in between) or into a new one;
+// every record checked against its CRC-32. A tensor built on a placed storage is a view of the
+// caller's tensor. The same errors as torch_load_bytes.
+c10::IValue torch_load_archive(uint64_t size, const ArchiveRead& read, const StoragePlace& place,
+                               PickleAllowance* allowance = nullptr);
 
 // True if `path` opens as a zip archive with a data.pkl record. Reads only the zip's central
 // directory at the end of the file, so it is cheap and catches truncation, not damage inside.

@@ -13,6 +13,7 @@
 namespace datapar::detail {
 namespace {
 
+constexpr uint32_t kLocalHeader = 0x04034b50;
 constexpr uint32_t kCentralHeader = 0x02014b50;
 constexpr uint32_t kEndOfDirectory = 0x06054b50;
 constexpr uint32_t kZip64End = 0x06064b50;
@@ -86,15 +87,30 @@ std::unordered_map<std::string, ZipEntry> read_entries(uint64_t size, const Read
     const std::string full = directory.substr(pos + 46, name);
     const size_t slash = full.find('/');
     ZipEntry entry;
+    entry.method = static_cast<uint16_t>(field(directory, pos + 10, 2));
     entry.crc = static_cast<uint32_t>(field(directory, pos + 16, 4));
+    const uint64_t compressed = field(directory, pos + 20, 4);
     entry.size = field(directory, pos + 24, 4);
-    if (entry.size == 0xffffffff) {
-      // The zip64 extra field (id 1) holds the real size, first among its 8-byte values: the
-      // size a zip reader (libtorch's miniz) takes, and so allocates.
+    entry.header_offset = field(directory, pos + 42, 4);
+    if (entry.size == 0xffffffff || compressed == 0xffffffff || entry.header_offset == 0xffffffff) {
+      // The zip64 extra field (id 1) holds, in this order, 8 bytes for each of the
+      // uncompressed size, the compressed size and the local header's offset whose 32-bit
+      // field is the mark: the values a zip reader (libtorch's miniz) takes.
       for (size_t at = pos + 46 + name; at + 4 <= pos + 46 + name + extra;) {
         const uint64_t id = field(directory, at, 2), length = field(directory, at + 2, 2);
         if (at + 4 + length > pos + 46 + name + extra) break;
-        if (id == 1 && length >= 8) entry.size = field(directory, at + 4, 8);
+        if (id == 1) {
+          size_t value = at + 4;
+          const auto take = [&](uint64_t* out) {
+            if (value + 8 > at + 4 + length) damaged("a short zip64 field");
+            *out = field(directory, value, 8);
+            value += 8;
+          };
+          uint64_t ignored = 0;
+          if (entry.size == 0xffffffff) take(&entry.size);
+          if (compressed == 0xffffffff) take(&ignored);
+          if (entry.header_offset == 0xffffffff) take(&entry.header_offset);
+        }
         at += 4 + length;
       }
     }
@@ -120,6 +136,16 @@ std::unordered_map<std::string, ZipEntry> read_zip_entries(const std::string& pa
     if (!in) damaged("a read failed");
     return out;
   });
+}
+
+std::unordered_map<std::string, ZipEntry> read_zip_entries(
+    uint64_t size, const std::function<std::string(uint64_t offset, uint64_t n)>& read_at) {
+  return read_entries(size, read_at);
+}
+
+uint64_t zip_data_offset(const ZipEntry& entry, const std::string& header) {
+  if (header.size() < 30 || field(header, 0, 4) != kLocalHeader) damaged("an entry's local header is missing");
+  return entry.header_offset + 30 + field(header, 26, 2) + field(header, 28, 2);
 }
 
 std::unordered_map<std::string, ZipEntry> read_zip_entries(const char* data, size_t size) {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 
@@ -28,6 +29,10 @@ struct ZipEntry {
   // reading a record, so torch_load checks it against the file's size first (a 2 KB file
   // announcing a 4 GB record).
   uint64_t size = 0;
+  // Where the entry's local header starts (zip64's value where the 32-bit field is the mark)
+  // and how its bytes are stored (0: as they are; torch.save stores every record so).
+  uint64_t header_offset = 0;
+  uint16_t method = 0;
 };
 
 // Each entry of the zip at `path`, by name without its top folder ("archive/data/0" ->
@@ -38,5 +43,14 @@ std::unordered_map<std::string, ZipEntry> read_zip_entries(const std::string& pa
 
 // The same for an archive held in memory, data[0, size).
 std::unordered_map<std::string, ZipEntry> read_zip_entries(const char* data, size_t size);
+
+// The same for an archive of `size` bytes read through `read_at(offset, n)`, which returns
+// those n bytes (the caller checks that they lie within the archive).
+std::unordered_map<std::string, ZipEntry> read_zip_entries(
+    uint64_t size, const std::function<std::string(uint64_t offset, uint64_t n)>& read_at);
+
+// Where the bytes of `entry` start: after its local header, whose 30 fixed bytes are `header`
+// (read at entry.header_offset). Throws CheckpointError if they are not a local header.
+uint64_t zip_data_offset(const ZipEntry& entry, const std::string& header);
 
 }  // namespace datapar::detail

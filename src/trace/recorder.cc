@@ -118,6 +118,11 @@ CollectiveLabel::CollectiveLabel(const char* kind, int64_t index, int64_t bytes)
 
 CollectiveLabel::~CollectiveLabel() { t_label = {kind_, index_, bytes_}; }
 
+std::string collective_site() {
+  if (t_label.kind == nullptr) return "";
+  return std::string(t_label.kind) + " " + std::to_string(t_label.index);
+}
+
 Queued queued() noexcept {
   Queued q;
   if (!enabled()) return q;

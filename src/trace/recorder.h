@@ -70,6 +70,10 @@ struct Queued {
 };
 Queued queued() noexcept;
 
+// Who on this thread issues collectives now, by its CollectiveLabel ("bucket 3"), whether or
+// not a trace is recorded: the flight recorder's site of a collective; "" if none.
+std::string collective_site();
+
 // Where the collective ran: a span named `what` on the calling thread, [started, finished),
 // and a moment "queue <kind> <index>" on the queuing thread's row for labelled ones.
 void record_collective(const Queued& queued, const std::string& what, Clock::time_point started,

@@ -26,6 +26,13 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_state_dict, set_model_state_dict, set_state_dict)
 
 
+def start(fn, args, nprocs):
+    """The ranks as forked children: they share the modules this process imported (torch's
+    import costs each spawned child 2 s, most of a test's time). Safe here: nothing ran a
+    parallel region or started a thread before the fork."""
+    mp.start_processes(fn, args=args, nprocs=nprocs, start_method="fork")
+
+
 def model_and_optimizer(seed, kind="none"):
     torch.manual_seed(seed)
     model = wrap(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)), kind)
@@ -88,7 +95,7 @@ def save_rank(rank, world, store, directory, kind):
 
 def save(directory, ref, kind):
     store = tempfile.mktemp()
-    mp.spawn(save_rank, args=(2, store, directory, kind), nprocs=2)
+    start(save_rank, (2, store, directory, kind), 2)
     # The same in one process: what datapar must load, and the step after it.
     model, optimizer = model_and_optimizer(0)
     torch.manual_seed(1)
@@ -138,7 +145,7 @@ def load_rank(rank, world, store, directory, ref, kind, results):
 def load(directory, ref, nprocs, kind):
     store = tempfile.mktemp()
     results = tempfile.mktemp()
-    mp.spawn(load_rank, args=(nprocs, store, directory, ref, kind, results), nprocs=nprocs)
+    start(load_rank, (nprocs, store, directory, ref, kind, results), nprocs)
     bad = sum(int(open(results + str(r)).read()) for r in range(nprocs))
     print("dcp_interop load: %d mismatches on %d ranks (%s)" % (bad, nprocs, kind))
     return 0 if bad == 0 else 1
@@ -196,7 +203,7 @@ def accuracy_rank(rank, world, store, directory, data, results):
 def accuracy(directory, data, nprocs):
     store = tempfile.mktemp()
     results = tempfile.mktemp()
-    mp.spawn(accuracy_rank, args=(nprocs, store, directory, data, results), nprocs=nprocs)
+    start(accuracy_rank, (nprocs, store, directory, data, results), nprocs)
     answers = {open(results + str(r)).read() for r in range(nprocs)}
     if len(answers) != 1:
         print("dcp_interop accuracy: the ranks disagree: %s" % answers)

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 
 #include <atomic>
@@ -21,6 +22,7 @@
 #include "testing/ddp_scenarios.h"
 #include "testing/gloo_ranks.h"
 #include "testing/temp_dir.h"
+#include "trace/recorder.h"
 
 namespace datapar {
 namespace {
@@ -146,6 +148,42 @@ TEST(FlightRecorder, TheRingKeepsTheLastEntriesAndADirectoryWithoutDumpsIsAnErro
   EXPECT_THROW(analyze_flight_records(empty.path()), InvalidArgumentError);
   std::ofstream(empty.path() + "/flight-recorder-rank-0.json") << "{\"format\": 3";
   EXPECT_THROW(analyze_flight_records(empty.path()), InvalidArgumentError);
+}
+
+// Each record says who issued it, where a caller labels its collectives (DDP's buckets, ZeRO's
+// shards: trace::detail::CollectiveLabel), and when it was issued, began to run and ended.
+TEST(FlightRecorder, ARecordSaysWhoIssuedItAndWhenItStartedAndEnded) {
+  const testing::TempDir temp("fr_site");
+  enable_flight_recorder(10, temp.path());
+  std::atomic<int> done{0};
+  std::string path;
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    {
+      const trace::detail::CollectiveLabel label("bucket", 3, 32);
+      group->all_reduce(at::ones({8}))->wait();
+    }
+    group->all_reduce(at::ones({2}))->wait();
+    ++done;
+    while (done.load() < 2) std::this_thread::sleep_for(1ms);
+    if (rank == 0) path = dump_flight_recorder("the test");
+    ++done;
+    while (done.load() < 4) std::this_thread::sleep_for(1ms);
+  });
+  enable_flight_recorder(0);
+  // One process: one dump with both ranks' groups.
+  const nlohmann::json dump = nlohmann::json::parse(std::ifstream(path));
+  ASSERT_EQ(dump.at("groups").size(), 2u) << dump.dump();
+  for (const nlohmann::json& group : dump.at("groups")) {
+    const nlohmann::json& entries = group.at("entries");
+    ASSERT_EQ(entries.size(), 2u) << group.dump();
+    EXPECT_EQ(entries[0].value("site", ""), "bucket 3") << entries[0].dump();
+    EXPECT_FALSE(entries[1].contains("site")) << entries[1].dump();
+    for (const nlohmann::json& e : entries) {
+      ASSERT_TRUE(e.contains("started_ns")) << e.dump();
+      EXPECT_LE(e.at("issued_ns").get<int64_t>(), e.at("started_ns").get<int64_t>()) << e.dump();
+      EXPECT_LE(e.at("started_ns").get<int64_t>(), e.at("ended_ns").get<int64_t>()) << e.dump();
+    }
+  }
 }
 
 TEST(FlightRecorder, SigusrOneDumps) {

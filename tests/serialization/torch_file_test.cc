@@ -10,6 +10,7 @@
 #include <torch/version.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -276,6 +277,78 @@ TEST(CheckpointFile, PickleReaderSurvivesTruncationAndCorruption) {
     bad[rng() % bad.size()] = static_cast<char>(rng());
     try {
       read_pickle(bad.data(), bad.size(), load);
+    } catch (const CheckpointError&) {
+    }
+  }
+}
+
+// Issue 50: torch_load_archive reads an archive record by record (a DCP item in a data
+// file): a storage goes into the tensor the caller places it in (the loaded tensor is a view
+// of it, wherever in its storage it starts) or into a new one; torch_save_to streams the bytes
+// torch_save_bytes returns, and a contiguous view is saved as its own elements, not its
+// storage's. Every truncation and many flipped bytes: CheckpointError, never a crash.
+TEST(CheckpointFile, AnArchiveReadRecordByRecordPutsEachStorageWhereItIsPlaced) {
+  const at::Tensor flat = at::arange(1000000, at::kFloat);
+  Dict d(c10::AnyType::get(), c10::AnyType::get());
+  d.insert("w", at::randn({3, 4}));
+  d.insert("b", at::arange(5, at::kLong));
+  d.insert("view", flat.narrow(0, 10, 6));
+  d.insert("step", int64_t{17});
+  const std::string bytes = torch_save_bytes(d);
+  EXPECT_LT(bytes.size(), 4096u) << "the view was saved with the whole of its storage";
+  std::string streamed;
+  EXPECT_EQ(torch_save_to(d, [&](const void* data, size_t size) {
+              streamed.append(static_cast<const char*>(data), size);
+              return size;
+            }),
+            bytes.size());
+  EXPECT_EQ(streamed, bytes);
+
+  const ArchiveRead read = [&](uint64_t offset, char* out, uint64_t n) {
+    ASSERT_LE(offset + n, bytes.size());
+    std::memcpy(out, bytes.data() + offset, n);
+  };
+  at::Tensor target = at::zeros({20});  // w goes to elements 4..15
+  const StoragePlace place = [&](const std::string&, at::ScalarType dtype, int64_t numel) {
+    return dtype == at::kFloat && numel == 12 ? target.narrow(0, 4, 12) : at::Tensor();
+  };
+  const Dict back = torch_load_archive(bytes.size(), read, place).toGenericDict();
+  const at::Tensor w = back.at("w").toTensor();
+  EXPECT_EQ(w.data_ptr(), target.narrow(0, 4, 12).data_ptr());
+  EXPECT_TRUE(at::equal(w, d.at("w").toTensor()));
+  EXPECT_TRUE(at::equal(target.narrow(0, 4, 12).view({3, 4}), d.at("w").toTensor()));
+  EXPECT_EQ(target[3].item<float>(), 0.0f);
+  EXPECT_EQ(target[16].item<float>(), 0.0f);
+  EXPECT_TRUE(at::equal(back.at("b").toTensor(), d.at("b").toTensor()));
+  EXPECT_TRUE(at::equal(back.at("view").toTensor(), flat.narrow(0, 10, 6)));
+  EXPECT_EQ(back.at("step").toInt(), 17);
+
+  const StoragePlace wrong = [](const std::string&, at::ScalarType, int64_t) { return at::zeros({2}, at::kDouble); };
+  EXPECT_THROW_MSG(torch_load_archive(bytes.size(), read, wrong), InvalidArgumentError, "was placed in a Double tensor");
+  std::string damaged = bytes;
+  damaged[damaged.find("PK\x07\x08") - 1] ^= 0x10;  // the first record's last byte, before its data descriptor
+  const ArchiveRead read_damaged = [&](uint64_t offset, char* out, uint64_t n) {
+    std::memcpy(out, damaged.data() + offset, n);
+  };
+  EXPECT_THROW_MSG(torch_load_archive(damaged.size(), read_damaged, nullptr), CheckpointError, "its CRC-32 does not match");
+
+  int refused = 0;
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    try {
+      torch_load_archive(n, read, nullptr);
+    } catch (const CheckpointError&) {
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, static_cast<int>(bytes.size()));  // no prefix is a whole archive
+  std::mt19937 rng(50);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string bad = bytes;
+    bad[rng() % bad.size()] = static_cast<char>(rng());
+    try {
+      torch_load_archive(bad.size(), [&](uint64_t offset, char* out, uint64_t n) {
+        std::memcpy(out, bad.data() + offset, n);
+      }, nullptr);
     } catch (const CheckpointError&) {
     }
   }

@@ -1,5 +1,7 @@
 // The flight recorder: every process group keeps its last N collectives (the operation, its
-// tensors' dtypes and sizes, a sequence number per group, when it was issued and when it
+// tensors' dtypes and sizes, a sequence number per group, who issued it where the caller
+// labels it ("bucket 3": DDP's buckets, ZeRO's shards), when it was issued, began to run
+// (backends that run collectives on a thread of their own: gloo, shared memory, MPI) and
 // ended, and how), so that when a job hangs or a collective fails, each rank can say where it
 // was. As PyTorch's TORCH_NCCL_TRACE_BUFFER_SIZE, for every backend.
 //

@@ -87,7 +87,9 @@ class Work {
       promise_.set_exception(std::move(error));
     }
   }
-  // Tells the flight recorder's record of this collective, if it has one, how it ended.
+  // Tells the flight recorder's record of this collective, if it has one, when the backend
+  // began to run it and how it ended.
+  void note_start();
   void note_end(const std::exception_ptr& error);
   void attach(std::shared_ptr<detail::CollectiveRecord> record);
 
@@ -99,9 +101,10 @@ class Work {
   std::atomic<bool> settled_{false};
   std::shared_future<void> done_;
   // The flight recorder's (flight_recorder.h), attached after the backend made the Work,
-  // which may end first: the end is kept until then.
+  // which may start and end first: both are kept until then.
   std::mutex record_mutex_;
   std::shared_ptr<detail::CollectiveRecord> record_;
+  int64_t started_ns_ = 0;  // system clock; 0: not known to have started
   bool ended_ = false;
   std::exception_ptr end_error_;
 };
