@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "datapar/dcp/checkpoint.h"
+#include "optim/adopt_state.h"
 #include "datapar/error.h"
 #include "datapar/state_dict.h"
 #include "datapar/optim/optimizer_state.h"
@@ -210,7 +211,9 @@ OptimizerState optimizer_state_of(const State& state, const std::string& prefix,
 
 void apply_optimizer(const State& state, const std::string& prefix, optim::Optimizer& optimizer,
                      torch::nn::Module& module) {
-  load_optimizer_state_dict(optimizer, optimizer_state_of(state, prefix, parameter_names(optimizer, module)));
+  // The state's tensors become the optimizer's: those add_optimizer put in are its own already.
+  datapar::detail::adopt_optimizer_state_dict(optimizer,
+                                              optimizer_state_of(state, prefix, parameter_names(optimizer, module)));
 }
 
 }  // namespace datapar::dcp

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "datapar/error.h"
+#include "optim/adopt_state.h"
 #include "optim/param_state.h"
 #include "optim/state_key.h"
 #include "serialization/torch_file.h"
@@ -82,7 +83,9 @@ bool flag(const Dict& d, const char* key, const std::string& where) {
 }
 
 // A state tensor, checked against its parameter and moved onto its device (and dtype).
-at::Tensor state_tensor(const Dict& d, const char* key, const at::Tensor& param, const std::string& where) {
+// `copy` false: the tensor itself where it is on the parameter's device (adopt_optimizer_state_dict).
+at::Tensor state_tensor(const Dict& d, const char* key, const at::Tensor& param, const std::string& where,
+                        bool copy) {
   const IValue& v = entry(d, key, where);
   DATAPAR_CHECK(v.isTensor(), "optimizer state: ", where, " \"", key, "\" is a ", python_type_name(v), ", not a tensor");
   const at::Tensor& t = v.toTensor();
@@ -94,7 +97,7 @@ at::Tensor state_tensor(const Dict& d, const char* key, const at::Tensor& param,
   DATAPAR_CHECK(t.scalar_type() == param.scalar_type(), "optimizer state: ", where, " \"", key, "\" is ",
                 t.scalar_type(), " but the parameter is ", param.scalar_type(),
                 ". Load the optimizer state saved with this model, in its dtype.");
-  return t.to(param.device(), t.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  return t.to(param.device(), t.scalar_type(), /*non_blocking=*/false, copy);
 }
 
 int64_t step_count(const Dict& d, const std::string& where) {
@@ -123,13 +126,14 @@ void read_adam_options(const Dict& g, Options& o, const std::string& where) {
 }
 
 template <typename ParamState>
-std::unique_ptr<optim::OptimizerParamState> read_adam_state(const Dict& s, const at::Tensor& p, const std::string& where) {
+std::unique_ptr<optim::OptimizerParamState> read_adam_state(const Dict& s, const at::Tensor& p, const std::string& where,
+                                                            bool copy) {
   auto out = std::make_unique<ParamState>();
   out->step(step_count(s, where));
-  out->exp_avg(state_tensor(s, "exp_avg", p, where));
-  out->exp_avg_sq(state_tensor(s, "exp_avg_sq", p, where));
+  out->exp_avg(state_tensor(s, "exp_avg", p, where, copy));
+  out->exp_avg_sq(state_tensor(s, "exp_avg_sq", p, where, copy));
   if (has(s, "max_exp_avg_sq") && !entry(s, "max_exp_avg_sq", where).isNone()) {
-    out->max_exp_avg_sq(state_tensor(s, "max_exp_avg_sq", p, where));
+    out->max_exp_avg_sq(state_tensor(s, "max_exp_avg_sq", p, where, copy));
   }
   return out;
 }
@@ -184,7 +188,9 @@ OptimizerState optimizer_state_dict(const optim::Optimizer& optimizer) {
   return out;
 }
 
-void load_optimizer_state_dict(optim::Optimizer& optimizer, const OptimizerState& state) {
+namespace {
+
+void load_state(optim::Optimizer& optimizer, const OptimizerState& state, bool copy) {
   using StateMap = std::decay_t<decltype(optimizer.state())>;
   const Kind kind = kind_of(optimizer);
   const IValue& saved_state = entry(state, "state", "the optimizer state");
@@ -244,12 +250,12 @@ void load_optimizer_state_dict(optim::Optimizer& optimizer, const OptimizerState
       // exists when it has: so no buffer (Python's None) means no state.
       if (!has(s, "momentum_buffer") || entry(s, "momentum_buffer", where).isNone()) continue;
       auto sgd = std::make_unique<optim::SGDParamState>();
-      sgd->momentum_buffer(state_tensor(s, "momentum_buffer", p, where));
+      sgd->momentum_buffer(state_tensor(s, "momentum_buffer", p, where, copy));
       ps = std::move(sgd);
     } else if (kind == Kind::kAdam) {
-      ps = read_adam_state<optim::AdamParamState>(s, p, where);
+      ps = read_adam_state<optim::AdamParamState>(s, p, where, copy);
     } else {
-      ps = read_adam_state<optim::AdamWParamState>(s, p, where);
+      ps = read_adam_state<optim::AdamWParamState>(s, p, where, copy);
     }
     param_states.emplace_back(p, std::move(ps));
   }
@@ -260,4 +266,17 @@ void load_optimizer_state_dict(optim::Optimizer& optimizer, const OptimizerState
   for (auto& [p, ps] : param_states) optimizer.state()[detail::optimizer_state_key<StateMap>(p)] = std::move(ps);
 }
 
+}  // namespace
+
+void load_optimizer_state_dict(optim::Optimizer& optimizer, const OptimizerState& state) {
+  load_state(optimizer, state, /*copy=*/true);
+}
+
+namespace detail {
+
+void adopt_optimizer_state_dict(optim::Optimizer& optimizer, const OptimizerState& state) {
+  load_state(optimizer, state, /*copy=*/false);
+}
+
+}  // namespace detail
 }  // namespace datapar

@@ -141,7 +141,9 @@ void add_optimizer(State& state, const std::string& prefix, torch::optim::Optimi
                    torch::nn::Module& module);
 
 // After load(): puts the loaded "<prefix>." entries back into the optimizer (its
-// hyperparameters and step counts; the state tensors were filled in place).
+// hyperparameters and step counts; the state tensors were filled in place). The optimizer
+// takes the state's tensors as they are, no copy: they are its own after add_optimizer, and
+// a State of load_all's shares them with the optimizer from then on.
 void apply_optimizer(const State& state, const std::string& prefix, torch::optim::Optimizer& optimizer,
                      torch::nn::Module& module);
 
