@@ -86,6 +86,10 @@ std::unordered_map<std::string, ZipEntry> read_entries(uint64_t size, const Read
     if (directory.size() - pos - 46 < rest) damaged("an entry runs past the directory");
     const std::string full = directory.substr(pos + 46, name);
     const size_t slash = full.find('/');
+    // What libtorch's zip reader (miniz) refuses, refused here too: an encrypted entry, or one
+    // on another disk of a multi-disk archive (a flipped bit of the directory, in practice).
+    if (field(directory, pos + 8, 2) & 1) damaged("an encrypted entry");
+    if (field(directory, pos + 34, 2) != 0) damaged("an entry on another disk");
     ZipEntry entry;
     entry.method = static_cast<uint16_t>(field(directory, pos + 10, 2));
     entry.crc = static_cast<uint32_t>(field(directory, pos + 16, 4));
