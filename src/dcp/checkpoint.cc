@@ -277,6 +277,23 @@ bool meets(const detail::Chunk& chunk, const Shard& box) {
   return true;
 }
 
+// Note [A chunk read into its box]: a chunk that is the whole of the one box it meets (a DDP
+// tensor, an FSDP shard saved at the same world size), of the box's dtype and contiguous on
+// the CPU, is read straight into the box's memory: one read, no copy. That box, or null.
+Shard* box_that_is(const detail::Chunk& chunk, at::ScalarType dtype, std::vector<Shard>& boxes) {
+  Shard* met = nullptr;
+  for (Shard& box : boxes) {
+    if (!meets(chunk, box)) continue;
+    if (met != nullptr) return nullptr;  // the chunk feeds two boxes: read it once, copy it twice
+    met = &box;
+  }
+  if (met == nullptr || met->offsets != chunk.offsets || met->local.sizes() != c10::IntArrayRef(chunk.sizes) ||
+      met->local.scalar_type() != dtype || !met->local.device().is_cpu() || !met->local.is_contiguous()) {
+    return nullptr;
+  }
+  return met;
+}
+
 // Each saved chunk that meets one of this rank's boxes is read once and copied into every
 // box it meets (FSDP's part rows and whole rows of one parameter may meet the same chunk).
 void load_entry(State::Entry& e, const detail::Entry& saved, DataFiles& files) {
@@ -298,18 +315,7 @@ void load_entry(State::Entry& e, const detail::Entry& saved, DataFiles& files) {
         std::none_of(e.boxes.begin(), e.boxes.end(), [&](const Shard& box) { return meets(chunk, box); })) {
       continue;
     }
-    // Note [A chunk read into its box]: a chunk that is the whole of the one box it meets
-    // (a DDP tensor, an FSDP shard saved at the same world size), of the box's dtype and
-    // contiguous on the CPU, is read straight into the box's memory: one read, no copy.
-    Shard* whole = nullptr;
-    const auto boxes_met = std::count_if(e.boxes.begin(), e.boxes.end(), [&](const Shard& box) { return meets(chunk, box); });
-    for (Shard& box : e.boxes) {
-      if (boxes_met == 1 && meets(chunk, box) && box.offsets == chunk.offsets &&
-          box.local.sizes() == c10::IntArrayRef(chunk.sizes) && box.local.scalar_type() == saved.dtype &&
-          box.local.device().is_cpu() && box.local.is_contiguous()) {
-        whole = &box;
-      }
-    }
+    Shard* const whole = box_that_is(chunk, saved.dtype, e.boxes);
     bool placed = false;
     const auto place = [&](const std::string&, at::ScalarType dtype, int64_t numel) {
       if (whole == nullptr || placed || dtype != saved.dtype || numel != whole->local.numel()) return at::Tensor();
