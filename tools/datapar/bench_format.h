@@ -24,7 +24,9 @@ inline std::string human_bytes(int64_t bytes) {
   return text;
 }
 
+// The middle value (the mean of the two in the middle for an even count); 0 for none.
 inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench_ddp.h"
+#include "bench_format.h"  // median
 #include "bench_line.h"
 #include "datapar/process_group/metadata.h"
 #include "datapar/process_group/process_group.h"
@@ -56,12 +57,6 @@ inline double cpu_seconds(clockid_t clock) {
   timespec ts{};
   clock_gettime(clock, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
 }
 
 // Runs `step` `steps` times after `warmup`; every value is the slowest rank's. `line` shows
