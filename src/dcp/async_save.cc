@@ -4,6 +4,7 @@
 #include <chrono>
 #include <utility>
 
+#include "dcp/save_plan.h"
 #include "serialization/background_writer.h"
 #include "serialization/staging_memory.h"
 
@@ -28,19 +29,18 @@ void AsyncSaver::save(const State& state, const std::string& dir) {
   const auto start = std::chrono::steady_clock::now();
   Impl& s = *impl_;
   s.writer.begin(dir);
+  // Planned here, with every rank (save_plan.h): then only what this rank writes is staged.
+  // A directory it cannot use, or ranks whose states differ, throw here, as dcp::save.
+  std::shared_ptr<ProcessGroup> group = s.group;
+  std::shared_ptr<const detail::SavePlan> plan = detail::plan_save(state, dir, group.get());
   auto staged = std::make_shared<State>(state);  // the entries' names and values; the tensors next
   s.staging.begin();
-  for (State::Entry& entry : staged->entries()) {
-    for (Shard& box : entry.boxes) box.local = s.staging.stage(box.local);
+  for (size_t i = 0; i < staged->entries().size(); ++i) {
+    State::Entry& entry = staged->entries()[i];
+    const bool mine = detail::writes_entry(*plan, i);
+    for (Shard& box : entry.boxes) box.local = mine ? s.staging.stage(box.local) : at::Tensor();
   }
-  std::shared_ptr<ProcessGroup> group = s.group;
-  s.writer.start(dir, [staged, dir, group] {
-    if (group) {
-      dcp::save(*staged, dir, *group);
-    } else {
-      dcp::save(*staged, dir);
-    }
-  });
+  s.writer.start(dir, [staged, plan, group] { detail::write_planned(*staged, *plan, group.get()); });
   s.last_blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

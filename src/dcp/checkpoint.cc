@@ -40,6 +40,7 @@
 #include "datapar/process_group/metadata.h"
 #include "datapar/process_group/work.h"
 #include "dcp/metadata.h"
+#include "dcp/save_plan.h"
 #include "file_system.h"
 #include "random_bytes.h"
 #include "owned_directory.h"
@@ -47,6 +48,31 @@
 #include "serialization/torch_file.h"
 
 namespace datapar::dcp {
+
+namespace detail {
+
+// One entry of a rank's plan.
+struct PlanEntry {
+  std::string name;
+  State::Kind kind;
+  at::ScalarType dtype;
+  std::vector<int64_t> global_size;
+  std::vector<Chunk> boxes;  // this rank's: offsets and sizes
+  std::vector<IValue> path;
+};
+
+// A save's first half (save_plan.h): the directory, every rank's plan, and who writes what.
+struct SavePlan {
+  std::string dir;
+  datapar::detail::OwnedDirectory out;
+  std::vector<std::vector<PlanEntry>> plans;  // by rank
+  std::vector<int> writer;                    // by entry: the rank that writes a whole tensor or value; -1 for shards
+  int rank = 0;
+  int world = 1;
+};
+
+}  // namespace detail
+
 namespace {
 
 using c10::IValue;
@@ -91,14 +117,7 @@ std::string first_error(const std::vector<std::string>& errors) {
 
 // ---- a rank's plan ----
 
-struct PlanEntry {
-  std::string name;
-  State::Kind kind;
-  at::ScalarType dtype;
-  std::vector<int64_t> global_size;
-  std::vector<detail::Chunk> boxes;  // this rank's: offsets and sizes
-  std::vector<IValue> path;
-};
+using detail::PlanEntry;
 
 std::string encode_plan(const State& state, const std::string& problem) {
   std::vector<IValue> entries;
@@ -507,25 +526,29 @@ const State::Entry& State::at(const std::string& name) const {
 
 // ---- save ----
 
-namespace {
+namespace detail {
 
-void save_state(const State& state, const std::string& dir, ProcessGroup* group) {
-  const int rank = group != nullptr ? group->rank() : 0;
-  const int world = group != nullptr ? group->size() : 1;
+std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string& dir, ProcessGroup* group) {
+  auto made = std::make_shared<SavePlan>();
+  SavePlan& sp = *made;
+  sp.dir = dir;
+  sp.rank = group != nullptr ? group->rank() : 0;
+  sp.world = group != nullptr ? group->size() : 1;
+  const int world = sp.world;
 
   // 1. Plans, and any problem with the directory, on every rank. The directory is opened
   // once, never through a link, and only if this user owns it; every file is written
   // relative to it (OwnedDirectory).
   std::string problem;
-  const datapar::detail::OwnedDirectory out = datapar::detail::OwnedDirectory::open(dir, &problem);
+  sp.out = datapar::detail::OwnedDirectory::open(dir, &problem);
   if (!problem.empty()) {
     problem = str_cat("cannot write into ", dir, " (", problem, ")");
-  } else if (out.has(detail::kMetadataFile)) {
+  } else if (sp.out.has(detail::kMetadataFile)) {
     problem = str_cat(dir,
                       " holds a checkpoint already; save each checkpoint into a new directory (the last good one "
                       "stays loadable if this save fails), or remove it first");
   }
-  std::vector<std::vector<PlanEntry>> plans;
+  std::vector<std::vector<PlanEntry>>& plans = sp.plans;
   std::string plan_problem;
   for (const std::string& bytes : all_gather_bytes(group, encode_plan(state, problem))) {
     std::string p;
@@ -541,7 +564,8 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
   // 2. Who writes what: every rank its shards; each whole tensor and value the rank with the
   // fewest bytes so far (PyTorch's dedup does the same), the same choice on every rank.
   const std::vector<PlanEntry>& plan = plans[0];
-  std::vector<int> writer(plan.size(), -1);
+  std::vector<int>& writer = sp.writer;
+  writer.assign(plan.size(), -1);
   std::vector<int64_t> bytes_by_rank(world, 0);
   for (int r = 0; r < world; ++r) {
     for (const PlanEntry& e : plans[r]) {
@@ -559,6 +583,22 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
             ? detail::volume(plan[i].global_size) * static_cast<int64_t>(c10::elementSize(plan[i].dtype))
             : 64;
   }
+  return made;
+}
+
+bool writes_entry(const SavePlan& plan, size_t i) {
+  return plan.plans[0].at(i).kind == State::Kind::kShard || plan.writer.at(i) == plan.rank;
+}
+
+void write_planned(const State& state, const SavePlan& sp, ProcessGroup* group) {
+  const int rank = sp.rank;
+  const int world = sp.world;
+  const std::string& dir = sp.dir;
+  const datapar::detail::OwnedDirectory& out = sp.out;
+  const std::vector<std::vector<PlanEntry>>& plans = sp.plans;
+  const std::vector<PlanEntry>& plan = plans[0];
+  DATAPAR_CHECK(state.entries().size() == plan.size(), "dcp::save: the state has ", state.entries().size(),
+                " entries, its plan ", plan.size());
 
   // 3. This rank's file.
   std::vector<Written> written;
@@ -568,7 +608,7 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
     int64_t offset = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       const State::Entry& e = state.entries()[i];
-      if (e.kind != State::Kind::kShard && writer[i] != rank) continue;
+      if (!writes_entry(sp, i)) continue;
       const size_t items = e.kind == State::Kind::kValue ? 1 : e.boxes.size();
       for (size_t box = 0; box < items; ++box) {
         const IValue item =
@@ -637,6 +677,10 @@ void save_state(const State& state, const std::string& dir, ProcessGroup* group)
   }
 }
 
+}  // namespace detail
+
+namespace {
+
 // Fills `state` from the checkpoint `md` describes.
 void fill(State& state, const Metadata& md, const std::string& dir, bool allow_partial) {
   DataFiles files(dir);
@@ -686,8 +730,12 @@ State load_all_state(const std::string& dir, ProcessGroup* group) {
 
 }  // namespace
 
-void save(const State& state, const std::string& dir, ProcessGroup& group) { save_state(state, dir, &group); }
-void save(const State& state, const std::string& dir) { save_state(state, dir, nullptr); }
+void save(const State& state, const std::string& dir, ProcessGroup& group) {
+  detail::write_planned(state, *detail::plan_save(state, dir, &group), &group);
+}
+void save(const State& state, const std::string& dir) {
+  detail::write_planned(state, *detail::plan_save(state, dir, nullptr), nullptr);
+}
 void load(State& state, const std::string& dir, ProcessGroup& group, bool allow_partial) {
   load_state(state, dir, &group, allow_partial);
 }

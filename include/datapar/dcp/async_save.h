@@ -34,11 +34,15 @@ class AsyncSaver {
   AsyncSaver(AsyncSaver&&) noexcept;
   AsyncSaver& operator=(AsyncSaver&&) noexcept;
 
-  // Copies every tensor and box of `state` into host memory (pinned for CUDA tensors; kept
-  // for the next save of the same shapes) and returns; save(state, dir, group) goes on in
-  // the background. Waits first for a save still in flight (with a warning). Throws the
-  // failure (CheckpointError) of an earlier save not yet reported, before staging anything.
-  // Every rank of the group calls it, with the same directories in the same order.
+  // Agrees the save's plan with the other ranks (one exchange of small messages: a rank that
+  // comes late holds the others here, as dcp::save would), copies what this rank writes
+  // into host memory (its boxes, and the whole tensors the plan gives it: about 1/N of the
+  // replicated ones; pinned for CUDA tensors; kept for the next save of the same shapes)
+  // and returns; the write of dcp::save goes on in the background. Waits first for a save
+  // still in flight (with a warning). Throws the failure (CheckpointError) of an earlier save
+  // not yet reported, before staging anything, and what dcp::save throws before it writes
+  // (a directory it cannot use, ranks whose states differ). Every rank of the group calls
+  // it, with the same directories in the same order.
   void save(const State& state, const std::string& dir);
   // Throws the failure of a save that has ended and was not reported yet; never waits.
   void check();
