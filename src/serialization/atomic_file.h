@@ -50,6 +50,9 @@ class AtomicFile {
 
  private:
   void create(const std::string& dir, const std::string& name);
+  // Starts the disk's write of what is written and not yet handed to it (Note [Writing back
+  // as we go] in atomic_file.cc).
+  void write_back() noexcept;
 
   std::string path_;
   std::string name_;       // in the directory
@@ -58,6 +61,7 @@ class AtomicFile {
   int dir_fd_ = -1;        // the directory, open from the start
   int fd_ = -1;
   size_t written_ = 0;
+  size_t handed_to_disk_ = 0;  // bytes whose writeback has been started
   std::string error_;  // the first write failure, empty if none
   bool committed_ = false;
 };
