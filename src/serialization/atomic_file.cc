@@ -25,7 +25,7 @@ namespace {
 // fsync waited for the rest. Now each chunk is handed to the disk as soon as it is written
 // (sync_file_range, SYNC_FILE_RANGE_WRITE: starts the writeback, waits for nothing), so the
 // disk works while the file is written and the writeback's CPU work is done by the thread
-// that writes (a background writer runs at nice 10: BackgroundWriter::run). The pages stay
+// that writes (a background writer runs at nice 19: BackgroundWriter::run). The pages stay
 // cached (clean): a load right after a save still reads memory.
 constexpr size_t kWriteBackChunk = size_t{8} << 20;
 
