@@ -445,6 +445,28 @@ TEST(TrainCli, FsdpTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
   EXPECT_TRUE(std::regex_search(flags[0].output, kEpochLine)) << flags[0].output;
 }
 
+// --weight-decay (torch.optim.SGD's weight_decay) reaches every optimizer a mode makes: ddp's
+// and fsdp's shards' train alike with it, and it shrinks the weights against a run without.
+TEST(TrainCli, WeightDecayShrinksTheWeightsAndTrainsAlikeUnderDdpAndFsdp) {
+  const TempDir temp("train_cli_weight_decay");
+  const std::string args = kSmall + " --seed 5 --momentum 0.9 --epochs 2 --checkpoint-dir ";
+  const std::string plain = temp.path() + "/plain", ddp = temp.path() + "/ddp", fsdp = temp.path() + "/fsdp";
+  for (const auto& [dir, flags] : {std::make_pair(plain, std::string(" --mode ddp")),
+                                   std::make_pair(ddp, std::string(" --mode ddp --weight-decay 0.05")),
+                                   std::make_pair(fsdp, std::string(" --mode fsdp --weight-decay 0.05"))}) {
+    for (const auto& p : ddp_job(args + dir + flags, 2, dir + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  expect_same_parameters(ddp + "/checkpoint-epoch-2.pt", fsdp + "/checkpoint-epoch-2.pt");
+  const auto norm = [](const std::string& path) {
+    double sum = 0;
+    for (const auto& item : datapar::train::load_checkpoint(path).model) {
+      if (item.key().find("weight") != std::string::npos) sum += item.value().pow(2).sum().item<double>();
+    }
+    return sum;
+  };
+  EXPECT_LT(norm(ddp + "/checkpoint-epoch-2.pt"), 0.98 * norm(plain + "/checkpoint-epoch-2.pt"));
+}
+
 // The loss of `epoch` in a train run's output ("epoch N/M  loss X ..."), or -1.
 double epoch_loss(const std::string& output, int epoch) {
   const std::regex line("epoch " + std::to_string(epoch) + "/\\d+ +loss ([0-9.]+)");
@@ -866,6 +888,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--lr -0.5", "--lr -0.5"},
         BadOption{"--lr inf", "--lr inf: the learning rate must be positive and finite"},
         BadOption{"--lr nan", "--lr nan: the learning rate must be positive and finite"},
+        BadOption{"--weight-decay -0.1", "--weight-decay -0.1: use a finite value >= 0"},
+        BadOption{"--weight-decay inf", "--weight-decay inf: use a finite value >= 0"},
         BadOption{"--workers 100000", "--workers 100000: use 0 .. 256 data loader threads"},
         BadOption{"--workers -1", "--workers -1: use 0 .. 256"},
         BadOption{"--threads 100000", "--threads 100000: use 0 (default) .. 1024 intra-op threads"},

@@ -71,7 +71,7 @@ int train_model(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> m
   const TrainOptions& o = plan.options;
   const c10::Device device = plan.devices.front().torch_device();
   model->to(device);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum).weight_decay(o.weight_decay));
   const int64_t first_epoch = plan.resume || o.evaluate ? resume(plan, *model, sgd, device) : 0;
   if (o.checkpoint_activations) checkpoint_each<models::ResidualImpl>(*model);
   const std::unique_ptr<Strategy> strategy = make_strategy(plan, model, sgd);
@@ -87,7 +87,7 @@ template <typename Impl>
 int train_model_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   const TrainOptions& o = plan.options;
   const c10::Device device = plan.devices.front().torch_device();
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum).weight_decay(o.weight_decay));
   // --mode hsdp: fault tolerance between replica groups (each a shard group).
   ft::LaunchedJob job = ft::join_launched_job(resolve_job_config(process_environment()),
                                               plan.mode == Mode::kHsdp ? plan.shard_size : 1);

@@ -41,6 +41,7 @@ struct TrainOptions {
   int64_t batch_size = 256;        // global batch (before --scale-lr)
   double lr = 0.1;                 // plain SGD, as d2l
   double momentum = 0;
+  double weight_decay = 0;         // SGD's L2 penalty, as torch.optim.SGD's weight_decay
   std::string mode = "single";     // single, dp, ddp, fsdp, hsdp
   std::string devices;             // "" = the mode's default (see plan_training)
   std::string backend;             // ddp only: gloo, nccl, mpi; empty: nccl on CUDA, else default_backend()

@@ -122,6 +122,8 @@ void check_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr ", o.lr,
                 ": the learning rate must be positive and finite (d2l uses 0.1).");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
+  DATAPAR_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), "--weight-decay ", o.weight_decay,
+                ": use a finite value >= 0 (0: none; 5e-4 is common for ResNets).");
   DATAPAR_CHECK(!o.zero || mode == Mode::kDdp, "--zero shards the optimizer over the ranks of a ddp job; --mode ", o.mode,
                 is_fully_sharded(mode)
                     ? " shards it already, with the parameters and gradients."

@@ -44,6 +44,7 @@ std::vector<std::pair<std::string, std::string>> trajectory_flags(const TrainPla
       {"--batch-size (after --scale-lr)", std::to_string(plan.global_batch)},
       {"--lr (after --scale-lr)", exact(plan.lr)},
       {"--momentum", exact(o.momentum)},
+      {"--weight-decay", exact(o.weight_decay)},
       {"--seed", std::to_string(o.seed)},
       {"--epochs", std::to_string(o.epochs)},
       {"--limit", std::to_string(o.limit)},

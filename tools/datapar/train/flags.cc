@@ -20,6 +20,9 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
       ->check(whole_number<decltype(o.batch_size)>());
   cmd->add_option("--lr", o.lr, "SGD learning rate (default 0.1)");
   cmd->add_option("--momentum", o.momentum, "SGD momentum (default 0: plain SGD, as d2l)");
+  cmd->add_option("--weight-decay", o.weight_decay,
+                  "SGD's L2 penalty: weight decay x each parameter added to its gradient, as torch.optim.SGD's "
+                  "weight_decay (default 0)");
   cmd->add_option("--mode", o.mode,
                   "single, dp (DataParallel), ddp, fsdp (fully sharded: one rank per process, each keeping 1/N of "
                   "the parameters, gradients and optimizer state) or hsdp (hybrid: fsdp within each group of "
