@@ -68,7 +68,6 @@ struct SavePlan {
   std::vector<std::vector<PlanEntry>> plans;  // by rank
   std::vector<int> writer;                    // by entry: the rank that writes a whole tensor or value; -1 for shards
   int rank = 0;
-  int world = 1;
 };
 
 }  // namespace detail
@@ -533,8 +532,7 @@ std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string&
   SavePlan& sp = *made;
   sp.dir = dir;
   sp.rank = group != nullptr ? group->rank() : 0;
-  sp.world = group != nullptr ? group->size() : 1;
-  const int world = sp.world;
+  const int world = group != nullptr ? group->size() : 1;
 
   // 1. Plans, and any problem with the directory, on every rank. The directory is opened
   // once, never through a link, and only if this user owns it; every file is written
@@ -590,13 +588,40 @@ bool writes_entry(const SavePlan& plan, size_t i) {
   return plan.plans[0].at(i).kind == State::Kind::kShard || plan.writer.at(i) == plan.rank;
 }
 
+// Rank 0's .metadata: every entry of the plan, and where each rank's `results` (its
+// gathered byte ranges: entry, chunk, offset, length) put their bytes.
+void write_metadata_file(const SavePlan& sp, const std::vector<std::string>& results) {
+  const std::vector<PlanEntry>& plan = sp.plans[0];
+  Metadata md;
+  md.save_id = datapar::detail::random_hex(16);
+  md.entries.resize(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Entry& e = md.entries[i];
+    e.fqn = plan[i].name;
+    e.is_tensor = plan[i].kind != State::Kind::kValue;
+    e.dtype = plan[i].dtype;
+    e.size = plan[i].global_size;
+    e.path = plan[i].path;
+  }
+  for (size_t r = 0; r < results.size(); ++r) {
+    const IValue v = datapar::detail::torch_load_bytes(results[r].data(), results[r].size());
+    for (const IValue& w : v.toListRef()[1].toListRef()) {
+      const std::vector<int64_t> f = ints_of(w);
+      Entry& e = md.entries[static_cast<size_t>(f[0])];
+      if (e.is_tensor) e.chunks.push_back(sp.plans[r][static_cast<size_t>(f[0])].boxes.at(static_cast<size_t>(f[1])));
+      e.storage.push_back(StorageInfo{data_file(static_cast<int>(r)), f[2], f[3]});
+    }
+  }
+  datapar::detail::AtomicFile file(sp.out.fd(), sp.dir, kMetadataFile);
+  const std::string bytes = write_metadata(md, sp.dir);
+  file.write(bytes.data(), bytes.size());
+  file.commit();
+}
+
 void write_planned(const State& state, const SavePlan& sp, ProcessGroup* group) {
   const int rank = sp.rank;
-  const int world = sp.world;
   const std::string& dir = sp.dir;
-  const datapar::detail::OwnedDirectory& out = sp.out;
-  const std::vector<std::vector<PlanEntry>>& plans = sp.plans;
-  const std::vector<PlanEntry>& plan = plans[0];
+  const std::vector<PlanEntry>& plan = sp.plans[0];
   DATAPAR_CHECK(state.entries().size() == plan.size(), "dcp::save: the state has ", state.entries().size(),
                 " entries, its plan ", plan.size());
 
@@ -604,7 +629,7 @@ void write_planned(const State& state, const SavePlan& sp, ProcessGroup* group) 
   std::vector<Written> written;
   std::string error;
   try {
-    datapar::detail::AtomicFile file(out.fd(), dir, data_file(rank));
+    datapar::detail::AtomicFile file(sp.out.fd(), dir, data_file(rank));
     int64_t offset = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       const State::Entry& e = state.entries()[i];
@@ -642,30 +667,7 @@ void write_planned(const State& state, const SavePlan& sp, ProcessGroup* group) 
   std::string verdict;
   if (rank == 0) {
     try {
-      Metadata md;
-      md.save_id = datapar::detail::random_hex(16);
-      md.entries.resize(plan.size());
-      for (size_t i = 0; i < plan.size(); ++i) {
-        detail::Entry& e = md.entries[i];
-        e.fqn = plan[i].name;
-        e.is_tensor = plan[i].kind != State::Kind::kValue;
-        e.dtype = plan[i].dtype;
-        e.size = plan[i].global_size;
-        e.path = plan[i].path;
-      }
-      for (int r = 0; r < world; ++r) {
-        const IValue v = datapar::detail::torch_load_bytes(results[r].data(), results[r].size());
-        for (const IValue& w : v.toListRef()[1].toListRef()) {
-          const std::vector<int64_t> f = ints_of(w);
-          detail::Entry& e = md.entries[static_cast<size_t>(f[0])];
-          if (e.is_tensor) e.chunks.push_back(plans[r][static_cast<size_t>(f[0])].boxes.at(static_cast<size_t>(f[1])));
-          e.storage.push_back(detail::StorageInfo{data_file(r), f[2], f[3]});
-        }
-      }
-      datapar::detail::AtomicFile file(out.fd(), dir, detail::kMetadataFile);
-      const std::string bytes = detail::write_metadata(md, dir);
-      file.write(bytes.data(), bytes.size());
-      file.commit();
+      write_metadata_file(sp, results);
     } catch (const std::exception& e) {
       verdict = e.what();
     }

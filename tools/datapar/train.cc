@@ -65,13 +65,19 @@ void xavier_init(torch::nn::Module& model) {
   }
 }
 
+// The run's optimizer settings (--lr after --scale-lr, --momentum, --weight-decay): every
+// optimizer a mode makes copies them (sgd_like).
+torch::optim::SGDOptions sgd_options(const TrainPlan& plan) {
+  return torch::optim::SGDOptions(plan.lr).momentum(plan.options.momentum).weight_decay(plan.options.weight_decay);
+}
+
 // 5-7: resume, wrap, train (or, with --evaluate, evaluate the checkpoint).
 template <typename Impl>
 int train_model(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   const TrainOptions& o = plan.options;
   const c10::Device device = plan.devices.front().torch_device();
   model->to(device);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  torch::optim::SGD sgd(model->parameters(), sgd_options(plan));
   const int64_t first_epoch = plan.resume || o.evaluate ? resume(plan, *model, sgd, device) : 0;
   if (o.checkpoint_activations) checkpoint_each<models::ResidualImpl>(*model);
   const std::unique_ptr<Strategy> strategy = make_strategy(plan, model, sgd);
@@ -87,7 +93,7 @@ template <typename Impl>
 int train_model_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   const TrainOptions& o = plan.options;
   const c10::Device device = plan.devices.front().torch_device();
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(plan.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  torch::optim::SGD sgd(model->parameters(), sgd_options(plan));
   // --mode hsdp: fault tolerance between replica groups (each a shard group).
   ft::LaunchedJob job = ft::join_launched_job(resolve_job_config(process_environment()),
                                               plan.mode == Mode::kHsdp ? plan.shard_size : 1);
