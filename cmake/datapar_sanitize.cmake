@@ -36,12 +36,17 @@ function(datapar_sanitize_library target)
   endif()
 endfunction()
 
-# Adds cmake/sanitizer_hooks.cc to every program of an AddressSanitizer build; called once at
-# the end of the top CMakeLists.txt, when every target exists.
+# Adds cmake/sanitizer_hooks.cc to every program of an AddressSanitizer build, and to those that
+# link Torch cmake/asan_cpu_allocator.cc (Torch's CPU allocator reusing large blocks within ASan's
+# rules: Note [Large blocks under AddressSanitizer]); each compiled once. Called once at the end
+# of the top CMakeLists.txt, when every target exists.
 function(datapar_sanitize_programs)
   if(NOT DATAPAR_SANITIZE MATCHES "address")
     return()
   endif()
+  add_library(datapar_sanitizer_hooks OBJECT ${CMAKE_SOURCE_DIR}/cmake/sanitizer_hooks.cc)
+  add_library(datapar_asan_cpu_allocator OBJECT ${CMAKE_SOURCE_DIR}/cmake/asan_cpu_allocator.cc)
+  target_link_libraries(datapar_asan_cpu_allocator PRIVATE ${TORCH_LIBRARIES})
   set(directories ${CMAKE_SOURCE_DIR})
   while(directories)
     list(POP_FRONT directories directory)
@@ -50,10 +55,13 @@ function(datapar_sanitize_programs)
     get_property(targets DIRECTORY ${directory} PROPERTY BUILDSYSTEM_TARGETS)
     foreach(target IN LISTS targets)
       get_target_property(type ${target} TYPE)
-      if(type STREQUAL "EXECUTABLE")
-        target_sources(${target} PRIVATE ${CMAKE_SOURCE_DIR}/cmake/sanitizer_hooks.cc)
-        set_source_files_properties(${CMAKE_SOURCE_DIR}/cmake/sanitizer_hooks.cc TARGET_DIRECTORY ${target}
-                                    PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+      if(NOT type STREQUAL "EXECUTABLE")
+        continue()
+      endif()
+      target_sources(${target} PRIVATE $<TARGET_OBJECTS:datapar_sanitizer_hooks>)
+      get_target_property(libraries ${target} LINK_LIBRARIES)
+      if(libraries MATCHES "(^|;)datapar(_train)?(;|$)")
+        target_sources(${target} PRIVATE $<TARGET_OBJECTS:datapar_asan_cpu_allocator>)
       endif()
     endforeach()
   endwhile()

@@ -58,7 +58,7 @@ struct PlanEntry {
   at::ScalarType dtype;
   std::vector<int64_t> global_size;
   std::vector<Chunk> boxes;  // this rank's: offsets and sizes
-  std::vector<IValue> path;
+  std::vector<c10::IValue> path;
 };
 
 // A save's first half (save_plan.h): the directory, every rank's plan, and who writes what.
