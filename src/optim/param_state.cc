@@ -1,6 +1,8 @@
 // See param_state.h.
 #include "optim/param_state.h"
 
+#include "datapar/error.h"
+
 #include <ATen/ATen.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -56,6 +58,22 @@ const char* optimizer_kind_name(OptimizerKind kind) {
     case OptimizerKind::kOther: break;
   }
   return "an optimizer other than SGD, Adam and AdamW";
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(OptimizerKind kind, std::vector<at::Tensor> params,
+                                                 const optim::OptimizerOptions& options) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return std::make_unique<optim::SGD>(std::move(params), static_cast<const optim::SGDOptions&>(options));
+    case OptimizerKind::kAdam:
+      return std::make_unique<optim::Adam>(std::move(params), static_cast<const optim::AdamOptions&>(options));
+    case OptimizerKind::kAdamW:
+      return std::make_unique<optim::AdamW>(std::move(params), static_cast<const optim::AdamWOptions&>(options));
+    case OptimizerKind::kOther: break;
+  }
+  throw InvalidArgumentError(str_cat("datapar makes copies of SGD, Adam and AdamW only, not of ",
+                                     optimizer_kind_name(kind),
+                                     ".\n---> HINT: pass an OptimizerFactory that makes yours instead."));
 }
 
 namespace {

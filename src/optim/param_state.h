@@ -22,6 +22,12 @@ OptimizerKind optimizer_kind(const torch::optim::Optimizer& optimizer);
 // "SGD", "Adam", "AdamW", or a phrase for the others (for error messages).
 const char* optimizer_kind_name(OptimizerKind kind);
 
+// An optimizer of `kind` over `params` with a copy of `options` (that kind's options, as
+// `param_groups()[0].options()` of an optimizer of that kind gives them). Throws
+// InvalidArgumentError for kOther.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(OptimizerKind kind, std::vector<at::Tensor> params,
+                                                        const torch::optim::OptimizerOptions& options);
+
 // PyTorch's names of one parameter's state for an optimizer of `kind` with `options` (the
 // keys of torch.optim's state_dict): SGD's "momentum_buffer" (none without momentum); Adam's
 // and AdamW's "step", "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad; none for

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "datapar/error.h"
+#include "datapar/optim/optimizer_factory.h"
 #include "datapar/train/rng_state.h"
 #include "testing/expect_throw.h"
 
@@ -131,6 +132,50 @@ TEST(CheckpointOptimizerState, MismatchesAreNamedAndChangeNothing) {
   EXPECT_THROW_MSG(optimizer_state_dict(rmsprop), InvalidArgumentError, "SGD, Adam and AdamW");
   optim::Adam adam(t.groups(), optim::AdamOptions(0.1));
   EXPECT_THROW_MSG(load_optimizer_state_dict(adam, saved), InvalidArgumentError, "has no \"betas\"");
+}
+
+// optimizer_like: what ZeRO, FSDP and the tool make their optimizers with: the same kind, a
+// copy of the options as they are when asked (a scheduler's lr included), stepping as the
+// original would on the same parameters; any other kind is refused with what to do.
+TEST(OptimizerLike, MakesTheSameKindWithTheSameOptionsAndRefusesOthers) {
+  Layers s, t;
+  optim::AdamW adamw(s.a->parameters(), optim::AdamWOptions(0.01).weight_decay(0.2).betas({0.8, 0.9}).amsgrad(true));
+  static_cast<optim::AdamWOptions&>(adamw.param_groups()[0].options()).lr(0.05);  // as a scheduler would
+  const OptimizerFactory make = optimizer_like(adamw);
+  static_cast<optim::AdamWOptions&>(adamw.param_groups()[0].options()).lr(0.5);  // after: not seen
+  const std::unique_ptr<optim::Optimizer> copy = make(t.a->parameters());
+  ASSERT_NE(dynamic_cast<optim::AdamW*>(copy.get()), nullptr);
+  const auto& o = static_cast<const optim::AdamWOptions&>(copy->param_groups()[0].options());
+  EXPECT_DOUBLE_EQ(o.lr(), 0.05);
+  EXPECT_DOUBLE_EQ(o.weight_decay(), 0.2);
+  EXPECT_DOUBLE_EQ(std::get<1>(o.betas()), 0.9);
+  EXPECT_TRUE(o.amsgrad());
+  for (const auto& [kind, original] :
+       {std::make_pair(std::string("SGD"), std::shared_ptr<optim::Optimizer>(std::make_shared<optim::SGD>(
+                                               s.b->parameters(), optim::SGDOptions(0.1).momentum(0.9).nesterov(true)))),
+        std::make_pair(std::string("Adam"), std::shared_ptr<optim::Optimizer>(std::make_shared<optim::Adam>(
+                                                s.b->parameters(), optim::AdamOptions(0.01).weight_decay(0.1))))}) {
+    torch::nn::Linear twin(4, 2);
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < twin->parameters().size(); ++i) twin->parameters()[i].copy_(s.b->parameters()[i]);
+    }
+    const std::unique_ptr<optim::Optimizer> made = optimizer_like(*original)(twin->parameters());
+    for (int step = 0; step < 3; ++step) {
+      for (auto* pair : {&s.b, &twin}) {
+        (*pair)->zero_grad();
+        (*pair)->forward(at::linspace(-1, 1, 8).view({2, 4})).pow(2).sum().backward();
+      }
+      original->step();
+      made->step();
+    }
+    for (size_t i = 0; i < twin->parameters().size(); ++i) {
+      EXPECT_TRUE(at::equal(twin->parameters()[i], s.b->parameters()[i])) << kind << ", parameter " << i;
+    }
+  }
+  optim::RMSprop rmsprop(s.a->parameters(), optim::RMSpropOptions(0.1));
+  EXPECT_THROW_MSG(optimizer_like(rmsprop), InvalidArgumentError,
+                   "cannot be copied by datapar (SGD, Adam and AdamW can).\n---> HINT: write the OptimizerFactory");
 }
 
 TEST(CheckpointRng, StateRestoresTheSameDraws) {

@@ -474,6 +474,63 @@ double epoch_loss(const std::string& output, int epoch) {
   return std::regex_search(output, m, line) ? std::stod(m[1]) : -1;
 }
 
+// Every parameter's optimizer state in two checkpoints (SGD's momentum, Adam's moments and
+// step), equal within `tolerance`.
+void expect_same_optimizer_state(const std::string& a, const std::string& b, double tolerance) {
+  const auto want = datapar::train::load_checkpoint(a).optimizer.at("state").toGenericDict();
+  const auto got = datapar::train::load_checkpoint(b).optimizer.at("state").toGenericDict();
+  ASSERT_EQ(got.size(), want.size()) << b;
+  for (const auto& entry : want) {
+    const auto w = entry.value().toGenericDict(), g = got.at(entry.key()).toGenericDict();
+    ASSERT_EQ(g.size(), w.size()) << b << ", parameter " << entry.key();
+    for (const auto& field : w) {
+      const c10::IValue& other = g.at(field.key());
+      const auto tensor = [](const c10::IValue& v) { return v.isTensor() ? v.toTensor() : at::scalar_tensor(v.toDouble()); };
+      const at::Tensor x = tensor(field.value()), y = tensor(other);
+      EXPECT_TRUE(at::allclose(x.to(at::kDouble), y.to(at::kDouble), 0, tolerance))
+          << b << ", " << field.key().toStringRef() << " of parameter " << entry.key();
+    }
+  }
+}
+
+// --optimizer adamw (torch.optim.AdamW, its default weight decay 0.01): ddp's checkpoint of
+// epoch 1 resumes under --zero and under fsdp, whose sharded AdamWs end epoch 2 where ddp's
+// whole one does, moments and step included; DiLoCo's inner Adam resumes from its state
+// beside the checkpoint as if never stopped.
+TEST(TrainCli, AdamWTrainsAlikeWholeAndShardedAndResumesExactly) {
+  const TempDir temp("train_cli_adamw");
+  const std::string args = kSmall + " --seed 5 --optimizer adamw --lr 0.01 --checkpoint-dir ";
+  const std::string straight = temp.path() + "/straight", zero = temp.path() + "/zero", fsdp = temp.path() + "/fsdp";
+  const auto run = ddp_job(args + straight + " --mode ddp --epochs 2", 2, straight + "/logs");
+  for (const auto& p : run) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(run[0].output.find("lr 0.01 (adamw, weight decay 0.01)"), std::string::npos) << run[0].output;
+  EXPECT_LT(epoch_loss(run[0].output, 2), epoch_loss(run[0].output, 1)) << run[0].output;
+  for (const auto& [dir, mode] : {std::make_pair(zero, std::string(" --mode ddp --zero")),
+                                  std::make_pair(fsdp, std::string(" --mode fsdp"))}) {
+    datapar::detail::make_directories(dir);
+    std::ifstream from(straight + "/checkpoint-epoch-1.pt", std::ios::binary);
+    std::ofstream(dir + "/checkpoint-epoch-1.pt", std::ios::binary) << from.rdbuf();
+    for (const auto& p : ddp_job(args + dir + mode + " --epochs 2 --resume", 2, dir + "/logs")) {
+      ASSERT_EQ(p.exit_code, 0) << p.output;
+    }
+    expect_same_parameters(straight + "/checkpoint-epoch-2.pt", dir + "/checkpoint-epoch-2.pt");
+    expect_same_optimizer_state(straight + "/checkpoint-epoch-2.pt", dir + "/checkpoint-epoch-2.pt", 1e-6);
+  }
+  const std::string diloco = " --mode ddp --optimizer adam --sync-every 3 --outer-lr 0.5";
+  const std::string whole = temp.path() + "/diloco", resumed = temp.path() + "/diloco_resumed";
+  for (const auto& p : ddp_job(args + whole + diloco + " --epochs 2", 2, whole + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  for (const auto& p : ddp_job(args + resumed + diloco + " --epochs 1", 2, resumed + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  const auto again = ddp_job(args + resumed + diloco + " --epochs 2 --resume", 2, resumed + "/logs2");
+  for (const auto& p : again) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_EQ(again[0].output.find("no DiLoCo state"), std::string::npos) << again[0].output;
+  expect_same_parameters(whole + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt");
+  expect_same_optimizer_state(whole + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt", 0);
+}
+
 // --comm-hook (issue 48): ddp's gradients cast to bf16, or compressed by PowerSGD (rank 1,
 // from the third step): each run learns (its second epoch's loss below its first's), and
 // ends away from plain ddp's parameters (the hook took effect).
@@ -890,6 +947,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--lr nan", "--lr nan: the learning rate must be positive and finite"},
         BadOption{"--weight-decay -0.1", "--weight-decay -0.1: use a finite value >= 0"},
         BadOption{"--weight-decay inf", "--weight-decay inf: use a finite value >= 0"},
+        BadOption{"--optimizer rmsprop", "--optimizer: \"rmsprop\" is not an optimizer datapar train knows"},
+        BadOption{"--optimizer adam --momentum 0.9",
+                  "--momentum 0.9 is SGD's; --optimizer adam keeps moments of its own"},
         BadOption{"--workers 100000", "--workers 100000: use 0 .. 256 data loader threads"},
         BadOption{"--workers -1", "--workers -1: use 0 .. 256"},
         BadOption{"--threads 100000", "--threads 100000: use 0 (default) .. 1024 intra-op threads"},

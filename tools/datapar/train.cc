@@ -16,6 +16,8 @@
 
 #include <ATen/Parallel.h>
 #include <torch/nn/init.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <unistd.h>
 
@@ -65,10 +67,21 @@ void xavier_init(torch::nn::Module& model) {
   }
 }
 
-// The run's optimizer settings (--lr after --scale-lr, --momentum, --weight-decay): every
-// optimizer a mode makes copies them (sgd_like).
-torch::optim::SGDOptions sgd_options(const TrainPlan& plan) {
-  return torch::optim::SGDOptions(plan.lr).momentum(plan.options.momentum).weight_decay(plan.options.weight_decay);
+// The run's optimizer over `params` (--optimizer, --lr after --scale-lr, --momentum,
+// --weight-decay): every optimizer a mode makes (ZeRO's, FSDP's shards', DiLoCo's inner
+// ones) is made like it (optimizer_like).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainPlan& plan, std::vector<at::Tensor> params) {
+  const TrainOptions& o = plan.options;
+  if (o.optimizer == "adam") {
+    return std::make_unique<torch::optim::Adam>(std::move(params),
+                                                torch::optim::AdamOptions(plan.lr).weight_decay(plan.weight_decay));
+  }
+  if (o.optimizer == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(std::move(params),
+                                                 torch::optim::AdamWOptions(plan.lr).weight_decay(plan.weight_decay));
+  }
+  return std::make_unique<torch::optim::SGD>(
+      std::move(params), torch::optim::SGDOptions(plan.lr).momentum(o.momentum).weight_decay(plan.weight_decay));
 }
 
 // 5-7: resume, wrap, train (or, with --evaluate, evaluate the checkpoint).
@@ -77,10 +90,10 @@ int train_model(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> m
   const TrainOptions& o = plan.options;
   const c10::Device device = plan.devices.front().torch_device();
   model->to(device);
-  torch::optim::SGD sgd(model->parameters(), sgd_options(plan));
-  const int64_t first_epoch = plan.resume || o.evaluate ? resume(plan, *model, sgd, device) : 0;
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(plan, model->parameters());
+  const int64_t first_epoch = plan.resume || o.evaluate ? resume(plan, *model, *optimizer, device) : 0;
   if (o.checkpoint_activations) checkpoint_each<models::ResidualImpl>(*model);
-  const std::unique_ptr<Strategy> strategy = make_strategy(plan, model, sgd);
+  const std::unique_ptr<Strategy> strategy = make_strategy(plan, model, *optimizer);
   if (o.evaluate) return evaluate_checkpoint(plan, data, *strategy, first_epoch);
   if (first_epoch > 0) strategy->resumed(first_epoch);
   return train_epochs(plan, data, *strategy, first_epoch);
@@ -93,7 +106,7 @@ template <typename Impl>
 int train_model_fault_tolerant(const TrainPlan& plan, const Data& data, std::shared_ptr<Impl> model) {
   const TrainOptions& o = plan.options;
   const c10::Device device = plan.devices.front().torch_device();
-  torch::optim::SGD sgd(model->parameters(), sgd_options(plan));
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(plan, model->parameters());
   // --mode hsdp: fault tolerance between replica groups (each a shard group).
   ft::LaunchedJob job = ft::join_launched_job(resolve_job_config(process_environment()),
                                               plan.mode == Mode::kHsdp ? plan.shard_size : 1);
@@ -101,9 +114,9 @@ int train_model_fault_tolerant(const TrainPlan& plan, const Data& data, std::sha
   // Each epoch's global batches, as a job of the full size cuts its epochs (global_batch()).
   BalancedBatches batches(
       {data.train->size(), plan.global_batch, plan.world_size, 0, /*shuffle=*/true, static_cast<uint64_t>(o.seed)});
-  const int64_t first_epoch = plan.resume ? resume(plan, *model, sgd, device) : 0;
+  const int64_t first_epoch = plan.resume ? resume(plan, *model, *optimizer, device) : 0;
   const std::unique_ptr<FaultTolerantStrategy> strategy =
-      make_fault_tolerant(plan, model, sgd, *job.elastic, first_epoch * batches.num_steps(),
+      make_fault_tolerant(plan, model, *optimizer, *job.elastic, first_epoch * batches.num_steps(),
                           batches.num_steps());
   return train_fault_tolerant(plan, data, *strategy, *job.elastic, batches, first_epoch);
 }
@@ -161,11 +174,19 @@ void print_banner(const TrainPlan& plan, const Data& data) {
   const TrainOptions& o = plan.options;
   if (plan.rank != 0) return;
   const bool dp = plan.mode == Mode::kDataParallel;
-  std::printf("datapar train: %s, %s on %s%s, batch %ld (%ld per %s), lr %g, %ld train / %ld test samples (%s)\n",
+  // The optimizer when not plain SGD: "lr 0.001 (adamw, weight decay 0.01)".
+  char optimizer[96] = "";
+  if (plan.weight_decay != 0) {
+    std::snprintf(optimizer, sizeof optimizer, " (%s, weight decay %g)", o.optimizer.c_str(), plan.weight_decay);
+  } else if (o.optimizer != "sgd") {
+    std::snprintf(optimizer, sizeof optimizer, " (%s)", o.optimizer.c_str());
+  }
+  std::printf("datapar train: %s, %s on %s%s, batch %ld (%ld per %s), lr %g%s, %ld train / %ld test samples (%s)\n",
               o.model.c_str(), o.mode.c_str(), plan.devices_label.c_str(),
               has_ranks(plan.mode) ? ranks_label(plan).c_str() : "", (long)plan.global_batch,
               (long)(dp ? (plan.global_batch + plan.parallelism - 1) / plan.parallelism : plan.rank_batch),
-              plan.mode == Mode::kSingle ? "step" : (dp ? "device" : "rank"), plan.lr, (long)data.train->size(),
+              plan.mode == Mode::kSingle ? "step" : (dp ? "device" : "rank"), plan.lr, optimizer,
+              (long)data.train->size(),
               (long)data.test->size(), plan.data_dir.empty() ? "synthetic" : plan.data_dir.c_str());
   if (o.balance != "even" && plan.mode != Mode::kSingle) {
     std::printf("balance: %s\n", o.balance == "auto" ? "auto (shares follow the measured speeds)"

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "datapar/devices.h"
@@ -39,9 +40,10 @@ struct TrainOptions {
   std::string data;                // IDX directory, "synthetic", or "" for the shipped subset
   int64_t epochs = 10;
   int64_t batch_size = 256;        // global batch (before --scale-lr)
-  double lr = 0.1;                 // plain SGD, as d2l
-  double momentum = 0;
-  double weight_decay = 0;         // SGD's L2 penalty, as torch.optim.SGD's weight_decay
+  std::string optimizer = "sgd";   // sgd, adam, adamw (torch.optim's)
+  std::optional<double> lr;        // unset: 0.1 for sgd (d2l's), 1e-3 for adam and adamw (torch.optim's)
+  double momentum = 0;             // sgd only
+  std::optional<double> weight_decay;  // unset: 0, or 0.01 for adamw (torch.optim.AdamW's)
   std::string mode = "single";     // single, dp, ddp, fsdp, hsdp
   std::string devices;             // "" = the mode's default (see plan_training)
   std::string backend;             // ddp only: gloo, nccl, mpi; empty: nccl on CUDA, else default_backend()
@@ -104,6 +106,7 @@ struct TrainPlan {
   int64_t global_batch = 0;        // after --scale-lr
   int64_t rank_batch = 0;          // what this process's loader reads per step
   double lr = 0;                   // after --scale-lr
+  double weight_decay = 0;         // --weight-decay, or the optimizer's default
   std::string data_dir;            // "" for synthetic data
   std::vector<double> balance_weights;  // --balance W0,W1,...: one share per device (dp) or rank (ddp)
   bool resume = false;             // --resume, or a restart (DATAPAR_RESTART_COUNT > 0)

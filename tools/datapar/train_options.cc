@@ -119,11 +119,16 @@ void check_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(one_of(o.replicas, {"shared", "copy"}), "--replicas: \"", o.replicas,
                 "\" is not a replica kind.\n---> HINT: use shared (the default) or copy.");
   DATAPAR_CHECK(o.evaluate || o.epochs >= 1, "--epochs ", o.epochs, ": train for at least 1 epoch.");
-  DATAPAR_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr ", o.lr,
-                ": the learning rate must be positive and finite (d2l uses 0.1).");
+  DATAPAR_CHECK(one_of(o.optimizer, {"sgd", "adam", "adamw"}), "--optimizer: \"", o.optimizer,
+                "\" is not an optimizer datapar train knows.\n---> HINT: use sgd (the default), adam or adamw.");
+  DATAPAR_CHECK(!o.lr || (*o.lr > 0 && std::isfinite(*o.lr)), "--lr ", o.lr.value_or(0),
+                ": the learning rate must be positive and finite (d2l's SGD uses 0.1, torch.optim's Adam 1e-3).");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
-  DATAPAR_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), "--weight-decay ", o.weight_decay,
-                ": use a finite value >= 0 (0: none; 5e-4 is common for ResNets).");
+  DATAPAR_CHECK(o.momentum == 0 || o.optimizer == "sgd", "--momentum ", o.momentum, " is SGD's; --optimizer ",
+                o.optimizer, " keeps moments of its own (betas 0.9 and 0.999).\n---> HINT: leave out --momentum, ",
+                "or use --optimizer sgd.");
+  DATAPAR_CHECK(!o.weight_decay || (*o.weight_decay >= 0 && std::isfinite(*o.weight_decay)), "--weight-decay ",
+                o.weight_decay.value_or(0), ": use a finite value >= 0 (0: none; 5e-4 is common for ResNets).");
   DATAPAR_CHECK(!o.zero || mode == Mode::kDdp, "--zero shards the optimizer over the ranks of a ddp job; --mode ", o.mode,
                 is_fully_sharded(mode)
                     ? " shards it already, with the parameters and gradients."
@@ -270,7 +275,9 @@ void resolve_batch(TrainPlan& plan, const TrainOptions& o) {
   const bool ranks = has_ranks(plan.mode);
   // Linear scaling (d2l, Goyal et al.): N workers, N times the batch and the learning rate.
   plan.global_batch = o.scale_lr ? o.batch_size * plan.parallelism : o.batch_size;
-  plan.lr = o.scale_lr ? o.lr * static_cast<double>(plan.parallelism) : o.lr;
+  const double lr = o.lr.value_or(o.optimizer == "sgd" ? 0.1 : 1e-3);
+  plan.lr = o.scale_lr ? lr * static_cast<double>(plan.parallelism) : lr;
+  plan.weight_decay = o.weight_decay.value_or(o.optimizer == "adamw" ? 0.01 : 0);
   const char* what = ranks ? " ranks" : " devices";
   DATAPAR_CHECK(plan.global_batch >= plan.parallelism, "--batch-size ", plan.global_batch, " is smaller than the ",
                 plan.parallelism, what, ": each needs at least one sample per step.\n---> HINT: raise --batch-size to ",

@@ -19,4 +19,14 @@ namespace datapar {
 
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> params)>;
 
+// Makes optimizers like `optimizer` over other parameters: its kind (torch::optim::SGD, Adam
+// or AdamW) with a copy of its first parameter group's options, as they are now.
+//
+//   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+//   datapar::ZeroRedundancyOptimizer zero(model->parameters(), datapar::optimizer_like(adamw));
+//
+// Throws InvalidArgumentError for another kind (write the factory yourself) or an optimizer
+// without a parameter group.
+OptimizerFactory optimizer_like(const torch::optim::Optimizer& optimizer);
+
 }  // namespace datapar

@@ -1,5 +1,5 @@
 // --mode dp: DataParallel over --devices in this process (each batch split over them, by
-// measured speed under --balance auto), the SGD whole.
+// measured speed under --balance auto), the optimizer whole.
 #pragma once
 
 #include <cstdio>
@@ -14,8 +14,8 @@ template <typename Impl>
 class DataParallelMode : public SingleDevice<Impl> {
  public:
   // Built after the restore: the replicas start from the restored parameters.
-  DataParallelMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd)
-      : SingleDevice<Impl>(plan, model, sgd) {
+  DataParallelMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::Optimizer& optimizer)
+      : SingleDevice<Impl>(plan, model, optimizer) {
     const TrainOptions& o = plan.options;
     DataParallelOptions options;
     options.devices = plan.devices;

@@ -1,5 +1,5 @@
 // --mode ddp: DistributedDataParallel, one rank per process, each backward averaging the
-// gradients by samples (an uneven last batch still gives the exact gradient); the SGD whole
+// gradients by samples (an uneven last batch still gives the exact gradient); the optimizer whole
 // on every rank, or under --zero (ZeRO-1) each rank's shard of it.
 #pragma once
 
@@ -13,23 +13,24 @@
 
 namespace datapar::tools {
 
-// ZeRO-1 over `params` (the model's), its shards' SGDs made like `sgd` and starting from
-// its state (what resume() restored, if anything), which then goes: sharded over the
+// ZeRO-1 over `params` (the model's), its shards' optimizers made like `optimizer` and
+// starting from its state (what resume() restored, if anything), which then goes: sharded over the
 // default group (copies 1), or, with copies 2, over none until the fault-tolerant layer
 // shards it over each membership.
-inline std::unique_ptr<ZeroRedundancyOptimizer> make_zero(std::vector<at::Tensor> params, torch::optim::SGD& sgd,
-                                                          int copies) {
+inline std::unique_ptr<ZeroRedundancyOptimizer> make_zero(std::vector<at::Tensor> params,
+                                                          torch::optim::Optimizer& optimizer, int copies) {
   ZeroOptions options;
   options.copies = copies;
-  auto zero = copies == 1 ? std::make_unique<ZeroRedundancyOptimizer>(std::move(params), sgd_like(sgd), nullptr, options)
-                          : std::make_unique<ZeroRedundancyOptimizer>(std::move(params), sgd_like(sgd), options);
-  zero->load_full_state(sgd);
-  sgd.state().clear();
+  OptimizerFactory make = optimizer_like(optimizer);
+  auto zero = copies == 1 ? std::make_unique<ZeroRedundancyOptimizer>(std::move(params), std::move(make), nullptr, options)
+                          : std::make_unique<ZeroRedundancyOptimizer>(std::move(params), std::move(make), options);
+  zero->load_full_state(optimizer);
+  optimizer.state().clear();
   return zero;
 }
 
 // Collective over `zero`'s group: the checkpoint of `model` and the whole state of `zero`,
-// gathered on the group's rank 0 (the file plain SGD writes); nullopt on the others.
+// gathered on the group's rank 0 (the file single-device training writes); nullopt on the others.
 inline std::optional<train::Checkpoint> zero_checkpoint(const torch::nn::Module& model, ZeroRedundancyOptimizer& zero,
                                                         int64_t epoch) {
   const std::unique_ptr<torch::optim::Optimizer> whole = zero.consolidate(0);
@@ -41,9 +42,9 @@ template <typename Impl>
 class DdpMode : public SingleDevice<Impl> {
  public:
   // Built after the restore: DDP's first broadcast starts every rank from the restored
-  // parameters, and ZeRO's shards take their state from the restored SGD, whose own goes.
-  DdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd)
-      : SingleDevice<Impl>(plan, model, sgd) {
+  // parameters, and ZeRO's shards take their state from the restored optimizer, whose own goes.
+  DdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::Optimizer& optimizer)
+      : SingleDevice<Impl>(plan, model, optimizer) {
     DdpOptions options;
     options.average_by_samples = true;
     ddp_ = std::make_unique<DistributedDataParallel<Impl>>(std::move(model), nullptr, options);
@@ -51,7 +52,7 @@ class DdpMode : public SingleDevice<Impl> {
       ddp_->register_comm_hook(hook);
       powersgd_ = std::dynamic_pointer_cast<PowerSgdHook>(hook);
     }
-    if (plan.options.zero) zero_ = make_zero(ddp_->parameters(), sgd, /*copies=*/1);
+    if (plan.options.zero) zero_ = make_zero(ddp_->parameters(), optimizer, /*copies=*/1);
   }
 
   at::Tensor forward(const at::Tensor& x) override { return ddp_->forward(x); }
@@ -60,7 +61,7 @@ class DdpMode : public SingleDevice<Impl> {
     if (zero_) {
       zero_->zero_grad();
     } else {
-      this->sgd_.zero_grad();
+      this->optimizer_.zero_grad();
     }
   }
 
@@ -68,13 +69,13 @@ class DdpMode : public SingleDevice<Impl> {
     if (zero_) {
       zero_->step();  // this rank's shard, then every rank's parameters to all
     } else {
-      this->sgd_.step();
+      this->optimizer_.step();
     }
   }
 
   // Under --zero the whole state is gathered on rank 0 first (every rank takes part), so
-  // that the file is the one plain SGD writes; in the dcp format each rank writes its own
-  // shard instead, in the names a whole SGD has.
+  // that the file is the one single-device training writes; in the dcp format each rank writes its own
+  // shard instead, in the names a whole optimizer has.
   void save_checkpoint(int64_t epoch) override {
     save_mode_checkpoint(epoch);
     if (powersgd_) save_powersgd_state(this->plan_, *powersgd_, epoch);
@@ -91,7 +92,7 @@ class DdpMode : public SingleDevice<Impl> {
   void save_mode_checkpoint(int64_t epoch) {
     if (!zero_) return SingleDevice<Impl>::save_checkpoint(epoch);
     if (this->plan_.options.checkpoint_format == "dcp") {
-      return write_checkpoint(this->plan_, *this->model_, train::make_checkpoint(*this->model_, this->sgd_, epoch),
+      return write_checkpoint(this->plan_, *this->model_, train::make_checkpoint(*this->model_, this->optimizer_, epoch),
                               zero_.get());
     }
     std::optional<train::Checkpoint> whole = zero_checkpoint(*this->model_, *zero_, epoch);

@@ -1,9 +1,9 @@
-// --mode ddp --fault-tolerant: ft::FaultTolerantDdp over the model and its SGD, whole on
+// --mode ddp --fault-tolerant: ft::FaultTolerantDdp over the model and its optimizer, whole on
 // every member, or under --zero over ZeRO-1 with each shard kept by two members (ddp.h's
 // make_zero with 2 copies).
 #pragma once
 
-#include <torch/optim/sgd.h>
+#include <torch/optim/optimizer.h>
 
 #include <memory>
 #include <optional>
@@ -17,17 +17,17 @@ namespace datapar::tools {
 template <typename Impl>
 class FaultTolerantDdpMode : public FaultTolerantStrategy {
  public:
-  // From `model` and `sgd` (restored, if resumed) at `step`. Each global batch is cut into
+  // From `model` and `optimizer` (restored, if resumed) at `step`. Each global batch is cut into
   // the job's full size of slices, whoever is alive (Note [Gradients that do not depend on
   // who is alive] in src/ft/slice_gradients.cc).
-  FaultTolerantDdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd,
+  FaultTolerantDdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::Optimizer& optimizer,
                        ft::ElasticGroup& elastic, int64_t step)
-      : model_(model), sgd_(sgd) {
+      : model_(model), optimizer_(optimizer) {
     if (plan.options.zero) {
-      zero_ = make_zero(model->parameters(), sgd, /*copies=*/2);
+      zero_ = make_zero(model->parameters(), optimizer, /*copies=*/2);
       trainer_ = std::make_unique<Trainer>(std::move(model), *zero_, elastic, plan.world_size, step);
     } else {
-      trainer_ = std::make_unique<Trainer>(std::move(model), sgd, elastic, plan.world_size, step);
+      trainer_ = std::make_unique<Trainer>(std::move(model), optimizer, elastic, plan.world_size, step);
     }
   }
 
@@ -44,14 +44,14 @@ class FaultTolerantDdpMode : public FaultTolerantStrategy {
   std::optional<train::Checkpoint> checkpoint(int64_t epoch) override {
     if (zero_) return zero_checkpoint(*model_, *zero_, epoch);
     if (trainer_->elastic().rank() != 0) return std::nullopt;
-    return train::make_checkpoint(*model_, sgd_, epoch);
+    return train::make_checkpoint(*model_, optimizer_, epoch);
   }
 
  private:
   using Trainer = ft::FaultTolerantDdp<Impl>;
 
   std::shared_ptr<Impl> model_;
-  torch::optim::SGD& sgd_;
+  torch::optim::Optimizer& optimizer_;
   std::unique_ptr<ZeroRedundancyOptimizer> zero_;  // under --zero
   std::unique_ptr<Trainer> trainer_;
 };

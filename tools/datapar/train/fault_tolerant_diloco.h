@@ -1,5 +1,5 @@
 // --mode ddp --fault-tolerant --sync-every H (issue 48): ft::FaultTolerantDiLoCo over the
-// model and its SGD (the inner optimizer), each member a replica. The protocol's step is one
+// model and its (inner) optimizer, each member a replica. The protocol's step is one
 // round; the loop (fault_tolerant_loop.h) counts global batches, so a round is the next H
 // global batches, or fewer at an epoch's end (rounds stop there, so that the epoch's end,
 // its evaluation and checkpoint, falls on a round boundary and sees the outer parameters):
@@ -10,12 +10,12 @@
 // the others average the round again over themselves and go on.
 //
 // Checkpoints: rank 0's model (every member's is the outer parameters at a round boundary)
-// and SGD momentum, and beside it DiLoCo's state (ft-diloco-epoch-E.pt: the outer
+// and inner optimizer state, and beside it DiLoCo's state (ft-diloco-epoch-E.pt: the outer
 // parameters, the outer momentum, the round), which --resume reads back; every member then
-// starts from rank 0's inner momentum.
+// starts from rank 0's inner optimizer state.
 #pragma once
 
-#include <torch/optim/sgd.h>
+#include <torch/optim/optimizer.h>
 
 #include <algorithm>
 #include <memory>
@@ -41,20 +41,20 @@ inline std::string fault_tolerant_diloco_state_path(const TrainPlan& plan, int64
 template <typename Impl>
 class FaultTolerantDiLoCoMode : public FaultTolerantStrategy {
  public:
-  // From `model` and `sgd` (restored, if resumed) at `step`, a multiple of `steps_per_epoch`
+  // From `model` and `optimizer` (restored, if resumed) at `step`, a multiple of `steps_per_epoch`
   // (the global batches of an epoch); resumed (step > 0) from DiLoCo's state beside the
   // checkpoint.
-  FaultTolerantDiLoCoMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd,
+  FaultTolerantDiLoCoMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::Optimizer& optimizer,
                           ft::ElasticGroup& elastic, int64_t step, int64_t steps_per_epoch)
       : plan_(plan),
         model_(model),
-        sgd_(sgd),
+        optimizer_(optimizer),
         per_epoch_(steps_per_epoch),
         sync_every_(plan.options.sync_every),
         rounds_per_epoch_((steps_per_epoch + plan.options.sync_every - 1) / plan.options.sync_every) {
     const DiLoCoOptions options = diloco_options(plan.options);
     if (step == 0) {
-      trainer_ = std::make_unique<Trainer>(model, sgd, elastic, options);
+      trainer_ = std::make_unique<Trainer>(model, optimizer, elastic, options);
       return;
     }
     const int64_t epoch = step / per_epoch_;
@@ -63,7 +63,7 @@ class FaultTolerantDiLoCoMode : public FaultTolerantStrategy {
                   path, "): --fault-tolerant --sync-every resumes the outer parameters and momentum from it.",
                   "\n---> HINT: resume from a checkpoint that a --fault-tolerant --sync-every run wrote, or start ",
                   "over without --resume.");
-    trainer_ = std::make_unique<Trainer>(model, sgd, elastic, options, load_state_dict_file(path));
+    trainer_ = std::make_unique<Trainer>(model, optimizer, elastic, options, load_state_dict_file(path));
     DATAPAR_CHECK(steps_at(trainer_->round()) == step, path, " holds round ", trainer_->round(),
                   ", not the end of epoch ", epoch, " in rounds of --sync-every ", sync_every_,
                   ".\n---> HINT: resume with the --sync-every and --batch-size of the run that wrote it.");
@@ -86,7 +86,7 @@ class FaultTolerantDiLoCoMode : public FaultTolerantStrategy {
   std::optional<train::Checkpoint> checkpoint(int64_t epoch) override {
     if (trainer_->elastic().rank() != 0) return std::nullopt;
     save_state_dict(trainer_->state_dict(), fault_tolerant_diloco_state_path(plan_, epoch));  // atomic
-    return train::make_checkpoint(*model_, sgd_, epoch);
+    return train::make_checkpoint(*model_, optimizer_, epoch);
   }
 
  private:
@@ -105,13 +105,13 @@ class FaultTolerantDiLoCoMode : public FaultTolerantStrategy {
     try {
       for (int64_t step = steps_at(round), end = steps_at(round + 1); step < end; ++step) {
         training_step_ = step;
-        sgd_.zero_grad();
+        optimizer_.zero_grad();
         if (mine.last - mine.first == 1) {
           train(ft::Slice{mine.first, plan_.world_size});
         } else {
           train_slices(train, mine);
         }
-        sgd_.step();
+        optimizer_.step();
       }
     } catch (...) {
       in_round_ = false;
@@ -145,7 +145,7 @@ class FaultTolerantDiLoCoMode : public FaultTolerantStrategy {
 
   const TrainPlan& plan_;
   std::shared_ptr<Impl> model_;
-  torch::optim::SGD& sgd_;
+  torch::optim::Optimizer& optimizer_;
   const int64_t per_epoch_, sync_every_, rounds_per_epoch_;
   std::unique_ptr<Trainer> trainer_;
   bool in_round_ = false;       // in inner_steps

@@ -4,7 +4,7 @@
 // the model over itself, the replicas the copies.
 #pragma once
 
-#include <torch/optim/sgd.h>
+#include <torch/optim/optimizer.h>
 
 #include <memory>
 #include <optional>
@@ -18,16 +18,16 @@ namespace datapar::tools {
 template <typename Impl>
 class FaultTolerantFsdpMode : public FaultTolerantStrategy {
  public:
-  // Starts from `model` and `sgd` (restored, if resumed) at `step`; each membership epoch
-  // makes its own model, units and SGD over its shards.
-  FaultTolerantFsdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd,
+  // Starts from `model` and `optimizer` (restored, if resumed) at `step`; each membership epoch
+  // makes its own model, units and optimizer over its shards.
+  FaultTolerantFsdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::Optimizer& optimizer,
                         ft::ElasticGroup& elastic, int64_t step)
       : trainer_([] { return std::make_shared<Impl>(); },
                  [](Impl& m, const std::shared_ptr<ProcessGroup>& group, const FsdpOptions& options) {
                    shard_units(m, group, options);
                  },
-                 sgd_like(sgd), elastic, plan.world_size, fsdp_options(plan.options),
-                 typename Trainer::Start{state_dict(*model), optimizer_state_dict(sgd), step}) {}
+                 optimizer_like(optimizer), elastic, plan.world_size, fsdp_options(plan.options),
+                 typename Trainer::Start{state_dict(*model), optimizer_state_dict(optimizer), step}) {}
 
   int64_t committed_steps() const override { return trainer_.step(); }
   int64_t memberships_joined() const override { return trainer_.epochs_joined(); }

@@ -18,11 +18,14 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--epochs", o.epochs, "Epochs to train (default 10)")->check(whole_number<int64_t>());
   cmd->add_option("--batch-size", o.batch_size, "Global batch, split over devices or ranks (default 256)")
       ->check(whole_number<decltype(o.batch_size)>());
-  cmd->add_option("--lr", o.lr, "SGD learning rate (default 0.1)");
+  cmd->add_option("--optimizer", o.optimizer,
+                  "sgd (torch.optim.SGD, with --momentum; the default), adam or adamw (torch.optim.Adam, AdamW: "
+                  "betas 0.9 and 0.999, eps 1e-8), in every mode");
+  cmd->add_option("--lr", o.lr, "Learning rate (default: 0.1 for sgd, as d2l; 1e-3 for adam and adamw, as torch.optim)");
   cmd->add_option("--momentum", o.momentum, "SGD momentum (default 0: plain SGD, as d2l)");
   cmd->add_option("--weight-decay", o.weight_decay,
-                  "SGD's L2 penalty: weight decay x each parameter added to its gradient, as torch.optim.SGD's "
-                  "weight_decay (default 0)");
+                  "Weight decay, as torch.optim's weight_decay: sgd and adam add it x each parameter to the gradient "
+                  "(L2), adamw shrinks the parameters by lr x it each step (decoupled). Default 0; adamw 0.01");
   cmd->add_option("--mode", o.mode,
                   "single, dp (DataParallel), ddp, fsdp (fully sharded: one rank per process, each keeping 1/N of "
                   "the parameters, gradients and optimizer state) or hsdp (hybrid: fsdp within each group of "

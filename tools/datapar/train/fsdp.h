@@ -1,5 +1,5 @@
 // --mode fsdp: FullyShardedDataParallel, one rank per process, each holding a shard of every
-// unit's parameters, gradients and SGD state; --mp computes in bf16 or fp16. --mode hsdp: the
+// unit's parameters, gradients and optimizer state; --mp computes in bf16 or fp16. --mode hsdp: the
 // same over the shard groups of a hybrid layout, replicated across them.
 #pragma once
 
@@ -40,32 +40,32 @@ inline FsdpOptions fsdp_options(const TrainOptions& o) {
 template <typename Impl>
 class FsdpMode : public Strategy {
  public:
-  // `sgd`: the restored optimizer over the whole model; the SGD over the shards takes its
+  // `optimizer`: the restored optimizer over the whole model; the optimizer over the shards takes its
   // part of its state, which then goes. Over the default group, or (hsdp) `hybrid`'s.
-  FsdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::SGD& sgd,
+  FsdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::Optimizer& optimizer,
            const HybridGroups& hybrid = {})
       : plan_(plan), model_(model) {
     FsdpOptions options = fsdp_options(plan.options);
     options.replicate_group = hybrid.replicate;
-    const OptimizerState restored = optimizer_state_dict(sgd);
+    const OptimizerState restored = optimizer_state_dict(optimizer);
     shard_units(*model, hybrid.shard, options);
     fsdp_ = std::make_unique<FullyShardedDataParallel<Impl>>(std::move(model), hybrid.shard, options);
-    shards_ = sgd_like(sgd)(fsdp_->parameters());
+    shards_ = optimizer_like(optimizer)(fsdp_->parameters());
     fsdp_->load_full_optimizer_state(*shards_, restored);
-    sgd.state().clear();
+    optimizer.state().clear();
   }
 
   at::Tensor forward(const at::Tensor& x) override { return fsdp_->forward(x).to(at::kFloat); }  // the loss in float32
   void zero_grad() override { shards_->zero_grad(); }
   void step() override { shards_->step(); }
-  // The whole model and state, gathered on every rank: the checkpoint plain SGD writes.
+  // The whole model and state, gathered on every rank: the checkpoint single-device training writes.
   void save_checkpoint(int64_t epoch) override { write_checkpoint(plan_, *model_, train::make_checkpoint(*fsdp_, *shards_, epoch)); }
   torch::nn::Module& module() override { return *model_; }
 
   // What the optimizer steps on this rank (its shards), and the optimizer (DiLoCoMode
   // averages them across the replica groups).
   std::vector<at::Tensor> trained_parameters() const { return fsdp_->parameters(); }
-  torch::optim::SGD& inner_sgd() { return static_cast<torch::optim::SGD&>(*shards_); }
+  torch::optim::Optimizer& inner_optimizer() { return *shards_; }
 
  protected:
   const TrainPlan& plan_;

@@ -1,5 +1,5 @@
 // A rank's own state beside a checkpoint (what differs between ranks and the checkpoint,
-// rank 0's, does not hold: PowerSGD's errors, DiLoCo's inner momentum):
+// rank 0's, does not hold: PowerSGD's errors, DiLoCo's inner optimizer state):
 // <--checkpoint-dir>/<name>-epoch-<E>-rank-<R>.pt, written whole or not at all.
 #pragma once
 
