@@ -15,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "datapar/amp/autocast.h"
 #include "datapar/error.h"
 #include "testing/expect_throw.h"
 #include "testing/models.h"
@@ -185,6 +186,33 @@ TEST(DataParallel, NoGradForwardBuildsNoGraph) {
   DataParallel dp(model, cpu_devices(2));
   at::NoGradGuard no_grad;
   EXPECT_FALSE(dp(at::randn({6, 1, 12, 12})).requires_grad());
+}
+
+// torch.autocast's scope as Python has it (datapar/amp/autocast.h): on inside, restored after
+// (nested scopes too), the forward's linear layers in bfloat16 on every device thread of a
+// DataParallel, the parameters and their gradients float32.
+TEST(DataParallel, AutocastReachesTheDeviceThreadsAndEndsWithItsScope) {
+  torch::nn::Linear model(8, 4);
+  DataParallel dp(model, cpu_devices(2));
+  at::Tensor y;
+  EXPECT_FALSE(amp::Autocast::enabled(c10::DeviceType::CPU));
+  {
+    const amp::Autocast autocast(c10::DeviceType::CPU, at::kBFloat16);
+    {
+      const amp::Autocast inner(c10::DeviceType::CPU, at::kBFloat16);
+      EXPECT_TRUE(amp::Autocast::enabled(c10::DeviceType::CPU));
+    }
+    EXPECT_TRUE(amp::Autocast::enabled(c10::DeviceType::CPU)) << "the outer scope still holds";
+    y = dp(at::randn({6, 8}));
+    EXPECT_EQ(at::mm(at::randn({2, 2}), at::randn({2, 2})).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_FALSE(amp::Autocast::enabled(c10::DeviceType::CPU));
+  EXPECT_EQ(at::mm(at::randn({2, 2}), at::randn({2, 2})).scalar_type(), at::kFloat);
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16) << "each replica's linear layer ran under autocast";
+  y.to(at::kFloat).sum().backward();
+  EXPECT_EQ(model->weight.grad().scalar_type(), at::kFloat);
+  EXPECT_THROW_MSG(amp::Autocast(c10::DeviceType::CPU, at::kFloat), InvalidArgumentError,
+                   "Autocast computes in bfloat16 or float16, not Float");
 }
 
 TEST(DataParallel, NamesHaveNoModulePrefixAndStateMovesBothWays) {

@@ -166,6 +166,7 @@ std::string ranks_label(const TrainPlan& plan) {
     if (o.mp != "none") label += ", parameters in " + o.mp;
   }
   if (o.checkpoint_activations) label += ", activations recomputed";
+  if (o.amp != "none") label += ", autocast to " + o.amp;
   return label;
 }
 

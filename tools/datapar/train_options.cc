@@ -123,6 +123,9 @@ void check_flags(const TrainOptions& o, Mode mode) {
                 "\" is not an optimizer datapar train knows.\n---> HINT: use sgd (the default), adam or adamw.");
   DATAPAR_CHECK(!o.lr || (*o.lr > 0 && std::isfinite(*o.lr)), "--lr ", o.lr.value_or(0),
                 ": the learning rate must be positive and finite (d2l's SGD uses 0.1, torch.optim's Adam 1e-3).");
+  DATAPAR_CHECK(one_of(o.amp, {"none", "bf16"}), "--amp: \"", o.amp, "\" is not a precision datapar train ",
+                "autocasts to", o.amp == "fp16" ? " yet (float16 needs a gradient scaler)" : "",
+                ".\n---> HINT: use bf16 (bfloat16 keeps float32's range: no scaler needed) or none.");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
   DATAPAR_CHECK(o.momentum == 0 || o.optimizer == "sgd", "--momentum ", o.momentum, " is SGD's; --optimizer ",
                 o.optimizer, " keeps moments of its own (betas 0.9 and 0.999).\n---> HINT: leave out --momentum, ",

@@ -52,6 +52,7 @@ std::vector<std::pair<std::string, std::string>> trajectory_flags(const TrainPla
       {"--data (training samples)", std::to_string(train_samples)},
       {"--zero", o.zero ? "on" : "off"},
       {"--mp", o.mp},
+      {"--amp", o.amp},
       {"--checkpoint-activations", o.checkpoint_activations ? "on" : "off"},
       {"the job's size (--nnodes x --nproc-per-node)", std::to_string(plan.world_size)},
   };

@@ -8,6 +8,7 @@
 #include "datapar/train/async_checkpoint.h"
 #include "evaluation.h"
 #include "report.h"
+#include "step_autocast.h"
 #include "timing.h"
 
 namespace datapar::tools {
@@ -64,8 +65,12 @@ class FaultTolerantLoop {
     const Batch batch = data_.train->get_batch(global.narrow(0, begin, end - begin));
     const at::Tensor y = batch.target.to(device_);
     strategy_.module().train();
-    const at::Tensor logits = strategy_.forward(batch.data.to(device_));
-    const at::Tensor loss = at::cross_entropy_loss(logits, y);
+    at::Tensor logits, loss;
+    {
+      const StepAutocast autocast(plan_);  // --amp
+      logits = strategy_.forward(batch.data.to(device_));
+      loss = at::cross_entropy_loss(logits.to(at::kFloat), y);
+    }
     loss.backward();
     if (slice.shadow) return y.size(0);
     step_rows.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));

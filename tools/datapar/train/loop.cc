@@ -19,6 +19,7 @@
 #include "datapar/train/stragglers.h"
 #include "evaluation.h"
 #include "report.h"
+#include "step_autocast.h"
 #include "timing.h"
 
 namespace datapar::tools {
@@ -145,8 +146,9 @@ class EpochLoop {
     if (rank_balancer_) rank_balancer_->begin_step(strategy_.communication_stats(), plan_.devices.front());
     {
       const trace::Span span("forward", "step");
-      logits = strategy_.forward(x);             // (B, 10)
-      loss = at::cross_entropy_loss(logits, y);  // mean over B
+      const StepAutocast autocast(plan_);                       // --amp
+      logits = strategy_.forward(x);                            // (B, 10)
+      loss = at::cross_entropy_loss(logits.to(at::kFloat), y);  // mean over B
     }
     {
       const trace::Span span("backward", "step");
