@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "datapar/dcp/checkpoint.h"
+#include "datapar/state_dict.h"
 #include "datapar/train/checkpoint.h"
 #include "datapar/train/metrics.h"
 #include "datapar/train/plot.h"
@@ -531,6 +532,19 @@ TEST(TrainCli, AdamWTrainsAlikeWholeAndShardedAndResumesExactly) {
   expect_same_optimizer_state(whole + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt", 0);
 }
 
+// The mean test accuracy of epochs 4-6 of a 6-epoch run's output, or -1.
+double last_epochs_accuracy(const std::string& output) {
+  double sum = 0;
+  for (int epoch = 4; epoch <= 6; ++epoch) {
+    std::smatch m;
+    if (!std::regex_search(output, m, std::regex("epoch " + std::to_string(epoch) + "/6 .*test acc ([0-9.]+)"))) {
+      return -1.0;
+    }
+    sum += std::stod(m[1]);
+  }
+  return sum / 3;
+}
+
 // --amp bf16 (torch.autocast's bfloat16): the MLP on the shipped subset tests within a point of
 // float32 (the mean of its last 3 epochs' test accuracy), at other parameters (the forward
 // did compute in bfloat16, the parameters stayed float32); under ddp too, where the banner
@@ -544,19 +558,8 @@ TEST(TrainCli, AutocastToBf16TrainsWithinAPointOfFloat32) {
   ASSERT_EQ(full.code, 0) << full.output;
   const CliRun half = cli(args + bf16 + " --amp bf16");
   ASSERT_EQ(half.code, 0) << half.output;
-  const auto accuracy = [](const std::string& output) {
-    double sum = 0;
-    for (int epoch = 4; epoch <= 6; ++epoch) {
-      std::smatch m;
-      if (!std::regex_search(output, m, std::regex("epoch " + std::to_string(epoch) + "/6 .*test acc ([0-9.]+)"))) {
-        return -1.0;
-      }
-      sum += std::stod(m[1]);
-    }
-    return sum / 3;
-  };
-  EXPECT_GT(accuracy(full.output), 0.78) << full.output;
-  EXPECT_NEAR(accuracy(half.output), accuracy(full.output), 0.01) << full.output << half.output;
+  EXPECT_GT(last_epochs_accuracy(full.output), 0.78) << full.output;
+  EXPECT_NEAR(last_epochs_accuracy(half.output), last_epochs_accuracy(full.output), 0.01) << full.output << half.output;
   const auto a = datapar::train::load_checkpoint(fp32 + "/checkpoint-epoch-6.pt");
   const auto b = datapar::train::load_checkpoint(bf16 + "/checkpoint-epoch-6.pt");
   double most = 0;
@@ -987,9 +990,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadOption{"--lr nan", "--lr nan: the learning rate must be positive and finite"},
         BadOption{"--weight-decay -0.1", "--weight-decay -0.1: use a finite value >= 0"},
         BadOption{"--weight-decay inf", "--weight-decay inf: use a finite value >= 0"},
-        BadOption{"--amp fp16", "--amp: \"fp16\" is not a precision datapar train autocasts to yet (float16 needs a "
-                                "gradient scaler)"},
         BadOption{"--amp fp8", "--amp: \"fp8\" is not a precision datapar train autocasts to.\n---> HINT: use bf16"},
+        BadOption{"--mode ddp --fault-tolerant --amp fp16", "--amp fp16 --fault-tolerant: the steps the gradient scaler"},
         BadOption{"--optimizer rmsprop", "--optimizer: \"rmsprop\" is not an optimizer datapar train knows"},
         BadOption{"--optimizer adam --momentum 0.9",
                   "--momentum 0.9 is SGD's; --optimizer adam keeps moments of its own"},
@@ -1041,6 +1043,43 @@ INSTANTIATE_TEST_SUITE_P(
 
 // float16 on a CPU whose libtorch cannot multiply it: refused before the job forms, with
 // what to use instead (libtorch 1.13; 2.x trains in float16 on the CPU).
+// --amp fp16 (torch.autocast's float16 and torch.amp.GradScaler): the MLP on the shipped subset
+// tests within a point of float32 (the mean of its last 3 epochs); under fsdp (a sharded
+// optimizer: its ranks skip steps together) a run resumed from epoch 1 ends where one of 2
+// epochs does, each rank's scale read back from beside the checkpoint. libtorch 1.x has no
+// float16 autocast on the CPU: refused before the job forms.
+TEST(TrainCli, Fp16WithTheGradScalerTrainsWithinAPointAndResumesItsScale) {
+#if TORCH_VERSION_MAJOR < 2
+  const CliRun r = cli("train --data synthetic --epochs 1 --amp fp16");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--amp fp16: libtorch 1.13's autocast computes in bfloat16 only on the CPU"),
+            std::string::npos)
+      << r.output;
+#else
+  const TempDir temp("train_cli_fp16");
+  const std::string args =
+      " train --model mlp --epochs 6 --batch-size 128 --momentum 0.9 --workers 1 --seed 3 --checkpoint-dir ";
+  const CliRun full = cli(args + temp.path() + "/fp32");
+  ASSERT_EQ(full.code, 0) << full.output;
+  const CliRun half = cli(args + temp.path() + "/fp16 --amp fp16");
+  ASSERT_EQ(half.code, 0) << half.output;
+  EXPECT_GT(last_epochs_accuracy(full.output), 0.78) << full.output;
+  EXPECT_NEAR(last_epochs_accuracy(half.output), last_epochs_accuracy(full.output), 0.01) << full.output << half.output;
+  const std::string fsdp = kSmall + " --mode fsdp --amp fp16 --seed 5 --checkpoint-dir ";
+  const std::string straight = temp.path() + "/straight", resumed = temp.path() + "/resumed";
+  for (const auto& p : ddp_job(fsdp + straight + " --epochs 2", 2, straight + "/logs")) {
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+  }
+  for (const auto& p : ddp_job(fsdp + resumed + " --epochs 1", 2, resumed + "/logs")) ASSERT_EQ(p.exit_code, 0) << p.output;
+  const datapar::StateDict scale = datapar::load_state_dict_file(resumed + "/grad-scaler-epoch-1-rank-1.pt");
+  EXPECT_GT(scale["scale"].item<double>(), 0) << "each rank's scale beside the checkpoint";
+  const auto again = ddp_job(fsdp + resumed + " --epochs 2 --resume", 2, resumed + "/logs2");
+  for (const auto& p : again) ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_EQ(again[0].output.find("no GradScaler state"), std::string::npos) << again[0].output;
+  expect_same_parameters(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt");
+#endif
+}
+
 TEST(TrainCli, Fp16WhereTheCpuCannotMultiplyItIsRefusedFirst) {
 #if TORCH_VERSION_MAJOR >= 2
   GTEST_SKIP() << "this libtorch multiplies float16 on the CPU; --mp fp16 trains there (checked by hand)";

@@ -123,9 +123,11 @@ void check_flags(const TrainOptions& o, Mode mode) {
                 "\" is not an optimizer datapar train knows.\n---> HINT: use sgd (the default), adam or adamw.");
   DATAPAR_CHECK(!o.lr || (*o.lr > 0 && std::isfinite(*o.lr)), "--lr ", o.lr.value_or(0),
                 ": the learning rate must be positive and finite (d2l's SGD uses 0.1, torch.optim's Adam 1e-3).");
-  DATAPAR_CHECK(one_of(o.amp, {"none", "bf16"}), "--amp: \"", o.amp, "\" is not a precision datapar train ",
-                "autocasts to", o.amp == "fp16" ? " yet (float16 needs a gradient scaler)" : "",
-                ".\n---> HINT: use bf16 (bfloat16 keeps float32's range: no scaler needed) or none.");
+  DATAPAR_CHECK(one_of(o.amp, {"none", "bf16", "fp16"}), "--amp: \"", o.amp, "\" is not a precision datapar train ",
+                "autocasts to.\n---> HINT: use bf16, fp16 (with a gradient scaler) or none.");
+  DATAPAR_CHECK(o.amp != "fp16" || !o.fault_tolerant, "--amp fp16 --fault-tolerant: the steps the gradient ",
+                "scaler skips are not yet agreed by the fault-tolerant protocol.\n---> HINT: use --amp bf16 (it needs ",
+                "no scaler).");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
   DATAPAR_CHECK(o.momentum == 0 || o.optimizer == "sgd", "--momentum ", o.momentum, " is SGD's; --optimizer ",
                 o.optimizer, " keeps moments of its own (betas 0.9 and 0.999).\n---> HINT: leave out --momentum, ",
@@ -238,6 +240,11 @@ void resolve_devices(TrainPlan& plan, const TrainOptions& o, const Environment& 
                   plan.devices.front().str(), ".\n---> HINT: add --backend gloo --devices cpu.");
   }
 #if TORCH_VERSION_MAJOR < 2
+  DATAPAR_CHECK(o.amp != "fp16" || std::none_of(plan.devices.begin(), plan.devices.end(),
+                                                [](const Device& d) { return d.is_cpu(); }),
+                "--amp fp16: libtorch ", TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
+                "'s autocast computes in bfloat16 only on the CPU (2.x does both).\n---> HINT: use --amp bf16 on the "
+                "CPU.");
   DATAPAR_CHECK(o.mp != "fp16" || !plan.devices.front().is_cpu(), "--mp fp16: libtorch ", TORCH_VERSION_MAJOR, ".",
                 TORCH_VERSION_MINOR, " has no float16 matrix products on the CPU (2.x has).\n---> HINT: use --mp bf16 "
                 "on the CPU.");

@@ -56,6 +56,9 @@ class DdpMode : public SingleDevice<Impl> {
   }
 
   at::Tensor forward(const at::Tensor& x) override { return ddp_->forward(x); }
+  std::shared_ptr<ProcessGroup> sharded_gradients_group() const override {
+    return zero_ ? default_group() : nullptr;
+  }
 
   void zero_grad() override {
     if (zero_) {
@@ -67,9 +70,11 @@ class DdpMode : public SingleDevice<Impl> {
 
   void step() override {
     if (zero_) {
-      zero_->step();  // this rank's shard, then every rank's parameters to all
+      // This rank's shard, then every rank's parameters to all; under --amp fp16 every rank
+      // skips the step when any shard's gradients overflowed.
+      if (this->scaler_ == nullptr || this->scaler_->unscale(*zero_->shard_optimizer())) zero_->step();
     } else {
-      this->optimizer_.step();
+      this->step_optimizer(this->optimizer_);
     }
   }
 

@@ -22,9 +22,9 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
                   "sgd (torch.optim.SGD, with --momentum; the default), adam or adamw (torch.optim.Adam, AdamW: "
                   "betas 0.9 and 0.999, eps 1e-8), in every mode");
   cmd->add_option("--amp", o.amp,
-                  "Mixed precision, as torch.autocast: none (default) or bf16 (each step's forward computes "
-                  "matmuls and convolutions in bfloat16, losses and norms in float32; parameters, gradients and "
-                  "the optimizer stay float32), in every mode");
+                  "Mixed precision, as torch.autocast: none (default), bf16 or fp16 (each step's forward computes "
+                  "matmuls and convolutions in that type, losses and norms in float32; parameters, gradients and "
+                  "the optimizer stay float32); fp16 with a gradient scaler, as torch.amp.GradScaler");
   cmd->add_option("--lr", o.lr, "Learning rate (default: 0.1 for sgd, as d2l; 1e-3 for adam and adamw, as torch.optim)");
   cmd->add_option("--momentum", o.momentum, "SGD momentum (default 0: plain SGD, as d2l)");
   cmd->add_option("--weight-decay", o.weight_decay,

@@ -45,6 +45,7 @@ class FsdpMode : public Strategy {
   FsdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::Optimizer& optimizer,
            const HybridGroups& hybrid = {})
       : plan_(plan), model_(model) {
+    shard_group_ = hybrid.shard ? hybrid.shard : default_group();
     FsdpOptions options = fsdp_options(plan.options);
     options.replicate_group = hybrid.replicate;
     const OptimizerState restored = optimizer_state_dict(optimizer);
@@ -57,7 +58,8 @@ class FsdpMode : public Strategy {
 
   at::Tensor forward(const at::Tensor& x) override { return fsdp_->forward(x).to(at::kFloat); }  // the loss in float32
   void zero_grad() override { shards_->zero_grad(); }
-  void step() override { shards_->step(); }
+  void step() override { step_optimizer(*shards_); }
+  std::shared_ptr<ProcessGroup> sharded_gradients_group() const override { return shard_group_; }
   // The whole model and state, gathered on every rank: the checkpoint single-device training writes.
   void save_checkpoint(int64_t epoch) override { write_checkpoint(plan_, *model_, train::make_checkpoint(*fsdp_, *shards_, epoch)); }
   torch::nn::Module& module() override { return *model_; }
@@ -72,6 +74,7 @@ class FsdpMode : public Strategy {
   std::shared_ptr<Impl> model_;
   std::unique_ptr<FullyShardedDataParallel<Impl>> fsdp_;
   std::unique_ptr<torch::optim::Optimizer> shards_;
+  std::shared_ptr<ProcessGroup> shard_group_;  // the ranks whose shards make one model
 };
 
 }  // namespace datapar::tools

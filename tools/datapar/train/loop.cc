@@ -2,6 +2,7 @@
 #include "loop.h"
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include "datapar/train/metrics.h"
 #include "datapar/train/stragglers.h"
 #include "evaluation.h"
+#include "rank_state.h"
 #include "report.h"
 #include "step_autocast.h"
 #include "timing.h"
@@ -36,6 +38,13 @@ class EpochLoop {
     // whenever measured shares change.
     if (has_ranks(plan.mode) && plan.world_size > 1 && device_.is_cpu()) {
       stragglers_ = std::make_unique<train::StragglerMeter>();
+    }
+    if (o_.amp == "fp16") {  // float16's small gradients scaled up before backward (grad_scaler.h)
+      amp::GradScalerOptions options;
+      options.group = strategy.sharded_gradients_group();
+      scaler_.emplace(options);
+      strategy.use_grad_scaler(&*scaler_);
+      if (first_epoch > 0) load_scaler_state(first_epoch);
     }
     if (plan.mode == Mode::kDdp && o_.balance != "even") {
       if (o_.balance == "auto") rank_balancer_ = std::make_unique<RankBalancer>(strategy.balanced_group());
@@ -60,6 +69,7 @@ class EpochLoop {
       if (!o_.checkpoint_dir.empty()) {
         const trace::Span span("checkpoint", "epoch");
         strategy_.save_checkpoint(epoch + 1);
+        if (scaler_) save_scaler_state(epoch + 1);
       }
       if (leader_) report_.epoch(epoch + 1, totals, test, eval_seconds);
     }
@@ -152,12 +162,13 @@ class EpochLoop {
     }
     {
       const trace::Span span("backward", "step");
-      loss.backward();  // ddp: gradients averaged over ranks here
+      (scaler_ ? scaler_->scale(loss) : loss).backward();  // ddp: gradients averaged over ranks here
     }
     if (rank_balancer_ && rank_balancer_->end_step(x.size(0), strategy_.communication_stats())) rebalance();
     {
       const trace::Span span("optimizer step", "step");
-      strategy_.step();
+      strategy_.step();  // under --amp fp16 skipped on an overflow
+      if (scaler_) scaler_->update();
     }
     strategy_.after_step(step_);
     if (o_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o_.step_delay_ms));
@@ -171,6 +182,22 @@ class EpochLoop {
     rows_ += x.size(0);
     if (bar_.due(++epoch_steps_)) bar_.update(epoch_steps_, loss_sum_.item<double>() / rows_, rows_ * plan_.world_size);
     return true;
+  }
+
+  // --amp fp16: each rank's scale beside the checkpoint of `epoch` epochs (the ranks' differ
+  // under DiLoCo, where each replica skips its own steps), and back on resume.
+  void save_scaler_state(int64_t epoch) {
+    StateDict state;
+    for (const auto& [key, value] : scaler_->state_dict()) state.insert(key, at::scalar_tensor(value, at::kDouble));
+    save_rank_state(plan_, "grad-scaler", epoch, state);
+  }
+  void load_scaler_state(int64_t epoch) {
+    load_rank_state(plan_, "grad-scaler", epoch, "GradScaler", "the scale and its growth count",
+                    [this](const StateDict& state) {
+                      std::map<std::string, double> values;
+                      for (const auto& item : state) values[item.key()] = item.value().item<double>();
+                      scaler_->load_state_dict(values);
+                    });
   }
 
   // The measured shares changed: the rest of the epoch under them, from the next step.
@@ -198,6 +225,7 @@ class EpochLoop {
   // Ranks on CPU devices: who the others wait for, from the time each rank's training thread
   // is blocked in collectives (on a GPU, nccl's waits do not block the host).
   std::unique_ptr<train::StragglerMeter> stragglers_;
+  std::optional<amp::GradScaler> scaler_;  // --amp fp16
   int64_t step_ = 0;  // of the run
   // The epoch's, so far:
   at::Tensor loss_sum_, correct_;

@@ -20,7 +20,7 @@ class SingleDevice : public Strategy {
 
   at::Tensor forward(const at::Tensor& x) override { return model_->forward(x); }
   void zero_grad() override { optimizer_.zero_grad(); }
-  void step() override { optimizer_.step(); }
+  void step() override { step_optimizer(optimizer_); }
   // Every process holds the same parameters and state: rank 0 writes for all (torch), or
   // each its share (dcp).
   void save_checkpoint(int64_t epoch) override {

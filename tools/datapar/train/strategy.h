@@ -6,10 +6,12 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <memory>
 
+#include "datapar/amp/grad_scaler.h"
 #include "datapar/ddp/communication_stats.h"
 #include "datapar/process_group/process_group.h"
 
@@ -41,6 +43,27 @@ class Strategy {
   // After an epoch's last step, before its evaluation and checkpoint (ddp --sync-every: the
   // ranks' models become one).
   virtual void end_of_epoch() {}
+
+  // --amp fp16: the ranks whose optimizers step different gradients (each a shard: ZeRO,
+  // FSDP), which must skip a step together when any finds an overflow; nullptr where every
+  // rank's optimizer sees the same gradients, or each rank's skip is its own (DiLoCo's
+  // replicas).
+  virtual std::shared_ptr<ProcessGroup> sharded_gradients_group() const { return nullptr; }
+  // The loop's gradient scaler, which step() then goes through.
+  void use_grad_scaler(amp::GradScaler* scaler) { scaler_ = scaler; }
+
+ protected:
+  // Steps `optimizer`; under --amp fp16 through the scaler (unscaled first, skipped when a
+  // gradient is inf or NaN).
+  void step_optimizer(torch::optim::Optimizer& optimizer) {
+    if (scaler_ != nullptr) {
+      scaler_->step(optimizer);
+    } else {
+      optimizer.step();
+    }
+  }
+
+  amp::GradScaler* scaler_ = nullptr;
 };
 
 }  // namespace datapar::tools
