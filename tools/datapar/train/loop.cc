@@ -53,6 +53,12 @@ class EpochLoop {
     }
   }
 
+  ~EpochLoop() {
+    if (scaler_) strategy_.use_grad_scaler(nullptr);  // the strategy outlives the loop's scaler
+  }
+  EpochLoop(const EpochLoop&) = delete;
+  EpochLoop& operator=(const EpochLoop&) = delete;
+
   void run(int64_t first_epoch) {
     for (int64_t epoch = first_epoch; epoch < o_.epochs; ++epoch) {
       const EpochTotals totals = train_epoch(epoch);
