@@ -9,13 +9,16 @@
 #include <vector>
 
 #include "datapar/error.h"
+#include "datapar/process_group/metadata.h"
 #include "datapar/process_group/work.h"
 #include "datapar/reduce_op.h"
 
 namespace datapar::amp {
 
-GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)), scale_(options_.init_scale) {
-  const GradScalerOptions& o = options_;
+namespace {
+
+// What the constructor and load_state_dict take: PyTorch's constraints.
+void check_options(const GradScalerOptions& o) {
   DATAPAR_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "GradScaler: init_scale ", o.init_scale,
                 " must be positive and finite (PyTorch's default: 65536)");
   DATAPAR_CHECK(o.growth_factor > 1 && std::isfinite(o.growth_factor), "GradScaler: growth_factor ",
@@ -24,6 +27,12 @@ GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options))
                 " must be in (0, 1) (default 0.5)");
   DATAPAR_CHECK(o.growth_interval >= 1, "GradScaler: growth_interval ", o.growth_interval,
                 " must be at least 1 (default 2000)");
+}
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)), scale_(options_.init_scale) {
+  check_options(options_);
 }
 
 at::Tensor GradScaler::scale(const at::Tensor& loss) const {
@@ -42,12 +51,8 @@ bool GradScaler::unscale(torch::optim::Optimizer& optimizer) {
   const double inverse = 1.0 / scale_;
   // One flag per device, read once: not a host sync per gradient.
   std::vector<at::Tensor> not_finite;
-  c10::Device first = c10::Device(c10::DeviceType::CPU);
-  bool any_param = false;
   for (torch::optim::OptimizerParamGroup& group : optimizer.param_groups()) {
     for (at::Tensor& param : group.params()) {
-      if (!any_param) first = param.device();
-      any_param = true;
       at::Tensor& grad = param.mutable_grad();
       if (!grad.defined()) continue;
       DATAPAR_CHECK(!grad.is_sparse(), "GradScaler::unscale: sparse gradients are not supported");
@@ -70,9 +75,9 @@ bool GradScaler::unscale(torch::optim::Optimizer& optimizer) {
   for (const at::Tensor& flag : not_finite) found = found || flag.item<bool>();
   if (options_.group) {
     // Each rank holds other gradients (a shard): the step is skipped on all or none.
-    at::Tensor any = at::full({1}, found ? 1.0f : 0.0f, at::TensorOptions().device(first));
+    at::Tensor any = metadata_tensor(*options_.group, std::vector<int64_t>{found ? 1 : 0});
     options_.group->all_reduce(any, ReduceOp::kMax)->wait();
-    found = any.item<float>() > 0;
+    found = host_int64s(any)[0] > 0;
   }
   found_inf_[&optimizer] = found;
   return !found;
@@ -131,7 +136,7 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   DATAPAR_CHECK(tracker >= 0 && tracker < static_cast<double>(loaded.growth_interval) && tracker == std::floor(tracker),
                 "GradScaler::load_state_dict: _growth_tracker ", tracker, " is not a count below growth_interval ",
                 loaded.growth_interval);
-  GradScaler checked(loaded);  // the same checks as the constructor's
+  check_options(loaded);
   options_ = loaded;
   scale_ = loaded.init_scale;
   growth_tracker_ = static_cast<int64_t>(tracker);

@@ -223,16 +223,23 @@ void expect_same_parameters(const std::string& a, const std::string& b) {
   EXPECT_EQ(ca.epoch, cb.epoch);
 }
 
-// SGD's momentum of every parameter in two checkpoints, equal within `tolerance` (0: bit for bit).
-void expect_same_momentum(const std::string& a, const std::string& b, double tolerance) {
+// Every parameter's optimizer state in two checkpoints (SGD's momentum, Adam's moments and
+// step), equal within `tolerance` (0: bit for bit).
+void expect_same_optimizer_state(const std::string& a, const std::string& b, double tolerance) {
   const auto want = datapar::train::load_checkpoint(a).optimizer.at("state").toGenericDict();
   const auto got = datapar::train::load_checkpoint(b).optimizer.at("state").toGenericDict();
   ASSERT_EQ(got.size(), want.size()) << b;
   for (const auto& entry : want) {
-    const at::Tensor w = entry.value().toGenericDict().at("momentum_buffer").toTensor();
-    const at::Tensor g = got.at(entry.key()).toGenericDict().at("momentum_buffer").toTensor();
-    EXPECT_TRUE(tolerance == 0 ? at::equal(w, g) : at::allclose(w, g, 0, tolerance))
-        << b << ", momentum of parameter " << entry.key();
+    const auto w = entry.value().toGenericDict(), g = got.at(entry.key()).toGenericDict();
+    ASSERT_EQ(g.size(), w.size()) << b << ", parameter " << entry.key();
+    for (const auto& field : w) {
+      const c10::IValue& other = g.at(field.key());
+      const auto tensor = [](const c10::IValue& v) { return v.isTensor() ? v.toTensor() : at::scalar_tensor(v.toDouble()); };
+      const at::Tensor x = tensor(field.value()), y = tensor(other);
+      EXPECT_TRUE(tolerance == 0 ? at::equal(x.to(at::kDouble), y.to(at::kDouble))
+                                 : at::allclose(x.to(at::kDouble), y.to(at::kDouble), 0, tolerance))
+          << b << ", " << field.key().toStringRef() << " of parameter " << entry.key();
+    }
   }
 }
 
@@ -406,7 +413,7 @@ TEST(TrainCli, ZeroTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
   }
   for (const std::string& dir : {zero, mixed}) {
     expect_same_parameters(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt");
-    expect_same_momentum(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt", 0);
+    expect_same_optimizer_state(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt", 0);
   }
 }
 
@@ -437,7 +444,7 @@ TEST(TrainCli, FsdpTrainsLikeDdpAndItsCheckpointsResumeEitherWay) {
   }
   for (const std::string& dir : {fsdp, mixed}) {
     expect_same_parameters(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt");
-    expect_same_momentum(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt", 1e-5);
+    expect_same_optimizer_state(straight + "/checkpoint-epoch-3.pt", dir + "/checkpoint-epoch-3.pt", 1e-5);
   }
   const std::string other = temp.path() + "/other";
   const auto flags = ddp_job(kSmall + " --mode fsdp --epochs 1 --no-reshard --mp bf16", 2, other);
@@ -473,25 +480,6 @@ double epoch_loss(const std::string& output, int epoch) {
   const std::regex line("epoch " + std::to_string(epoch) + "/\\d+ +loss ([0-9.]+)");
   std::smatch m;
   return std::regex_search(output, m, line) ? std::stod(m[1]) : -1;
-}
-
-// Every parameter's optimizer state in two checkpoints (SGD's momentum, Adam's moments and
-// step), equal within `tolerance`.
-void expect_same_optimizer_state(const std::string& a, const std::string& b, double tolerance) {
-  const auto want = datapar::train::load_checkpoint(a).optimizer.at("state").toGenericDict();
-  const auto got = datapar::train::load_checkpoint(b).optimizer.at("state").toGenericDict();
-  ASSERT_EQ(got.size(), want.size()) << b;
-  for (const auto& entry : want) {
-    const auto w = entry.value().toGenericDict(), g = got.at(entry.key()).toGenericDict();
-    ASSERT_EQ(g.size(), w.size()) << b << ", parameter " << entry.key();
-    for (const auto& field : w) {
-      const c10::IValue& other = g.at(field.key());
-      const auto tensor = [](const c10::IValue& v) { return v.isTensor() ? v.toTensor() : at::scalar_tensor(v.toDouble()); };
-      const at::Tensor x = tensor(field.value()), y = tensor(other);
-      EXPECT_TRUE(at::allclose(x.to(at::kDouble), y.to(at::kDouble), 0, tolerance))
-          << b << ", " << field.key().toStringRef() << " of parameter " << entry.key();
-    }
-  }
 }
 
 // --optimizer adamw (torch.optim.AdamW, its default weight decay 0.01): ddp's checkpoint of
@@ -657,7 +645,7 @@ TEST(TrainCli, LocalSgdEveryStepIsDdpAndDiLoCoResumesExactly) {
   for (const auto& p : again) ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_EQ(again[0].output.find("no DiLoCo state"), std::string::npos) << again[0].output;
   expect_same_parameters(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt");
-  expect_same_momentum(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt", 0);
+  expect_same_optimizer_state(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt", 0);
   // Streaming DiLoCo: 2 fragments, the pseudo-gradients in int8; it learns too.
   const std::string streaming = temp.path() + "/streaming";
   const auto fragments =
@@ -688,7 +676,7 @@ TEST(TrainCli, HsdpTrainsLikeDdpAndItsCheckpointsResumeAsFsdp) {
     ASSERT_EQ(p.exit_code, 0) << p.output;
   }
   expect_same_parameters(straight + "/checkpoint-epoch-3.pt", hsdp + "/checkpoint-epoch-3.pt");
-  expect_same_momentum(straight + "/checkpoint-epoch-3.pt", hsdp + "/checkpoint-epoch-3.pt", 1e-5);
+  expect_same_optimizer_state(straight + "/checkpoint-epoch-3.pt", hsdp + "/checkpoint-epoch-3.pt", 1e-5);
   const auto as_fsdp = ddp_job(args + fsdp + " --mode fsdp --epochs 3 --resume", 2, fsdp + "/logs");
   for (const auto& p : as_fsdp) ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_NE(as_fsdp[0].output.find("epoch 3/3"), std::string::npos) << as_fsdp[0].output;
@@ -731,7 +719,7 @@ TEST(TrainCli, LocalSgdOverHsdpEveryStepIsDdpAndDiLoCoOverHsdpResumesExactly) {
   for (const auto& p : again) ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_EQ(again[0].output.find("no DiLoCo state"), std::string::npos) << again[0].output;
   expect_same_parameters(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt");
-  expect_same_momentum(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt", 0);
+  expect_same_optimizer_state(straight + "/checkpoint-epoch-2.pt", resumed + "/checkpoint-epoch-2.pt", 0);
 }
 
 // Issue 46: a newest DCP checkpoint whose .metadata was cut (40 bytes short) is skipped with

@@ -16,9 +16,6 @@
 
 #include <ATen/Parallel.h>
 #include <torch/nn/init.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +39,7 @@
 #include "train/fault_tolerant_loop.h"
 #include "train/loop.h"
 #include "train/make_strategy.h"
+#include "train/optimizer_flags.h"
 #include "train/resume.h"
 #include "trajectory_flags.h"
 
@@ -65,23 +63,6 @@ void xavier_init(torch::nn::Module& model) {
     if (auto* conv = m->as<torch::nn::Conv2dImpl>()) torch::nn::init::xavier_uniform_(conv->weight);
     if (auto* linear = m->as<torch::nn::LinearImpl>()) torch::nn::init::xavier_uniform_(linear->weight);
   }
-}
-
-// The run's optimizer over `params` (--optimizer, --lr after --scale-lr, --momentum,
-// --weight-decay): every optimizer a mode makes (ZeRO's, FSDP's shards', DiLoCo's inner
-// ones) is made like it (optimizer_like).
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainPlan& plan, std::vector<at::Tensor> params) {
-  const TrainOptions& o = plan.options;
-  if (o.optimizer == "adam") {
-    return std::make_unique<torch::optim::Adam>(std::move(params),
-                                                torch::optim::AdamOptions(plan.lr).weight_decay(plan.weight_decay));
-  }
-  if (o.optimizer == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(std::move(params),
-                                                 torch::optim::AdamWOptions(plan.lr).weight_decay(plan.weight_decay));
-  }
-  return std::make_unique<torch::optim::SGD>(
-      std::move(params), torch::optim::SGDOptions(plan.lr).momentum(o.momentum).weight_decay(plan.weight_decay));
 }
 
 // 5-7: resume, wrap, train (or, with --evaluate, evaluate the checkpoint).

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <initializer_list>
 #include <optional>
 #include <vector>
 
@@ -79,6 +80,14 @@ struct TrainOptions {
   int threads = 0;                 // intra-op threads per process (0: cores / local ranks)
   double step_delay_ms = 0;        // --slow-step: each step of this process sleeps this long
 };
+
+// Whether `value` is one of a flag's accepted spellings.
+inline bool one_of(const std::string& value, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    if (value == name) return true;
+  }
+  return false;
+}
 
 // Adds `train` and its flags to `app`; the flags write into `options`.
 CLI::App* add_train_command(CLI::App& app, TrainOptions& options);

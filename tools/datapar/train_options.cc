@@ -20,6 +20,7 @@
 #include "file_system.h"
 #include "train.h"
 #include "train/comm_hook_flag.h"
+#include "train/optimizer_flags.h"
 
 namespace datapar::tools {
 
@@ -29,13 +30,6 @@ namespace {
 // typo (--workers 100000) is an error instead of a process that exhausts its threads.
 constexpr int kMaxLoaderWorkers = 256;
 constexpr int kMaxIntraOpThreads = 1024;
-
-bool one_of(const std::string& value, std::initializer_list<const char*> names) {
-  for (const char* n : names) {
-    if (value == n) return true;
-  }
-  return false;
-}
 
 // --balance W0,W1,...: finite shares >= 0, some > 0; empty for even and auto.
 std::vector<double> balance_weights(const std::string& balance) {
@@ -119,21 +113,7 @@ void check_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(one_of(o.replicas, {"shared", "copy"}), "--replicas: \"", o.replicas,
                 "\" is not a replica kind.\n---> HINT: use shared (the default) or copy.");
   DATAPAR_CHECK(o.evaluate || o.epochs >= 1, "--epochs ", o.epochs, ": train for at least 1 epoch.");
-  DATAPAR_CHECK(one_of(o.optimizer, {"sgd", "adam", "adamw"}), "--optimizer: \"", o.optimizer,
-                "\" is not an optimizer datapar train knows.\n---> HINT: use sgd (the default), adam or adamw.");
-  DATAPAR_CHECK(!o.lr || (*o.lr > 0 && std::isfinite(*o.lr)), "--lr ", o.lr.value_or(0),
-                ": the learning rate must be positive and finite (d2l's SGD uses 0.1, torch.optim's Adam 1e-3).");
-  DATAPAR_CHECK(one_of(o.amp, {"none", "bf16", "fp16"}), "--amp: \"", o.amp, "\" is not a precision datapar train ",
-                "autocasts to.\n---> HINT: use bf16, fp16 (with a gradient scaler) or none.");
-  DATAPAR_CHECK(o.amp != "fp16" || !o.fault_tolerant, "--amp fp16 --fault-tolerant: the steps the gradient ",
-                "scaler skips are not yet agreed by the fault-tolerant protocol.\n---> HINT: use --amp bf16 (it needs ",
-                "no scaler).");
-  DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
-  DATAPAR_CHECK(o.momentum == 0 || o.optimizer == "sgd", "--momentum ", o.momentum, " is SGD's; --optimizer ",
-                o.optimizer, " keeps moments of its own (betas 0.9 and 0.999).\n---> HINT: leave out --momentum, ",
-                "or use --optimizer sgd.");
-  DATAPAR_CHECK(!o.weight_decay || (*o.weight_decay >= 0 && std::isfinite(*o.weight_decay)), "--weight-decay ",
-                o.weight_decay.value_or(0), ": use a finite value >= 0 (0: none; 5e-4 is common for ResNets).");
+  check_optimizer_flags(o);
   DATAPAR_CHECK(!o.zero || mode == Mode::kDdp, "--zero shards the optimizer over the ranks of a ddp job; --mode ", o.mode,
                 is_fully_sharded(mode)
                     ? " shards it already, with the parameters and gradients."
@@ -285,9 +265,9 @@ void resolve_batch(TrainPlan& plan, const TrainOptions& o) {
   const bool ranks = has_ranks(plan.mode);
   // Linear scaling (d2l, Goyal et al.): N workers, N times the batch and the learning rate.
   plan.global_batch = o.scale_lr ? o.batch_size * plan.parallelism : o.batch_size;
-  const double lr = o.lr.value_or(o.optimizer == "sgd" ? 0.1 : 1e-3);
+  const double lr = learning_rate(o);
   plan.lr = o.scale_lr ? lr * static_cast<double>(plan.parallelism) : lr;
-  plan.weight_decay = o.weight_decay.value_or(o.optimizer == "adamw" ? 0.01 : 0);
+  plan.weight_decay = weight_decay(o);
   const char* what = ranks ? " ranks" : " devices";
   DATAPAR_CHECK(plan.global_batch >= plan.parallelism, "--batch-size ", plan.global_batch, " is smaller than the ",
                 plan.parallelism, what, ": each needs at least one sample per step.\n---> HINT: raise --batch-size to ",

@@ -1,7 +1,6 @@
 // See diloco.h.
 #include "diloco.h"
 
-#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -72,13 +71,7 @@ std::unique_ptr<DiLoCo> load_diloco_state(const TrainPlan& plan, std::unique_ptr
         const at::Tensor* saved_kind = state.find("inner.kind");
         DATAPAR_CHECK(saved_kind != nullptr && saved_kind->numel() == 1 &&
                           saved_kind->item<int64_t>() == static_cast<int64_t>(kind),
-                      "it holds the inner state of ",
-                      saved_kind == nullptr || saved_kind->numel() != 1
-                          ? std::string("no known optimizer")
-                          : optimizer_kind_name(static_cast<OptimizerKind>(
-                                std::clamp<int64_t>(saved_kind->item<int64_t>(), 0,
-                                                    static_cast<int64_t>(OptimizerKind::kOther)))),
-                      ", not of this run's ", optimizer_kind_name(kind),
+                      "it holds no inner state of this run's ", optimizer_kind_name(kind),
                       " (resume with the --optimizer it was saved with)");
         using StateMap = std::decay_t<decltype(optimizer.state())>;
         for (size_t i = 0; i < params.size(); ++i) {
