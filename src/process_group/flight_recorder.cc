@@ -266,7 +266,10 @@ std::string dump_flight_recorder(const std::string& reason) {
   text += "]}\n";
   detail::make_directories(dir);
   const std::string path = dir + "/flight-recorder-rank-" + rank + ".json";
-  const std::string temp = path + ".part." + std::to_string(::getpid());
+  // A temporary of this dump's own: two threads may dump at once (a failing collective and
+  // SIGUSR1, or two groups failing), and writing one file together made a corrupt dump.
+  static std::atomic<uint64_t> dumps{0};
+  const std::string temp = detail::str_cat(path, ".part.", ::getpid(), ".", dumps.fetch_add(1));
   FILE* f = std::fopen(temp.c_str(), "w");
   if (f == nullptr) return "";
   const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();

@@ -14,7 +14,9 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "child_process.h"
 #include "datapar/error.h"
@@ -209,6 +211,46 @@ TEST(FlightRecorder, SigusrOneDumps) {
   EXPECT_NE(said.find("every rank issued the same collective, #1, all_reduce(sum) on float32[3], completed on every "
                       "rank."),
             std::string::npos) << said;
+}
+
+// Dumps from several threads at once (a failing collective, SIGUSR1, dump_flight_recorder)
+// each write a whole file: they once shared one temporary, and a shorter dump written over
+// a longer one left a file no analysis could read.
+TEST(FlightRecorder, DumpsFromManyThreadsAtOnceLeaveAWholeFile) {
+  const testing::TempDir temp("fr_threads");
+  enable_flight_recorder(100, temp.path());
+  std::atomic<bool> dumped{false};
+  std::string problem;
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    group->all_reduce(at::ones({3}))->wait();
+    if (rank != 0) {
+      while (!dumped.load()) std::this_thread::sleep_for(1ms);  // no collective during the dumps
+      return;
+    }
+    // Rounds of four dumps of unlike lengths let go at once; after each, the file must read.
+    for (int round = 0; round < 120 && problem.empty(); ++round) {
+      std::atomic<int> ready{0};
+      std::vector<std::thread> dumpers;
+      for (int t = 0; t < 4; ++t) {
+        dumpers.emplace_back([&, t] {
+          ++ready;
+          while (ready.load() < 4) {
+          }
+          dump_flight_recorder(std::string(1 + 20000 * t, 'x'));
+        });
+      }
+      for (std::thread& d : dumpers) d.join();
+      try {
+        analyze_flight_records(temp.path());
+      } catch (const Error& e) {
+        problem = "round " + std::to_string(round) + ": " + e.what();
+      }
+    }
+    dumped = true;
+  });
+  enable_flight_recorder(0);
+  EXPECT_EQ(problem, "");
+  EXPECT_EQ(detail::list_directory(temp.path()).size(), 1u) << "a temporary was left beside the dump";
 }
 
 // DATAPAR_DISTRIBUTED_DEBUG=DETAIL: each mismatch fails on both ranks at once (not after the
