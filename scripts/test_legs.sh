@@ -5,14 +5,20 @@
 #
 #   scripts/test_legs.sh LEG...       e.g. tsan asan torch2 bundle (the Makefile's LEGS)
 #
+# While a leg's tests run, the next leg is built beside them at nice 19 (the bundle leg, a
+# build in a chroot whose gpu tests all skip, is also checked there): the tests keep the
+# cores, the build takes what they leave idle (a suite waiting on a timeout, a single-process
+# suite on two cores; about a tenth of the machine under the ASan leg). Its output goes to its
+# log and is shown when the leg's turn comes. DATAPAR_LEGS_AHEAD=0 builds each leg only when
+# its turn comes.
+#
 # Each leg's whole output goes to the terminal and to build/legs/LEG.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -gt 0 ]] || { echo "usage: $0 LEG..." >&2; exit 2; }
 mkdir -p build/legs
 make=(make --no-print-directory)
-have_ccache=0
-command -v ccache >/dev/null && have_ccache=1
+ahead_allowed=${DATAPAR_LEGS_AHEAD:-1}
 summary=()
 total_passed=0 total_failed=0 total_skipped=0
 status=0
@@ -20,13 +26,11 @@ started=$(date +%s)
 
 minutes() { awk -v s="$1" 'BEGIN { printf "%.1f", s / 60 }'; }
 
-# ccache's hits and misses since the last zeroing, as "H/N hits" (or "-").
+# ccache's hits and misses in a stats log (CCACHE_STATSLOG of one leg's build), as "H/N hits".
 ccache_hits() {
-  ((have_ccache)) || { echo "-"; return; }
-  ccache --print-stats 2>/dev/null | awk '
-    $1 == "direct_cache_hit" || $1 == "preprocessed_cache_hit" { hits += $2 }
-    $1 == "cache_miss" { misses += $2 }
-    END { n = hits + misses; if (n == 0) print "nothing compiled"; else printf "%d/%d hits (%.0f%%)\n", hits, n, 100 * hits / n }'
+  [[ -s $1 ]] || { echo "nothing compiled"; return; }
+  awk '$1 == "direct_cache_hit" || $1 == "preprocessed_cache_hit" { hits++ } $1 == "cache_miss" { misses++ }
+    END { n = hits + misses; if (n == 0) print "nothing compiled"; else printf "%d/%d hits (%.0f%%)\n", hits, n, 100 * hits / n }' "$1"
 }
 
 # Where each leg's GoogleTest suites write their JSON reports (tests/suites.cmake).
@@ -38,22 +42,92 @@ results_dir() {
   esac
 }
 
-for leg in "$@"; do
+# What of a leg may run beside the previous leg's tests: its build; the bundle's check too
+# (a build in a chroot; its gpu tests skip, nothing in it is timed).
+ahead_steps() {
+  case $1 in
+    bundle) echo "build test" ;;
+    *) echo "build" ;;
+  esac
+}
+
+# run_step LEG STEP: make STEP-LEG into the leg's log (CCACHE_STATSLOG for a build); its status.
+run_step() {
+  local leg=$1 step=$2
+  if [[ $step == build ]]; then
+    CCACHE_STATSLOG=$PWD/build/legs/$leg.ccache-stats "${make[@]}" "build-$leg" >>"build/legs/$leg.log" 2>&1
+  else
+    "${make[@]}" "$step-$leg" >>"build/legs/$leg.log" 2>&1
+  fi
+}
+
+# The leg started ahead: its name, its process group, when it began.
+ahead_leg="" ahead_pgid="" ahead_started=0
+start_ahead() {
+  local leg=$1
+  : >"build/legs/$leg.log"
+  rm -f "build/legs/$leg.ccache-stats" "build/legs/$leg.ahead"
+  ahead_leg=$leg ahead_started=$(date +%s)
+  # In a session of its own (one process group to stop), at the lowest priority but idle's.
+  setsid nice -n 19 bash "$0" --ahead "$leg" </dev/null &
+  ahead_pgid=$!
+}
+stop_ahead() {
+  [[ -n $ahead_leg ]] || return 0
+  kill -TERM -- "-$ahead_pgid" 2>/dev/null
+  wait "$ahead_pgid" 2>/dev/null
+  ahead_leg=""
+}
+
+# scripts/test_legs.sh --ahead LEG (start_ahead): LEG's steps that may run ahead, each one's
+# status in build/legs/LEG.ahead.
+if [[ $1 == --ahead ]]; then
+  for step in $(ahead_steps "$2"); do
+    run_step "$2" "$step"
+    rc=$?
+    echo "$step $rc" >>"build/legs/$2.ahead"
+    ((rc == 0)) || break
+  done
+  exit 0
+fi
+trap stop_ahead EXIT
+
+legs=("$@")
+for ((i = 0; i < ${#legs[@]}; ++i)); do
+  leg=${legs[i]}
+  next=${legs[i + 1]:-}
   log=build/legs/$leg.log
-  : >"$log"
-  echo "=== leg $leg: build (log: $log)"
-  ((have_ccache)) && ccache -z >/dev/null
   t0=$(date +%s)
-  "${make[@]}" "build-$leg" 2>&1 | tee -a "$log"
-  build_rc=${PIPESTATUS[0]}
+  build_rc="" test_rc=""
+  if [[ $ahead_leg == "$leg" ]]; then
+    # Built (and maybe checked) beside the last leg's tests: wait for it, then show its output.
+    echo "=== leg $leg: build, begun $(minutes $((t0 - ahead_started))) min ago beside the last leg's tests (log: $log)"
+    wait "$ahead_pgid"
+    ahead_leg=""
+    cat "$log"
+    while read -r step rc; do
+      [[ $step == build ]] && build_rc=$rc
+      [[ $step == test ]] && test_rc=$rc
+    done <"build/legs/$leg.ahead"
+    build_rc=${build_rc:-1}
+  else
+    : >"$log"
+    rm -f "build/legs/$leg.ccache-stats"
+    echo "=== leg $leg: build (log: $log)"
+    CCACHE_STATSLOG=$PWD/build/legs/$leg.ccache-stats "${make[@]}" "build-$leg" 2>&1 | tee -a "$log"
+    build_rc=${PIPESTATUS[0]}
+  fi
   t1=$(date +%s)
-  hits=$(ccache_hits)
-  test_rc=0
-  if ((build_rc == 0)); then
+  hits=$(ccache_hits "build/legs/$leg.ccache-stats")
+  if ((build_rc == 0)) && [[ -z $test_rc ]]; then
+    [[ -n $next && $ahead_allowed == 1 ]] && start_ahead "$next"
     echo "=== leg $leg: test"
     "${make[@]}" "test-$leg" 2>&1 | tee -a "$log"
     test_rc=${PIPESTATUS[0]}
+  elif ((build_rc == 0)); then
+    echo "=== leg $leg: checked beside the last leg's tests (above)"
   fi
+  test_rc=${test_rc:-0}
   t2=$(date +%s)
   read -r passed failed skipped < <(python3 scripts/test_counts.py "$log" "$(results_dir "$leg")")
   total_passed=$((total_passed + passed)) total_failed=$((total_failed + failed)) total_skipped=$((total_skipped + skipped))
@@ -64,6 +138,7 @@ for leg in "$@"; do
     "$(minutes $((t2 - t1)))" "$hits" "$passed" "$failed" "$skipped" "$result")")
   if ((build_rc != 0 || test_rc != 0)); then
     status=1
+    stop_ahead
     echo "=== leg $leg failed: the legs after it are not run"
     break
   fi
@@ -71,6 +146,9 @@ done
 
 echo
 echo "## make test: $(minutes $(($(date +%s) - started))) min"
+echo
+echo "Build and test minutes are those each leg was waited for; a leg built beside the last"
+echo "leg's tests shows only what was left of its build when that leg ended."
 echo
 echo "| leg    | build min | test min | ccache (build) | passed | failed | skipped | result |"
 echo "|---|---|---|---|---|---|---|---|"
