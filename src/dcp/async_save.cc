@@ -13,6 +13,7 @@ namespace datapar::dcp {
 struct AsyncSaver::Impl {
   std::shared_ptr<ProcessGroup> group;
   ::datapar::detail::StagingMemory staging;
+  detail::PlanMemo plan_memo;  // the last save's plan, for the next of the same layout
   double last_blocked = 0;
   ::datapar::detail::BackgroundWriter writer;  // last: its thread ends before the rest goes
 };
@@ -32,7 +33,7 @@ void AsyncSaver::save(const State& state, const std::string& dir) {
   // Planned here, with every rank (save_plan.h): then only what this rank writes is staged.
   // A directory it cannot use, or ranks whose states differ, throw here, as dcp::save.
   std::shared_ptr<ProcessGroup> group = s.group;
-  std::shared_ptr<const detail::SavePlan> plan = detail::plan_save(state, dir, group.get());
+  std::shared_ptr<const detail::SavePlan> plan = detail::plan_save(state, dir, group.get(), &s.plan_memo);
   auto staged = std::make_shared<State>(state);  // the entries' names and values; the tensors next
   s.staging.begin();
   for (size_t i = 0; i < staged->entries().size(); ++i) {

@@ -45,6 +45,7 @@
 #include "random_bytes.h"
 #include "owned_directory.h"
 #include "serialization/atomic_file.h"
+#include "serialization/pickle_writer.h"
 #include "serialization/torch_file.h"
 
 namespace datapar::dcp {
@@ -84,8 +85,6 @@ std::string join(const std::string& dir, const std::string& name) { return dir +
 
 // ---- byte strings among the ranks ----
 
-// Every rank's `bytes`, by rank: lengths first, then the bytes packed in int64 words (the
-// dtype every backend moves).
 // Every rank's bytes, in rank order (one process alone: its own).
 std::vector<std::string> all_gather_bytes(ProcessGroup* group_or_null, const std::string& bytes) {
   if (group_or_null == nullptr) return {bytes};
@@ -118,7 +117,7 @@ std::string first_error(const std::vector<std::string>& errors) {
 
 using detail::PlanEntry;
 
-std::string encode_plan(const State& state, const std::string& problem) {
+IValue plan_value(const State& state, const std::string& problem) {
   std::vector<IValue> entries;
   for (const State::Entry& e : state.entries()) {
     std::vector<IValue> boxes;
@@ -126,7 +125,17 @@ std::string encode_plan(const State& state, const std::string& problem) {
     entries.push_back(list_of({e.name, static_cast<int64_t>(e.kind), static_cast<int64_t>(e.dtype), ints(e.global_size),
                                list_of(std::move(boxes)), list_of(e.path)}));
   }
-  return datapar::detail::torch_save_bytes(list_of({problem, list_of(std::move(entries))}));
+  return list_of({problem, list_of(std::move(entries))});
+}
+
+std::string encode_plan(const State& state, const std::string& problem) {
+  return datapar::detail::torch_save_bytes(plan_value(state, problem));
+}
+
+// This rank's layout (its plan without a problem) as bytes to compare: the pickle alone.
+std::string layout_of(const State& state) {
+  std::vector<at::Tensor> none;
+  return datapar::detail::write_pickle(plan_value(state, ""), &none);
 }
 
 std::vector<PlanEntry> decode_plan(const std::string& bytes, std::string* problem) {
@@ -527,7 +536,8 @@ const State::Entry& State::at(const std::string& name) const {
 
 namespace detail {
 
-std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string& dir, ProcessGroup* group) {
+std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string& dir, ProcessGroup* group,
+                                          PlanMemo* memo) {
   auto made = std::make_shared<SavePlan>();
   SavePlan& sp = *made;
   sp.dir = dir;
@@ -548,6 +558,28 @@ std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string&
   }
   std::vector<std::vector<PlanEntry>>& plans = sp.plans;
   std::string plan_problem;
+  if (memo != nullptr) {
+    // Note [A plan remembered]: a saver's next save of the same layout (every save of a
+    // training run: the same entries, shapes and shards, only the values new) exchanges a
+    // flag and the directory's problem instead of every rank's plan: when every rank's
+    // layout is the one it had, so is the plan. Otherwise the plans are exchanged as below.
+    std::string layout = layout_of(state);
+    const bool same = memo->plan != nullptr && memo->layout == layout;
+    const std::vector<std::string> said = all_gather_bytes(group, (same ? "=" : "+") + problem);
+    bool all_same = true;
+    for (size_t r = 0; r < said.size(); ++r) {
+      all_same = all_same && said[r][0] == '=';
+      if (plan_problem.empty() && said[r].size() > 1) plan_problem = str_cat("rank ", r, ": ", said[r].substr(1));
+    }
+    if (!plan_problem.empty()) throw CheckpointError(str_cat("dcp::save: ", plan_problem, "."));
+    if (all_same) {
+      sp.plans = memo->plan->plans;
+      sp.writer = memo->plan->writer;
+      return made;
+    }
+    memo->plan = nullptr;
+    memo->layout = std::move(layout);
+  }
   for (const std::string& bytes : all_gather_bytes(group, encode_plan(state, problem))) {
     std::string p;
     plans.push_back(decode_plan(bytes, &p));
@@ -581,6 +613,7 @@ std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string&
             ? detail::volume(plan[i].global_size) * static_cast<int64_t>(c10::elementSize(plan[i].dtype))
             : 64;
   }
+  if (memo != nullptr) memo->plan = made;
   return made;
 }
 

@@ -17,10 +17,19 @@ namespace datapar::dcp::detail {
 
 struct SavePlan;  // checkpoint.cc
 
+// What a saver keeps of its last plan (Note [A plan remembered] in checkpoint.cc): this
+// rank's layout, encoded, and the plan agreed for it.
+struct PlanMemo {
+  std::string layout;
+  std::shared_ptr<const SavePlan> plan;
+};
+
 // Every rank's plan, exchanged and checked, and who writes each whole tensor and value.
 // Throws what dcp::save throws before it writes: a directory it cannot use (on every rank),
-// ranks whose states differ. `group` null: one process.
-std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string& dir, ProcessGroup* group);
+// ranks whose states differ. `group` null: one process. With `memo` (every rank's, or no
+// rank's), a save of the layout the last one had reuses its plan.
+std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string& dir, ProcessGroup* group,
+                                          PlanMemo* memo = nullptr);
 
 // Whether this rank writes entry `i` of the planned state: its shards, or the whole tensor
 // or value the plan gave it.

@@ -191,5 +191,55 @@ TEST(AsyncDcp, EachRankStagesOnlyWhatItWrites) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(at::equal(back.tensor("t" + std::to_string(i)), at::full({int64_t{1} << 18}, i, at::kFloat)));
 }
 
+// A saver's next save of the same layout reuses the agreed plan (Note [A plan remembered]):
+// the values are new each time; a rank whose layout changed alone still makes every rank
+// fail with the difference named, even the rank whose layout is the one it had; a layout
+// that changed on every rank is agreed again; a directory one rank cannot use still fails
+// every rank.
+TEST(AsyncDcp, ASaveOfTheLayoutBeforeReusesItsPlanAndAChangedOneIsAgreedAgain) {
+  const testing::TempDir temp("async_dcp_memo");
+  testing::run_gloo_ranks(2, [&](int rank, std::shared_ptr<ProcessGroup> group) {
+    dcp::AsyncSaver saver(group);
+    const at::Tensor weights = at::arange(1000, at::kFloat).reshape({10, 100});
+    dcp::State state;
+    state.put("w", rank == 0 ? dcp::Shard{weights.narrow(0, 0, 4), {0, 0}, {10, 100}}
+                             : dcp::Shard{weights.narrow(0, 4, 6), {4, 0}, {10, 100}});
+    state.put("bias", at::zeros({7}));
+    state.put("step", c10::IValue(int64_t(0)));
+    for (int64_t step = 1; step <= 3; ++step) {  // the first save agrees the plan, the others reuse it
+      weights.add_(1);
+      state.entries()[1].boxes[0].local.fill_(static_cast<float>(step));
+      state.entries()[2].value = step;
+      saver.save(state, temp.path() + "/step" + std::to_string(step));
+    }
+    saver.wait();
+    // Rank 1 alone has another entry: both ranks fail, naming it.
+    dcp::State other = state;
+    if (rank == 1) other.put("extra", at::ones({3}));
+    EXPECT_THROW_MSG(saver.save(other, temp.path() + "/differ"), InvalidArgumentError, "the ranks' states differ");
+    // Both have it now: a plan of the new layout, then reused.
+    state.put("extra", at::full({3}, static_cast<float>(rank)));
+    saver.save(state, temp.path() + "/extra1");
+    saver.save(state, temp.path() + "/extra2");
+    saver.wait();
+    // A directory that holds a checkpoint already: every rank fails, the plan kept.
+    EXPECT_THROW_MSG(saver.save(state, temp.path() + "/extra2"), CheckpointError, "holds a checkpoint already");
+    saver.save(state, temp.path() + "/extra3");
+    saver.wait();
+  });
+  for (int64_t step = 1; step <= 3; ++step) {
+    const dcp::State back = dcp::load_all(temp.path() + "/step" + std::to_string(step));
+    EXPECT_TRUE(at::equal(back.tensor("w"), at::arange(1000, at::kFloat).reshape({10, 100}) + step)) << step;
+    EXPECT_TRUE(at::equal(back.tensor("bias"), at::full({7}, static_cast<float>(step)))) << step;
+    EXPECT_EQ(back.at("step").value.toInt(), step);
+  }
+  for (const char* name : {"/extra1", "/extra2", "/extra3"}) {
+    const dcp::State back = dcp::load_all(temp.path() + name);
+    EXPECT_EQ(back.tensor("extra").size(0), 3) << name;
+    EXPECT_TRUE(at::equal(back.tensor("w"), at::arange(1000, at::kFloat).reshape({10, 100}) + 3)) << name;
+  }
+  EXPECT_FALSE(datapar::detail::exists(temp.path() + "/differ/.metadata"));
+}
+
 }  // namespace
 }  // namespace datapar::train
