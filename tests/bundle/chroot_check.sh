@@ -94,6 +94,7 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT HUP  # stopped (make test stops a check it began ahead): cleanup still runs
 bind() {  # bind SOURCE TARGET_IN_CHROOT [ro]
   mkdir -p "$dir$2"
   mount --bind "$1" "$dir$2"
