@@ -560,18 +560,34 @@ std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string&
   std::string plan_problem;
   if (memo != nullptr) {
     // Note [A plan remembered]: a saver's next save of the same layout (every save of a
-    // training run: the same entries, shapes and shards, only the values new) exchanges a
-    // flag and the directory's problem instead of every rank's plan: when every rank's
-    // layout is the one it had, so is the plan. Otherwise the plans are exchanged as below.
+    // training run: the same entries, shapes and shards, only the values new) exchanges one
+    // small all_gather, each rank's [same layout as last time, the length of its directory's
+    // problem], instead of every rank's plan: when every rank's layout is the one it had, so
+    // is the plan. A problem's text follows only when there is one; a changed layout has
+    // the plans exchanged as below.
     std::string layout = layout_of(state);
     const bool same = memo->plan != nullptr && memo->layout == layout;
-    const std::vector<std::string> said = all_gather_bytes(group, (same ? "=" : "+") + problem);
-    bool all_same = true;
-    for (size_t r = 0; r < said.size(); ++r) {
-      all_same = all_same && said[r][0] == '=';
-      if (plan_problem.empty() && said[r].size() > 1) plan_problem = str_cat("rank ", r, ": ", said[r].substr(1));
+    std::vector<int64_t> said{same ? 1 : 0, static_cast<int64_t>(problem.size())};
+    if (group != nullptr) {
+      std::vector<at::Tensor> all;
+      for (int r = 0; r < world; ++r) all.push_back(metadata_zeros(*group, 2, at::kLong));
+      group->all_gather(all, metadata_tensor(*group, said))->wait();
+      said.clear();
+      for (const at::Tensor& t : all) {
+        const std::vector<int64_t> v = host_int64s(t);
+        said.insert(said.end(), v.begin(), v.end());
+      }
     }
-    if (!plan_problem.empty()) throw CheckpointError(str_cat("dcp::save: ", plan_problem, "."));
+    bool all_same = true, any_problem = false;
+    for (int r = 0; r < world; ++r) {
+      all_same = all_same && said.at(2 * r) == 1;
+      any_problem = any_problem || said.at(2 * r + 1) != 0;
+    }
+    if (any_problem) {
+      const std::string first = first_error(all_gather_bytes(group, problem));
+      DATAPAR_INTERNAL_ASSERT(!first.empty(), "dcp::save: a rank said it had a problem and sent none");
+      throw CheckpointError(str_cat("dcp::save: ", first, "."));
+    }
     if (all_same) {
       sp.plans = memo->plan->plans;
       sp.writer = memo->plan->writer;
