@@ -50,11 +50,12 @@ help:
 	@echo "                   and 2 DDP processes training an MLP on the shipped Fashion-MNIST subset"
 	@echo "                   (2.4 min from a fresh clone, 0.6 with ccache warm)"
 	@echo "make build         everything (library, CLI, examples, benchmarks, tests) in build/ (6.9 min)"
-	@echo "make test          every leg of the suite (LEGS='$(LEGS)'), a summary at the end (45 min cold):"
-	@echo "  make test-tsan     ThreadSanitizer over the threaded suites (build-tsan/; 2.0 + 3.0 min)"
-	@echo "  make test-torch2   pip's torch $(TORCH_VERSION) (CUDA), the whole suite, 3 suites at a time (build-torch2/; 7.6 + 7.7)"
-	@echo "  make test-asan     Debian's libtorch under ASan+UBSan, every test and fuzz target (build-asan/; 6.3 + 14.8)"
-	@echo "  make test-bundle   the offline bundle built and checked in a chroot without -dev packages (3.8)"
+	@echo "make test          every leg of the suite (LEGS='$(LEGS)'), each built beside the tests of the one"
+	@echo "                   before, a summary at the end (44 min cold):"
+	@echo "  make test-tsan     ThreadSanitizer over the threaded suites (build-tsan/; 2.1 + 3.3 min)"
+	@echo "  make test-torch2   pip's torch $(TORCH_VERSION) (CUDA), the whole suite, 3 suites at a time (build-torch2/; 8.3 + 8.6)"
+	@echo "  make test-asan     Debian's libtorch under ASan+UBSan, every test and fuzz target (build-asan/; 6.6 + 14.3)"
+	@echo "  make test-bundle   the offline bundle built and checked in a chroot without -dev packages (4.2)"
 	@echo "make test-debian   the whole suite on the plain Debian build (build/)"
 	@echo "make test-gpu      the tests labelled gpu (a CUDA machine)"
 	@echo "make bundle        build/datapar-bundle.tar.gz for a GPU node without network"
@@ -143,7 +144,7 @@ bundle: setup
 # Its build runs inside the chroot, in test-bundle; build-bundle makes the tarball.
 build-bundle: bundle
 
-test-bundle: bundle
+test-bundle: build-bundle
 	bash scripts/setup_torch.sh $(TORCH_VERSION) >/dev/null
 	DATAPAR_TORCH_VERSION=$(TORCH_VERSION) bash tests/bundle/chroot_check.sh $(BUILD_DIR)/datapar-bundle.tar.gz
 
