@@ -68,9 +68,14 @@ start_ahead() {
   : >"build/legs/$leg.log"
   rm -f "build/legs/$leg.ccache-stats" "build/legs/$leg.ahead"
   ahead_leg=$leg ahead_started=$(date +%s)
-  # In a session of its own (one process group to stop), at the lowest priority but idle's.
-  setsid nice -n 19 bash "$0" --ahead "$leg" </dev/null &
+  # At the lowest priority but idle's, in a process group of its own (to stop it whole) but in
+  # this session: a session of its own (setsid) is an autogroup of its own, and the scheduler
+  # shares the CPU fairly between autogroups whatever their tasks' nice (so it took half of the
+  # machine from the tests: the pip-torch leg's suite ran 14 min instead of 8).
+  set -m
+  nice -n 19 bash "$0" --ahead "$leg" </dev/null &
   ahead_pgid=$!
+  set +m
 }
 stop_ahead() {
   [[ -n $ahead_leg ]] || return 0
@@ -82,10 +87,6 @@ stop_ahead() {
 # scripts/test_legs.sh --ahead LEG (start_ahead): LEG's steps that may run ahead, each one's
 # status in build/legs/LEG.ahead.
 if [[ $1 == --ahead ]]; then
-  # The new session has an autogroup of its own, and the scheduler shares the CPU fairly
-  # between autogroups whatever their tasks' nice: at nice 0 it took half of the machine from
-  # the tests (the pip-torch leg's suite ran 14 min instead of 8). Its nice is the group's.
-  [[ -w /proc/self/autogroup ]] && echo 19 >/proc/self/autogroup 2>/dev/null
   for step in $(ahead_steps "$2"); do
     run_step "$2" "$step"
     rc=$?
