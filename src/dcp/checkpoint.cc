@@ -536,6 +536,50 @@ const State::Entry& State::at(const std::string& name) const {
 
 namespace detail {
 
+// With a saver's memo: true, and `sp` filled, when every rank's layout is the one its last
+// save had; false (the memo reset to this layout) when the plans must be exchanged again.
+// Throws a directory's problem on every rank.
+bool reuse_remembered_plan(const State& state, const std::string& problem, ProcessGroup* group, int world,
+                           PlanMemo& memo, SavePlan& sp) {
+  // Note [A plan remembered]: a saver's next save of the same layout (every save of a
+  // training run: the same entries, shapes and shards, only the values new) exchanges one
+  // small all_gather, each rank's [same layout as last time, the length of its directory's
+  // problem], instead of every rank's plan: when every rank's layout is the one it had, so
+  // is the plan. A problem's text follows only when there is one; a changed layout has
+  // the plans exchanged by plan_save.
+  std::string layout = layout_of(state);
+  const bool same = memo.plan != nullptr && memo.layout == layout;
+  std::vector<int64_t> said{same ? 1 : 0, static_cast<int64_t>(problem.size())};
+  if (group != nullptr) {
+    std::vector<at::Tensor> all;
+    for (int r = 0; r < world; ++r) all.push_back(metadata_zeros(*group, 2, at::kLong));
+    group->all_gather(all, metadata_tensor(*group, said))->wait();
+    said.clear();
+    for (const at::Tensor& t : all) {
+      const std::vector<int64_t> v = host_int64s(t);
+      said.insert(said.end(), v.begin(), v.end());
+    }
+  }
+  bool all_same = true, any_problem = false;
+  for (int r = 0; r < world; ++r) {
+    all_same = all_same && said.at(2 * r) == 1;
+    any_problem = any_problem || said.at(2 * r + 1) != 0;
+  }
+  if (any_problem) {
+    const std::string first = first_error(all_gather_bytes(group, problem));
+    DATAPAR_INTERNAL_ASSERT(!first.empty(), "dcp::save: a rank said it had a problem and sent none");
+    throw CheckpointError(str_cat("dcp::save: ", first, "."));
+  }
+  if (all_same) {
+    sp.plans = memo.plan->plans;
+    sp.writer = memo.plan->writer;
+    return true;
+  }
+  memo.plan = nullptr;
+  memo.layout = std::move(layout);
+  return false;
+}
+
 std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string& dir, ProcessGroup* group,
                                           PlanMemo* memo) {
   auto made = std::make_shared<SavePlan>();
@@ -558,44 +602,7 @@ std::shared_ptr<const SavePlan> plan_save(const State& state, const std::string&
   }
   std::vector<std::vector<PlanEntry>>& plans = sp.plans;
   std::string plan_problem;
-  if (memo != nullptr) {
-    // Note [A plan remembered]: a saver's next save of the same layout (every save of a
-    // training run: the same entries, shapes and shards, only the values new) exchanges one
-    // small all_gather, each rank's [same layout as last time, the length of its directory's
-    // problem], instead of every rank's plan: when every rank's layout is the one it had, so
-    // is the plan. A problem's text follows only when there is one; a changed layout has
-    // the plans exchanged as below.
-    std::string layout = layout_of(state);
-    const bool same = memo->plan != nullptr && memo->layout == layout;
-    std::vector<int64_t> said{same ? 1 : 0, static_cast<int64_t>(problem.size())};
-    if (group != nullptr) {
-      std::vector<at::Tensor> all;
-      for (int r = 0; r < world; ++r) all.push_back(metadata_zeros(*group, 2, at::kLong));
-      group->all_gather(all, metadata_tensor(*group, said))->wait();
-      said.clear();
-      for (const at::Tensor& t : all) {
-        const std::vector<int64_t> v = host_int64s(t);
-        said.insert(said.end(), v.begin(), v.end());
-      }
-    }
-    bool all_same = true, any_problem = false;
-    for (int r = 0; r < world; ++r) {
-      all_same = all_same && said.at(2 * r) == 1;
-      any_problem = any_problem || said.at(2 * r + 1) != 0;
-    }
-    if (any_problem) {
-      const std::string first = first_error(all_gather_bytes(group, problem));
-      DATAPAR_INTERNAL_ASSERT(!first.empty(), "dcp::save: a rank said it had a problem and sent none");
-      throw CheckpointError(str_cat("dcp::save: ", first, "."));
-    }
-    if (all_same) {
-      sp.plans = memo->plan->plans;
-      sp.writer = memo->plan->writer;
-      return made;
-    }
-    memo->plan = nullptr;
-    memo->layout = std::move(layout);
-  }
+  if (memo != nullptr && reuse_remembered_plan(state, problem, group, world, *memo, sp)) return made;
   for (const std::string& bytes : all_gather_bytes(group, encode_plan(state, problem))) {
     std::string p;
     plans.push_back(decode_plan(bytes, &p));
