@@ -67,8 +67,12 @@ TEST(RankBalancer, AStepsWaitForTheOtherRanksIsNotCountedAsCompute) {
       const auto compute = std::chrono::microseconds(200) * rows[rank];
       std::this_thread::sleep_for(compute);
       if (rank == 1) {
+        // Reported as measured, as DDP does: a sleep that overshoots under load is a longer
+        // wait, not slower compute.
+        const auto wait_start = std::chrono::steady_clock::now();
         std::this_thread::sleep_for(2 * compute);
-        stats.exposed_wait += 2 * compute;
+        stats.exposed_wait +=
+            std::chrono::duration_cast<decltype(stats.exposed_wait)>(std::chrono::steady_clock::now() - wait_start);
       }
       balancer.end_step(rows[rank], stats);
     }
