@@ -42,37 +42,45 @@ at::Tensor GradScaler::scale(const at::Tensor& loss) const {
   return loss * scale_;
 }
 
+bool GradScaler::unscale_gradients(const std::vector<at::Tensor>& gradients) const {
+  if (!options_.enabled) return true;
+  at::NoGradGuard no_grad;
+  const double inverse = 1.0 / scale_;
+  // One flag per device, read once: not a host sync per gradient.
+  std::vector<at::Tensor> not_finite;
+  for (const at::Tensor& gradient : gradients) {
+    if (!gradient.defined()) continue;
+    DATAPAR_CHECK(!gradient.is_sparse(), "GradScaler::unscale: sparse gradients are not supported");
+    DATAPAR_CHECK(gradient.scalar_type() != at::kHalf,
+                  "GradScaler::unscale: a float16 gradient cannot be unscaled (its small values are gone "
+                  "already).\n---> HINT: keep the parameters float32 and compute in float16 under "
+                  "datapar::amp::Autocast.");
+    at::Tensor grad = gradient;  // shares the gradient's storage: unscaled in place
+    grad.mul_(inverse);
+    at::Tensor flag = at::isfinite(grad).all().logical_not();
+    auto same = std::find_if(not_finite.begin(), not_finite.end(),
+                             [&](const at::Tensor& f) { return f.device() == flag.device(); });
+    if (same == not_finite.end()) {
+      not_finite.push_back(flag);
+    } else {
+      *same = same->logical_or(flag);
+    }
+  }
+  bool found = false;
+  for (const at::Tensor& flag : not_finite) found = found || flag.item<bool>();
+  return !found;
+}
+
 bool GradScaler::unscale(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) return true;
   DATAPAR_CHECK(found_inf_.count(&optimizer) == 0,
                 "GradScaler::unscale: this optimizer's gradients were unscaled already since the last update() ",
                 "(unscale() or step() twice in one iteration?)");
-  at::NoGradGuard no_grad;
-  const double inverse = 1.0 / scale_;
-  // One flag per device, read once: not a host sync per gradient.
-  std::vector<at::Tensor> not_finite;
+  std::vector<at::Tensor> gradients;
   for (torch::optim::OptimizerParamGroup& group : optimizer.param_groups()) {
-    for (at::Tensor& param : group.params()) {
-      at::Tensor& grad = param.mutable_grad();
-      if (!grad.defined()) continue;
-      DATAPAR_CHECK(!grad.is_sparse(), "GradScaler::unscale: sparse gradients are not supported");
-      DATAPAR_CHECK(grad.scalar_type() != at::kHalf,
-                    "GradScaler::unscale: a float16 gradient cannot be unscaled (its small values are gone "
-                    "already).\n---> HINT: keep the parameters float32 and compute in float16 under "
-                    "datapar::amp::Autocast.");
-      grad.mul_(inverse);
-      at::Tensor flag = at::isfinite(grad).all().logical_not();
-      auto same = std::find_if(not_finite.begin(), not_finite.end(),
-                               [&](const at::Tensor& f) { return f.device() == flag.device(); });
-      if (same == not_finite.end()) {
-        not_finite.push_back(flag);
-      } else {
-        *same = same->logical_or(flag);
-      }
-    }
+    for (at::Tensor& param : group.params()) gradients.push_back(param.grad());
   }
-  bool found = false;
-  for (const at::Tensor& flag : not_finite) found = found || flag.item<bool>();
+  bool found = !unscale_gradients(gradients);
   if (options_.group) {
     // Each rank holds other gradients (a shard): the step is skipped on all or none.
     at::Tensor any = metadata_tensor(*options_.group, std::vector<int64_t>{found ? 1 : 0});
@@ -101,7 +109,12 @@ void GradScaler::update() {
   bool found = false;
   for (const auto& entry : found_inf_) found = found || entry.second;
   found_inf_.clear();
-  if (found) {
+  update(found);
+}
+
+void GradScaler::update(bool found_inf) {
+  if (!options_.enabled) return;
+  if (found_inf) {
     scale_ *= options_.backoff_factor;
     growth_tracker_ = 0;
     return;

@@ -31,7 +31,8 @@ std::string shape(const at::Tensor& t) {
 
 }  // namespace
 
-Resharded reshard_zero(ZeroRedundancyOptimizer& zero, ProcessGroup& group, Standing& mine) {
+Resharded reshard_zero(ZeroRedundancyOptimizer& zero, ProcessGroup& group, Standing& mine,
+                       const std::function<void()>& apply_missed_vote) {
   const std::vector<at::Tensor>& params = zero.parameters();
   const int n = group.size(), me = group.rank();
   // Every member's standing, and which parameters' state it keeps.
@@ -39,7 +40,11 @@ Resharded reshard_zero(ZeroRedundancyOptimizer& zero, ProcessGroup& group, Stand
   for (size_t i = 0; i < params.size(); ++i) kept[i] = zero.keeps(i) ? 1 : 0;
   const Standings standings(group, mine, kept);
   if (standings.applies_missed_vote(me)) {  // at once in `mine`: a failure below must not apply it twice
-    zero.update();
+    if (apply_missed_vote) {
+      apply_missed_vote();
+    } else {
+      zero.update();
+    }
     mine = {standings.step(me), mine.voted_epoch, -1, 0};
   }
   const int64_t newest = standings.newest();

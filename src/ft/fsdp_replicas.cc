@@ -116,14 +116,14 @@ void FsdpReplicas::Impl::move_unit(ProcessGroup& group, const Standings& standin
 }
 
 int64_t FsdpReplicas::rebuild(ProcessGroup& group, int64_t /*epoch*/, Standing& mine, const FsdpParts* current,
-                              const FsdpParts& next) {
+                              const FsdpParts& next, const std::function<void()>& apply_missed_vote) {
   Impl& m = *impl_;
   if (m.kind == OptimizerKind::kOther) m.kind = movable_kind(*next.optimizer);
   const int me = group.rank(), k = m.shard_size;
   const Standings standings(group, mine, {m.whole ? 1 : 0, m.index});
   if (standings.applies_missed_vote(me) && current) {  // Note [A voted step whose outcome a member missed]
     const torch::NoGradGuard no_grad;
-    current->optimizer->step();
+    apply_missed_vote();
     mine = {standings.step(me), mine.voted_epoch, -1, 0};
   }
   const int64_t newest = standings.newest();

@@ -249,15 +249,14 @@ void FsdpTwoCopies::Impl::keep_previous(ProcessGroup& group, const FsdpParts& ne
 }
 
 int64_t FsdpTwoCopies::rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
-                            const FsdpParts& next) {
+                            const FsdpParts& next, const std::function<void()>& apply_missed_vote) {
   Impl& m = *impl_;
   if (m.kind == OptimizerKind::kOther) m.kind = movable_kind(*next.optimizer);
   const int me = group.rank();
   const Standings standings(group, mine, Kept{m.whole, m.layout_epoch, m.layout_size, m.layout_rank}.columns());
   if (standings.applies_missed_vote(me) && current) {  // Note [A voted step whose outcome a member missed]
     const torch::NoGradGuard no_grad;
-    current->optimizer->step();
-    update();
+    apply_missed_vote();
     mine = {standings.step(me), mine.voted_epoch, -1, 0};
   }
   const int64_t newest = standings.newest();

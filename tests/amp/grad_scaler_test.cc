@@ -11,6 +11,7 @@
 
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "datapar/error.h"
 #include "testing/expect_throw.h"
@@ -103,6 +104,29 @@ TEST(GradScaler, AnOverflowOnOneRankSkipsTheStepOnEvery) {
     EXPECT_TRUE(scaler.step(shard.sgd)) << "rank " << rank;
     scaler.update();
   });
+}
+
+// For a caller that agrees on overflows itself (fault-tolerant training): unscale_gradients
+// divides the gradients it is given and says whether they are finite, noting nothing (no
+// step is blocked, update() without a verdict is still refused); update(verdict) moves the
+// scale as update() would.
+TEST(GradScaler, UnscaleGradientsLeavesTheVerdictToTheCaller) {
+  Net net(4), plain(4);
+  GradScaler scaler;
+  net.backward(&scaler);
+  plain.backward(nullptr);
+  const std::vector<at::Tensor> gradients{net.linear->weight.grad(), net.linear->bias.grad(), at::Tensor()};
+  EXPECT_TRUE(scaler.unscale_gradients(gradients));
+  EXPECT_TRUE(net.linear->weight.grad().equal(plain.linear->weight.grad())) << "unscaled in place, exactly (2^16)";
+  EXPECT_THROW_MSG(scaler.update(), InvalidArgumentError, "no optimizer was unscaled or stepped");
+  net.linear->bias.mutable_grad()[0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(scaler.unscale_gradients(gradients));
+  scaler.update(/*found_inf=*/true);
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+  scaler.update(/*found_inf=*/false);
+  EXPECT_EQ(scaler.growth_tracker(), 1);
+  EXPECT_THROW_MSG(scaler.unscale_gradients({at::ones({2}, at::kHalf)}), InvalidArgumentError,
+                   "a float16 gradient cannot be unscaled");
 }
 
 TEST(GradScaler, MisuseIsRefused) {

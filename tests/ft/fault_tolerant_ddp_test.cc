@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "datapar/amp/grad_scaler.h"
 #include "datapar/ft/membership/decider.h"
 #include "datapar/ft/fault_tolerant_fsdp.h"
 #include "datapar/fsdp/fully_shard.h"
@@ -95,6 +97,25 @@ torch::optim::SGDOptions sgd_options() { return torch::optim::SGDOptions(0.05).m
 
 torch::optim::SGD make_sgd(Net& net) { return torch::optim::SGD(net.parameters(), sgd_options()); }
 
+// Float16 training's gradient scaler (scaled: the losses x a scale, unscaled before the
+// step), its scale growing every 3 steps without an overflow, and the overflows injected:
+// at these steps the second slice's gradient has an inf in one element of the head's bias,
+// which under FSDP only one member's shard (and its keeper's) holds. The step is skipped
+// and the scale halved on every member, as in one process.
+amp::GradScalerOptions scaler_options() {
+  amp::GradScalerOptions o;
+  o.init_scale = 1024;
+  o.growth_interval = 3;
+  return o;
+}
+bool overflows(int64_t step) { return step == 6 || step == 14; }
+void inject_overflow(Net& net) { net.head->bias.mutable_grad().narrow(0, 1, 1).fill_(INFINITY); }
+
+// The scaler's state as a line, to compare members with one process.
+std::string scale_line(const amp::GradScaler& scaler) {
+  return std::to_string(scaler.get_scale()) + " " + std::to_string(scaler.growth_tracker());
+}
+
 // The momentum buffers of `optimizer` over `net`'s parameters, by parameter index.
 StateDict momentum_of(const torch::optim::Optimizer& optimizer, Net& net) {
   using StateMap = std::decay_t<decltype(optimizer.state())>;
@@ -124,7 +145,7 @@ StateDict momentum_of(const OptimizerState& optimizer) {
 // FSDP a shadow pass too, which is not logged).
 template <typename Wrapper, typename Trainer>
 void train_steps(Trainer& trainer, const Data& data, std::ofstream& log, int64_t die_at,
-                 std::chrono::milliseconds pause) {
+                 std::chrono::milliseconds pause, amp::GradScaler* scaler) {
   while (trainer.step() < kSteps) {
     if (trainer.step() == die_at) ::raise(SIGKILL);
     int64_t step = -1;
@@ -132,8 +153,16 @@ void train_steps(Trainer& trainer, const Data& data, std::ofstream& log, int64_t
     const bool committed = trainer.train_step([&](Wrapper& wrapper, const Slice& slice) -> int64_t {
       step = trainer.step();  // after a join, the step this member took from the others
       const at::Tensor rows = share(batch_rows(step), slice.index, slice.count);
-      torch::nn::functional::mse_loss(wrapper.forward(data.x.index_select(0, rows)), data.y.index_select(0, rows))
-          .backward();
+      const at::Tensor loss =
+          torch::nn::functional::mse_loss(wrapper.forward(data.x.index_select(0, rows)), data.y.index_select(0, rows));
+      (scaler ? scaler->scale(loss) : loss).backward();
+      if (scaler && overflows(step) && slice.index == 1 && !slice.shadow) {
+        if constexpr (std::is_same_v<Wrapper, Net>) {
+          inject_overflow(wrapper);
+        } else {
+          inject_overflow(*wrapper.module());
+        }
+      }
       if (!slice.shadow) mine.push_back(rows);
       return rows.numel();
     });
@@ -154,9 +183,14 @@ void train_steps(Trainer& trainer, const Data& data, std::ofstream& log, int64_t
 // how many. Under kHsdp it sits in the replica slot of member `seat` (its own index, or
 // the one it replaces).
 int member_life(uint16_t port, const std::string& dir, int index, int seat, int64_t die_at, bool shared_memory,
-                std::chrono::milliseconds pause, Mode mode) {
+                std::chrono::milliseconds pause, Mode mode, bool fp16) {
   std::ofstream log(dir + "/samples-" + std::to_string(index) + ".log");
   const Data data;
+  std::optional<amp::GradScaler> scaler;
+  if (fp16) scaler.emplace(scaler_options());
+  const auto write_scale = [&] {
+    if (scaler) std::ofstream(dir + "/scale-" + std::to_string(index) + ".txt") << scale_line(*scaler);
+  };
   const ReplicaSlot slot = mode == Mode::kHsdp ? ReplicaSlot{seat / 2, seat % 2} : ReplicaSlot{};
   ElasticGroup elastic(
       connect(port), "job", options(mode),
@@ -173,13 +207,15 @@ int member_life(uint16_t port, const std::string& dir, int index, int seat, int6
                                      fully_shard_each<torch::nn::LinearImpl>(net, group, o);
                                    },
                                    make_optimizer, elastic, members_of(mode));
-    train_steps<FullyShardedDataParallel<Net>>(trainer, data, log, die_at, pause);
+    if (scaler) trainer.use_grad_scaler(&*scaler);
+    train_steps<FullyShardedDataParallel<Net>>(trainer, data, log, die_at, pause, scaler ? &*scaler : nullptr);
     trainer.finish([&](int rank, int) {
       save_state_dict(trainer.fsdp().full_state_dict(), dir + "/final-" + std::to_string(index) + ".pt");
       const OptimizerState whole = trainer.fsdp().full_optimizer_state(trainer.optimizer());
       if (rank == 0) save_state_dict(momentum_of(whole), dir + "/momentum.pt");
     });
     log << "epochs " << trainer.epochs_joined() << std::endl;
+    write_scale();
     return 0;
   }
   auto net = std::make_shared<Net>();
@@ -195,7 +231,8 @@ int member_life(uint16_t port, const std::string& dir, int index, int seat, int6
     trainer_storage.emplace(net, sgd, elastic, kSlices);
   }
   FaultTolerantDdp<Net>& trainer = *trainer_storage;
-  train_steps<Net>(trainer, data, log, die_at, pause);
+  if (scaler) trainer.use_grad_scaler(&*scaler);
+  train_steps<Net>(trainer, data, log, die_at, pause, scaler ? &*scaler : nullptr);
   trainer.finish([&](int rank, int) {
     std::unique_ptr<torch::optim::Optimizer> whole = sharded ? zero.consolidate(0) : nullptr;
     if (rank == 0) save_state_dict(momentum_of(whole ? *whole : sgd, *net), dir + "/momentum.pt");
@@ -209,16 +246,17 @@ int member_life(uint16_t port, const std::string& dir, int index, int seat, int6
     }();
   }
   save_state_dict(state_dict(*net), dir + "/final-" + std::to_string(index) + ".pt");
+  write_scale();
   return 0;
 }
 
 // member_life; a MembershipError (the job cannot go on) is written to error-<index>.txt,
 // and the member exits with 3.
 int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at, bool shared_memory,
-                std::chrono::milliseconds pause, Mode mode, int seat = -1) {
+                std::chrono::milliseconds pause, Mode mode, int seat = -1, bool fp16 = false) {
   at::set_num_threads(1);
   try {
-    return member_life(port, dir, index, seat < 0 ? index : seat, die_at, shared_memory, pause, mode);
+    return member_life(port, dir, index, seat < 0 ? index : seat, die_at, shared_memory, pause, mode, fp16);
   } catch (const MembershipError& e) {
     std::ofstream(dir + "/error-" + std::to_string(index) + ".txt") << e.what();
     return 3;
@@ -228,20 +266,30 @@ int member_main(uint16_t port, const std::string& dir, int index, int64_t die_at
 // One process training on the whole global batches: what every member must end with.
 // Trained in a child of its own, as the members are: this process forks the next job's
 // members, and a process whose BLAS or OpenMP threads have started must not fork.
-StateDict one_process(const std::string& dir) {
+StateDict one_process(const std::string& dir, bool fp16) {
   const pid_t pid = datapar::detail::fork_child(
       [&] {
         at::set_num_threads(1);
         const Data data;
         auto net = std::make_shared<Net>();
         torch::optim::SGD sgd = make_sgd(*net);
+        amp::GradScaler scaler(scaler_options());
         for (int64_t step = 0; step < kSteps; ++step) {
           const at::Tensor rows = batch_rows(step);
           sgd.zero_grad();
-          torch::nn::functional::mse_loss(net->forward(data.x.index_select(0, rows)), data.y.index_select(0, rows))
-              .backward();
-          sgd.step();
+          const at::Tensor loss =
+              torch::nn::functional::mse_loss(net->forward(data.x.index_select(0, rows)), data.y.index_select(0, rows));
+          if (!fp16) {
+            loss.backward();
+            sgd.step();
+            continue;
+          }
+          scaler.scale(loss).backward();
+          if (overflows(step)) inject_overflow(*net);
+          scaler.step(sgd);
+          scaler.update();
         }
+        if (fp16) std::ofstream(dir + "/reference-scale.txt") << scale_line(scaler);
         save_state_dict(state_dict(*net), dir + "/reference.pt");
         save_state_dict(momentum_of(sgd, *net), dir + "/reference-momentum.pt");
         return 0;
@@ -291,7 +339,9 @@ std::vector<int64_t> committed_steps(const std::string& dir, int index) {
 
 // Runs a job of three members (four under kHsdp) with `failure`. Checks the samples, the
 // final models and the optimizer's final state.
-void train_three_members(Failure failure, bool shared_memory, Mode mode = Mode::kDdp) {
+// fp16: with a gradient scaler and overflows (scaler_options()); every member ends with the
+// scale of one process.
+void train_three_members(Failure failure, bool shared_memory, Mode mode = Mode::kDdp, bool fp16 = false) {
   const bool sharded = mode == Mode::kZero;
   testing::TempDir dir;
   const auto server = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, kToken, 10s, ""});
@@ -302,7 +352,8 @@ void train_three_members(Failure failure, bool shared_memory, Mode mode = Mode::
   for (int i = 0; i < first_members; ++i) {
     const int64_t dies = failure.kind == Failure::kKill && i == failure.victim ? failure.at : -1;
     pids.push_back(datapar::detail::fork_child(
-        [&, i, dies] { return member_main(port, dir.path(), i, dies, shared_memory, pause, mode); }, "member"));
+        [&, i, dies] { return member_main(port, dir.path(), i, dies, shared_memory, pause, mode, -1, fp16); },
+        "member"));
   }
   const Decider decider(connect(port), "job", options(mode));
   int members = first_members;
@@ -323,7 +374,7 @@ void train_three_members(Failure failure, bool shared_memory, Mode mode = Mode::
     }
     const int seat = failure.victim;
     pids[victim] = datapar::detail::fork_child(
-        [&] { return member_main(port, dir.path(), first_members, -1, shared_memory, pause, mode, seat); },
+        [&] { return member_main(port, dir.path(), first_members, -1, shared_memory, pause, mode, seat, fp16); },
         "replacement");
     members = first_members + 1;
   } else if (failure.kind == Failure::kStop) {
@@ -359,11 +410,16 @@ void train_three_members(Failure failure, bool shared_memory, Mode mode = Mode::
     ASSERT_EQ(static_cast<int64_t>(rows.size()), kBatch) << "step " << step;
     for (int64_t i = 0; i < kBatch; ++i) EXPECT_EQ(rows[static_cast<size_t>(i)], expected[i].item<int64_t>());
   }
-  const StateDict reference = one_process(dir.path());
+  const StateDict reference = one_process(dir.path(), fp16);
   for (int i = 0; i < members; ++i) {
     if (failure.kind == Failure::kKill && i == failure.victim) continue;
     const StateDict final_model = load_state_dict_file(dir.path() + "/final-" + std::to_string(i) + ".pt");
     EXPECT_LT(relative_difference(final_model, reference), 1e-5) << "member " << i;
+    if (fp16) {
+      EXPECT_EQ(testing::read_text(dir.path() + "/scale-" + std::to_string(i) + ".txt"),
+                testing::read_text(dir.path() + "/reference-scale.txt"))
+          << "member " << i << "'s gradient scaler (scale, growth count) against one process's";
+    }
     if (!sharded) continue;
     // Each member keeps two shards of three: less than the whole state, more than none.
     std::istringstream state(testing::read_text(dir.path() + "/state-" + std::to_string(i) + ".txt"));
@@ -470,6 +526,24 @@ TEST(FaultTolerantHsdp, TwoReplicaGroupsWithoutFailuresTrainAsOneProcess) {
 
 TEST(FaultTolerantHsdp, AMemberKilledTakesItsGroupOutTheOtherGoesOnAndTheModelIsUnchanged) {
   train_three_members({Failure::kKill, 2, 5}, /*shared_memory=*/false, Mode::kHsdp);
+}
+
+// Float16 training's gradient scaler under fault tolerance: overflows injected at two steps
+// skip them on every member (under FSDP only one member's shard and its keeper's hold the
+// inf: the others learn it from the agreement), the scale halves there and doubles every 3
+// steps without one, only with committed steps; a replacement takes the scale with the
+// model. Model, momentum and scale are one process's.
+TEST(FaultTolerantDdp, GradScalerSkipsOverflowsOnEveryMemberAndAReplacementTakesTheScale) {
+  train_three_members({}, /*shared_memory=*/false, Mode::kDdp, /*fp16=*/true);
+  train_three_members({Failure::kKill, 1, 9}, /*shared_memory=*/false, Mode::kDdp, /*fp16=*/true);
+}
+
+TEST(FaultTolerantFsdp, GradScalerSkipsOverflowsOnEveryMemberAndAReplacementTakesTheScale) {
+  train_three_members({Failure::kKill, 2, 7}, /*shared_memory=*/true, Mode::kFsdp, /*fp16=*/true);
+}
+
+TEST(FaultTolerantDdp, ShardedGradScalerStateSurvivesAStoppedMember) {
+  train_three_members({Failure::kStop, 1, 5}, /*shared_memory=*/false, Mode::kZero, /*fp16=*/true);
 }
 
 // Two of three members killed at once (in a ring of three any two are neighbours): a shard

@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "datapar/process_group/process_group.h"
 
@@ -69,10 +70,20 @@ class GradScaler {
   // without; forgets which optimizers were unscaled.
   void update();
 
+  // For a caller that agrees on overflows itself (fault-tolerant training, whose members
+  // unscale the gradients they keep and agree over each membership, src/ft/step_protocol.cc):
+  // divides `gradients` (undefined ones skipped) by the scale in place and returns whether
+  // all are finite, without the group and without noting anything; update(found_inf) then
+  // takes the agreed verdict. The same checks as unscale(optimizer).
+  bool unscale_gradients(const std::vector<at::Tensor>& gradients) const;
+  // update() with the caller's verdict: whether the iteration found an overflow.
+  void update(bool found_inf);
+
   double get_scale() const { return options_.enabled ? scale_ : 1.0; }
   // Steps without an overflow since the scale last changed (PyTorch's _growth_tracker).
   int64_t growth_tracker() const { return growth_tracker_; }
   bool is_enabled() const { return options_.enabled; }
+  const GradScalerOptions& options() const { return options_; }
 
   // PyTorch's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker
   // (empty when disabled, as PyTorch's). load_state_dict throws InvalidArgumentError for a

@@ -63,7 +63,8 @@ struct Resharded {
 
 // Collective, after joining a membership epoch whose group is `group`: exchanges the
 // members' standings and which parameters' state each keeps, applies a voted update another
-// member committed (Note [A voted step whose outcome a member missed], src/ft/standings.h),
+// member committed by calling apply_missed_vote() (by default zero.update()) (Note [A voted step whose outcome a member
+// missed], src/ft/standings.h),
 // and re-shards `zero` over the group from the members at the newest step, every
 // parameter's value from them too (a post-commit broadcast may have failed half way).
 // `mine` follows what this member keeps: the update applied at once (a failure later must
@@ -71,7 +72,8 @@ struct Resharded {
 // reshard (the ElasticGroup keeps it until the next join). Throws MembershipError when no
 // member has the state of some parameter at the newest step (two neighbours lost at once),
 // CommError or TimeoutError when a member fails meanwhile (join again with `mine`).
-Resharded reshard_zero(ZeroRedundancyOptimizer& zero, ProcessGroup& group, Standing& mine);
+Resharded reshard_zero(ZeroRedundancyOptimizer& zero, ProcessGroup& group, Standing& mine,
+                       const std::function<void()>& apply_missed_vote = {});
 
 }  // namespace detail
 
@@ -125,6 +127,10 @@ class FaultTolerantDdp : public detail::StepProtocol {
 
   int slices() const { return slices_; }
 
+  // --amp fp16: train scales each slice's loss (scaler.scale(loss).backward()); the step's
+  // update is skipped on every member when its gradients overflow (StepProtocol's).
+  using detail::StepProtocol::use_grad_scaler;
+
  private:
   FaultTolerantDdp(std::shared_ptr<ModuleImpl> module, torch::optim::Optimizer* optimizer,
                    ZeroRedundancyOptimizer* zero, ElasticGroup& elastic, int slices, int64_t step)
@@ -138,7 +144,8 @@ class FaultTolerantDdp : public detail::StepProtocol {
 
   void rebuild() override {
     if (zero_) {
-      const detail::Resharded resharded = detail::reshard_zero(*zero_, *elastic_.group(), standing_);
+      const detail::Resharded resharded =
+          detail::reshard_zero(*zero_, *elastic_.group(), standing_, [this] { apply_voted(); });
       step_ = resharded.step;
       detail::broadcast_buffers(*module_, *elastic_.group(), resharded.source);
     } else {
@@ -183,6 +190,13 @@ class FaultTolerantDdp : public detail::StepProtocol {
     } else {
       optimizer_->step();
     }
+  }
+
+  // Every member holds the whole step's gradients (reduce() sums them on all).
+  std::vector<at::Tensor> update_gradients() override {
+    std::vector<at::Tensor> gradients;
+    for (const at::Tensor& p : module_->parameters()) gradients.push_back(p.grad());
+    return gradients;
   }
 
   // Each owner's parameters to all. On a failure, joining again sets them (reshard()).

@@ -97,10 +97,11 @@ class FsdpShardKeeper {
   // Collective, after joining epoch `epoch` whose group is `group`: brings `next` (this
   // epoch's FSDP, made over its shard group) to the newest step. `current`: the epoch
   // before's (null before the first). `mine` follows what this member keeps, as
-  // reshard_zero()'s. Returns the newest step. MembershipError when no member keeps some
-  // shard at the newest step.
+  // reshard_zero()'s, and a voted update it missed applied by apply_missed_vote() (current's
+  // optimizer step and update()). Returns the newest step. MembershipError when no member
+  // keeps some shard at the newest step.
   virtual int64_t rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
-                          const FsdpParts& next) = 0;
+                          const FsdpParts& next, const std::function<void()>& apply_missed_vote) = 0;
   // The kept shards' gradients side by side (as many elements as this rank's shards);
   // undefined when none is kept.
   virtual const at::Tensor& kept_gradients() const = 0;
@@ -123,7 +124,7 @@ class FsdpTwoCopies final : public FsdpShardKeeper {
   FsdpTwoCopies& operator=(const FsdpTwoCopies&) = delete;
 
   int64_t rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
-                  const FsdpParts& next) override;
+                  const FsdpParts& next, const std::function<void()>& apply_missed_vote) override;
   const at::Tensor& kept_gradients() const override;
   void update() override;
   int64_t kept_bytes() const override;
@@ -146,7 +147,7 @@ class FsdpReplicas final : public FsdpShardKeeper {
   FsdpReplicas& operator=(const FsdpReplicas&) = delete;
 
   int64_t rebuild(ProcessGroup& group, int64_t epoch, Standing& mine, const FsdpParts* current,
-                  const FsdpParts& next) override;
+                  const FsdpParts& next, const std::function<void()>& apply_missed_vote) override;
   const at::Tensor& kept_gradients() const override;
   void update() override {}
   int64_t kept_bytes() const override { return 0; }
@@ -211,6 +212,10 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   // gradients, optimizer state).
   int64_t kept_bytes() const { return keeper_->kept_bytes(); }
   int slices() const { return slices_; }
+
+  // As FaultTolerantDdp::use_grad_scaler; the overflow agreed over the membership (each
+  // member checks the shards it keeps).
+  using detail::StepProtocol::use_grad_scaler;
 
  private:
   std::unique_ptr<detail::FsdpShardKeeper> make_keeper(const std::optional<Start>& start) {
@@ -282,7 +287,8 @@ class FaultTolerantFsdp : public detail::StepProtocol {
     const detail::FsdpParts next = parts(*fsdp, *optimizer);
     std::optional<detail::FsdpParts> current;
     if (fsdp_) current = parts(*fsdp_, *optimizer_);
-    step_ = keeper_->rebuild(*group, elastic_.epoch().number, standing_, current ? &*current : nullptr, next);
+    step_ = keeper_->rebuild(*group, elastic_.epoch().number, standing_, current ? &*current : nullptr, next,
+                             [this] { apply_voted(); });
     gradients_.emplace(detail::slice_units(next), next.shards.front().options(), group->rank(), group->size(),
                        shard_size_ > 1 ? shard_size_ : 0);
     optimizer_ = std::move(optimizer);
@@ -316,6 +322,14 @@ class FaultTolerantFsdp : public detail::StepProtocol {
   }
 
   void zero_grad() override { optimizer_->zero_grad(); }
+  // This member's shards' gradients and those of the shards it keeps for the rank before.
+  std::vector<at::Tensor> update_gradients() override {
+    std::vector<at::Tensor> gradients;
+    for (const at::Tensor& shard : fsdp_->parameters()) gradients.push_back(shard.grad());
+    gradients.push_back(keeper_->kept_gradients());
+    return gradients;
+  }
+  bool update_gradients_sharded() const override { return true; }
   void apply() override {
     optimizer_->step();
     keeper_->update();

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <vector>
 
+#include "datapar/amp/grad_scaler.h"
 #include "datapar/ft/elastic_group.h"
 #include "datapar/ft/standing.h"
 
@@ -34,6 +36,17 @@ class StepProtocol {
   ElasticGroup& elastic() { return elastic_; }
 
  protected:
+  // Mixed precision in float16 (datapar/amp/grad_scaler.h; FaultTolerantDdp and
+  // FaultTolerantFsdp make it public): the losses the train function
+  // backpropagates are scaler->scale(loss). Each step's gradients are unscaled before the
+  // vote and checked for an inf or NaN (agreed over the membership where members hold
+  // different shards); a committed step with one skips the update on every member and
+  // halves the scale, as GradScaler::step and update. The scale changes only with a
+  // committed step, and follows the model to a member that joins, so the scale, the skipped
+  // steps and the model do not depend on who is alive either. Give it before the first
+  // step, the scaler's state as the job starts or resumes, without a group (null: none).
+  void use_grad_scaler(amp::GradScaler* scaler);
+
   StepProtocol(ElasticGroup& elastic, int64_t step) : elastic_(elastic), step_(step) {}
   virtual ~StepProtocol() = default;
   StepProtocol(const StepProtocol&) = delete;
@@ -58,6 +71,15 @@ class StepProtocol {
   virtual void apply() = 0;
   // After a committed step (the step is committed whatever happens here).
   virtual void after_commit() {}
+  // Under a gradient scaler: the gradients this member's update reads, and whether other
+  // members read others (a shard each: an overflow is then agreed over the group).
+  virtual std::vector<at::Tensor> update_gradients() { return {}; }
+  virtual bool update_gradients_sharded() const { return false; }
+
+  // apply() of a step every member voted to commit, or that one committed and this member
+  // missed the outcome of (Note [A voted step whose outcome a member missed]): under a
+  // scaler, skipped when the step's gradients overflowed, and the scale updated.
+  void apply_voted();
 
   ElasticGroup& elastic_;
   int64_t step_;
@@ -66,7 +88,14 @@ class StepProtocol {
  private:
   void reconfigure();
   void fail(std::exception_ptr error);
+  // Under a scaler: unscales the step's gradients and agrees whether all are finite.
+  void unscale();
+  // Under a scaler, after rebuild(): the scaler's state of the newest step from a member at it.
+  void take_newest_scale();
 
+  amp::GradScaler* scaler_ = nullptr;
+  int64_t scaler_step_ = 0;   // the committed steps the scaler's state has seen
+  bool step_finite_ = true;   // the trained step's gradients, as agreed before the vote
   int64_t epochs_joined_ = 0;
   int64_t before_epoch_ = -1, before_step_ = -1;  // where `before` last ran
 };

@@ -37,6 +37,7 @@ class FaultTolerantDdpMode : public FaultTolerantStrategy {
     return trainer_->train_step([&](Impl&, const ft::Slice& slice) { return train(slice); }, before);
   }
   void finish(const ft::BetweenSteps& last) override { trainer_->finish(last); }
+  void use_grad_scaler(amp::GradScaler* scaler) override { trainer_->use_grad_scaler(scaler); }
 
   at::Tensor forward(const at::Tensor& x) override { return model_->forward(x); }
   torch::nn::Module& module() override { return *model_; }

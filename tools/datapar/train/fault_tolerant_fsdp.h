@@ -35,6 +35,7 @@ class FaultTolerantFsdpMode : public FaultTolerantStrategy {
     return trainer_.train_step([&](typename Trainer::Fsdp&, const ft::Slice& slice) { return train(slice); }, before);
   }
   void finish(const ft::BetweenSteps& last) override { trainer_.finish(last); }
+  void use_grad_scaler(amp::GradScaler* scaler) override { trainer_.use_grad_scaler(scaler); }
 
   at::Tensor forward(const at::Tensor& x) override { return trainer_.fsdp().forward(x); }
   torch::nn::Module& module() override { return *trainer_.fsdp().module(); }

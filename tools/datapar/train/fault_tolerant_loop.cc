@@ -7,6 +7,7 @@
 
 #include "datapar/train/async_checkpoint.h"
 #include "evaluation.h"
+#include "rank_state.h"
 #include "report.h"
 #include "step_autocast.h"
 #include "timing.h"
@@ -20,7 +21,18 @@ class FaultTolerantLoop {
                     BalancedBatches& batches, int64_t first_epoch)
       : plan_(plan), o_(plan.options), data_(data), strategy_(strategy), elastic_(elastic), batches_(batches),
         device_(plan.devices.front().torch_device()), per_epoch_(batches.num_steps()),
-        reported_(first_epoch * per_epoch_), report_(plan, first_epoch, /*writer=*/false) {}
+        reported_(first_epoch * per_epoch_), report_(plan, first_epoch, /*writer=*/false) {
+    if (o_.amp == "fp16") {  // the protocol agrees on skipped steps; the state is the job's, rank 0's file
+      scaler_.emplace();
+      if (first_epoch > 0) load_scaler_state(plan_, *scaler_, first_epoch, /*rank=*/0);
+      strategy_.use_grad_scaler(&*scaler_);
+    }
+  }
+  ~FaultTolerantLoop() {
+    if (scaler_) strategy_.use_grad_scaler(nullptr);  // the strategy outlives the loop's scaler
+  }
+  FaultTolerantLoop(const FaultTolerantLoop&) = delete;
+  FaultTolerantLoop& operator=(const FaultTolerantLoop&) = delete;
 
   void run() {
     const int64_t total = per_epoch_ * o_.epochs;
@@ -71,7 +83,7 @@ class FaultTolerantLoop {
       logits = strategy_.forward(batch.data.to(device_));
       loss = at::cross_entropy_loss(logits.to(at::kFloat), y);
     }
-    loss.backward();
+    (scaler_ ? scaler_->scale(loss) : loss).backward();
     if (slice.shadow) return y.size(0);
     step_rows.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
     step_rows.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
@@ -119,6 +131,7 @@ class FaultTolerantLoop {
     if (o_.checkpoint_dir.empty()) return;
     checkpoint->progress = {{"seed", static_cast<int64_t>(o_.seed)}};
     const std::string path = train::checkpoint_path(o_.checkpoint_dir, epoch);
+    if (scaler_) save_scaler_state(plan_, *scaler_, epoch, /*rank=*/0);  // first: the checkpoint names its epoch
     if (plan_.checkpoint_writer) return plan_.checkpoint_writer->save(*checkpoint, path, 0);  // --checkpoint-async
     train::save_checkpoint(*checkpoint, path, 0);
   }
@@ -140,6 +153,7 @@ class FaultTolerantLoop {
   Clock::time_point epoch_start_ = start_;  // when this member saw the current epoch begin
   double ended_seconds_ = 0;        // how long the last epoch took, as this member saw it
   Report report_;
+  std::optional<amp::GradScaler> scaler_;  // --amp fp16
 };
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include <functional>
 #include <optional>
 
+#include "datapar/amp/grad_scaler.h"
+#include "datapar/error.h"
 #include "datapar/ft/slice_gradients.h"
 #include "datapar/ft/step_protocol.h"
 #include "datapar/train/checkpoint.h"
@@ -49,6 +51,11 @@ class FaultTolerantStrategy {
   // Collective over the membership: the checkpoint of `epoch` epochs, in PyTorch's layout,
   // on the membership's rank 0 (nullopt on the others).
   virtual std::optional<train::Checkpoint> checkpoint(int64_t epoch) = 0;
+
+  // --amp fp16: the loop's scaler, given before the first step (StepProtocol::use_grad_scaler).
+  virtual void use_grad_scaler(amp::GradScaler* scaler) {
+    DATAPAR_CHECK(scaler == nullptr, "datapar train: this fault-tolerant mode takes no gradient scaler.");
+  }
 };
 
 }  // namespace datapar::tools

@@ -44,7 +44,7 @@ class EpochLoop {
       options.group = strategy.sharded_gradients_group();
       scaler_.emplace(options);
       strategy.use_grad_scaler(&*scaler_);
-      if (first_epoch > 0) load_scaler_state(first_epoch);
+      if (first_epoch > 0) load_scaler_state(plan, *scaler_, first_epoch);
     }
     if (plan.mode == Mode::kDdp && o_.balance != "even") {
       if (o_.balance == "auto") rank_balancer_ = std::make_unique<RankBalancer>(strategy.balanced_group());
@@ -75,7 +75,7 @@ class EpochLoop {
       if (!o_.checkpoint_dir.empty()) {
         const trace::Span span("checkpoint", "epoch");
         strategy_.save_checkpoint(epoch + 1);
-        if (scaler_) save_scaler_state(epoch + 1);
+        if (scaler_) save_scaler_state(plan_, *scaler_, epoch + 1);  // each rank's: DiLoCo's replicas skip their own steps
       }
       if (leader_) report_.epoch(epoch + 1, totals, test, eval_seconds);
     }
@@ -188,22 +188,6 @@ class EpochLoop {
     rows_ += x.size(0);
     if (bar_.due(++epoch_steps_)) bar_.update(epoch_steps_, loss_sum_.item<double>() / rows_, rows_ * plan_.world_size);
     return true;
-  }
-
-  // --amp fp16: each rank's scale beside the checkpoint of `epoch` epochs (the ranks' differ
-  // under DiLoCo, where each replica skips its own steps), and back on resume.
-  void save_scaler_state(int64_t epoch) {
-    StateDict state;
-    for (const auto& [key, value] : scaler_->state_dict()) state.insert(key, at::scalar_tensor(value, at::kDouble));
-    save_rank_state(plan_, "grad-scaler", epoch, state);
-  }
-  void load_scaler_state(int64_t epoch) {
-    load_rank_state(plan_, "grad-scaler", epoch, "GradScaler", "the scale and its growth count",
-                    [this](const StateDict& state) {
-                      std::map<std::string, double> values;
-                      for (const auto& item : state) values[item.key()] = item.value().item<double>();
-                      scaler_->load_state_dict(values);
-                    });
   }
 
   // The measured shares changed: the rest of the epoch under them, from the next step.

@@ -20,9 +20,10 @@ void check_optimizer_flags(const TrainOptions& o) {
                 ": the learning rate must be positive and finite (d2l's SGD uses 0.1, torch.optim's Adam 1e-3).");
   DATAPAR_CHECK(one_of(o.amp, {"none", "bf16", "fp16"}), "--amp: \"", o.amp, "\" is not a precision datapar train ",
                 "autocasts to.\n---> HINT: use bf16, fp16 (with a gradient scaler) or none.");
-  DATAPAR_CHECK(o.amp != "fp16" || !o.fault_tolerant, "--amp fp16 --fault-tolerant: the steps the gradient ",
-                "scaler skips are not yet agreed by the fault-tolerant protocol.\n---> HINT: use --amp bf16 (it needs ",
-                "no scaler).");
+  DATAPAR_CHECK(o.amp != "fp16" || !o.fault_tolerant || o.sync_every == 0, "--amp fp16 --fault-tolerant --sync-every ",
+                o.sync_every, ": each replica's gradient scaler skips its own inner steps, which a round trained again ",
+                "after a failure would have to undo; not supported yet.\n---> HINT: use --amp bf16 (it needs no scaler), ",
+                "or fp16 without --sync-every.");
   DATAPAR_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum ", o.momentum, ": use a value in [0, 1).");
   DATAPAR_CHECK(o.momentum == 0 || o.optimizer == "sgd", "--momentum ", o.momentum, " is SGD's; --optimizer ",
                 o.optimizer, " keeps moments of its own (betas 0.9 and 0.999).\n---> HINT: leave out --momentum, ",
