@@ -255,16 +255,16 @@ def figure_two_gpu_d2l(args, gpus, datapar, out):
                         "(samples/s, median epoch)")
 
 
-def figure_train_runs(args, gpus, datapar, out, name, key, runs):
-    """`datapar train` runs side by side on one GPU (ResNet-18, the shipped subset, batch 256),
-    for --figure-rounds rounds, each run leading a round in turn; per run the median over
-    rounds of its median epoch (the first epoch, warm-up, left out when there are more)."""
-    fig = {"name": name, "setup": f"ResNet-18, Fashion-MNIST subset, batch 256, lr 0.1, {args.figure_epochs} epochs "
+def figure_train_runs(args, gpus, datapar, out, name, key, runs, model="resnet18", lr="0.1"):
+    """`datapar train` runs side by side on one GPU (ResNet-18 unless `model`, the shipped subset,
+    batch 256), for --figure-rounds rounds, each run leading a round in turn; per run the median
+    over rounds of its median epoch (the first epoch, warm-up, left out when there are more)."""
+    fig = {"name": name, "setup": f"{model}, Fashion-MNIST subset, batch 256, lr {lr}, {args.figure_epochs} epochs "
                                   f"(the first not timed), {args.figure_rounds} rounds alternating (medians)"}
     if gpus < 1:
         return dict(fig, status="skipped", reason=f"no CUDA device (torch.cuda.device_count() is {gpus})")
-    common = ["--model", "resnet18", "--epochs", str(args.figure_epochs), "--batch-size", "256",
-              "--lr", "0.1", "--seed", "0", "--data", os.path.join(args.source, "data", "fashion-mnist")]
+    common = ["--model", model, "--epochs", str(args.figure_epochs), "--batch-size", "256",
+              "--lr", lr, "--seed", "0", "--data", os.path.join(args.source, "data", "fashion-mnist")]
     samples = {label: [] for label, _ in runs}
     last = {}
     texts = []
@@ -311,6 +311,23 @@ def figure_ddp_world_one(args, gpus, datapar, out):
                              ])
 
 
+def figure_cuda_graph(args, gpus, datapar, out, model, lr):
+    """Issue 50: a small model's step eagerly and captured in a CUDA graph (goal 1.5x)."""
+    return figure_train_runs(args, gpus, datapar, out,
+                             f"CUDA graphs, one GPU: {model}'s step eager vs --cuda-graph", f"cuda-graph-{model}", [
+                                 ("eager, cuda:0", ["{datapar}", "train", "--devices", "cuda:0"]),
+                                 ("--cuda-graph", ["{datapar}", "train", "--devices", "cuda:0", "--cuda-graph"]),
+                             ], model=model, lr=lr)
+
+
+def figure_cuda_graph_mlp(args, gpus, datapar, out):
+    return figure_cuda_graph(args, gpus, datapar, out, "mlp", "0.1")
+
+
+def figure_cuda_graph_lenet(args, gpus, datapar, out):
+    return figure_cuda_graph(args, gpus, datapar, out, "lenet", "0.9")
+
+
 def figure_unlike_devices(args, gpus, datapar, out):
     return figure_train_runs(args, gpus, datapar, out,
                              "Unlike devices, one GPU: cuda:0 alone vs DataParallel cuda:0,cpu:0 --balance auto",
@@ -353,8 +370,8 @@ def figure_collectives(args, gpus, datapar, out):
 
 
 # In order of what a one-GPU lease should see first; the deadline cuts the tail.
-FIGURES = (figure_one_gpu, figure_unlike_devices, figure_ddp_world_one, figure_lenet_one_gpu, figure_mlp_one_gpu,
-           figure_two_gpu_d2l, figure_collectives)
+FIGURES = (figure_one_gpu, figure_unlike_devices, figure_ddp_world_one, figure_cuda_graph_mlp, figure_cuda_graph_lenet,
+           figure_lenet_one_gpu, figure_mlp_one_gpu, figure_two_gpu_d2l, figure_collectives)
 
 
 def fmt(v, spec):

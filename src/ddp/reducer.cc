@@ -54,6 +54,7 @@
 #include "datapar/process_group/metadata.h"
 #include "datapar/trace.h"
 #include "autograd/end_of_backward.h"
+#include "cuda/stream_capture.h"
 #include "trace/recorder.h"
 
 namespace datapar::detail {
@@ -167,6 +168,16 @@ at::Tensor Reducer::slice(size_t index) const {
 }
 
 void Reducer::prepare_forward(bool sync, int64_t samples) {
+  if (stream_capturing(params_.front().device())) {  // Note [A collective in a CUDA graph]
+    DATAPAR_CHECK(!rebuild_pending_, "DistributedDataParallel: the buckets are rebuilt at the second synchronised ",
+                  "forward (a host read), which a CUDA graph cannot capture.\n---> HINT: run at least 2 steps before ",
+                  "the capture (CudaGraphStepOptions::warmup_steps).");
+    DATAPAR_CHECK(!options_.find_unused_parameters && !options_.average_by_samples,
+                  "DistributedDataParallel: ", options_.find_unused_parameters ? "find_unused_parameters" : "average_by_samples",
+                  " reads what the ranks exchange on the host every step, which a CUDA graph cannot capture.\n---> "
+                  "HINT: turn it off under a CUDA graph (with every rank's batch of one size, averaging by world size is "
+                  "the same), or train without the graph.");
+  }
   if (rebuild_pending_) {
     // Everyone takes rank 0's arrival order, so all ranks keep identical buckets (Note
     // [Rebuilding the buckets]).

@@ -71,7 +71,8 @@ struct TrainOptions {
   bool fault_tolerant = false;     // ddp under datapar launch --fault-tolerant: goes on when a rank fails
   bool reshard = true;             // fsdp, hsdp: free each unit's parameters after its forward (ZeRO-3)
   std::string mp = "none";         // fsdp, hsdp: mixed precision, the parameters' compute dtype: none, bf16, fp16
-  std::string amp = "none";        // autocast over each step's forward: none, bf16, fp16 (with a GradScaler)
+  std::string amp = "none";
+  bool cuda_graph = false;         // --cuda-graph: each step captured once and replayed (train/cuda_graph_step.h)        // autocast over each step's forward: none, bf16, fp16 (with a GradScaler)
   int shard_size = 0;              // hsdp: ranks per shard group (0: a machine's, LOCAL_WORLD_SIZE)
   bool checkpoint_activations = false;  // resnet18: recompute each residual block in backward
   std::string balance = "even";    // dp, ddp: even, auto (shares by measured speed), or weights "3,1"

@@ -106,6 +106,22 @@ Mode parse_mode(const std::string& mode) {
                                              "dp (DataParallel), ddp, fsdp or hsdp (one rank per process)."));
 }
 
+// --cuda-graph: what a captured step can hold (train/cuda_graph_step.h).
+void check_cuda_graph_flags(const TrainOptions& o, Mode mode) {
+  DATAPAR_CHECK(mode == Mode::kSingle || mode == Mode::kDdp, "--cuda-graph captures the step of --mode single or ddp; ",
+                "--mode ", o.mode, " is not that.\n---> HINT: use --mode ddp (one GPU per rank), or leave out --cuda-graph.");
+  DATAPAR_CHECK(o.optimizer == "sgd", "--cuda-graph --optimizer ", o.optimizer, ": libtorch's ", o.optimizer,
+                " counts its steps on the host and computes the bias correction from that count; a replayed step would ",
+                "repeat the captured step's.\n---> HINT: use --optimizer sgd (with --momentum) under --cuda-graph.");
+  DATAPAR_CHECK(o.amp != "fp16", "--cuda-graph --amp fp16: the gradient scaler reads on the host whether a step ",
+                "overflowed, which a graph cannot capture.\n---> HINT: use --amp bf16 (it needs no scaler) or none.");
+  DATAPAR_CHECK(!o.zero && !o.fault_tolerant && o.sync_every == 0 && o.balance == "even" && o.comm_hook != "powersgd" &&
+                    o.comm_hook.rfind("powersgd:", 0) != 0,
+                "--cuda-graph does not combine with --zero, --fault-tolerant, --sync-every, --balance or --comm-hook "
+                "powersgd (each decides something on the host every step).\n---> HINT: leave them out, or leave out "
+                "--cuda-graph.");
+}
+
 // The flags alone and together, before anything else is looked at.
 void check_flags(const TrainOptions& o, Mode mode) {
   DATAPAR_CHECK(o.backend.empty() || one_of(o.backend, {"gloo", "nccl", "mpi"}), "--backend: \"", o.backend,
@@ -118,6 +134,7 @@ void check_flags(const TrainOptions& o, Mode mode) {
                 is_fully_sharded(mode)
                     ? " shards it already, with the parameters and gradients."
                     : " has one optimizer.\n---> HINT: add --mode ddp (under datapar launch), or leave out --zero.");
+  if (o.cuda_graph) check_cuda_graph_flags(o, mode);
   if (o.fault_tolerant) {
     DATAPAR_CHECK(has_ranks(mode) && (o.backend.empty() || o.backend == "gloo"),
                   "--fault-tolerant trains ddp, fsdp or hsdp over gloo; --mode ", o.mode,
@@ -333,6 +350,9 @@ TrainPlan plan_training(const TrainOptions& o, const Environment& env, const Dev
   check_flags(o, plan.mode);
   resolve_paths(plan, o, env);
   resolve_devices(plan, o, env, inventory);
+  DATAPAR_CHECK(!o.cuda_graph || plan.devices.front().torch_device().is_cuda(), "--cuda-graph: the run trains on ",
+                plan.devices.front().torch_device(), "; CUDA graphs are a GPU's.\n---> HINT: train on CUDA devices "
+                "(--devices cuda:0, or --backend nccl under datapar launch), or leave out --cuda-graph.");
   resolve_shares(plan, o);
   check_report_files(plan, o);
   resolve_batch(plan, o);

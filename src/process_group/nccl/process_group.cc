@@ -22,6 +22,16 @@
 // The watchdog also holds them until (e) has completed. Work::wait() makes the stream that
 // is current when it is called wait for (e) (work.h), so work queued there sees the results.
 //
+// Note [A collective in a CUDA graph]
+// Under stream capture (train/cuda_graph_step.h) steps (a)-(e) are recorded, not run: the
+// event of (b) makes C part of the capture and the end event of (e), which wait() has the
+// caller's stream wait for, joins it back, as every captured fork must. The watchdog never
+// sees the operation: its end event belongs to the graph (polling it would break the
+// capture), each replay runs it again without the host, and its tensors are the graph
+// pool's. So a captured Work stays pending for the host (wait() orders the stream, which is
+// all a captured step may do; a blocking wait is refused), and CudaGraphStep bounds each
+// replay itself.
+//
 // Note [One launch at a time]
 // Steps (b)-(e) and the watchdog's queue run under one mutex, so that the order of the
 // operations on C, in NCCL and in the watchdog's queue is the same when several threads
@@ -42,6 +52,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cuda/stream_capture.h"
 #include "datapar/error.h"
 #include "datapar/process_group/nccl.h"
 #include "tensor/coalesce.h"
@@ -390,6 +401,11 @@ class ProcessGroupNccl : public ProcessGroup {
     comm_->check_alive(operation.op);
     const NcclClock::time_point deadline = NcclClock::now() + options_.timeout;
     c10::cuda::CUDAGuard guard(device_);
+    const bool captured = detail::stream_capturing(device());
+    DATAPAR_CHECK(!captured || !(options_.blocking_wait || operation.blocking), operation.op,
+                  ": a blocking wait (NcclOptions::blocking_wait, barrier()) cannot be captured in a CUDA graph: ",
+                  "the host would wait for work that only a replay runs.\n---> HINT: leave blocking_wait off and ",
+                  "no barrier() in a captured step.");
     ready_.record(c10::cuda::getCurrentCUDAStream(device_));  // (b)
     ready_.block(stream_);
     for (const at::Tensor& t : operation.tensors) {
@@ -404,7 +420,8 @@ class ProcessGroupNccl : public ProcessGroup {
     auto end = std::make_shared<at::cuda::CUDAEvent>();  // (e); cudaEventDisableTiming
     end->record(stream_);
     auto work = std::make_shared<detail::NcclWork>(comm_->describe(operation.op), device_, end,
-                                                   options_.blocking_wait || operation.blocking);
+                                                   !captured && (options_.blocking_wait || operation.blocking));
+    if (captured) return work;  // Note [A collective in a CUDA graph]
     watchdog_->push(
         {work, operation.op, std::move(end), std::move(operation.tensors), deadline, trace::detail::queued()});
     return work;

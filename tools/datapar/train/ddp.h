@@ -46,7 +46,10 @@ class DdpMode : public SingleDevice<Impl> {
   DdpMode(const TrainPlan& plan, std::shared_ptr<Impl> model, torch::optim::Optimizer& optimizer)
       : SingleDevice<Impl>(plan, model, optimizer) {
     DdpOptions options;
-    options.average_by_samples = true;
+    // Exact for an uneven last batch; under --cuda-graph every step's batches are of one size
+    // (the last partial one is left out), where averaging by world size is the same, and a
+    // graph cannot capture the samples' exchange.
+    options.average_by_samples = !plan.options.cuda_graph;
     ddp_ = std::make_unique<DistributedDataParallel<Impl>>(std::move(model), nullptr, options);
     if (std::shared_ptr<CommHook> hook = comm_hook_of(plan.options.comm_hook)) {
       ddp_->register_comm_hook(hook);
@@ -90,6 +93,7 @@ class DdpMode : public SingleDevice<Impl> {
     if (powersgd_) load_powersgd_state(this->plan_, *powersgd_, epoch);
   }
 
+  torch::optim::Optimizer* whole_optimizer() override { return zero_ ? nullptr : &this->optimizer_; }
   std::shared_ptr<ProcessGroup> balanced_group() const override { return ddp_->process_group(); }
   CommunicationStats communication_stats() const override { return ddp_->communication_stats(); }
 

@@ -25,6 +25,10 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
                   "Mixed precision, as torch.autocast: none (default), bf16 or fp16 (each step's forward computes "
                   "matmuls and convolutions in that type, losses and norms in float32; parameters, gradients and "
                   "the optimizer stay float32); fp16 with a gradient scaler, as torch.amp.GradScaler");
+  cmd->add_flag("--cuda-graph", o.cuda_graph,
+               "Capture each training step (forward, backward with DDP's all-reduces, SGD's update) into a CUDA "
+               "graph once and replay it: one launch per step (--mode single or ddp on CUDA devices, SGD; the "
+               "epoch's last partial batch is left out, a graph replays one shape)");
   cmd->add_option("--lr", o.lr, "Learning rate (default: 0.1 for sgd, as d2l; 1e-3 for adam and adamw, as torch.optim)");
   cmd->add_option("--momentum", o.momentum, "SGD momentum (default 0: plain SGD, as d2l)");
   cmd->add_option("--weight-decay", o.weight_decay,

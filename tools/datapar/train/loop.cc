@@ -15,7 +15,9 @@
 #include "datapar/ddp/rank_balancer.h"
 #include "datapar/distributed.h"
 #include "datapar/trace.h"
+#include "datapar/error.h"
 #include "datapar/train/async_checkpoint.h"
+#include "datapar/train/cuda_graph_step.h"
 #include "datapar/train/metrics.h"
 #include "datapar/train/stragglers.h"
 #include "evaluation.h"
@@ -157,6 +159,7 @@ class EpochLoop {
     const auto waited_before = Work::time_blocked_on_this_thread();
     const at::Tensor x = batch->data.to(device_, /*non_blocking=*/true);
     const at::Tensor y = batch->target.to(device_, /*non_blocking=*/true);
+    if (o_.cuda_graph) return graphed_step(x, y);
     strategy_.zero_grad();
     at::Tensor logits, loss;
     if (rank_balancer_) rank_balancer_->begin_step(strategy_.communication_stats(), plan_.devices.front());
@@ -182,11 +185,52 @@ class EpochLoop {
       const auto waited = Work::time_blocked_on_this_thread() - waited_before;
       stragglers_->step(seconds_since(step_start), waited.count() / 1e9);
     }
+    count_step(loss.detach(), logits.argmax(1).eq(y).sum(), x.size(0));
+    return true;
+  }
+
+  // A step's loss (a 0-dim tensor) and right answers, on the device: summed there.
+  void count_step(const at::Tensor& loss, const at::Tensor& correct, int64_t rows) {
     ++step_;
-    loss_sum_.add_(loss.detach().to(at::kDouble), static_cast<double>(x.size(0)));
-    correct_.add_(logits.argmax(1).eq(y).sum());
-    rows_ += x.size(0);
+    loss_sum_.add_(loss.to(at::kDouble), static_cast<double>(rows));
+    correct_.add_(correct);
+    rows_ += rows;
     if (bar_.due(++epoch_steps_)) bar_.update(epoch_steps_, loss_sum_.item<double>() / rows_, rows_ * plan_.world_size);
+  }
+
+  // --cuda-graph: the whole step captured once and replayed (train/cuda_graph_step.h); the
+  // epoch's last partial batch is left out (a graph replays one shape; every rank's is
+  // partial alike: the sampler pads the ranks' shares to one length).
+  bool graphed_step(const at::Tensor& x, const at::Tensor& y) {
+    if (!graph_) {
+      torch::optim::Optimizer* optimizer = strategy_.whole_optimizer();
+      DATAPAR_CHECK(optimizer != nullptr, "--cuda-graph: this mode has no whole optimizer to capture.");
+      graph_.emplace(*optimizer, [this](const std::vector<at::Tensor>& in) {
+        at::Tensor logits, loss;
+        {
+          const StepAutocast autocast(plan_);  // --amp bf16
+          logits = strategy_.forward(in[0]);
+          loss = at::cross_entropy_loss(logits.to(at::kFloat), in[1]);
+        }
+        loss.backward();
+        strategy_.step();
+        return std::vector<at::Tensor>{loss.detach(), logits.argmax(1).eq(in[1]).sum()};
+      });
+    }
+    if (!graph_->fits({x, y})) {
+      if (leader_ && !told_left_out_) {
+        std::printf("--cuda-graph: the last batch of each epoch (%ld rows on this rank) is left out: a graph replays "
+                    "the shape it captured\n", static_cast<long>(x.size(0)));
+        told_left_out_ = true;
+      }
+      return true;
+    }
+    const std::vector<at::Tensor> out = [&] {
+      const trace::Span span("graphed step", "step");
+      return (*graph_)({x, y});
+    }();
+    count_step(out[0], out[1], x.size(0));
+    strategy_.after_step(step_ - 1);
     return true;
   }
 
@@ -216,6 +260,8 @@ class EpochLoop {
   // is blocked in collectives (on a GPU, nccl's waits do not block the host).
   std::unique_ptr<train::StragglerMeter> stragglers_;
   std::optional<amp::GradScaler> scaler_;  // --amp fp16
+  std::optional<train::CudaGraphStep> graph_;  // --cuda-graph, made at the first step
+  bool told_left_out_ = false;
   int64_t step_ = 0;  // of the run
   // The epoch's, so far:
   at::Tensor loss_sum_, correct_;

@@ -31,6 +31,7 @@ class SingleDevice : public Strategy {
   // What the optimizer steps on this rank, and the optimizer (DiLoCoMode averages them).
   std::vector<at::Tensor> trained_parameters() const { return model_->parameters(); }
   torch::optim::Optimizer& inner_optimizer() { return optimizer_; }
+  torch::optim::Optimizer* whole_optimizer() override { return &optimizer_; }
 
  protected:
   const TrainPlan& plan_;

@@ -49,6 +49,9 @@ class Strategy {
   // rank's optimizer sees the same gradients, or each rank's skip is its own (DiLoCo's
   // replicas).
   virtual std::shared_ptr<ProcessGroup> sharded_gradients_group() const { return nullptr; }
+  // --cuda-graph: the optimizer step() steps, whole on this process (single, ddp); nullptr in
+  // the modes a graph does not take.
+  virtual torch::optim::Optimizer* whole_optimizer() { return nullptr; }
   // The loop's gradient scaler, which step() then goes through.
   void use_grad_scaler(amp::GradScaler* scaler) { scaler_ = scaler; }
 
