@@ -542,6 +542,12 @@ TEST(FaultTolerantFsdp, GradScalerSkipsOverflowsOnEveryMemberAndAReplacementTake
   train_three_members({Failure::kKill, 2, 7}, /*shared_memory=*/true, Mode::kFsdp, /*fp16=*/true);
 }
 
+// HSDP: the replica groups keep the same shards; a group that leaves and comes back takes
+// the scale from the other.
+TEST(FaultTolerantHsdp, GradScalerSkipsOverflowsOnEveryMemberAndAGroupBackTakesTheScale) {
+  train_three_members({Failure::kKill, 1, 5}, /*shared_memory=*/false, Mode::kHsdp, /*fp16=*/true);
+}
+
 TEST(FaultTolerantDdp, ShardedGradScalerStateSurvivesAStoppedMember) {
   train_three_members({Failure::kStop, 1, 5}, /*shared_memory=*/false, Mode::kZero, /*fp16=*/true);
 }
