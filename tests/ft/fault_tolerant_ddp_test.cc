@@ -389,7 +389,10 @@ void train_three_members(Failure failure, bool shared_memory, Mode mode = Mode::
   for (int i = 0; i < first_members; ++i) {
     const datapar::detail::ChildExit exit = datapar::detail::wait_child(pids[static_cast<size_t>(i)], deadline);
     const bool replaced = failure.kind == Failure::kKill && i == failure.victim;
-    EXPECT_EQ(exit.exit_code, 0) << "member " << (replaced ? first_members : i) << " (signal " << exit.signal << ")";
+    const int index = replaced ? first_members : i;
+    const std::string error = dir.path() + "/error-" + std::to_string(index) + ".txt";
+    EXPECT_EQ(exit.exit_code, 0) << "member " << index << " (signal " << exit.signal << ")"
+                                 << (datapar::detail::exists(error) ? ": " + testing::read_text(error) : "");
   }
   // Every sample of every step, exactly once, over all members' committed steps.
   std::map<int64_t, std::vector<int64_t>> trained;

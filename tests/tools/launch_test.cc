@@ -846,15 +846,16 @@ TEST(FtDdpExample, AKilledWorkerIsReplacedAndTheJobPrintsWhatAnUndisturbedOnePri
 // A fault-tolerant job stopped after an epoch and started again with --resume goes on from
 // its last checkpoint (the model, the optimizer's momentum, the step) and ends as a run that
 // was never stopped.
-// `mode`: the stopped and resumed job's (the uninterrupted one is ddp).
-void resume_goes_on_as_an_uninterrupted_run(const std::string& mode) {
-  const auto train = [](const std::string& checkpoints, int epochs, bool resume, const std::string& how) {
+// `mode`: the stopped and resumed job's (the uninterrupted one is ddp); both with `amp` (--amp).
+void resume_goes_on_as_an_uninterrupted_run(const std::string& mode, const std::string& amp = "none") {
+  const auto train = [amp](const std::string& checkpoints, int epochs, bool resume, const std::string& how) {
     std::vector<std::string> args = {"--fault-tolerant", "--nproc-per-node", "2", "--", bin("datapar"), "train",
                                       "--fault-tolerant", "--mode", how, "--backend", "gloo", "--model", "lenet",
                                       "--epochs", std::to_string(epochs), "--batch-size", "48", "--limit", "2000",
                                       "--threads", "1", "--workers", "1", "--momentum", "0.9", "--checkpoint-dir",
                                       checkpoints};
     if (resume) args.push_back("--resume");
+    if (amp != "none") args.insert(args.end(), {"--amp", amp});
     return args;
   };
   const std::string straight = uninterrupted_run([&](const std::string& dir) { return train(dir, 3, false, "ddp"); });
@@ -868,11 +869,29 @@ void resume_goes_on_as_an_uninterrupted_run(const std::string& mode) {
       << resumed.output;
   EXPECT_EQ(resumed.output.find("epoch 2/3"), std::string::npos) << "epoch 2 trained again:\n" << resumed.output;
   EXPECT_NE(resumed.output.find("epoch 3/3"), std::string::npos) << resumed.output;
+  EXPECT_EQ(resumed.output.find("no GradScaler state"), std::string::npos) << resumed.output;
   expect_same_model(train::checkpoint_path(straight, 3), train::checkpoint_path(resumed_dir.path(), 3));
+  if (amp == "fp16") {  // the job's scale read back: the uninterrupted run's at the end
+    const std::string scale = "/grad-scaler-epoch-3-rank-0.pt";
+    const datapar::StateDict want = datapar::load_state_dict_file(straight + scale);
+    const datapar::StateDict got = datapar::load_state_dict_file(resumed_dir.path() + scale);
+    for (const char* key : {"scale", "_growth_tracker"}) {
+      EXPECT_EQ(got[key].item<double>(), want[key].item<double>()) << key;
+    }
+  }
 }
 
 TEST(LaunchFaultTolerant, ResumeGoesOnFromTheLastCheckpointAsAnUninterruptedRun) {
   resume_goes_on_as_an_uninterrupted_run("ddp");
+}
+
+// --amp fp16: the job's gradient scale beside each checkpoint is read back on --resume.
+TEST(LaunchFaultTolerant, AFloat16JobResumesItsScaleAsAnUninterruptedRun) {
+#if TORCH_VERSION_MAJOR < 2
+  GTEST_SKIP() << "libtorch 1.x has no float16 autocast on the CPU (datapar train refuses --amp fp16 there)";
+#else
+  resume_goes_on_as_an_uninterrupted_run("ddp", "fp16");
+#endif
 }
 
 // Under fsdp each rank takes its shard of the checkpoint's model and optimizer state.
