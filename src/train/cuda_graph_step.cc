@@ -199,10 +199,8 @@ std::vector<at::Tensor> CudaGraphStep::operator()(const std::vector<at::Tensor>&
     if (!m.graph) {
       m.capture(inputs);
       m.leave_side();  // the capture ran nothing; its first replay is this step
-      m.replay(inputs);
-    } else {
-      m.replay(inputs);
     }
+    m.replay(inputs);
   }
   ++m.calls;
   return m.outputs;
